@@ -1,0 +1,86 @@
+"""Building blocks shared by several mixers: RMSNorm, gated RMSNorm, causal short convolution with a
+decode state, and the Mamba-2 log-decay gate.
+
+Log-decay gate (MIXERS.md): ``g_t = -exp(A_log) * softplus(W_a x_t + dt_bias)``, ``A ~ U(1, 16)``,
+``dt_bias = softplus^{-1}(dt)``, ``dt ~ logU(1e-3, 1e-1)`` floored at 1e-4.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class GatedRMSNorm(RMSNorm):
+    """``RMSNorm(x) * silu(z)``, normalising over the last dimension (per head when reshaped)."""
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x) * F.silu(z.float()).to(x.dtype)
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise 1-D convolution over time (kernel ``k``), then SiLU (optional).
+
+    Decode state: the last ``k - 1`` inputs, shape ``(batch, channels, k - 1)``.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 4, activation: bool = True):
+        super().__init__()
+        self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=True)
+
+    def _act(self, y: torch.Tensor) -> torch.Tensor:
+        return F.silu(y) if self.activation else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        y = self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)
+        return self._act(y)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> torch.Tensor:
+        return torch.zeros(batch_size, self.channels, self.kernel_size - 1, device=device, dtype=dtype)
+
+    def final_state(self, x: torch.Tensor) -> torch.Tensor:
+        """The decode state after consuming ``x`` (B, T, C) from a zero state."""
+        k1 = self.kernel_size - 1
+        xt = x.transpose(1, 2)
+        if xt.shape[-1] < k1:
+            xt = F.pad(xt, (k1 - xt.shape[-1], 0))
+        return xt[..., -k1:] if k1 > 0 else xt[..., :0]
+
+    def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        window = torch.cat([state, x_t.unsqueeze(-1)], dim=-1)  # (B, C, k)
+        y = (window * self.conv.weight.squeeze(1)).sum(-1) + self.conv.bias
+        return self._act(y), window[..., 1:]
+
+
+class DecayGate(nn.Module):
+    """Mamba-2 style per-head log decay ``g_t <= 0`` (returns ``g`` and the step size ``dt``)."""
+
+    def __init__(self, d_model: int, n_heads: int, a_range=(1.0, 16.0), dt_range=(1e-3, 1e-1), dt_floor=1e-4):
+        super().__init__()
+        self.proj = nn.Linear(d_model, n_heads, bias=False)
+        A = torch.empty(n_heads).uniform_(*a_range)
+        self.A_log = nn.Parameter(torch.log(A))
+        dt = torch.exp(torch.rand(n_heads) * (math.log(dt_range[1]) - math.log(dt_range[0])) + math.log(dt_range[0]))
+        dt = dt.clamp(min=dt_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = F.softplus(self.proj(x).float() + self.dt_bias.float())
+        g = -torch.exp(self.A_log.float()) * dt
+        return g, dt

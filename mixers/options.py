@@ -1,0 +1,131 @@
+"""Typed, strictly validated option dataclasses (used by mixers and by the zoo's recipes).
+
+An option class is a plain ``@dataclass`` whose fields carry a ``help`` string in their metadata.
+:func:`build_options` turns a mapping into an instance and rejects unknown keys (suggesting the
+nearest valid names), wrong types and values outside a field's ``choices``; every error names the
+key path so a recipe error can point at the offending line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from typing import Any, Mapping
+
+
+class OptionError(ValueError):
+    """A bad option. ``path`` is the dotted key path, ``message`` the human explanation."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None) -> Any:
+    """A dataclass field with a help text and optional allowed values."""
+    meta = {"help": help, "choices": choices}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def nearest(name: str, candidates) -> str:
+    """'did you mean' text for ``name`` among ``candidates`` (empty when nothing is close)."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def check_type(value: Any, tp, path: str) -> Any:
+    """Return ``value`` converted to ``tp`` where lossless (int -> float), else raise OptionError."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        for arg in args:
+            if arg is type(None) and value is None:
+                return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return check_type(value, arg, path)
+            except OptionError:
+                pass
+        raise OptionError(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise OptionError(path, f"expected a list, got {value!r}")
+        return [check_type(v, args[0] if args else Any, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise OptionError(path, f"expected a mapping, got {value!r}")
+        return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise OptionError(path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(path, f"expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise OptionError(path, f"expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise OptionError(path, f"expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise OptionError(path, f"expected a mapping of {_type_name(tp)} options, got {value!r}")
+        return build_options(tp, value, path)
+    return value
+
+
+def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
+    """Instantiate the option dataclass ``cls`` from ``values`` with strict validation."""
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in values:
+        if key not in fields:
+            where = f"{path}.{key}" if path else str(key)
+            raise OptionError(where, f"unknown option {key!r}{nearest(key, fields)} (valid: {', '.join(fields)})")
+    kwargs = {}
+    for name, value in values.items():
+        where = f"{path}.{name}" if path else name
+        value = check_type(value, hints[name], where)
+        choices = fields[name].metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise OptionError(where, f"{value!r} is not one of {', '.join(map(repr, choices))}{nearest(value, choices)}")
+        kwargs[name] = value
+    missing = [
+        n for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        where = f"{path}.{missing[0]}" if path else missing[0]
+        raise OptionError(where, f"missing required field {missing[0]!r}")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:  # __post_init__ checks
+        raise OptionError(path, str(err)) from None
+
+
+def describe_options(cls) -> list[dict]:
+    """[{name, type, default, help, choices}] for documentation and ``zoo list``."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out.append({"name": f.name, "type": _type_name(hints[f.name]), "default": default,
+                    "help": f.metadata.get("help", ""), "choices": f.metadata.get("choices")})
+    return out
