@@ -1,0 +1,54 @@
+"""Causal multi-head softmax attention, one function with several backends.
+
+- ``reference``: the explicit T x T formula (:mod:`kernels.attention.reference`);
+- ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` (the CPU default);
+- ``triton``: our flash-style kernel (online softmax, no T x T matrix), forward and backward;
+- ``flash_attn``: the flash-attn package, when it imports on CUDA (an outside backend and oracle).
+
+Layout ``(batch, time, heads, dim)``. With ``causal=True`` and fewer queries than keys, the queries
+are aligned to the end of the keys (decode against a KV cache).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..backend import BackendUnavailable, resolve_backend
+from .reference import attention_reference
+
+__all__ = ["attention", "attention_reference", "flash_attn_available"]
+
+
+def flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()
+
+
+def _sdpa(q, k, v, causal, scale):
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    T, S = q.shape[1], k.shape[1]
+    if causal and T != S:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal and T > 1, scale=scale)
+    return out.transpose(1, 2)
+
+
+def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
+    """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
+    if backend == "flash_attn":
+        if not (q.is_cuda and flash_attn_available()):
+            raise BackendUnavailable("attention: backend 'flash_attn' needs CUDA tensors and the flash-attn package")
+        from flash_attn import flash_attn_func
+        return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
+    chosen = resolve_backend(backend, q, op="attention", available=("reference", "torch", "triton"))
+    if chosen == "reference":
+        return attention_reference(q, k, v, causal=causal, scale=scale)
+    if chosen == "triton":
+        from .triton import attention_triton
+        return attention_triton(q, k, v, causal=causal, scale=scale)
+    return _sdpa(q, k, v, causal, scale)

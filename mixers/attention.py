@@ -1,0 +1,91 @@
+"""Causal multi-head softmax attention with rotary position embeddings (the baseline).
+
+    o_t = sum_{i<=t} softmax_i(q_t . k_i / sqrt(d)) v_i,    q, k rotated by RoPE (Su et al. 2021)
+
+Vaswani et al. 2017, "Attention Is All You Need". The decode state is the KV cache, ``2 * T * H * d``
+elements: the only mixer here whose state grows with the context. Kernels: torch SDPA (CPU default),
+our Triton flash-style kernel, or flash-attn on CUDA (``backend``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.attention import attention
+from .base import Mixer, State, register_mixer
+from .options import opt
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate ``x`` (B, T, H, D) by position (rotate-half convention, D even)."""
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, half)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+@register_mixer
+class Attention(Mixer):
+    name = "attention"
+    description = "causal multi-head softmax attention with RoPE; KV-cache decode"
+    state_formula = "2 * T * n_heads * head_dim  (= 2 T d_model by default; grows with T)"
+
+    @dataclass
+    class Options:
+        n_heads: int = opt(4, "number of heads")
+        head_dim: int | None = opt(None, "per-head dimension (default d_model / n_heads)")
+        rope_base: float = opt(10000.0, "RoPE base frequency")
+        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton", "flash_attn"))
+
+        def __post_init__(self):
+            if self.n_heads <= 0:
+                raise ValueError("n_heads must be positive")
+
+    contract_options = {"n_heads": 2}
+
+    def __init__(self, d_model: int, options: "Attention.Options"):
+        super().__init__(d_model, options)
+        H = options.n_heads
+        if options.head_dim is None and d_model % H:
+            raise ValueError(f"attention: d_model={d_model} is not divisible by n_heads={H}; set head_dim or change n_heads")
+        self.head_dim = options.head_dim or d_model // H
+        if self.head_dim % 2:
+            raise ValueError(f"attention: head_dim={self.head_dim} must be even for RoPE")
+        self.n_heads = H
+        self.qkv = nn.Linear(d_model, 3 * H * self.head_dim, bias=False)
+        self.out = nn.Linear(H * self.head_dim, d_model, bias=False)
+
+    def _qkv(self, x: torch.Tensor, start: int):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        pos = torch.arange(start, start + T, device=x.device)
+        return rope(q, pos, self.options.rope_base), rope(k, pos, self.options.rope_base), v
+
+    def forward(self, x, mask=None):
+        q, k, v = self._qkv(x, 0)
+        o = attention(q, k, v, causal=True, backend=self.options.backend)
+        return self.out(o.flatten(2))
+
+    def prefill(self, x, mask=None):
+        q, k, v = self._qkv(x, 0)
+        o = attention(q, k, v, causal=True, backend=self.options.backend)
+        return self.out(o.flatten(2)), {"k": k, "v": v}
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
+        return {"k": empty, "v": empty.clone()}
+
+    def step(self, x_t, state):
+        q, k, v = self._qkv(x_t[:, None], state["k"].shape[1])
+        k_all = torch.cat([state["k"], k], dim=1)
+        v_all = torch.cat([state["v"], v], dim=1)
+        backend = "torch" if self.options.backend in ("triton", "flash_attn") else self.options.backend
+        o = attention(q, k_all, v_all, causal=False, backend=backend)
+        return self.out(o.flatten(2))[:, 0], {"k": k_all, "v": v_all}
+
+    def state_size(self, seq_len: int) -> int:
+        return 2 * seq_len * self.n_heads * self.head_dim

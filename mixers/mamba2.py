@@ -1,0 +1,108 @@
+"""Mamba-2: selective state-space model with a scalar decay per head (SSD), the usual backbone.
+
+    [z, x, B, C, dt] = W_in u;   x, B, C <- SiLU(causal_conv4(x, B, C))
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T,    y_t = C_t^T h_t + D x_t
+    out = W_out RMSNorm(y * silu(z))
+
+Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured
+State Space Duality". The scan is :func:`kernels.ssd.ssd` (chunked PyTorch on CPU, Triton on CUDA);
+A = -exp(A_log) with A ~ U(1, 16) and dt initialised log-uniformly in [1e-3, 1e-1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.ssd import ssd, ssd_step
+from .base import Mixer, State, register_mixer
+from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .options import opt
+
+
+@register_mixer
+class Mamba2(Mixer):
+    name = "mamba2"
+    description = "Mamba-2 selective SSM (SSD), chunked scan + recurrent step"
+    state_formula = "n_heads * d_state * headdim + (expand d_model + 2 d_state) * (d_conv - 1)  (constant in T)"
+
+    @dataclass
+    class Options:
+        d_state: int = opt(64, "state size N per head")
+        headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)")
+        expand: int = opt(2, "inner width = expand * d_model")
+        d_conv: int = opt(4, "short causal convolution width")
+        chunk_size: int = opt(64, "chunk length of the chunked scan")
+        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+
+        def __post_init__(self):
+            for field in ("d_state", "headdim", "expand", "d_conv", "chunk_size"):
+                if getattr(self, field) <= 0:
+                    raise ValueError(f"{field} must be positive")
+
+    contract_options = {"d_state": 8, "headdim": 16, "chunk_size": 8}
+
+    def __init__(self, d_model: int, options: "Mamba2.Options"):
+        super().__init__(d_model, options)
+        o = options
+        self.d_inner = o.expand * d_model
+        if self.d_inner % o.headdim:
+            raise ValueError(f"mamba2: expand*d_model={self.d_inner} is not divisible by headdim={o.headdim}; "
+                             f"choose a headdim that divides it")
+        self.n_heads = self.d_inner // o.headdim
+        self.conv_dim = self.d_inner + 2 * o.d_state
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * o.d_state, bias=False)
+        self.gate = DecayGate(d_model, self.n_heads)  # the dt part of the input projection
+        self.conv = ShortConv(self.conv_dim, o.d_conv)
+        self.D = nn.Parameter(torch.ones(self.n_heads))
+        self.norm = GatedRMSNorm(self.d_inner)
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+    def _project(self, u):
+        z, xBC = self.in_proj(u).split([self.d_inner, self.conv_dim], dim=-1)
+        return z, xBC
+
+    def _split(self, xBC):
+        x, B, C = xBC.split([self.d_inner, self.options.d_state, self.options.d_state], dim=-1)
+        x = x.unflatten(-1, (self.n_heads, self.options.headdim))
+        # one group: B and C are shared by all heads
+        shape = (*B.shape[:-1], self.n_heads, self.options.d_state)
+        return x, B.unsqueeze(-2).expand(shape), C.unsqueeze(-2).expand(shape)
+
+    def _finish(self, y, x, z):
+        y = y + self.D.to(y.dtype)[:, None] * x
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
+    def _forward(self, u):
+        z, xBC_raw = self._project(u)
+        x, B, C = self._split(self.conv(xBC_raw))
+        _, dt = self.gate(u)
+        A = -torch.exp(self.gate.A_log.float())
+        y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, chunk_size=self.options.chunk_size,
+                   backend=self.options.backend)
+        return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
+
+    def forward(self, x, mask=None):
+        return self._forward(x)[0]
+
+    def prefill(self, x, mask=None):
+        return self._forward(x)
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        o = self.options
+        return {"conv": self.conv.init_state(batch_size, device, dtype),
+                "ssm": torch.zeros(batch_size, self.n_heads, o.d_state, o.headdim, device=device, dtype=dtype)}
+
+    def step(self, u_t, state):
+        z, xBC_raw = self._project(u_t)
+        xBC, conv_state = self.conv.step(xBC_raw, state["conv"])
+        x, B, C = self._split(xBC)
+        _, dt = self.gate(u_t)
+        A = -torch.exp(self.gate.A_log.float())
+        y, h = ssd_step(x, dt.to(x.dtype), A.to(x.dtype), B, C, state["ssm"])
+        return self._finish(y, x, z), {"conv": conv_state, "ssm": h}
+
+    def state_size(self, seq_len: int) -> int:
+        o = self.options
+        return self.n_heads * o.d_state * o.headdim + self.conv_dim * (o.d_conv - 1)

@@ -1,0 +1,1 @@
+"""The user-facing layer: recipes, hybrid builder, tasks, training, ablations, benchmarks, CLI."""
