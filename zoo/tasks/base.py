@@ -1,0 +1,72 @@
+"""The task contract: a seeded generator of ``(inputs, labels, mask)`` token tensors.
+
+``labels`` is ``-100`` wherever nothing is supervised (the loss and the accuracy ignore it);
+``mask`` is an optional ``(N, T)`` 0/1 prefix or "action" mask for mixers that use one (e.g. SKA's
+prefix statistics). ``split`` selects disjoint seed streams for train and test, so the same recipe
+seed always yields the same data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from mixers.base import Registry
+
+
+@dataclass
+class TaskData:
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    mask: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def batch(self, index: torch.Tensor) -> "TaskData":
+        return TaskData(self.inputs[index], self.labels[index], None if self.mask is None else self.mask[index])
+
+    def to(self, device) -> "TaskData":
+        return TaskData(self.inputs.to(device), self.labels.to(device), None if self.mask is None else self.mask.to(device))
+
+
+SPLIT_OFFSET = {"train": 1, "test": 2}
+
+
+class Task:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Options: ClassVar[type]
+
+    def __init__(self, options):
+        self.options = options
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def seq_len(self) -> int:
+        return self.options.seq_len
+
+    def num_examples(self, split: str) -> int:
+        return self.options.num_train if split == "train" else self.options.num_test
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        raise NotImplementedError
+
+    def make(self, split: str, seed: int, seq_len: int | None = None, num_examples: int | None = None) -> TaskData:
+        if split not in SPLIT_OFFSET:
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        seq_len = seq_len or self.seq_len
+        # distinct, reproducible streams per (seed, split, length)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len)
+        return self.generate(num_examples or self.num_examples(split), seq_len, generator)
+
+
+TASKS = Registry("task", {})
+
+
+def register_task(cls):
+    return TASKS.add(cls)

@@ -1,0 +1,73 @@
+"""Multi-query associative recall (MQAR), after the Zoology generator (Arora et al. 2023).
+
+A sequence starts with ``num_kv_pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (keys drawn without
+replacement from ``[1, V/2)``, values from ``[V/2, V)``); the rest holds every key once more as a
+query, at positions drawn without replacement with power-law probability ``p(g) ~ g^(a-1)`` over the
+even offsets ``g`` of the query region (short gaps are likelier). The label at a query position is
+the value that followed that key; every other label is -100. Positions that are not queries hold 0,
+or random tokens when ``random_fill`` is on. The prefix mask marks the key-value context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mixers.options import opt
+
+from .base import Task, TaskData, register_task
+
+
+@register_task
+class MQAR(Task):
+    name = "mqar"
+    description = "multi-query associative recall (Zoology generator): kv pairs, then queries with power-law gaps"
+
+    @dataclass
+    class Options:
+        vocab_size: int = opt(256, "vocabulary size V (keys from [1, V/2), values from [V/2, V))")
+        seq_len: int = opt(64, "training sequence length")
+        num_kv_pairs: int = opt(8, "key-value pairs per sequence")
+        num_train: int = opt(20_000, "training examples")
+        num_test: int = opt(1_000, "test examples")
+        power_a: float = opt(0.01, "power-law exponent a of the query gaps, p(g) ~ g^(a-1)")
+        random_fill: bool = opt(True, "fill non-query positions with random tokens instead of 0")
+
+        def __post_init__(self):
+            if self.num_kv_pairs * 4 > self.seq_len:
+                raise ValueError(f"num_kv_pairs * 4 must be <= seq_len (got {self.num_kv_pairs} pairs for "
+                                 f"seq_len {self.seq_len}); lower num_kv_pairs or raise seq_len")
+            if self.num_kv_pairs >= self.vocab_size // 2:
+                raise ValueError("vocab_size // 2 must exceed num_kv_pairs so keys can be distinct")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.options.vocab_size
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        o = self.options
+        if o.num_kv_pairs * 4 > seq_len:
+            raise ValueError(f"mqar: seq_len {seq_len} is too short for {o.num_kv_pairs} pairs (needs 4x)")
+        n, pairs, V = num_examples, o.num_kv_pairs, o.vocab_size
+        half = V // 2
+        # without-replacement draws: the first `pairs` entries of a random permutation per row
+        keys = torch.argsort(torch.rand(n, half - 1, generator=generator), dim=1)[:, :pairs] + 1
+        values = torch.argsort(torch.rand(n, V - half, generator=generator), dim=1)[:, :pairs] + half
+        context = 2 * pairs
+        kv = torch.empty(n, context, dtype=torch.long)
+        kv[:, 0::2], kv[:, 1::2] = keys, values
+        space = (seq_len - context) // 2
+        weights = o.power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (o.power_a - 1)
+        gaps = torch.multinomial(weights.expand(n, space), pairs, replacement=False, generator=generator)
+        queries = torch.zeros(n, seq_len - context + 1, dtype=torch.long)
+        queries.scatter_(1, 2 * gaps, keys)
+        full = torch.cat([kv, queries], dim=1)  # one longer, then shift into (input, next-token label)
+        labels = torch.full((n, seq_len + 1), -100, dtype=torch.long)
+        labels.scatter_(1, 2 * gaps + context + 1, values)
+        inputs, labels = full[:, :-1].clone(), labels[:, 1:].clone()
+        if o.random_fill:
+            noise = torch.randint(V, inputs.shape, generator=generator)
+            inputs = torch.where(inputs == 0, noise, inputs)
+        mask = torch.zeros(n, seq_len)
+        mask[:, :context] = 1.0
+        return TaskData(inputs, labels, mask)
