@@ -67,6 +67,12 @@ def check_type(value: Any, tp, path: str) -> Any:
             raise OptionError(path, f"expected a mapping, got {value!r}")
         return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads 1e-3 (no dot) as a string; accept any plain number written that way
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise OptionError(path, f"expected a number, got {value!r}")
         return float(value)

@@ -1,0 +1,58 @@
+"""The ``delta`` family: gated DeltaProduct (n_h generalized Householder steps per token) and, as its
+``n_h = 1`` case, (Gated) DeltaNet.
+
+Per head, state ``S`` ``(d_k, d_v)``, for each token ``t``: ``S <- e^{g_t} S`` (optional log forget
+gate), then for ``j = 1..n_h``: ``S <- (I - beta_j k_j k_j^T) S + beta_j k_j v_j^T``; output
+``o_t = scale * S^T q_t`` after the last sub-step (Siems et al., arXiv:2502.10297; Yang et al.,
+Gated DeltaNet, arXiv:2412.06464).
+
+Layout (as flash-linear-attention's ``naive_recurrent_gated_delta_product``): ``q`` ``(B, T, H, K)``;
+``k`` ``(B, T*n_h, H, K)``; ``v`` ``(B, T*n_h, H, V)``; ``beta`` ``(B, T*n_h, H)`` with sub-step ``j`` of
+token ``t`` at ``t*n_h + j`` (``(B, T, n_h, H, ...)`` is accepted too); ``g`` ``(B, T, H)`` or None;
+``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``.
+
+Backends: ``reference`` (token loop, :mod:`.reference`), ``torch`` (chunked UT transform,
+:mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..backend import resolve_backend
+from .chunked import delta_product_chunked, delta_product_step
+from .reference import delta_product_reference, householder_transition
+
+__all__ = ["delta_product", "delta_rule", "delta_product_step", "householder_transition"]
+
+_AVAILABLE = ("reference", "torch", "triton")
+
+
+def delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    num_householder: int = 1,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
+    if num_householder < 1:
+        raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
+    which = resolve_backend(backend, q, op="delta_product", available=_AVAILABLE)
+    args = (q, k, v, beta, g, num_householder, scale, initial_state)
+    if which == "reference":
+        return delta_product_reference(*args)
+    if which == "torch":
+        return delta_product_chunked(*args, chunk_size=chunk_size)
+    from .triton import delta_product_triton  # lazy: triton is optional
+
+    return delta_product_triton(*args, chunk_size=chunk_size)
+
+
+def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
+    """(Gated) DeltaNet: :func:`delta_product` with one Householder step per token (``k`` ``(B, T, H, K)``)."""
+    return delta_product(q, k, v, beta, g, 1, scale, initial_state, chunk_size, backend)

@@ -1,0 +1,359 @@
+"""Chunked Mamba-2 SSD in Triton, forward and backward (same contract as :mod:`kernels.ssd.chunked`).
+
+Per head, with chunk length ``L`` and within-chunk cumulative log decay ``a_t = sum_{l<=t} dt_l A``
+(``a_L`` its value at the chunk's last position), ``u_s = dt_s x_s`` and ``h0_c`` the state entering
+chunk ``c``:
+
+    S_c      = sum_s exp(a_L - a_s) B_s u_s^T                                  (chunk state)
+    h0_{c+1} = exp(a_L) h0_c + S_c                                             (state passing)
+    y_t      = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) u_s + exp(a_t) C_t^T h0_c  (chunk output)
+
+Forward kernels, in the order of Dao & Gu (2024) / mamba-ssm / flash-linear-attention:
+``_chunk_state`` (one program per chunk and (batch, head)), ``_state_pass`` (a sequential loop over
+chunks, parallel over batch, head and blocks of the N x P state), ``_chunk_out``. Each chunk kernel
+recomputes the cumulative sum of ``dt * A`` of its chunk in registers (``tl.cumsum``; L values, cheaper
+than a round trip through memory). The states entering every chunk (fp32) and the per-chunk decays
+are saved for the backward.
+
+Backward, the mirror: with ``G_c`` the gradient w.r.t. the state leaving chunk ``c``,
+``G_{c-1} = exp(a_L^c) G_c + sum_t exp(a_t) C_t dy_t^T`` (``_chunk_state`` in its second mode, then
+``_state_pass_bwd`` in reverse), and one kernel per chunk (``_chunk_bwd``) forms, with
+``D_ts = exp(a_t - a_s) [s<=t]``, ``K = (C B^T) * D`` and ``Wd = (dy u^T) * D``:
+
+    du  = K^T dy + exp(a_L - a) * (B G)          dx = dt * du,   ddt = rowsum(du * x) + A * dA_t
+    dC  = Wd B   + exp(a) * (dy h0^T)            dB = Wd^T C + exp(a_L - a) * (u G^T)
+    da_t = rowsum(K * dyu)_t - colsum(K * dyu)_t + exp(a_t) dy_t.(C_t h0) - exp(a_L - a_t) u_t.(B_t G)
+    dA_t = sum_{t' >= t} da_t' + sum_s exp(a_L - a_s) u_s.(B_s G) + exp(a_L) <G, h0>   (grad of dt_t A)
+
+``dA`` (the per-head decay rate) is ``sum dt_t dA_t`` over batch and time (per-chunk partial sums
+are reduced in torch). Everything is accumulated in fp32; outputs are cast to the input dtypes.
+Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
+``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backend import triton_interpreting
+
+__all__ = ["ssd_triton"]
+
+
+@triton.jit
+def _last(a, offs_l, pid_c, T, L):
+    # a at the chunk's last valid position, picked exactly from the cumsum (a separate tl.sum rounds
+    # differently, and exp(a_L - a_t) at t = last must be exactly 1 when |a| is in the hundreds)
+    last = tl.minimum(L, T - pid_c * L) - 1
+    return tl.sum(tl.where(offs_l == last, a, 0.0), 0)
+
+
+@triton.jit
+def _chunk_state(
+    KM, VM, DT, A, OUT, ALAST,
+    s_kb, s_kt, s_kh, s_kn, s_vb, s_vt, s_vh, s_vp, s_db, s_dt, s_dh,
+    T, H, N, P, L, NCHUNK,
+    MODE: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    # MODE 0 (forward):  OUT[c] = sum_s exp(a_L - a_s) dt_s KM_s VM_s^T  (KM = B, VM = x); also ALAST[c] = a_L
+    # MODE 1 (backward): OUT[c] = sum_t exp(a_t) KM_t VM_t^T             (KM = C, VM = dy)
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    t = pid_c * L + offs_l
+    ok = (offs_l < L) & (t < T)
+    dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
+    a_h = tl.load(A + h).to(tl.float32)
+    dta = dt * a_h
+    a = tl.cumsum(dta, 0)
+    a_last = _last(a, offs_l, pid_c, T, L)
+    if MODE == 0:
+        w = tl.exp(a_last - a) * dt
+        tl.store(ALAST + pid_bh.to(tl.int64) * NCHUNK + pid_c, a_last)
+    else:
+        w = tl.exp(a)
+    w = tl.where(ok, w, 0.0)
+    km_t = tl.load(KM + b * s_kb + h * s_kh + t[None, :] * s_kt + offs_n[:, None] * s_kn,
+                   mask=ok[None, :] & (offs_n[:, None] < N), other=0.0).to(tl.float32)  # (N, L)
+    vm = tl.load(VM + b * s_vb + h * s_vh + t[:, None] * s_vt + offs_p[None, :] * s_vp,
+                 mask=ok[:, None] & (offs_p[None, :] < P), other=0.0).to(tl.float32)  # (L, P)
+    out = tl.dot(km_t * w[None, :], vm, input_precision=PREC)  # (N, P)
+    base = ((b * NCHUNK + pid_c) * H + h) * N * P
+    tl.store(OUT + base + offs_n[:, None] * P + offs_p[None, :], out,
+             mask=(offs_n[:, None] < N) & (offs_p[None, :] < P))
+
+
+@triton.jit
+def _state_pass(
+    STATES, ALAST, INIT, HSTART, FINAL,
+    H, NCHUNK, NP,
+    HAS_INIT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # h0_0 = init; HSTART[c] = h0_c; h0_{c+1} = exp(a_L^c) h0_c + S_c; FINAL = h0_NCHUNK
+    pid_blk = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs = pid_blk * BLOCK + tl.arange(0, BLOCK)
+    m = offs < NP
+    if HAS_INIT:
+        s = tl.load(INIT + pid_bh.to(tl.int64) * NP + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        s = tl.zeros([BLOCK], tl.float32)
+    for c in range(NCHUNK):
+        idx = ((b * NCHUNK + c) * H + h) * NP + offs
+        tl.store(HSTART + idx, s, mask=m)
+        decay = tl.exp(tl.load(ALAST + pid_bh.to(tl.int64) * NCHUNK + c))
+        s = decay * s + tl.load(STATES + idx, mask=m, other=0.0)
+    tl.store(FINAL + pid_bh.to(tl.int64) * NP + offs, s, mask=m)
+
+
+@triton.jit
+def _state_pass_bwd(
+    DSTATES, ALAST, DFINAL, GEND, DINIT,
+    H, NCHUNK, NP,
+    HAS_DFINAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # g = dfinal; for c from last to first: GEND[c] = g; g = exp(a_L^c) g + DSTATES[c]; DINIT = g
+    pid_blk = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs = pid_blk * BLOCK + tl.arange(0, BLOCK)
+    m = offs < NP
+    if HAS_DFINAL:
+        g = tl.load(DFINAL + pid_bh.to(tl.int64) * NP + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        g = tl.zeros([BLOCK], tl.float32)
+    for i in range(NCHUNK):
+        c = NCHUNK - 1 - i
+        idx = ((b * NCHUNK + c) * H + h) * NP + offs
+        tl.store(GEND + idx, g, mask=m)
+        decay = tl.exp(tl.load(ALAST + pid_bh.to(tl.int64) * NCHUNK + c))
+        g = decay * g + tl.load(DSTATES + idx, mask=m, other=0.0)
+    tl.store(DINIT + pid_bh.to(tl.int64) * NP + offs, g, mask=m)
+
+
+@triton.jit
+def _chunk_out(
+    X, DT, A, Bm, Cm, HSTART, Y,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_yb, s_yt, s_yh, s_yp,
+    T, H, N, P, L, NCHUNK,
+    PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    # y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    t = pid_c * L + offs_l
+    ok = (offs_l < L) & (t < T)
+    n_ok = offs_n < N
+    p_ok = offs_p < P
+    dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
+    a = tl.cumsum(dt * tl.load(A + h).to(tl.float32), 0)
+    bc_base = b * s_bb + h * s_bh
+    c_mat = tl.load(Cm + bc_base + t[:, None] * s_bt + offs_n[None, :] * s_bn,
+                    mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)  # (L, N)
+    b_t = tl.load(Bm + bc_base + t[None, :] * s_bt + offs_n[:, None] * s_bn,
+                  mask=ok[None, :] & n_ok[:, None], other=0.0).to(tl.float32)  # (N, L)
+    x = tl.load(X + b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp,
+                mask=ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)  # (L, P)
+    causal = offs_l[:, None] >= offs_l[None, :]
+    decay = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))
+    scores = tl.dot(c_mat, b_t, input_precision=PREC) * decay * dt[None, :]
+    y = tl.dot(scores, x, input_precision=PREC)
+    h0 = tl.load(HSTART + ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :],
+                 mask=n_ok[:, None] & p_ok[None, :], other=0.0)
+    y += tl.exp(a)[:, None] * tl.dot(c_mat, h0, input_precision=PREC)
+    tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yt + offs_p[None, :] * s_yp,
+             y.to(Y.dtype.element_ty), mask=ok[:, None] & p_ok[None, :])
+
+
+@triton.jit
+def _chunk_bwd(
+    X, DT, A, Bm, Cm, DY, HSTART, GEND, DX, DDT, DB, DC, DA_PART,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn,
+    T, H, N, P, L, NCHUNK,
+    PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    # all gradients of one chunk (see the module docstring); x, dy, dx share strides, so do B, C, dB, dC
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    t = pid_c * L + offs_l
+    ok = (offs_l < L) & (t < T)
+    n_ok = offs_n < N
+    p_ok = offs_p < P
+    dt_ptr = DT + b * s_db + h * s_dh + t * s_dt
+    dt = tl.load(dt_ptr, mask=ok, other=0.0).to(tl.float32)
+    a_h = tl.load(A + h).to(tl.float32)
+    dta = dt * a_h
+    a = tl.cumsum(dta, 0)
+    a_last = _last(a, offs_l, pid_c, T, L)
+    lp_off = b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp
+    lp_mask = ok[:, None] & p_ok[None, :]
+    ln_off = b * s_bb + h * s_bh + t[:, None] * s_bt + offs_n[None, :] * s_bn
+    ln_mask = ok[:, None] & n_ok[None, :]
+    x = tl.load(X + lp_off, mask=lp_mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + lp_off, mask=lp_mask, other=0.0).to(tl.float32)
+    b_mat = tl.load(Bm + ln_off, mask=ln_mask, other=0.0).to(tl.float32)
+    c_mat = tl.load(Cm + ln_off, mask=ln_mask, other=0.0).to(tl.float32)
+    st_off = ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :]
+    st_mask = n_ok[:, None] & p_ok[None, :]
+    h0 = tl.load(HSTART + st_off, mask=st_mask, other=0.0)
+    g = tl.load(GEND + st_off, mask=st_mask, other=0.0)
+
+    u = x * dt[:, None]
+    causal = offs_l[:, None] >= offs_l[None, :]
+    dmat = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))  # [t, s]
+    e_end = tl.where(ok, tl.exp(a_last - a), 0.0)
+    e_start = tl.where(ok, tl.exp(a), 0.0)
+    k_mat = tl.dot(c_mat, tl.trans(b_mat), input_precision=PREC) * dmat
+    dyu = tl.dot(dy, tl.trans(u), input_precision=PREC)
+    wd = dyu * dmat
+    bg = tl.dot(b_mat, g, input_precision=PREC)  # (L, P)
+    ch0 = tl.dot(c_mat, h0, input_precision=PREC)  # (L, P)
+
+    du = tl.dot(tl.trans(k_mat), dy, input_precision=PREC) + e_end[:, None] * bg
+    dx = du * dt[:, None]
+    ddt = tl.sum(du * x, 1)
+    dc = tl.dot(wd, b_mat, input_precision=PREC) + e_start[:, None] * tl.dot(dy, tl.trans(h0), input_precision=PREC)
+    db = tl.dot(tl.trans(wd), c_mat, input_precision=PREC) + e_end[:, None] * tl.dot(u, tl.trans(g), input_precision=PREC)
+
+    w = k_mat * dyu
+    state_in = e_end * tl.sum(u * bg, 1)  # d/da_s of the chunk state is -state_in_s
+    da = tl.sum(w, 1) - tl.sum(w, 0) + e_start * tl.sum(dy * ch0, 1) - state_in
+    extra = tl.sum(state_in, 0) + tl.exp(a_last) * tl.sum(tl.sum(g * h0, 1), 0)  # d/da_L
+    dta_grad = tl.sum(da, 0) - tl.cumsum(da, 0) + da + extra  # reverse cumsum: d/d(dt_t A)
+    dta_grad = tl.where(ok, dta_grad, 0.0)
+    ddt += a_h * dta_grad
+
+    tl.store(DX + lp_off, dx.to(DX.dtype.element_ty), mask=lp_mask)
+    tl.store(DB + ln_off, db.to(DB.dtype.element_ty), mask=ln_mask)
+    tl.store(DC + ln_off, dc.to(DC.dtype.element_ty), mask=ln_mask)
+    tl.store(DDT + b * s_db + h * s_dh + t * s_dt, ddt.to(DDT.dtype.element_ty), mask=ok)
+    tl.store(DA_PART + pid_bh.to(tl.int64) * NCHUNK + pid_c, tl.sum(dt * dta_grad, 0))
+
+
+def _blocks(L, N, P):
+    return dict(BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_N=max(16, triton.next_power_of_2(N)),
+                BLOCK_P=max(16, triton.next_power_of_2(P)))
+
+
+def _prec(dtype):
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def _launch_opts(bwd=False):
+    if triton_interpreting():
+        return {}
+    return {"num_warps": 8 if bwd else 4}
+
+
+_PASS_BLOCK = 256
+
+
+class _SSDTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, initial_state, chunk_size):
+        b, T, H, P = x.shape
+        N = B.shape[-1]
+        L = chunk_size
+        n = triton.cdiv(T, L)
+        dev = x.device
+        A32 = A.to(torch.float32).contiguous()
+        blocks = _blocks(L, N, P)
+        prec = _prec(x.dtype)
+        states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
+        alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
+        _chunk_state[(n, b * H)](
+            B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
+            T, H, N, P, L, n, MODE=0, PREC=prec, **blocks, **_launch_opts())
+        hstart = torch.empty_like(states)
+        final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
+        init = initial_state.contiguous() if initial_state is not None else final
+        _state_pass[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+            states, alast, init, hstart, final, H, n, N * P,
+            HAS_INIT=initial_state is not None, BLOCK=_PASS_BLOCK)
+        y = torch.empty_like(x)
+        _chunk_out[(n, b * H)](
+            x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
+            T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts())
+        ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
+        ctx.chunk_size = L
+        ctx.init_dtype = None if initial_state is None else initial_state.dtype
+        return y, final.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        x, dt, A, B, C, hstart, alast = ctx.saved_tensors
+        b, T, H, P = x.shape
+        N = B.shape[-1]
+        L = ctx.chunk_size
+        n = triton.cdiv(T, L)
+        dev = x.device
+        A32 = A.to(torch.float32).contiguous()
+        blocks = _blocks(L, N, P)
+        prec = _prec(x.dtype)
+        dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
+        dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
+        _chunk_state[(n, b * H)](
+            C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
+            T, H, N, P, L, n, MODE=1, PREC=prec, **blocks, **_launch_opts())
+        gend = torch.empty_like(dstates)
+        dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
+        dfin = dfinal.contiguous() if dfinal is not None else dinit
+        _state_pass_bwd[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+            dstates, alast, dfin, gend, dinit, H, n, N * P,
+            HAS_DFINAL=dfinal is not None, BLOCK=_PASS_BLOCK)
+        dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
+        da_part = torch.empty(b, H, n, device=dev, dtype=torch.float32)
+        assert dy.stride() == x.stride() and C.stride() == B.stride()
+        _chunk_bwd[(n, b * H)](
+            x, dt, A32, B, C, dy, hstart, gend, dx, ddt, dB, dC, da_part,
+            *x.stride(), *dt.stride(), *B.stride(),
+            T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts(bwd=True))
+        dA = da_part.sum(dim=(0, 2)).to(A.dtype)
+        dinit_out = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
+        return dx, ddt, dA, dB, dC, dinit_out, None
+
+
+def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
+    """Chunked SSD with Triton kernels. ``x (B, T, H, P)``, ``dt (B, T, H)``, ``A (H,)``,
+    ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)``.
+
+    Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
+    input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16).
+    """
+    if x.dim() != 4 or dt.dim() != 3 or A.dim() != 1 or B.dim() != 4 or C.dim() != 4:
+        raise ValueError("ssd_triton: expected x (B,T,H,P), dt (B,T,H), A (H,), B and C (B,T,H,N)")
+    bsz, T, H, P = x.shape
+    if dt.shape != (bsz, T, H) or A.shape != (H,) or B.shape[:3] != (bsz, T, H) or C.shape != B.shape:
+        raise ValueError(f"ssd_triton: shapes x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, "
+                         f"B {tuple(B.shape)}, C {tuple(C.shape)} do not match")
+    N = B.shape[-1]
+    if initial_state is not None and initial_state.shape != (bsz, H, N, P):
+        raise ValueError(f"ssd_triton: initial_state must be {(bsz, H, N, P)}, got {tuple(initial_state.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"ssd_triton: chunk_size must be a positive integer, got {chunk_size!r}")
+    if T == 0:
+        raise ValueError("ssd_triton: empty sequence")
+    if max(N, P, chunk_size) > 256:
+        raise ValueError(f"ssd_triton: chunk_size, d_state and head dim must be <= 256 (got {chunk_size}, {N}, {P}); "
+                         f"use backend='torch'")
+    x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
+    return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)

@@ -1,0 +1,193 @@
+"""DeltaProduct: n_h generalized Householder steps per token (Siems et al. 2025, arXiv:2502.10297),
+and its n_h = 1 presets DeltaNet (Yang et al. 2024, arXiv:2406.06484) and Gated DeltaNet (Yang et al.
+2024, arXiv:2412.06464).
+
+Per head (d_k = d_v = head_dim), for token t and sub-steps j = 1..n_h, each from its own projection:
+
+    q_t     = L2norm(SiLU(conv4(W_q x)))_t                  k_{t,j} = L2norm(SiLU(conv4(W_k^j x)))_t
+    v_{t,j} = SiLU(conv4(W_v^j x))_t                        beta_{t,j} = c * sigmoid(W_b^j x_t),
+                                                            c = 2 if negative eigenvalues are allowed else 1
+    S <- exp(g_t) S,  g_t = -exp(A_log) softplus(W_a x_t + dt_bias)       (forget gate, optional)
+    S <- (I - beta_{t,j} k_{t,j} k_{t,j}^T) S + beta_{t,j} k_{t,j} v_{t,j}^T      for j = 1..n_h
+    o_t = S^T q_t / sqrt(d_k)
+    y_t = W_o [ RMSNorm(o_t) * SiLU(W_z x_t) ]  (gated RMSNorm per head)
+
+With ||k|| = 1 each factor has eigenvalues 1 and 1 - beta in (-1, 1) when beta in (0, 2), which parity
+needs; the product of n_h factors is diagonal + rank n_h (rotations / permutations for n_h >= 2).
+Without the short conv, SiLU is applied to the projections directly. Queries are L2-normalised too
+(as in flash-linear-attention's layers). The kernel is :func:`kernels.delta.delta_product` (chunked UT
+transform on the n_h*T interleaved sequence: torch on CPU, Triton on CUDA).
+
+Registered names: ``deltaproduct`` (n_h = 2, forget gate), ``deltanet`` (n_h = 1, no gate),
+``gated_deltanet`` (n_h = 1, forget gate); all share the options below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.delta import delta_product, delta_product_step
+from .base import Mixer, State, register_mixer
+from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .options import opt
+
+_STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
+                  "  (constant in T)")
+
+
+@register_mixer
+class DeltaProduct(Mixer):
+    name = "deltaproduct"
+    description = "DeltaProduct: n_h Householder delta-rule steps per token, forget gate, beta in (0,2)"
+    state_formula = _STATE_FORMULA
+
+    @dataclass
+    class Options:
+        n_heads: int = opt(4, "number of heads")
+        head_dim: int | None = opt(None, "key = value dimension per head (default d_model / n_heads)")
+        num_householder: int = opt(2, "Householder steps n_h per token (1 = DeltaNet)")
+        allow_neg_eigval: bool = opt(True, "beta in (0, 2) instead of (0, 1): eigenvalues of I - beta k k^T in (-1, 1)")
+        use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")
+        use_short_conv: bool = opt(True, "causal depthwise conv + SiLU on q, k, v (else SiLU only)")
+        conv_size: int = opt(4, "short convolution width")
+        chunk_size: int = opt(64, "chunk length of the chunked kernel (does not change the result)")
+        norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm")
+        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+
+        def __post_init__(self):
+            for field in ("n_heads", "num_householder", "conv_size", "chunk_size"):
+                if getattr(self, field) <= 0:
+                    raise ValueError(f"{field} must be a positive integer, got {getattr(self, field)}")
+            if self.head_dim is not None and self.head_dim <= 0:
+                raise ValueError(f"head_dim must be positive (or null for d_model / n_heads), got {self.head_dim}")
+
+    contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
+
+    def __init__(self, d_model: int, options):
+        super().__init__(d_model, options)
+        o = options
+        H = o.n_heads
+        if o.head_dim is None and d_model % H:
+            raise ValueError(f"{self.name}: d_model={d_model} is not divisible by n_heads={H}; "
+                             f"set head_dim or change n_heads")
+        self.n_heads, self.head_dim, self.n_h = H, o.head_dim or d_model // H, o.num_householder
+        K = V = self.head_dim
+        n = self.n_h
+        self.q_proj = nn.Linear(d_model, H * K, bias=False)
+        self.k_proj = nn.Linear(d_model, n * H * K, bias=False)   # n_h separate key projections
+        self.v_proj = nn.Linear(d_model, n * H * V, bias=False)
+        self.b_proj = nn.Linear(d_model, n * H, bias=False)
+        self.z_proj = nn.Linear(d_model, H * V, bias=False)       # output gate
+        self.gate = DecayGate(d_model, H) if o.use_forget_gate else None
+        if o.use_short_conv:
+            self.q_conv = ShortConv(H * K, o.conv_size)
+            self.k_conv = ShortConv(n * H * K, o.conv_size)
+            self.v_conv = ShortConv(n * H * V, o.conv_size)
+        self.norm = GatedRMSNorm(V, eps=o.norm_eps)
+        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+
+    # --- pieces shared by the parallel and the recurrent form ---------------------------------
+    def _log_gate(self, x):
+        """g = -exp(A_log) softplus(W_a x + dt_bias) in (at least) fp32; (..., H)."""
+        dt = torch.promote_types(x.dtype, torch.float32)
+        gt = self.gate
+        return -torch.exp(gt.A_log.to(dt)) * F.softplus(gt.proj(x).to(dt) + gt.dt_bias.to(dt))
+
+    def _heads(self, q, k, v, b):
+        """Per-head q (..., H, K), k (..., n_h, H, K), v (..., n_h, H, V), beta (..., n_h, H)."""
+        H, K, n = self.n_heads, self.head_dim, self.n_h
+        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1, eps=1e-6)
+        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1, eps=1e-6)
+        v = v.unflatten(-1, (n, H, K))
+        beta = torch.sigmoid(b.float()).unflatten(-1, (n, H))
+        if self.options.allow_neg_eigval:
+            beta = 2 * beta
+        return q, k, v, beta.to(torch.promote_types(b.dtype, torch.float32))
+
+    def _finish(self, o, x):
+        z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
+        return self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
+
+    def _forward(self, x, want_state: bool):
+        qr, kr, vr = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.options.use_short_conv:
+            q, k, v = self.q_conv(qr), self.k_conv(kr), self.v_conv(vr)
+        else:
+            q, k, v = F.silu(qr), F.silu(kr), F.silu(vr)
+        q, k, v, beta = self._heads(q, k, v, self.b_proj(x))
+        g = self._log_gate(x) if self.gate is not None else None
+        n = self.n_h
+        o, S = delta_product(q, k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2), g, n,
+                             chunk_size=self.options.chunk_size, backend=self.options.backend)
+        y = self._finish(o, x)
+        if not want_state:
+            return y, None
+        state = {"S": S}
+        if self.options.use_short_conv:
+            state.update(conv_q=self.q_conv.final_state(qr), conv_k=self.k_conv.final_state(kr),
+                         conv_v=self.v_conv.final_state(vr))
+        return y, state
+
+    # --- the Mixer contract -----------------------------------------------------------------------
+    def forward(self, x, mask=None):
+        return self._forward(x, want_state=False)[0]
+
+    def prefill(self, x, mask=None):
+        return self._forward(x, want_state=True)
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        dtype = dtype or torch.float32
+        H, K = self.n_heads, self.head_dim
+        state = {"S": torch.zeros(batch_size, H, K, K, device=device,
+                                  dtype=torch.promote_types(dtype, torch.float32))}
+        if self.options.use_short_conv:
+            state.update(conv_q=self.q_conv.init_state(batch_size, device, dtype),
+                         conv_k=self.k_conv.init_state(batch_size, device, dtype),
+                         conv_v=self.v_conv.init_state(batch_size, device, dtype))
+        return state
+
+    def step(self, x_t, state):
+        qr, kr, vr = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)
+        new = {}
+        if self.options.use_short_conv:
+            q, new["conv_q"] = self.q_conv.step(qr, state["conv_q"])
+            k, new["conv_k"] = self.k_conv.step(kr, state["conv_k"])
+            v, new["conv_v"] = self.v_conv.step(vr, state["conv_v"])
+        else:
+            q, k, v = F.silu(qr), F.silu(kr), F.silu(vr)
+        q, k, v, beta = self._heads(q, k, v, self.b_proj(x_t))
+        g = self._log_gate(x_t) if self.gate is not None else None
+        o, new["S"] = delta_product_step(q, k, v, beta, g, state["S"])
+        return self._finish(o, x_t), new
+
+    def state_size(self, seq_len: int) -> int:
+        H, K, n = self.n_heads, self.head_dim, self.n_h
+        size = H * K * K
+        if self.options.use_short_conv:
+            size += (self.options.conv_size - 1) * (H * K + n * H * K + n * H * K)
+        return size
+
+
+@register_mixer
+class DeltaNet(DeltaProduct):
+    name = "deltanet"
+    description = "DeltaNet baseline: DeltaProduct with one Householder step per token, no forget gate"
+
+    @dataclass
+    class Options(DeltaProduct.Options):
+        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)")
+        use_forget_gate: bool = opt(False, "Mamba-2 style per-head log forget gate applied once per token")
+
+
+@register_mixer
+class GatedDeltaNet(DeltaProduct):
+    name = "gated_deltanet"
+    description = "Gated DeltaNet baseline: DeltaProduct with one Householder step per token and a forget gate"
+
+    @dataclass
+    class Options(DeltaProduct.Options):
+        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)")
+        use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")

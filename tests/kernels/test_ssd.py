@@ -1,0 +1,245 @@
+"""Mamba-2 SSD: the chunked torch path and the Triton kernels against the token recurrence (forward,
+final state, gradients of x, dt, A, B, C and the initial state), chunk-size invariance, and two
+outside oracles: flash-linear-attention's naive simple-GLA recurrence and mamba-ssm's
+``ssd_minimal_discrete`` (when installed).
+
+On a CPU the Triton kernels run through the interpreter (tests/conftest.py), so sizes are tiny; the
+gpu-marked test runs at real size in bf16.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.backend import BackendUnavailable, triton_importable, triton_usable_for
+from kernels.ssd import ssd, ssd_chunked, ssd_reference, ssd_step
+from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
+    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
+)
+
+
+def _inputs(b, T, H, P, N, init=False, dtype=torch.float32, device=DEVICE, strong_decay=False):
+    x = torch.randn(b, T, H, P, dtype=dtype, device=device)
+    dt = F.softplus(torch.randn(b, T, H, dtype=dtype, device=device) - 1.0)
+    A = -(torch.rand(H, dtype=dtype, device=device) * 2 + 0.5)
+    if strong_decay:
+        dt, A = dt + 1.0, A * 8  # a chunk's cumulative log-decay reaches hundreds
+    B = torch.randn(b, T, H, N, dtype=dtype, device=device)
+    C = torch.randn(b, T, H, N, dtype=dtype, device=device)
+    out = [x, dt, A, B, C]
+    if init:
+        out.append(torch.randn(b, H, N, P, dtype=dtype, device=device))
+    return out
+
+
+def _with_state(fn, chunk_size=None):
+    kw = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return lambda x, dt, A, B, C, h0: fn(x, dt, A, B, C, initial_state=h0, **kw)
+
+
+def _no_state(fn, chunk_size=None):
+    kw = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return lambda x, dt, A, B, C: fn(x, dt, A, B, C, **kw)
+
+
+def _compare(fn, ref, ins, init, **tols):
+    """compare_backends, except that with T=1 and no initial state the gradient of A is exactly zero
+    (the decay multiplies a zero state), so a relative error is meaningless: A is then held fixed and
+    its gradient checked to be ~0 in absolute terms."""
+    if init or ins[0].shape[1] > 1:
+        compare_backends(fn, ref, ins, **tols)
+        return
+    x, dt, A, B, C = ins
+    compare_backends(lambda x, dt, B, C: fn(x, dt, A, B, C), lambda x, dt, B, C: ref(x, dt, A.double(), B, C),
+                     [x, dt, B, C], **tols)
+    A = A.clone().requires_grad_()
+    y, fin = fn(x, dt, A, B, C)
+    (gA,) = torch.autograd.grad((y * torch.randn_like(y)).sum() + fin.sum(), A)
+    assert gA.abs().max() < 1e-6 * (1 + y.abs().max())
+
+
+def _compare_strong_decay(fn, ins):
+    """Strong decay (per-step log-decay ~ -10..-40): everything to 3e-5 relative, except dA, whose true value
+    is a tiny difference of O(1) terms (rowsum - colsum of the decayed scores, and a_t - a_s of cumsums in
+    the hundreds), so fp32 can only get it to an absolute error ~ eps * the size of those terms."""
+    x, dt, A, B, C, h0 = ins
+    compare_backends(lambda x, dt, B, C, h0: fn(x, dt, A, B, C, initial_state=h0),
+                     lambda x, dt, B, C, h0: ssd_reference(x, dt, A.double(), B, C, initial_state=h0),
+                     [x, dt, B, C, h0], tol=1e-5, grad_tol=3e-5)
+    xs = [t.clone().requires_grad_() for t in ins]
+    rs = [t.double().requires_grad_() for t in ins]
+    y, fin = fn(*xs[:5], initial_state=xs[5])
+    y_r, fin_r = ssd_reference(*rs[:5], initial_state=rs[5])
+    gy, gf = torch.randn_like(y_r), torch.randn_like(fin_r)
+    torch.autograd.backward([y, fin], [gy.float(), gf.float()])
+    torch.autograd.backward([y_r, fin_r], [gy, gf])
+    scale = (rs[1].grad.norm() * dt.double().norm()).item()
+    err = (xs[2].grad.double() - rs[2].grad).abs().max().item()
+    assert torch.isfinite(xs[2].grad).all() and err <= 5e-6 * scale, f"dA abs error {err:.2e} > 5e-6 * {scale:.2e}"
+
+
+def _triton():
+    from kernels.ssd.triton import ssd_triton
+    return ssd_triton
+
+
+# --------------------------------------------------------------------------- chunked torch path
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("init", [False, True])
+def test_chunked_matches_reference_fp64(T, init):
+    wrap = _with_state if init else _no_state
+    _compare(wrap(ssd_chunked, 16), wrap(ssd_reference), _inputs(2, T, 2, 16, 16, init, torch.float64, "cpu"), init,
+             tol=1e-10)
+
+
+def test_chunked_fp32_vs_fp64_reference_strong_decay():
+    _compare_strong_decay(lambda *a, **k: ssd_chunked(*a, chunk_size=64, **k),
+                          _inputs(1, 50, 2, 8, 8, True, device="cpu", strong_decay=True))
+
+
+# --------------------------------------------------------------------------- Triton kernels
+@needs_triton
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("init", [False, True])
+def test_triton_matches_reference(T, init):
+    wrap = _with_state if init else _no_state
+    _compare(wrap(_triton(), 16), wrap(ssd_reference), _inputs(2 if init else 1, T, 2, 16, 16, init), init,
+             tol=1e-5, grad_tol=3e-5)
+
+
+@needs_triton
+def test_triton_odd_state_and_head_dims_strong_decay():
+    # N=12, P=20 are padded to blocks of 16/32; chunk 64 > T with a decay strong enough to underflow exp(a_t)
+    _compare_strong_decay(lambda *a, **k: _triton()(*a, chunk_size=64, **k),
+                          _inputs(1, 45, 2, 20, 12, True, strong_decay=True))
+
+
+@needs_triton
+def test_triton_only_final_state_used():
+    """A loss on the final state alone: the backward must run with dy = 0."""
+    x, dt, A, B, C = (t.requires_grad_() for t in _inputs(1, 23, 2, 16, 16))
+    _, fin = _triton()(x, dt, A, B, C, chunk_size=16)
+    *g, gC = torch.autograd.grad(fin.square().sum(), (x, dt, A, B, C))
+    rs = [t.detach().double().requires_grad_() for t in (x, dt, A, B)]
+    _, fin_r = ssd_reference(*rs[:4], C.detach().double())
+    g_r = torch.autograd.grad(fin_r.square().sum(), rs)
+    for a, e in zip(g, g_r):
+        assert_rel_close(a, e, 3e-5, "grad from final state")
+    assert torch.count_nonzero(gC) == 0  # the final state does not depend on C
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_chunk_size_invariance(backend):
+    fn = ssd_chunked if backend == "torch" else _triton()
+    ins = [t.requires_grad_() for t in _inputs(1, 37, 2, 16, 16, init=True)]
+    outs, grads = [], []
+    for L in (1, 8, 64):
+        y, fin = fn(*ins[:5], chunk_size=L, initial_state=ins[5])
+        outs.append((y, fin))
+        grads.append(torch.autograd.grad((y.sum() + fin.sum()), ins))
+    for (y, fin), g in zip(outs[1:], grads[1:]):
+        assert_rel_close(y, outs[0][0], 1e-5, "y vs chunk 1")
+        assert_rel_close(fin, outs[0][1], 1e-5, "final vs chunk 1")
+        for a, e in zip(g, grads[0]):
+            assert_rel_close(a, e, 3e-5, "grad vs chunk 1")
+
+
+def test_step_matches_reference():
+    x, dt, A, B, C, h0 = _inputs(2, 5, 2, 4, 3, True, torch.float64, "cpu")
+    y_ref, h_ref = ssd_reference(x, dt, A, B, C, initial_state=h0)
+    h = h0
+    for t in range(5):
+        y_t, h = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], h)
+        assert_rel_close(y_t, y_ref[:, t], 1e-12, f"step {t}")
+    assert_rel_close(h, h_ref, 1e-12, "final state")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "torch", "triton"])
+def test_dispatcher_every_backend(backend):
+    ins = _inputs(1, 19, 2, 16, 16, True)
+    y_ref, h_ref = ssd_reference(*(t.double() for t in ins[:5]), initial_state=ins[5].double())
+    if backend == "triton" and not triton_usable_for(ins[0]):
+        with pytest.raises(BackendUnavailable):
+            ssd(*ins[:5], chunk_size=16, initial_state=ins[5], backend=backend)
+        return
+    y, h = ssd(*ins[:5], chunk_size=16, initial_state=ins[5], backend=backend)
+    assert y.dtype == ins[0].dtype and h.dtype == ins[0].dtype
+    assert_rel_close(y, y_ref, 1e-5, backend)
+    assert_rel_close(h, h_ref, 1e-5, backend)
+
+
+@needs_triton
+def test_triton_rejects_bad_shapes():
+    x, dt, A, B, C = _inputs(1, 8, 2, 16, 16)
+    with pytest.raises(ValueError, match="do not match"):
+        _triton()(x, dt[:, :4], A, B, C)
+    with pytest.raises(ValueError, match="chunk_size"):
+        _triton()(x, dt, A, B, C, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- outside oracles
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_matches_fla_naive_simple_gla(backend):
+    naive = pytest.importorskip("fla.ops.simple_gla.naive")
+    x, dt, A, B, C, h0 = _inputs(2, 37, 2, 16, 16, True)
+    fn = ssd_chunked if backend == "torch" else _triton()
+    y, fin = fn(x, dt, A, B, C, chunk_size=16, initial_state=h0)
+    # SSD is simple GLA with q = C, k = B, v = dt * x, log-decay g = dt * A and no 1/sqrt(d) scale
+    o, s = naive.naive_recurrent_simple_gla(C, B, x * dt[..., None], dt * A, scale=1.0, initial_state=h0.clone(),
+                                            output_final_state=True)
+    # fla's naive recurrence runs in fp32 token by token, so it is itself accurate to ~1e-6 only
+    assert_rel_close(y, o, 1e-5, "y vs fla")
+    assert_rel_close(fin, s, 1e-5, "final state vs fla")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_matches_mamba_ssm_minimal(backend):
+    minimal = pytest.importorskip("mamba_ssm.modules.ssd_minimal")
+    x, dt, A, B, C = _inputs(1, 32, 2, 16, 16)
+    # ssd_minimal_discrete sums its einsums over the group axis, so it is only right for one group:
+    # B and C shared by the heads
+    B, C = B[:, :, :1], C[:, :, :1]
+    fn = ssd_chunked if backend == "torch" else _triton()
+    y, fin = fn(x, dt, A, B.expand(-1, -1, 2, -1), C.expand(-1, -1, 2, -1), chunk_size=16)
+    # ssd_minimal_discrete(X, A, B, C, block_len) takes X = dt * x and the per-step log-decay dt * A
+    y_m, fin_m = minimal.ssd_minimal_discrete(x * dt[..., None], dt * A, B, C, 16)
+    assert_rel_close(y, y_m, 1e-5, "y vs mamba-ssm minimal")
+    # mamba-ssm's final state is (b, groups, h, p, n); ours is (b, h, n, p)
+    assert_rel_close(fin, fin_m[:, 0].transpose(-1, -2), 1e-5, "final state vs mamba-ssm minimal")
+
+
+# --------------------------------------------------------------------------- GPU, real size
+@pytest.mark.gpu
+def test_gpu_bf16_real_size():
+    from kernels.ssd.triton import ssd_triton
+
+    b, T, H, P, N = 2, 2048, 8, 64, 64
+    ins = _inputs(b, T, H, P, N, True, device="cuda")
+    ins32 = [t.requires_grad_() for t in ins]
+    lo = [t.detach().bfloat16().requires_grad_() if i != 2 else t.detach().clone().requires_grad_()
+          for i, t in enumerate(ins)]  # A (per-head rate) stays fp32, as in a mixer
+    y_ref, h_ref = ssd_chunked(*ins32[:5], chunk_size=64, initial_state=ins32[5])
+    y, h = ssd_triton(*lo[:5], chunk_size=64, initial_state=lo[5])
+    assert y.dtype == torch.bfloat16
+    assert rel_err(y, y_ref) < 2e-2 and rel_err(h, h_ref) < 2e-2
+    gy, gh = torch.randn_like(y_ref), torch.randn_like(h_ref)
+    torch.autograd.backward([y_ref, h_ref], [gy, gh])
+    torch.autograd.backward([y, h], [gy.bfloat16(), gh.bfloat16()])
+    for i, (a, e) in enumerate(zip(lo, ins32)):
+        assert rel_err(a.grad, e.grad) < 5e-2, f"grad {i}"
+    # fp32 Triton at real size must be as tight as on the interpreter
+    y32, h32 = ssd_triton(*(t.detach() for t in ins[:5]), chunk_size=64, initial_state=ins[5].detach())
+    assert rel_err(y32, y_ref) < 1e-4 and rel_err(h32, h_ref) < 1e-4
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception:
+        return
+    x, dt, A, B, C, h0 = (t.detach() for t in ins)
+    y_m = mamba_chunk_scan_combined(x.bfloat16(), dt.bfloat16(), A, B.bfloat16(), C.bfloat16(), 64,
+                                    initial_states=h0.transpose(-1, -2).contiguous())
+    assert rel_err(y, y_m) < 2e-2

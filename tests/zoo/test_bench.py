@@ -1,0 +1,113 @@
+"""``zoo bench`` on tiny sizes: the files it writes, the decode-state scaling law of each mixer, the
+ratio-to-attention column, and that a mixer failing at some T is recorded without losing other rows.
+(No timing is asserted: timings are only recorded.)"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from zoo import bench
+
+
+def _args(tmp_path, *extra):
+    parser = argparse.ArgumentParser()
+    bench.configure_parser(parser)
+    return parser.parse_args(["--mixers", "attention,mamba2", "--seq-lens", "16,32", "--d-model", "32",
+                              "--repeats", "1", "--warmup", "1", "--threads", "1", "--no-progress",
+                              "--out", str(tmp_path), *extra])
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    threads = torch.get_num_threads()
+    code = bench.run(_args(out))
+    assert torch.get_num_threads() == threads, "bench must restore the thread count"
+    assert code == 0
+    return out, json.loads((out / "bench.json").read_text())
+
+
+def test_files_written(result):
+    out, data = result
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "bench.md").read_text()
+    assert "| mixer" in md and "fwd+bwd / attn" in md and "mamba2" in md
+    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["threads"] == 1
+    rows = data["rows"]
+    assert [(r["mixer"], r["T"]) for r in rows] == [("attention", 16), ("attention", 32), ("mamba2", 16), ("mamba2", 32)]
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        for key in ("fwd_ms", "fwd_bwd_ms", "decode_ms", "tok_s_train", "saved_mib"):
+            assert r[key] > 0, key
+        assert r["peak_mib"] is None  # CPU: no honest high-water mark, reported as n/a
+        assert r["tok_s_train"] == pytest.approx(r["T"] / (r["fwd_bwd_ms"] / 1e3))
+
+
+def test_decode_state_scaling(result):
+    _, data = result
+    by = {(r["mixer"], r["T"]): r for r in data["rows"]}
+    a16, a32 = by["attention", 16]["state_bytes"], by["attention", 32]["state_bytes"]
+    assert a32 / a16 == 32 / 16  # the KV cache grows exactly linearly
+    assert a16 == 4 * by["attention", 16]["state_size"]  # fp32: bytes = 4 * the mixer's own element count
+    assert by["mamba2", 16]["state_bytes"] == by["mamba2", 32]["state_bytes"] > 0  # constant state
+    assert by["mamba2", 16]["state_bytes"] == 4 * by["mamba2", 16]["state_size"]
+
+
+def test_ratio_to_attention(result):
+    _, data = result
+    rows = bench.with_ratios(data["rows"])
+    by = {(r["mixer"], r["T"]): r for r in rows}
+    assert by["attention", 16]["fwd_bwd_ms_vs_attention"] == 1.0
+    m = by["mamba2", 32]
+    assert m["fwd_bwd_ms_vs_attention"] == pytest.approx(m["fwd_bwd_ms"] / by["attention", 32]["fwd_bwd_ms"])
+
+
+def test_error_at_one_length_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    from mixers.attention import Attention
+
+    original = Attention.forward
+
+    def flaky(self, x, mask=None):
+        if x.shape[1] > 16:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 TiB")
+        return original(self, x, mask)
+
+    monkeypatch.setattr(Attention, "forward", flaky)
+    args = _args(tmp_path, "--no-plot", "--no-decode", "--backends", "attention=torch")
+    assert bench.run(args) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    by = {(r["mixer"], r["T"]): r for r in rows}
+    assert len(rows) == 4
+    assert by["attention", 16]["error"] is None and by["attention", 16]["backend"] == "torch"
+    err = by["attention", 32]["error"]
+    assert "OOM" in err and "forward" in err and by["attention", 32].get("fwd_ms") is None
+    assert by["mamba2", 32]["error"] is None and by["mamba2", 32]["fwd_bwd_ms"] > 0
+    assert "OOM" in (tmp_path / "bench.md").read_text()
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.configure_parser(parser)
+    args = parser.parse_args(["--mixers", "atention", "--out", str(tmp_path), "--no-progress"])
+    assert bench.run(args) == 2
+    assert "attention" in capsys.readouterr().err  # names the nearest valid mixer
+    args = parser.parse_args(["--mixers", "mamba2", "--backends", "attention=torch", "--out", str(tmp_path)])
+    assert bench.run(args) == 2
+    args = parser.parse_args(["--mixers", "attention:torch,attention:torch", "--out", str(tmp_path)])
+    assert bench.run(args) == 2
+    assert "twice" in capsys.readouterr().err
+
+
+def test_two_backends_of_one_mixer(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.configure_parser(parser)
+    args = parser.parse_args(["--mixers", "attention:torch,attention:reference", "--seq-lens", "16", "--d-model", "32",
+                              "--repeats", "1", "--threads", "1", "--no-progress", "--no-plot", "--no-decode",
+                              "--out", str(tmp_path)])
+    assert bench.run(args) == 0
+    rows = bench.with_ratios(json.loads((tmp_path / "bench.json").read_text())["rows"])
+    assert [(r["label"], r["backend"]) for r in rows] == [("attention:torch", "torch"), ("attention:reference", "reference")]
+    assert rows[0]["fwd_bwd_ms_vs_attention"] == 1.0 and rows[1]["fwd_bwd_ms_vs_attention"] > 0
