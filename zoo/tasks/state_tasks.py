@@ -1,0 +1,77 @@
+"""Registered state-tracking tasks (parity, S3/S5/A5 word problems, Dyck-1) over the generators of
+:mod:`zoo.tasks.state_tracking`. Test at longer lengths with ``eval.seq_lens`` for length
+generalisation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mixers.options import opt
+
+from . import state_tracking as st
+from .base import Task, TaskData, register_task
+
+
+@dataclass
+class _Common:
+    seq_len: int = opt(64, "training sequence length")
+    num_train: int = opt(20_000, "training examples")
+    num_test: int = opt(1_000, "test examples")
+    supervise: str = opt("all", "label every position or only the last", choices=("all", "last"))
+
+
+class _StateTask(Task):
+    generator_name = ""
+
+    def _generator_options(self) -> dict:
+        skip = {"seq_len", "num_train", "num_test"}
+        return {k: v for k, v in vars(self.options).items() if k not in skip}
+
+    @property
+    def vocab_size(self) -> int:
+        return st.vocab_size(self.generator_name, **self._generator_options())
+
+    def generate(self, num_examples, seq_len, generator) -> TaskData:
+        inputs, labels = st.GENERATORS[self.generator_name](num_examples, seq_len, generator, **self._generator_options())
+        return TaskData(inputs, labels)
+
+
+@register_task
+class Parity(_StateTask):
+    name = generator_name = "parity"
+    description = "running parity of a bit string (needs negative eigenvalues / non-diagonal state)"
+
+    @dataclass
+    class Options(_Common):
+        p_one: float = opt(0.5, "probability of a 1 bit")
+
+
+def _group_task(group: str, blurb: str):
+    @register_task
+    class WordProblem(_StateTask):
+        name = generator_name = group
+        description = f"{group.upper()} word problem: inputs are group elements, label = running product ({blurb})"
+
+        @dataclass
+        class Options(_Common):
+            pass
+
+    WordProblem.__name__ = WordProblem.__qualname__ = f"{group.upper()}WordProblem"
+    return WordProblem
+
+
+S3 = _group_task("s3", "6 elements, solvable")
+S5 = _group_task("s5", "120 elements, not solvable")
+A5 = _group_task("a5", "60 elements, simple")
+
+
+@register_task
+class Dyck1(_StateTask):
+    name = generator_name = "dyck1"
+    description = "Dyck-1 counting: label = nesting depth (or 'balanced') after each bracket"
+
+    @dataclass
+    class Options(_Common):
+        p_open: float = opt(0.5, "probability of '(' when both brackets are allowed")
+        max_depth: int = opt(16, "the depth never exceeds this")
+        label: str = opt("depth", "what to predict", choices=("depth", "balanced"))
