@@ -1,0 +1,74 @@
+"""Spectral Koopman Attention (SKA, the "Echo" seed): closed-form ridge regression over streaming
+second-order statistics plus a whitened lag-one (Koopman) operator used as a power filter.
+
+Per (batch, head), with keys/queries divided by the key scale s:
+
+    G = sum w_t k_t k_t^T + lambda I,  M = sum w_t w_{t+1} k_{t+1} k_t^T,  C = sum w_t v_t k_t^T
+    L = chol(G),  A = clamp(gamma, 1, gamma_max) * A_w / max(sigma(A_w), 1),  A_w = L^{-1} M L^{-T}
+    y = C L^{-T} A^p L^{-1} q
+
+Modes (which tokens a position's statistics contain; see :mod:`kernels.ska.reference`):
+``prefix`` (all tokens, non-causal), ``chunk_causal`` (chunks strictly before the query's chunk),
+``recurrent`` (tokens strictly before the query; = chunk_causal with chunk_size 1).
+Normalisation: ``seq_max`` (one scale from the whole sequence, non-causal) or ``running_max``
+(the largest key inside the statistics being read; causal).
+
+Public functions:
+
+- :func:`ska` -- the whole op, ``backend`` = ``reference`` (explicit per-position solve, fp64-capable),
+  ``torch`` (chunked, CPU default), ``triton`` (torch statistics + Cholesky, Triton post-Cholesky chain);
+- :func:`ska_chain` -- the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} q`` alone (torch or Triton);
+- :func:`ska_step`, :func:`ska_init_state`, :func:`ska_final_state` -- the recurrent decode.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from ..backend import resolve_backend
+from .chunked import (ska_chain_torch, ska_chunked, ska_final_state, ska_init_state, ska_readout, ska_recurrent,
+                      ska_step, ska_update, solve_operator)
+from .reference import ska_reference, whitened_operator
+
+__all__ = ["ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", "ska_step", "ska_readout",
+           "ska_update", "ska_init_state", "ska_final_state", "ska_chain_torch", "solve_operator",
+           "whitened_operator"]
+
+MODES = ("prefix", "chunk_causal", "recurrent")
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamma_max: float = 1.5,
+        mode: str = "chunk_causal", chunk_size: int = 64, normalisation: str = "seq_max", power_iters: int = 6,
+        backend: str = "auto"):
+    """q, k (B, T, H, r), v (B, T, H, P), w (B, T) 0/1 weights or None -> y (B, T, H, P) in q's dtype.
+
+    ``gamma`` is a float or a tensor (H,) (clamped to [1, gamma_max] inside).
+    """
+    if mode not in MODES:
+        raise ValueError(f"ska: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
+              power_iters=power_iters)
+    available = ("reference", "torch") + (("triton",) if _has_triton() and mode != "recurrent" else ())
+    chosen = resolve_backend(backend, q, op="ska", available=available)
+    if chosen == "reference":
+        return ska_reference(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
+    if mode == "recurrent":
+        return ska_recurrent(q, k, v, w, **kw)
+    if chosen == "triton":
+        from .triton import ska_chain_triton
+        return ska_chunked(q, k, v, w, mode=mode, chunk_size=chunk_size, chain=ska_chain_triton, **kw)
+    return ska_chunked(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
+
+
+def ska_chain(Linv, A, C, q, power: int, chunk_size: int, backend: str = "auto"):
+    """``y_t = C_c Linv_c^T A_c^p Linv_c q_t`` with c = t // chunk_size; shapes as in
+    :func:`kernels.ska.chunked.ska_chain_torch`."""
+    available = ("torch",) + (("triton",) if _has_triton() else ())
+    chosen = resolve_backend(backend, q, op="ska_chain", available=available)
+    if chosen == "triton":
+        from .triton import ska_chain_triton
+        return ska_chain_triton(Linv, A, C, q, power, chunk_size)
+    return ska_chain_torch(Linv, A, C, q, power, chunk_size)

@@ -1,0 +1,168 @@
+"""SKA: Spectral Koopman Attention ("Echo: KV-Cache-Free Associative Recall with Spectral Koopman
+Operators", seed 000; equations restated in shared/MIXERS.md).
+
+Own projections from the residual stream, per head h (rank r, value dim P):
+
+    q_t = W_q x_t, k_t = W_k x_t in R^r (orthogonal init per head),   v_t = W_v x_t in R^P (xavier)
+    keys and queries divided by the key scale s (seq_max or running_max, see below)
+    G = sum w_t k_t k_t^T + lambda I,   M = sum w_t w_{t+1} k_{t+1} k_t^T,   C = sum w_t v_t k_t^T
+    L = chol(G),  A_w = L^{-1} M L^{-T},  A = clamp(gamma_h, 1, gamma_max) A_w / max(sigma(A_w), 1)
+    y_t = C L^{-T} A^p L^{-1} q_t;       out = W_o (eta * concat_h y_t)   (W_o zero-init, eta init 1.5)
+
+``w_t`` is the (batch, T) 0/1 ``mask`` given to ``forward`` (a prefix / "action" mask: only those
+tokens enter the statistics; queries are read at every position); without a mask w = 1.
+sigma is the top singular value from 6 detached power-iteration steps. All statistics and solves run
+in fp32 (:mod:`kernels.ska`).
+
+Modes (which statistics position t reads):
+
+- ``chunk_causal`` (default, LM training): the tokens of the chunks strictly before t's chunk, lag-one
+  pairs with both tokens there (chunk 0 reads nothing: output 0). ``chunk_size=1`` is the exact
+  per-token recurrence (t reads tokens < t).
+- ``prefix``: one operator from all (masked) tokens, read at every position (non-causal by design:
+  the mask marks the context; queries come after it).
+
+Normalisation: ``seq_max`` (paper): ``s = max ||k_t||`` over the weighted-in tokens of the whole
+sequence (non-causal). ``running_max``: the scale of a readout is the largest weighted-in key inside
+the statistics it reads (causal). Because G, M, C are homogeneous in the keys, the state keeps the
+raw statistics and normalises at readout time, which makes the recurrent and chunked forms agree.
+
+Decoding (``step``), state ``G, M`` (r x r), ``C`` (P x r), previous weighted key (r), scale (1)
+per head = ``H (2 r^2 + P r + r + 1)`` floats, independent of T:
+
+- ``chunk_causal``: the per-token recurrence (the paper's streaming inference): read out from all
+  tokens before this one, then add this one (decoded tokens have w = 1). Equals ``forward`` exactly
+  when ``chunk_size == 1`` (the contract configuration); with larger chunks decoding is finer-grained
+  than training (generated tokens see everything before them, not only whole chunks). ``running_max``
+  keeps updating the scale; ``seq_max`` freezes it at the prefill value (a decode from an empty
+  state takes it from the first nonzero key).
+- ``prefix``: generated tokens are outside the prefix (w = 0): the operator and the scale stay
+  frozen at the prefill, each step only reads out. ``prefill(x[:, :T0], m)`` then ``step`` equals
+  ``forward(x, mask=[m, 0, ..., 0])``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.ska import ska, ska_final_state, ska_init_state, ska_step
+from .base import Mixer, State, register_mixer
+from .options import opt
+
+
+@register_mixer
+class SKA(Mixer):
+    name = "ska"
+    description = "Spectral Koopman Attention: closed-form ridge readout + whitened lag-one power filter"
+    state_formula = "n_heads * (2 rank^2 + value_dim rank + rank + 1)  (constant in T)"
+    uses_mask = True
+    #: chunk_size is part of the semantics (which statistics a query reads), not only a compute knob
+    chunk_size_changes_output = True
+    # strictly causal, and step == forward (chunk_size 1). ridge 0.1: with the default 1e-3, positions whose
+    # Gram is barely above lambda I (about r tokens seen) amplify fp32 rounding ~1/lambda, and the parallel
+    # and recurrent forms then differ by ~2-4e-5 relative instead of < 1e-6
+    contract_options = {"n_heads": 2, "rank": 4, "chunk_size": 1, "mode": "chunk_causal",
+                        "normalisation": "running_max", "ridge": 0.1}
+
+    @dataclass
+    class Options:
+        n_heads: int = opt(4, "number of heads H")
+        rank: int = opt(32, "key/query rank r (Koopman rank) per head")
+        value_dim: int = opt(0, "value dim P per head; 0 = d_model // n_heads")
+        ridge: float = opt(1e-3, "ridge lambda added to the Gram matrix")
+        power: int = opt(2, "power-filter order p (0 = plain ridge regression readout)")
+        chunk_size: int = opt(64, "chunk length in chunk_causal mode (1 = exact per-token recurrence)")
+        mode: str = opt("chunk_causal", "which statistics a position reads",
+                        choices=("chunk_causal", "prefix"))
+        normalisation: str = opt("seq_max", "key scale: seq_max (paper, non-causal) or running_max (causal)",
+                                 choices=("seq_max", "running_max"))
+        gamma_max: float = opt(1.5, "upper clamp of the learnable spectral gain gamma (lower clamp 1)")
+        power_iters: int = opt(6, "power-iteration steps for the spectral normalisation")
+        eta_init: float = opt(1.5, "initial value of the learnable output scale eta")
+        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+
+        def __post_init__(self):
+            for field in ("n_heads", "rank", "chunk_size", "power_iters"):
+                if getattr(self, field) < 1:
+                    raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+            if self.value_dim < 0:
+                raise ValueError(f"value_dim must be >= 0 (0 = d_model // n_heads), got {self.value_dim}")
+            if self.power < 0:
+                raise ValueError(f"power must be >= 0 (0 = ridge regression readout), got {self.power}")
+            if not self.ridge > 0:
+                raise ValueError(f"ridge must be > 0 (it keeps the Gram matrix invertible), got {self.ridge}")
+            if not self.gamma_max >= 1.0:
+                raise ValueError(f"gamma_max must be >= 1 (gamma is clamped to [1, gamma_max]), got {self.gamma_max}")
+
+    def __init__(self, d_model: int, options: "SKA.Options"):
+        super().__init__(d_model, options)
+        o = options
+        H, r = o.n_heads, o.rank
+        if o.value_dim == 0 and d_model % H:
+            raise ValueError(f"ska: d_model={d_model} is not divisible by n_heads={H}; set value_dim explicitly "
+                             f"or choose n_heads that divides d_model")
+        self.P = o.value_dim or d_model // H
+        self.q_proj = nn.Linear(d_model, H * r, bias=False)
+        self.k_proj = nn.Linear(d_model, H * r, bias=False)
+        self.v_proj = nn.Linear(d_model, H * self.P, bias=False)
+        self.o_proj = nn.Linear(H * self.P, d_model, bias=False)
+        self.gamma = nn.Parameter(torch.ones(H))
+        self.eta = nn.Parameter(torch.tensor(float(o.eta_init)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        r = self.options.rank
+        for w in (self.q_proj.weight, self.k_proj.weight):   # orthogonal per head (rows when r <= d_model)
+            for h in range(self.options.n_heads):
+                nn.init.orthogonal_(w.data[h * r:(h + 1) * r])
+        nn.init.xavier_uniform_(self.v_proj.weight)
+        nn.init.zeros_(self.o_proj.weight)
+        with torch.no_grad():
+            self.gamma.fill_(1.0)
+            self.eta.fill_(self.options.eta_init)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _qkv(self, x):
+        H, r = self.options.n_heads, self.options.rank
+        q = self.q_proj(x).unflatten(-1, (H, r))
+        k = self.k_proj(x).unflatten(-1, (H, r))
+        v = self.v_proj(x).unflatten(-1, (H, self.P))
+        return q, k, v
+
+    def _kw(self):
+        o = self.options
+        return dict(ridge=o.ridge, power=o.power, gamma=self.gamma, gamma_max=o.gamma_max,
+                    normalisation=o.normalisation, power_iters=o.power_iters)
+
+    def _out(self, y):
+        return self.o_proj((self.eta * y.flatten(-2)).to(self.o_proj.weight.dtype))
+
+    def _run(self, x, mask):
+        o = self.options
+        q, k, v = self._qkv(x)
+        w = None if mask is None else mask.to(torch.float32)
+        y = ska(q, k, v, w, mode=o.mode, chunk_size=o.chunk_size, backend=o.backend, **self._kw())
+        return self._out(y).to(x.dtype), (k, v, w)
+
+    # --- contract ------------------------------------------------------------------------------
+    def forward(self, x, mask=None):
+        return self._run(x, mask)[0]
+
+    def prefill(self, x, mask=None):
+        y, (k, v, w) = self._run(x, mask)
+        return y, ska_final_state(k, v, w)
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        sdt = torch.float64 if dtype == torch.float64 else torch.float32
+        return ska_init_state(batch_size, self.options.n_heads, self.options.rank, self.P, device=device, dtype=sdt)
+
+    def step(self, x_t, state):
+        q, k, v = self._qkv(x_t)
+        y, state = ska_step(q, k, v, state, update=self.options.mode == "chunk_causal", **self._kw())
+        return self._out(y).to(x_t.dtype), state
+
+    def state_size(self, seq_len: int) -> int:
+        H, r, P = self.options.n_heads, self.options.rank, self.P
+        return H * (2 * r * r + P * r + r + 1)

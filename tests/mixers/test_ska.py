@@ -1,0 +1,148 @@
+"""SKA mixer: registry and options, the contract properties in the causal configuration (parallel ==
+step-by-step, prefill + decode == forward, causality, batch independence, constant state size),
+the decoding semantics of each mode, the mask, and degenerate inputs."""
+import pytest
+import torch
+
+from kernels.ska import ska_init_state, ska_step
+from mixers import build_mixer
+from mixers.options import OptionError
+from mixers.ska import SKA
+from tests.kernels.harness import assert_rel_close, rel_err
+
+
+def make(d_model=32, **opts):
+    m = build_mixer("ska", d_model, opts)
+    with torch.no_grad():   # the output projection is zero-initialised: give it values so tests can fail
+        m.o_proj.weight.normal_(0.0, d_model ** -0.5)
+    return m
+
+
+def decode(m, x, T0, mask=None):
+    y0, state = m.prefill(x[:, :T0], mask)
+    ys = [y0]
+    for t in range(T0, x.shape[1]):
+        y, state = m.step(x[:, t], state)
+        ys.append(y[:, None])
+    return torch.cat(ys, 1), state
+
+
+def test_defaults_and_zero_init():
+    m = build_mixer("ska", 64)
+    assert m.options.mode == "chunk_causal" and m.options.power == 2 and m.P == 16
+    x = torch.randn(2, 70, 64, requires_grad=True)
+    y = m(x)
+    assert y.shape == x.shape and y.abs().max() == 0           # zero-init output projection
+    y.sum().backward()
+    assert m.o_proj.weight.grad.abs().max() > 0                 # but it learns
+    assert abs(m.eta.item() - 1.5) < 1e-12 and torch.equal(m.gamma.data, torch.ones(4))
+    for w in (m.q_proj.weight, m.k_proj.weight):                # orthogonal init per head (rows)
+        for h in range(4):
+            wh = w[h * 32:(h + 1) * 32]
+            assert torch.allclose(wh @ wh.T, torch.eye(32), atol=1e-5)
+
+
+def test_options_are_validated():
+    with pytest.raises(OptionError, match="chunk_causal"):
+        build_mixer("ska", 32, {"mode": "chunk-causal"})
+    with pytest.raises(OptionError, match="ridge"):
+        build_mixer("ska", 32, {"ridge": 0.0})
+    with pytest.raises(OptionError, match="power"):
+        build_mixer("ska", 32, {"power": -1})
+    with pytest.raises(ValueError, match="divisible"):
+        build_mixer("ska", 30, {"n_heads": 4})
+    assert build_mixer("ska", 30, {"n_heads": 4, "value_dim": 5}).P == 5
+
+
+def test_parallel_equals_recurrence_contract_config():
+    worst = 0.0
+    for D, T in ((32, 23), (48, 40)):
+        m = make(D, **SKA.contract_options)
+        x = torch.randn(2, T, D)
+        y = m(x)
+        yr, _ = m.forward_recurrent(x)
+        worst = max(worst, rel_err(yr, y))
+        assert_rel_close(yr, y, 1e-5, "parallel vs step")
+        yd, state = decode(m, x, T // 2)
+        assert_rel_close(yd, y, 1e-5, "prefill + decode")
+        assert sum(v[0].numel() for v in state.values()) == m.state_size(T)
+
+
+def test_state_size_constant_in_T():
+    m = build_mixer("ska", 32, {"n_heads": 2, "rank": 4})
+    assert m.state_size(1) == m.state_size(10_000) == 2 * (2 * 16 + 16 * 4 + 4 + 1)
+    _, state = m.prefill(torch.randn(1, 9, 32))
+    _, state_long = m.prefill(torch.randn(1, 50, 32))
+    assert all(state[k].shape == state_long[k].shape for k in state)
+
+
+def test_causal_and_batch_independent():
+    for opts in (SKA.contract_options, {"n_heads": 2, "rank": 4, "chunk_size": 5, "normalisation": "running_max"}):
+        m = make(32, **opts)
+        x = torch.randn(3, 31, 32)
+        y = m(x)
+        x2 = x.clone()
+        x2[:, 17:] = torch.randn_like(x2[:, 17:])
+        assert torch.equal(m(x2)[:, :17], y[:, :17])
+        assert_rel_close(m(x[1:2]), y[1:2], 1e-6, "batch independence")
+
+
+def test_chunked_decode_is_per_token():
+    """With chunk_size > 1, decoding is the per-token recurrence: it equals the chunk_size=1 forward."""
+    m = make(32, n_heads=2, rank=4, chunk_size=8, normalisation="running_max", ridge=0.05)
+    x = torch.randn(2, 30, 32)
+    yd, _ = decode(m, x, 13)
+    assert_rel_close(yd[:, :13], m(x[:, :13]), 1e-6, "prefill")
+    m.options.chunk_size = 1
+    assert_rel_close(yd[:, 13:], m(x)[:, 13:], 1e-5, "decode")
+
+
+def test_seq_max_decode_freezes_the_scale():
+    m = make(32, n_heads=2, rank=4, chunk_size=1, normalisation="seq_max", ridge=0.05)
+    x = torch.randn(2, 20, 32)
+    x[:, 15] *= 10                           # a big key after the prefill must not change the scale
+    yd, state = decode(m, x, 12)
+    y_prefill, st0 = m.prefill(x[:, :12])
+    assert torch.equal(state["s"], st0["s"])
+    # the same as the explicit recurrence with the scale fixed at the prefill value
+    q, k, v = m._qkv(x)
+    st = ska_init_state(2, 2, 4, m.P)
+    st["s"] = st0["s"]
+    ys = []
+    for t in range(20):
+        y, st = ska_step(q[:, t], k[:, t], v[:, t], st, **m._kw())
+        ys.append(y)
+    assert_rel_close(yd[:, 12:], m._out(torch.stack(ys, 1))[:, 12:], 1e-5, "frozen scale")
+
+
+def test_prefix_mode_decoding_and_mask():
+    m = make(32, n_heads=2, rank=6, mode="prefix", power=3)
+    x = torch.randn(2, 25, 32)
+    mask = (torch.rand(2, 14) < 0.6).float()
+    mask[:, 0] = 1.0
+    yd, _ = decode(m, x, 14, mask)
+    full = m(x, torch.cat([mask, torch.zeros(2, 11)], 1))
+    assert_rel_close(yd, full, 1e-5, "prefix prefill + decode == forward with generated tokens masked out")
+    # a masked-out token only changes its own output (its query), not the operator
+    j = int((mask[0] == 0).nonzero()[0])
+    x2 = x.clone()
+    x2[0, j] = 5 * torch.randn(32)
+    w = torch.cat([mask, torch.zeros(2, 11)], 1)
+    a, b = m(x, w), m(x2, w)
+    others = [t for t in range(25) if t != j]
+    assert_rel_close(b[:, others], a[:, others], 1e-6, "masked token leaked into the statistics")
+    assert rel_err(m(x), m(x, w)) > 1e-3   # the mask matters
+
+
+@pytest.mark.parametrize("opts", [SKA.contract_options, {"n_heads": 2, "rank": 4},
+                                  {"n_heads": 2, "rank": 4, "mode": "prefix"}], ids=["contract", "default", "prefix"])
+def test_degenerate_inputs_finite(opts):
+    m = make(32, **opts)
+    for x in (torch.zeros(2, 17, 32), torch.randn(2, 1, 32).expand(2, 17, 32).contiguous(), torch.randn(2, 1, 32)):
+        x = x.requires_grad_(True)
+        y = m(x)
+        assert torch.isfinite(y).all()
+        y.square().sum().backward()
+        assert torch.isfinite(x.grad).all()
+        assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+        m.zero_grad()
