@@ -21,10 +21,11 @@ from .options import opt
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     """Rotate ``x`` (B, T, H, D) by position (rotate-half convention, D even)."""
     half = x.shape[-1] // 2
-    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, half)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=dtype) / half)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]  # (T, half)
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    x1, x2 = x[..., :half].to(dtype), x[..., half:].to(dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 

@@ -42,6 +42,9 @@ class Mixer(nn.Module):
     uses_mask: ClassVar[bool] = False
     #: option overrides that make the mixer small and strictly causal for the contract tests
     contract_options: ClassVar[dict] = {}
+    #: fp32 tolerance of the contract's parallel == recurrent checks. 1e-5 unless a mixer documents why its
+    #: fp32 rounding is amplified (the same checks also run in fp64 at 1e-9 for every mixer)
+    contract_fp32_rtol: ClassVar[float] = 1e-5
 
     def __init__(self, d_model: int, options):
         super().__init__()

@@ -31,7 +31,7 @@ from torch import nn
 
 from kernels.delta import delta_product, delta_product_step
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32
 from .options import opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -102,7 +102,7 @@ class DeltaProduct(Mixer):
         q = F.normalize(q.unflatten(-1, (H, K)), dim=-1, eps=1e-6)
         k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1, eps=1e-6)
         v = v.unflatten(-1, (n, H, K))
-        beta = torch.sigmoid(b.float()).unflatten(-1, (n, H))
+        beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (n, H))
         if self.options.allow_neg_eigval:
             beta = 2 * beta
         return q, k, v, beta.to(torch.promote_types(b.dtype, torch.float32))

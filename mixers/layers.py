@@ -13,6 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32, or in fp64 when it already is (never downcast a reference computation)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -20,16 +25,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = at_least_fp32(x)
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return (y * self.weight.to(xf.dtype)).to(x.dtype)
 
 
 class GatedRMSNorm(RMSNorm):
     """``RMSNorm(x) * silu(z)``, normalising over the last dimension (per head when reshaped)."""
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return super().forward(x) * F.silu(z.float()).to(x.dtype)
+        return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
 class ShortConv(nn.Module):
@@ -81,6 +86,7 @@ class DecayGate(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = F.softplus(self.proj(x).float() + self.dt_bias.float())
-        g = -torch.exp(self.A_log.float()) * dt
+        raw = at_least_fp32(self.proj(x))
+        dt = F.softplus(raw + self.dt_bias.to(raw.dtype))
+        g = -torch.exp(self.A_log.to(raw.dtype)) * dt
         return g, dt

@@ -17,7 +17,7 @@ from torch import nn
 
 from kernels.ssd import ssd, ssd_step
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32
 from .options import opt
 
 
@@ -78,7 +78,7 @@ class Mamba2(Mixer):
         z, xBC_raw = self._project(u)
         x, B, C = self._split(self.conv(xBC_raw))
         _, dt = self.gate(u)
-        A = -torch.exp(self.gate.A_log.float())
+        A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, chunk_size=self.options.chunk_size,
                    backend=self.options.backend)
         return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
@@ -99,7 +99,7 @@ class Mamba2(Mixer):
         xBC, conv_state = self.conv.step(xBC_raw, state["conv"])
         x, B, C = self._split(xBC)
         _, dt = self.gate(u_t)
-        A = -torch.exp(self.gate.A_log.float())
+        A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd_step(x, dt.to(x.dtype), A.to(x.dtype), B, C, state["ssm"])
         return self._finish(y, x, z), {"conv": conv_state, "ssm": h}
 

@@ -1,0 +1,70 @@
+"""Gated KalmaNet (GKA, seed 003): gated ridge regression solved per token by Chebyshev iteration.
+
+    H_t = e^{g_t} H_{t-1} + k_t k_t^T,   U_t = e^{g_t} U_{t-1} + v_t k_t^T
+    x_t ~= (H_t + lambda_t I)^{-1} q_t,  lambda_t = a ||H_t||_F + eps
+    o_t = U_t (q_t + alpha_t (x_t - q_t)) * scale
+
+``num_iter = 0`` skips the solve (``x = q``): exactly gated linear attention. Solvers: ``chebyshev``
+(default, ``num_iter`` iterations), ``cg`` (conjugate gradients, ``num_iter`` steps), ``exact``
+(``torch.linalg.solve`` on materialised ``H_t``). Gradients through the solve: ``implicit``
+(default), ``reverse_chebyshev`` (seed Algorithm 2, exact), ``autograd`` (unrolled).
+
+Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CPU default),
+``triton`` (chunked with the within-chunk Chebyshev solve and its backward in Triton; Chebyshev only).
+``gka_step`` is the one-token decode.
+"""
+from __future__ import annotations
+
+from ..backend import BackendUnavailable, resolve_backend
+from .chebyshev import GRAD_MODES, SOLVERS, chebyshev_iterate, cg_iterate, iterative_solve
+from .chunked import gka_chunked
+from .reference import gka_reference, gka_step
+
+__all__ = ["gka", "gka_chunked", "gka_reference", "gka_step", "chebyshev_iterate", "cg_iterate",
+           "iterative_solve", "SOLVERS", "GRAD_MODES", "ALL_SOLVERS"]
+
+ALL_SOLVERS = SOLVERS + ("exact",)
+
+
+def _available():
+    try:
+        from ..backend import triton_importable
+        return ("reference", "torch", "triton") if triton_importable() else ("reference", "torch")
+    except Exception:  # pragma: no cover
+        return ("reference", "torch")
+
+
+def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
+        solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
+        initial_state=None, backend: str = "auto"):
+    """GKA core. ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g, alpha (B, T, H)`` (alpha may be None:
+    ``q~ = x``). Returns ``(o (B, T, H, d_v), (H_T (B, H, d_k, d_k), U_T (B, H, d_v, d_k)))``."""
+    if solver not in ALL_SOLVERS:
+        raise ValueError(f"gka: unknown solver {solver!r}; choose one of {ALL_SOLVERS}")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"gka: unknown grad {grad!r}; choose one of {GRAD_MODES}")
+    if grad == "reverse_chebyshev" and solver != "chebyshev" and num_iter > 0:
+        raise ValueError("gka: grad='reverse_chebyshev' needs solver='chebyshev'")
+    if num_iter < 0:
+        raise ValueError(f"gka: num_iter must be >= 0, got {num_iter}")
+    kw = dict(ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad, scale=scale,
+              initial_state=initial_state)
+    chosen = resolve_backend(backend, q, op="gka", available=_available())
+    if chosen == "triton" and num_iter > 0:
+        why = None
+        if solver != "chebyshev":
+            why = f"implements solver='chebyshev' only, not {solver!r}"
+        elif grad == "autograd":
+            why = "has no grad='autograd' (use 'implicit' or 'reverse_chebyshev')"
+        elif chunk_size < 16 or chunk_size & (chunk_size - 1):
+            why = f"needs chunk_size a power of two >= 16, got {chunk_size}"
+        if why is not None:
+            if backend == "triton":
+                raise BackendUnavailable(f"gka: the triton backend {why}; or use backend='torch'")
+            chosen = "torch"  # auto: the chunked PyTorch path computes the same function
+    if chosen == "reference":
+        return gka_reference(q, k, v, g, alpha, **kw)
+    if chosen == "triton":
+        from .triton import gka_triton
+        return gka_triton(q, k, v, g, alpha, chunk_size=chunk_size, **kw)
+    return gka_chunked(q, k, v, g, alpha, chunk_size=chunk_size, **kw)

@@ -1,0 +1,301 @@
+"""Iterative solvers for the GKA ridge systems ``A x = q`` with ``A = H + lambda I`` (symmetric PD),
+and their backward passes.
+
+The solvers never see ``A`` itself: they take an *operator* (a small class with ``matvec`` and
+``vjp``) and the operator's tensor parameters. Two operators exist:
+
+- :class:`DenseOp` — ``A = H + lam I`` with an explicit ``H`` per system (the reference path and the
+  decode step);
+- :class:`ChunkOp` — GKA's within-chunk operator (Gated KalmaNet, seed 003, Sec. 4.2): every token ``t``
+  of a chunk solves with ``A_t = e^{G_t} H_0 + sum_{s<=t} e^{G_t-G_s} k_s k_s^T + lam_t I`` through the
+  matvec ``e^{G_t} H_0 xi_t + ((xi K^T) * causal decay mask) K + lam_t xi_t``, never forming a
+  per-token ``d x d`` matrix.
+
+``operator.vjp(params, xi, u)`` returns the gradient of ``<u, A(params) xi>`` with respect to the
+parameters. Because ``dA = -z x^T`` (implicit function theorem) and every Chebyshev step contributes
+``-c_i dxi_i xi_{i-1}^T`` to ``dA``, both backward passes below reduce to calls of ``vjp``.
+
+Chebyshev iteration (Algorithm 1 of the seed; MIXERS.md), spectrum of ``A`` inside ``[mu, L]``::
+
+    rho = (L - mu) / (L + mu),  s = 2 / (L + mu)
+    xi_{-1} = 0,  xi_0 = s q,  omega_0 = 2
+    omega_i = 4 / (4 - rho^2 omega_{i-1})
+    xi_i = xi_{i-1} - s omega_i (A xi_{i-1} - q) + (omega_i - 1)(xi_{i-1} - xi_{i-2}),   i = 1..r
+
+The residual after ``r`` iterations is a degree ``r + 1`` scaled Chebyshev polynomial of ``A`` applied
+to ``q``, so ``||A xi_r - q|| / ||q|| <= 2 rho_c^{r+1}`` with ``rho_c = (sqrt(kappa)-1)/(sqrt(kappa)+1)``,
+``kappa = L / mu``. No inner products appear, which is why it is stable in low precision.
+
+Gradient modes (``grad=``):
+
+- ``"autograd"``: backpropagate through the unrolled iterations (stores every iterate);
+- ``"implicit"``: treat the output as the exact solution: ``dq = A^{-1} dx`` by another solve of the
+  same kind (``A`` is symmetric), ``dA = -dq x^T``. For Chebyshev, ``dq`` is *exactly* the unrolled
+  gradient (the iteration is a symmetric polynomial ``p_r(A)``, seed Lemma 2); ``dA`` is exact only
+  at convergence.
+- ``"reverse_chebyshev"``: the seed's exact backward (Appendix E.1, Algorithm 2): the iteration is run
+  backwards from the last two iterates, recomputing ``xi_{i-2} = (omega_i xi_{i-1} - s omega_i A
+  xi_{i-1} + s omega_i q - xi_i) / (omega_i - 1)`` while propagating ``dxi``; nothing but ``xi_r`` and
+  ``xi_{r-1}`` is stored. Equal to ``"autograd"`` up to rounding.
+
+Conventions and deviations (documented on purpose):
+
+- The spectrum bounds ``mu, L`` only set the step sizes; they are treated as constants of the
+  solver (no gradient flows through them in any mode). ``A`` itself, including ``lambda = a
+  ||H||_F``, is differentiated.
+- The seed's Eq. (49)/(50) print ``+ c_i q`` in the reversed step; solving Eq. (44) for
+  ``xi_{i-2}`` gives ``- c_i q`` (with ``b_i = -(omega_i - 1)``), which is what is implemented.
+- The seed reverses the weight schedule too (``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``, Eq. 47). That
+  recursion is repelled from the fixed point ``omega_1*`` the forward schedule converges to, so its
+  rounding error grows like ``R^{-i}``; we recompute the (scalar per system) forward schedule instead.
+  :func:`omega_schedule_reversed` implements Eq. (47) for comparison.
+- ``"cg"`` is textbook conjugate gradients from ``x_0 = 0`` (as MesaNet's chunked CG), with a
+  breakdown guard (a zero denominator gives a zero step, not NaN).
+"""
+from __future__ import annotations
+
+import torch
+
+SOLVERS = ("chebyshev", "cg")
+GRAD_MODES = ("implicit", "reverse_chebyshev", "autograd")
+
+# below this (omega_i - 1) the momentum weight vanishes (rho ~ 0, A ~ mu I: every iterate equals the
+# solution) and the reversed step cannot divide by it; the previous iterate is reused instead
+_REVERSE_MIN_MOMENTUM = 1e-6
+
+
+# --------------------------------------------------------------------------------------------------
+# operators
+# --------------------------------------------------------------------------------------------------
+class DenseOp:
+    """``A = H + lam I``. ``H (..., d, d)``, ``lam (...)``, vectors ``(..., d)`` (column convention)."""
+
+    n_params = 2
+
+    @staticmethod
+    def matvec(params, xi):
+        H, lam = params
+        return torch.einsum("...ij,...j->...i", H, xi) + lam.unsqueeze(-1) * xi
+
+    @staticmethod
+    def vjp(params, xi, u):
+        # <u, H xi + lam xi>:  dH = u xi^T,  dlam = u . xi
+        return torch.einsum("...i,...j->...ij", u, xi), (u * xi).sum(-1)
+
+
+def _causal(C: int, device) -> torch.Tensor:
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril()
+
+
+def decay_mask(G: torch.Tensor) -> torch.Tensor:
+    """``M[..., t, s, h] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, n, C, h)``."""
+    seg = G.unsqueeze(3) - G.unsqueeze(2)  # (b, n, t, s, h)
+    causal = _causal(G.shape[2], G.device)[None, None, :, :, None]
+    return torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
+
+
+class ChunkOp:
+    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``:
+
+    ``H0 (b, n, h, d, d)`` chunk-start state, ``K (b, n, C, h, d)`` keys, ``G (b, n, C, h)`` inclusive
+    cumulative log decay from the chunk start, ``lam (b, n, C, h)`` ridge. Vectors ``(b, n, C, h, d)``.
+    ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``.
+    """
+
+    n_params = 4
+
+    @staticmethod
+    def matvec(params, xi):
+        H0, K, G, lam = params
+        M = decay_mask(G)
+        S = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M
+        y = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnthj->bnthi", H0, xi)
+        return y + torch.einsum("bntsh,bnshd->bnthd", S, K) + lam.unsqueeze(-1) * xi
+
+    @staticmethod
+    def vjp(params, xi, u):
+        H0, K, G, lam = params
+        M = decay_mask(G)
+        eG = G.exp()
+        dH0 = torch.einsum("bnch,bnchi,bnchj->bnhij", eG, u, xi)
+        dG = eG * (u * torch.einsum("bnhij,bnchj->bnchi", H0, xi)).sum(-1)
+        A = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M  # M_ts (xi_t . k_s)
+        B = torch.einsum("bnthd,bnshd->bntsh", u, K) * M  # M_ts (u_t . k_s)
+        W = A * torch.einsum("bnthd,bnshd->bntsh", u, K)  # M_ts (xi_t.k_s)(u_t.k_s)
+        dG = dG + W.sum(3) - W.sum(2)
+        dK = torch.einsum("bntsh,bnthd->bnshd", B, xi) + torch.einsum("bntsh,bnthd->bnshd", A, u)
+        dlam = (u * xi).sum(-1)
+        return dH0, dK, dG, dlam
+
+
+# --------------------------------------------------------------------------------------------------
+# solvers (forward)
+# --------------------------------------------------------------------------------------------------
+def omega_schedule(rho: torch.Tensor, r: int) -> list[torch.Tensor]:
+    """``[omega_1, ..., omega_r]`` with ``omega_0 = 2``, ``omega_i = 4 / (4 - rho^2 omega_{i-1})``."""
+    rho2 = rho * rho
+    om = torch.full_like(rho, 2.0)
+    out = []
+    for _ in range(r):
+        om = 4.0 / (4.0 - rho2 * om)
+        out.append(om)
+    return out
+
+
+def omega_schedule_reversed(rho: torch.Tensor, omega_r: torch.Tensor, r: int) -> list[torch.Tensor]:
+    """The seed's Eq. (47): ``nu_r = omega_r``, ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``; returns
+    ``[nu_1, ..., nu_r]`` (for comparison with :func:`omega_schedule`; not used by the solvers)."""
+    nus = [omega_r]
+    nu = omega_r
+    for _ in range(r - 1):
+        nu = 4.0 / (rho * rho) * (1.0 - 1.0 / nu)
+        nus.append(nu)
+    return nus[::-1]
+
+
+def chebyshev_iterate(matvec, q, mu, L, r: int, return_prev: bool = False):
+    """``r`` Chebyshev iterations for ``A xi = q`` (``r >= 0``; ``r = 0`` returns ``xi_0 = s q``).
+
+    ``mu, L``: spectrum bounds broadcastable against ``q[..., 0]``. Returns ``xi_r`` (and
+    ``xi_{r-1}``, zero for ``r = 0``, when ``return_prev``).
+    """
+    s = (2.0 / (L + mu)).unsqueeze(-1)
+    rho = (L - mu) / (L + mu)
+    xi_prev = torch.zeros_like(q)
+    xi = s * q
+    for om in omega_schedule(rho, r):
+        om = om.unsqueeze(-1)
+        xi_new = xi - (s * om) * (matvec(xi) - q) + (om - 1.0) * (xi - xi_prev)
+        xi_prev, xi = xi, xi_new
+    return (xi, xi_prev) if return_prev else xi
+
+
+def cg_iterate(matvec, q, r: int):
+    """``r`` conjugate-gradient iterations from ``x_0 = 0`` (breakdown-guarded: 0/0 steps are 0)."""
+    x = torch.zeros_like(q)
+    res = q.clone()
+    p = res.clone()
+    delta = (res * res).sum(-1, keepdim=True)
+    for _ in range(r):
+        Ap = matvec(p)
+        den = (p * Ap).sum(-1, keepdim=True)
+        ok = den > 0
+        a = torch.where(ok, delta / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
+        x = x + a * p
+        res = res - a * Ap
+        delta_new = (res * res).sum(-1, keepdim=True)
+        okd = delta > 0
+        beta = torch.where(okd, delta_new / torch.where(okd, delta, torch.ones_like(delta)), torch.zeros_like(delta))
+        p = res + beta * p
+        delta = delta_new
+    return x
+
+
+def _run(solver, matvec, q, mu, L, r):
+    if solver == "chebyshev":
+        return chebyshev_iterate(matvec, q, mu, L, r)
+    if solver == "cg":
+        return cg_iterate(matvec, q, r)
+    raise ValueError(f"unknown solver {solver!r}; choose one of {SOLVERS}")
+
+
+# --------------------------------------------------------------------------------------------------
+# backward passes
+# --------------------------------------------------------------------------------------------------
+def _add(acc, new):
+    return list(new) if acc is None else [a + b for a, b in zip(acc, new)]
+
+
+def reverse_chebyshev_backward(op, params, q, mu, L, r, xi_r, xi_rm1, dxi_r):
+    """Seed Algorithm 2 (with the sign of ``c_i q`` corrected): exact ``(dq, dparams)`` of
+    ``xi_r = chebyshev_iterate(op.matvec, q, mu, L, r)`` from the last two iterates only."""
+    matvec = lambda v: op.matvec(params, v)  # noqa: E731
+    s = (2.0 / (L + mu)).unsqueeze(-1)
+    rho = (L - mu) / (L + mu)
+    omegas = [om.unsqueeze(-1) for om in omega_schedule(rho, r)]
+    g_cur, g_next = dxi_r, torch.zeros_like(dxi_r)  # total grads of xi_i and xi_{i+1}
+    xi_cur, xi_prev = xi_r, xi_rm1  # xi_i, xi_{i-1}
+    om_next = None
+    dq = torch.zeros_like(q)
+    dparams = None
+    for i in range(r, 0, -1):
+        om = omegas[i - 1]
+        c = s * om
+        dq = dq + c * g_cur
+        dparams = _add(dparams, op.vjp(params, xi_prev, -c * g_cur))
+        g_prev = om * g_cur - c * matvec(g_cur)
+        if om_next is not None:
+            g_prev = g_prev - (om_next - 1.0) * g_next
+        if i >= 2:
+            m = om - 1.0
+            ok = m > _REVERSE_MIN_MOMENTUM
+            recon = (om * xi_prev - c * matvec(xi_prev) + c * q - xi_cur) / torch.where(ok, m, torch.ones_like(m))
+            xi_pp = torch.where(ok, recon, xi_prev)
+        else:
+            xi_pp = torch.zeros_like(xi_prev)
+        g_next, g_cur = g_cur, g_prev
+        xi_cur, xi_prev = xi_prev, xi_pp
+        om_next = om
+    dq = dq + s * g_cur  # xi_0 = s q
+    if dparams is None:
+        dparams = [torch.zeros_like(p) for p in params]
+    return dq, dparams
+
+
+class _IterativeSolve(torch.autograd.Function):
+    """``x = solver(A(params)) q`` with an implicit or reverse-Chebyshev backward."""
+
+    @staticmethod
+    def forward(ctx, op, solver, grad, r, q, mu, L, *params):
+        matvec = lambda v: op.matvec(params, v)  # noqa: E731
+        if solver == "chebyshev":
+            x, x_prev = chebyshev_iterate(matvec, q, mu, L, r, return_prev=True)
+        else:
+            x, x_prev = cg_iterate(matvec, q, r), None
+        ctx.op, ctx.solver, ctx.grad, ctx.r = op, solver, grad, r
+        if grad == "reverse_chebyshev":
+            ctx.save_for_backward(q, mu, L, x, x_prev, *params)
+        else:
+            ctx.save_for_backward(q, mu, L, x, *params)
+        return x
+
+    @staticmethod
+    def backward(ctx, dx):
+        op, r = ctx.op, ctx.r
+        if ctx.grad == "reverse_chebyshev":
+            q, mu, L, x, x_prev, *params = ctx.saved_tensors
+            dq, dparams = reverse_chebyshev_backward(op, params, q, mu, L, r, x, x_prev, dx)
+        else:
+            q, mu, L, x, *params = ctx.saved_tensors
+            z = _run(ctx.solver, lambda v: op.matvec(params, v), dx, mu, L, r)
+            dq = z
+            dparams = op.vjp(params, x, -z)
+        return (None, None, None, None, dq, None, None, *dparams)
+
+
+def iterative_solve(op, params, q, mu, L, *, num_iter: int, solver: str = "chebyshev", grad: str = "implicit"):
+    """Solve ``A(params) x = q`` with ``num_iter`` iterations of ``solver``; backward per ``grad``.
+
+    ``mu, L`` are detached (solver constants). ``num_iter = 0`` is *not* special-cased here (GKA's
+    "r = 0 means no solve" convention lives in the callers); Chebyshev with ``r = 0`` returns
+    ``2 q / (L + mu)``.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {SOLVERS}")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"unknown grad mode {grad!r}; choose one of {GRAD_MODES}")
+    if grad == "reverse_chebyshev" and solver != "chebyshev":
+        raise ValueError("grad='reverse_chebyshev' needs solver='chebyshev' (CG cannot be reversed stably); "
+                         "use grad='implicit' or 'autograd' with CG")
+    mu, L = mu.detach(), L.detach()
+    if grad == "autograd" or not (q.requires_grad or any(p.requires_grad for p in params)):
+        return _run(solver, lambda v: op.matvec(params, v), q, mu, L, num_iter)
+    return _IterativeSolve.apply(op, solver, grad, num_iter, q, mu, L, *params)
+
+
+def chebyshev_residual_bound(kappa: torch.Tensor, r: int) -> torch.Tensor:
+    """``2 rho_c^{r+1} / (1 + rho_c^{2(r+1)})``: bound on ``||A xi_r - q|| / ||q||`` for ``kappa = L/mu``."""
+    sk = kappa.sqrt()
+    rc = (sk - 1) / (sk + 1)
+    p = rc ** (r + 1)
+    return 2 * p / (1 + p * p)

@@ -1,0 +1,157 @@
+"""Gated linear attention (GLA, scalar per-head decay) — the ``r = 0`` baseline of Gated KalmaNet.
+
+    q, k, v = SiLU(short_conv_4(W_qkv x))          per head, d_k = d_v = head_dim
+    q, k <- q / ||q||, k / ||k||
+    beta_t = sigmoid(W_b x_t + b);  k_t, v_t <- beta_t k_t, beta_t v_t      (beta_gate)
+    g_t = -exp(A_log) softplus(W_a x_t + dt_bias)                          (forget_gate; else g = 0)
+    U_t = e^{g_t} U_{t-1} + v_t k_t^T,   o_t = U_t q_t / sqrt(d_k)
+    y = W_o [GatedRMSNorm(o_t) * silu(W_g x_t)]    (norm per head)
+
+Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient Training" (scalar-gate
+variant as in fla's simple GLA), with the projections, gates and normalisation of the Gated KalmaNet
+block (seed 003, Fig. 4) so that GKA with ``num_iter = 0`` is this mixer with the same weights
+(GKA adds one alpha-gate projection). The core is :func:`kernels.gla.gla`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.gla import gla, gla_step
+from .base import Mixer, State, register_mixer
+from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .options import opt
+
+
+class GatedRegressionBlock(Mixer):
+    """Shared projections / gates / output norm of the GLA and GKA mixers (not registered).
+
+    Subclasses implement ``_core(q, k, v, g, alpha, initial_state) -> (o, core_state)`` over whole
+    sequences and ``_core_step(q_t, k_t, v_t, g_t, alpha_t, core_state) -> (o_t, core_state)``,
+    ``_core_init(batch, device, dtype) -> core_state`` (a dict) and ``_core_state_size()``.
+    """
+
+    has_alpha = False
+
+    def __init__(self, d_model: int, options):
+        super().__init__(d_model, options)
+        o = options
+        self.n_heads = o.n_heads
+        self.head_dim = o.head_dim if o.head_dim is not None else d_model // o.n_heads
+        if self.head_dim <= 0:
+            raise ValueError(f"{self.name}: d_model={d_model} // n_heads={o.n_heads} is 0; set head_dim explicitly")
+        h, d = self.n_heads, self.head_dim
+        self.qkv_dim = 3 * h * d
+        self.in_proj = nn.Linear(d_model, self.qkv_dim, bias=False)
+        self.conv = ShortConv(self.qkv_dim, o.conv_size)
+        if o.beta_gate:
+            self.beta_proj = nn.Linear(d_model, h, bias=True)
+        if o.forget_gate:
+            self.gate = DecayGate(d_model, h)
+        if self.has_alpha and o.alpha_connection:
+            self.alpha_proj = nn.Linear(d_model, h, bias=True)
+        self.z_proj = nn.Linear(d_model, h * d, bias=False)
+        self.norm = GatedRMSNorm(d)
+        self.out_proj = nn.Linear(h * d, d_model, bias=False)
+
+    # --- shared pieces ---------------------------------------------------------------------------
+    def _heads(self, qkv, x):
+        """``qkv`` after the conv, ``x`` the block input (``(..., D)``, any leading dims)."""
+        h, d = self.n_heads, self.head_dim
+        q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
+        q = F.normalize(q, dim=-1)
+        k = F.normalize(k, dim=-1)
+        if self.options.beta_gate:
+            beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
+            k, v = k * beta, v * beta
+        if self.options.forget_gate and x.dtype == torch.float64:
+            # DecayGate computes in fp32; an fp64 model keeps fp64 (same formula, same parameters)
+            gt = self.gate
+            g = -torch.exp(gt.A_log) * F.softplus(gt.proj(x) + gt.dt_bias)
+        elif self.options.forget_gate:
+            g = self.gate(x)[0]
+        else:
+            g = torch.zeros(*x.shape[:-1], h, dtype=torch.float32, device=x.device)
+        alpha = torch.sigmoid(self.alpha_proj(x)) if (self.has_alpha and self.options.alpha_connection) else None
+        return q, k, v, g.to(q.dtype), alpha
+
+    def _finish(self, o, x):
+        z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
+        return self.out_proj(self.norm(o, z).flatten(-2))
+
+    def _forward(self, x):
+        raw = self.in_proj(x)
+        q, k, v, g, alpha = self._heads(self.conv(raw), x)
+        o, core_state = self._core(q, k, v, g, alpha, None)
+        return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
+
+    # --- the Mixer contract ------------------------------------------------------------------------
+    def forward(self, x, mask=None):
+        return self._forward(x)[0]
+
+    def prefill(self, x, mask=None):
+        return self._forward(x)
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        return {"conv": self.conv.init_state(batch_size, device, dtype), **self._core_init(batch_size, device, dtype)}
+
+    def step(self, x_t, state):
+        raw = self.in_proj(x_t)
+        qkv, conv_state = self.conv.step(raw, state["conv"])
+        q, k, v, g, alpha = self._heads(qkv, x_t)
+        o, core_state = self._core_step(q, k, v, g, alpha, state)
+        return self._finish(o, x_t), {"conv": conv_state, **core_state}
+
+    def state_size(self, seq_len: int) -> int:
+        return self._core_state_size() + self.qkv_dim * (self.options.conv_size - 1)
+
+    @staticmethod
+    def _state_dtype(dtype):
+        return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@register_mixer
+class GLA(GatedRegressionBlock):
+    name = "gla"
+    description = "gated linear attention (scalar decay), the r=0 baseline of Gated KalmaNet"
+    state_formula = "n_heads * (head_dim^2 + 3 head_dim (conv_size - 1))  (constant in T)"
+
+    @dataclass
+    class Options:
+        n_heads: int = opt(4, "number of heads")
+        head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)")
+        beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
+        forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
+        conv_size: int = opt(4, "causal short-convolution width on q, k, v")
+        chunk_size: int = opt(64, "chunk length of the chunked form")
+        backend: str = opt("auto", "kernel backend (gla has reference and torch; triton is not implemented)",
+                           choices=("auto", "reference", "torch", "triton"))
+
+        def __post_init__(self):
+            for f in ("n_heads", "conv_size", "chunk_size"):
+                if getattr(self, f) <= 0:
+                    raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+            if self.head_dim is not None and self.head_dim <= 0:
+                raise ValueError(f"head_dim must be positive or None, got {self.head_dim}")
+            if self.backend == "triton":
+                raise ValueError("gla has no Triton kernel; use backend='auto' or 'torch' (chunked PyTorch)")
+
+    contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
+
+    def _core(self, q, k, v, g, alpha, initial_state):
+        o, U = gla(q, k, v, g, chunk_size=self.options.chunk_size, backend=self.options.backend)
+        return o, {"U": U.to(self._state_dtype(q.dtype))}
+
+    def _core_init(self, batch_size, device, dtype):
+        d = self.head_dim
+        return {"U": torch.zeros(batch_size, self.n_heads, d, d, device=device, dtype=self._state_dtype(dtype))}
+
+    def _core_step(self, q, k, v, g, alpha, state):
+        o, U = gla_step(q, k, v, g, state["U"])
+        return o, {"U": U}
+
+    def _core_state_size(self):
+        return self.n_heads * self.head_dim * self.head_dim
