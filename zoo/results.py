@@ -53,7 +53,7 @@ def _fmt(value):
 def table_columns(rows: list[dict]) -> list[str]:
     extra = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@")},
                    key=lambda k: int(k.split("@")[1]))
-    return ["cell", "layers", "test_accuracy", *extra, "params", "state_size", "train_seconds", "seed"]
+    return ["cell", "layers", "test_accuracy", *extra, "params", "state_size", "steps", "train_seconds", "seed"]
 
 
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
@@ -73,7 +73,8 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
     header = f"# {title}\n\n" if title else ""
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
             "test_accuracy@L: the same at test length L; state_size: decode-state elements per sequence at the "
-            "training length (all layers); train_seconds: wall time of training on the device in the row.\n\n")
+            "training length (all layers); steps: optimizer steps taken (fewer than planned when a cell stopped early at '
+            "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
     (out_dir / "results.md").write_text(header + note + table + "\n")
     with open(out_dir / "results.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
