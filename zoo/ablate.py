@@ -13,6 +13,7 @@ import itertools
 import json
 import platform
 import subprocess
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,7 +68,9 @@ def environment() -> dict:
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("triton", "einops", "fla"):
         try:
-            versions[name] = __import__(name).__version__
+            with warnings.catch_warnings():  # fla warns that it falls back to the CPU
+                warnings.simplefilter("ignore")
+                versions[name] = __import__(name).__version__
         except Exception:
             pass
     try:

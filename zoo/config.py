@@ -63,7 +63,10 @@ class EvalConfig:
     batch_size: int = opt(128, "examples per evaluation batch")
     seq_lens: list[int] = opt(None, "extra test lengths for length generalisation, e.g. [128, 256]",
                               default_factory=list)
-    num_iter: int | None = opt(None, "solver iterations at evaluation for mixers with a num_iter knob")
+    num_iter: int | None = opt(None, "solver iterations at evaluation for mixers with an eval_num_iter knob "
+                                     "(None: the mixer's own setting)")
+    num_iter_sweep: list[int] = opt(None, "test-time-compute table: also evaluate the trained model at each of "
+                                          "these solver iteration counts, e.g. [0, 5, 10, 30]", default_factory=list)
 
 
 @dataclass

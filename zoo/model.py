@@ -7,6 +7,8 @@ one mixer for another is one edit. The model also exposes the recurrent form of 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -90,8 +92,20 @@ class HybridLM(nn.Module):
         """Decode-state elements per sequence, summed over every layer's mixer."""
         return sum(block.mixer.state_size(seq_len) for block in self.blocks)
 
-    def set_eval_num_iter(self, num_iter: int | None) -> None:
-        """Test-time compute knob: mixers with an ``eval_num_iter`` option use ``num_iter`` at evaluation."""
-        for block in self.blocks:
-            if hasattr(block.mixer.options, "eval_num_iter"):
-                block.mixer.options.eval_num_iter = num_iter
+    def has_num_iter_knob(self) -> bool:
+        return any(hasattr(block.mixer.options, "eval_num_iter") for block in self.blocks)
+
+    @contextlib.contextmanager
+    def eval_num_iter(self, num_iter: int | None):
+        """Test-time compute knob: mixers with an ``eval_num_iter`` option use ``num_iter`` at evaluation
+        inside this context (``None`` leaves every mixer's own setting)."""
+        options = [b.mixer.options for b in self.blocks if hasattr(b.mixer.options, "eval_num_iter")]
+        saved = [o.eval_num_iter for o in options]
+        if num_iter is not None:
+            for o in options:
+                o.eval_num_iter = num_iter
+        try:
+            yield
+        finally:
+            for o, value in zip(options, saved):
+                o.eval_num_iter = value

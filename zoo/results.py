@@ -51,8 +51,11 @@ def _fmt(value):
 
 
 def table_columns(rows: list[dict]) -> list[str]:
-    extra = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@")},
-                   key=lambda k: int(k.split("@")[1]))
+    lengths = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" not in k},
+                     key=lambda k: int(k.split("@")[1]))
+    iters = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@iters=")},
+                   key=lambda k: int(k.split("=")[1]))
+    extra = lengths + iters
     return ["cell", "layers", "test_accuracy", *extra, "params", "state_size", "steps", "train_seconds", "seed"]
 
 
@@ -72,7 +75,8 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
     table = tabulate(body, headers=columns, tablefmt="github")
     header = f"# {title}\n\n" if title else ""
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
-            "test_accuracy@L: the same at test length L; state_size: decode-state elements per sequence at the "
+            "test_accuracy@L: the same at test length L; test_accuracy@iters=k: the same model evaluated with k "
+            "solver iterations (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
             "training length (all layers); steps: optimizer steps taken (fewer than planned when a cell stopped early at '
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
     (out_dir / "results.md").write_text(header + note + table + "\n")
@@ -90,7 +94,8 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"] if k.startswith("test_accuracy@")})
+    lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"]
+                      if k.startswith("test_accuracy@") and "=" not in k})
     fig, ax = plt.subplots(figsize=(7, 4))
     if lengths:
         for r in rows:

@@ -131,12 +131,17 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
     bar.close()
     train_seconds = time.perf_counter() - start
     metrics = {"steps": step + 1, "train_loss": loss_ema, "train_accuracy": acc_ema, "train_seconds": train_seconds}
-    model.set_eval_num_iter(recipe.eval.num_iter)
-    ev = evaluate(model, test_data, recipe.eval.batch_size, device)
-    metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
-    for seq_len in recipe.eval.seq_lens:
-        data = task.make("test", recipe.seed, seq_len=seq_len)
-        metrics[f"test_accuracy@{seq_len}"] = evaluate(model, data, recipe.eval.batch_size, device)["accuracy"]
+    with model.eval_num_iter(recipe.eval.num_iter):
+        ev = evaluate(model, test_data, recipe.eval.batch_size, device)
+        metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
+        for seq_len in recipe.eval.seq_lens:
+            data = task.make("test", recipe.seed, seq_len=seq_len)
+            metrics[f"test_accuracy@{seq_len}"] = evaluate(model, data, recipe.eval.batch_size, device)["accuracy"]
+    # cells of a grid without such a mixer (gla, attention, ...) leave these columns empty
+    for num_iter in recipe.eval.num_iter_sweep if model.has_num_iter_knob() else ():
+        with model.eval_num_iter(num_iter):
+            accuracy = evaluate(model, test_data, recipe.eval.batch_size, device)["accuracy"]
+        metrics[f"test_accuracy@iters={num_iter}"] = accuracy
     metrics["params"] = model.num_params()
     metrics["state_size"] = model.state_size(task.seq_len)
     metrics["device"] = str(device)

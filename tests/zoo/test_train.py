@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from zoo.recipes import load_recipe
 from zoo.train import lr_at, train
 
@@ -40,3 +42,25 @@ def test_one_line_swap_on_the_command_line():
     out = json.loads(result.stdout[result.stdout.index("{"):])
     assert out["recipe"]["model"]["layers"] == ["attention", "attention"]
     assert 0.0 <= out["metrics"]["test_accuracy"] <= 1.0
+
+
+def test_num_iter_sweep_evaluates_one_trained_model_at_several_iteration_counts():
+    recipe, _ = load_recipe(TINY, ["model.layers=[gka]", "model.mixer_options={gka: {n_heads: 2, chunk_size: 8}}",
+                                   "train.steps=3", "eval.num_iter_sweep=[0, 2, 30]"])
+    result = train(recipe, progress=False)
+    m = result.metrics
+    assert {"test_accuracy@iters=0", "test_accuracy@iters=2", "test_accuracy@iters=30"} <= set(m)
+    gka = result.model.blocks[0].mixer
+    assert gka.options.eval_num_iter is None, "the sweep must restore the mixer's own setting"
+    from zoo.train import build_task, evaluate
+    data = build_task(recipe).make("test", recipe.seed)
+    with result.model.eval_num_iter(2):
+        assert evaluate(result.model, data, 128, torch.device("cpu"))["accuracy"] == m["test_accuracy@iters=2"]
+    # and the knob really changes the computation: no iterations is gated linear attention
+    x = torch.randn(1, 12, 32)
+    gka.eval()
+    with result.model.eval_num_iter(0):
+        y0 = gka(x)
+    with result.model.eval_num_iter(30):
+        y30 = gka(x)
+    assert not torch.allclose(y0, y30)
