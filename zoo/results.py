@@ -77,7 +77,7 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
             "test_accuracy@L: the same at test length L; test_accuracy@iters=k: the same model evaluated with k "
             "solver iterations (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
-            "training length (all layers); steps: optimizer steps taken (fewer than planned when a cell stopped early at '
+            "training length (all layers); steps: optimizer steps taken (fewer than planned when a cell stopped early at "
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
     (out_dir / "results.md").write_text(header + note + table + "\n")
     with open(out_dir / "results.csv", "w", newline="") as fh:
