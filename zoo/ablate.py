@@ -108,7 +108,6 @@ def run_ablation(base: dict, out_dir: Path, title: str = "", progress: bool = Tr
     done = {row["cell_key"]: row for row in read_rows(results_path)}
     from .train import train  # late import keeps `zoo check` light
 
-    env = environment()
     for i, (label, overrides, recipe) in enumerate(cells):
         key = cell_key(overrides)
         if key in done:
@@ -117,7 +116,8 @@ def run_ablation(base: dict, out_dir: Path, title: str = "", progress: bool = Tr
         echo(f"[{i + 1}/{len(cells)}] {label}: training")
         result = train(recipe, progress=progress, description=label)
         row = {"cell_key": key, "label": label, "overrides": overrides, "recipe": to_plain(recipe),
-               "seed": recipe.seed, "metrics": result.metrics, **env}
+               "seed": recipe.seed, "metrics": result.metrics, "history": result.history,
+               **environment()}  # after training: train.threads may have changed the thread count
         append_row(results_path, row)
         done[key] = row
         echo(f"[{i + 1}/{len(cells)}] {label}: test_accuracy={result.metrics['test_accuracy']:.4f} "
