@@ -101,8 +101,9 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
         for r in rows:
             m = r["metrics"]
             train_len = r["recipe"]["task"].get("seq_len")
-            xs = [train_len] + lengths
-            ys = [m["test_accuracy"]] + [m.get(f"test_accuracy@{L}", float("nan")) for L in lengths]
+            present = [L for L in lengths if f"test_accuracy@{L}" in m]  # cells of a mixed grid differ
+            xs = [train_len] + present
+            ys = [m["test_accuracy"]] + [m[f"test_accuracy@{L}"] for L in present]
             ax.plot(xs, ys, marker="o", label=r["label"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test sequence length")
