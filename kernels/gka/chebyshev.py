@@ -94,6 +94,19 @@ def decay_mask(G: torch.Tensor) -> torch.Tensor:
     return torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
 
 
+_last_mask: list = [None, None]  # (G, mask) of the latest solve: a solve calls matvec/vjp ~2 r times with one G
+
+
+def _decay_mask_cached(G: torch.Tensor) -> torch.Tensor:
+    key = (G, G._version, torch.is_grad_enabled())
+    cached_key, mask = _last_mask
+    if cached_key is not None and cached_key[0] is key[0] and cached_key[1:] == key[1:]:
+        return mask
+    mask = decay_mask(G)
+    _last_mask[0], _last_mask[1] = key, mask
+    return mask
+
+
 class ChunkOp:
     """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``:
 
@@ -107,7 +120,7 @@ class ChunkOp:
     @staticmethod
     def matvec(params, xi):
         H0, K, G, lam = params
-        M = decay_mask(G)
+        M = _decay_mask_cached(G)
         S = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M
         y = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnthj->bnthi", H0, xi)
         return y + torch.einsum("bntsh,bnshd->bnthd", S, K) + lam.unsqueeze(-1) * xi
@@ -115,7 +128,7 @@ class ChunkOp:
     @staticmethod
     def vjp(params, xi, u):
         H0, K, G, lam = params
-        M = decay_mask(G)
+        M = _decay_mask_cached(G)
         eG = G.exp()
         dH0 = torch.einsum("bnch,bnchi,bnchj->bnhij", eG, u, xi)
         dG = eG * (u * torch.einsum("bnhij,bnchj->bnchi", H0, xi)).sum(-1)
