@@ -116,7 +116,16 @@ def test_grad_modes():
         (m(x) * w).sum().backward()
         grads[mode] = torch.cat([p.grad.flatten() for p in m.parameters()])
     assert rel_err(grads["reverse_chebyshev"], grads["autograd"]) < 1e-8
-    assert rel_err(grads["implicit"], grads["autograd"]) < 5e-2
+    # implicit differentiation is the gradient of the exact solve: it meets the unrolled gradient once the
+    # iteration has converged (rho_c^60 ~ 5e-8 at kappa <= 51), not at r = 20 where they differ by ~1e-2
+    assert rel_err(grads["implicit"], grads["autograd"]) > 1e-6
+    converged = {}
+    for mode in ("autograd", "implicit"):
+        m = make("gka", grad=mode, num_iter=60)
+        copy_weights(base, m)
+        (m(x) * w).sum().backward()
+        converged[mode] = torch.cat([p.grad.flatten() for p in m.parameters()])
+    assert rel_err(converged["implicit"], converged["autograd"]) < 1e-5
 
 
 def test_backends_agree():
