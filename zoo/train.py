@@ -104,7 +104,7 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
     perm, cursor = torch.randperm(len(train_data), generator=order), 0
     history = []
     start = time.perf_counter()
-    bar = tqdm(range(t.steps), desc=description or "train", disable=not progress, dynamic_ncols=True, leave=False)
+    bar = tqdm(range(t.steps), desc=description or "train", disable=None if progress else True, dynamic_ncols=True, leave=False)  # None: off when not a terminal
     loss_ema = acc_ema = None
     model.train()
     for step in bar:
