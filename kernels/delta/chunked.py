@@ -119,15 +119,22 @@ def delta_product_chunked(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta product (layout of :mod:`kernels.delta.reference`) via the chunked delta rule."""
+    return delta_product_via_rule(chunk_gated_delta_rule_torch, q, k, v, beta, g, num_householder, scale,
+                                  initial_state, chunk_size)
+
+
+def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initial_state, chunk_size):
+    """Interleave the ``n_h`` sub-steps into one sequence ``n_h * T`` long (gate on sub-step 0, query on the
+    last), run the chunked gated delta ``rule`` over it, and read every ``n_h``-th output."""
     B, T, H, K = q.shape
     n = num_householder
     k = flatten_substeps(k, n, T, "k")
     v = flatten_substeps(v, n, T, "v")
     beta = flatten_substeps(beta, n, T, "beta")
     scale = K ** -0.5 if scale is None else scale
-    L = T * n
-    qi, gi = interleave_inputs(q * scale, g, n, L)
-    o, S = chunk_gated_delta_rule_torch(qi, k, v, beta, gi, initial_state, chunk_size)
+    q_up = q.to(torch.promote_types(q.dtype, torch.float32))
+    qi, gi = interleave_inputs(q_up * scale, g, n, T * n)
+    o, S = rule(qi, k, v, beta, gi, initial_state, chunk_size)
     o = o[:, n - 1::n] if n > 1 else o
     return o.to(q.dtype), S
 

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .chunked import interleave_inputs
-from .reference import flatten_substeps
+from .chunked import delta_product_via_rule
 
 _PREC = "ieee"
 
@@ -400,14 +399,6 @@ def delta_product_triton(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta product (layout of :mod:`kernels.delta.reference`) with the Triton chunk kernels."""
-    B, T, H, K = q.shape
-    n = num_householder
-    k = flatten_substeps(k, n, T, "k")
-    v = flatten_substeps(v, n, T, "v")
-    beta = flatten_substeps(beta, n, T, "beta")
-    scale = K ** -0.5 if scale is None else scale
-    L = T * n
-    qi, gi = interleave_inputs(q.float() * scale, g, n, L)
-    o, S = chunk_gated_delta_rule_triton(qi, k, v, beta, gi, initial_state, chunk_size)
-    o = o[:, n - 1::n] if n > 1 else o
+    o, S = delta_product_via_rule(chunk_gated_delta_rule_triton, q.float(), k, v, beta, g, num_householder, scale,
+                                  initial_state, chunk_size)  # the kernels compute in fp32
     return o.to(q.dtype), S
