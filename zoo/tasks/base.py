@@ -7,6 +7,7 @@ seed always yields the same data.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,7 +35,7 @@ class TaskData:
 SPLIT_OFFSET = {"train": 1, "test": 2}
 
 
-class Task:
+class Task(abc.ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Options: ClassVar[type]
@@ -43,8 +44,9 @@ class Task:
         self.options = options
 
     @property
+    @abc.abstractmethod
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """Token ids used by inputs and labels (the model's embedding size)."""
 
     @property
     def seq_len(self) -> int:
@@ -53,8 +55,9 @@ class Task:
     def num_examples(self, split: str) -> int:
         return self.options.num_train if split == "train" else self.options.num_test
 
+    @abc.abstractmethod
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
-        raise NotImplementedError
+        """``num_examples`` sequences of length ``seq_len`` drawn with ``generator``."""
 
     def make(self, split: str, seed: int, seq_len: int | None = None, num_examples: int | None = None) -> TaskData:
         if split not in SPLIT_OFFSET:
