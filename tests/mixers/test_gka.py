@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.backend import triton_importable, triton_usable_for
-from mixers import build_mixer
+from mixers import MIXERS, build_mixer
 from mixers.options import OptionError
 from tests.kernels.harness import rel_err
 
