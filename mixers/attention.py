@@ -46,6 +46,7 @@ class Attention(Mixer):
             if self.n_heads <= 0:
                 raise ValueError("n_heads must be positive")
 
+    state_grows_with_seq_len = True  # the KV cache
     contract_options = {"n_heads": 2}
 
     def __init__(self, d_model: int, options: "Attention.Options"):
@@ -65,11 +66,6 @@ class Attention(Mixer):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         pos = torch.arange(start, start + T, device=x.device)
         return rope(q, pos, self.options.rope_base), rope(k, pos, self.options.rope_base), v
-
-    def forward(self, x, mask=None):
-        q, k, v = self._qkv(x, 0)
-        o = attention(q, k, v, causal=True, backend=self.options.backend)
-        return self.out(o.flatten(2))
 
     def prefill(self, x, mask=None):
         q, k, v = self._qkv(x, 0)

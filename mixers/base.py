@@ -32,14 +32,32 @@ State = dict[str, torch.Tensor]
 
 
 class Mixer(nn.Module):
-    """Base class of every sequence mixer (see the module docstring for the contract)."""
+    """Base class of every sequence mixer (see the module docstring for the contract).
 
+    A subclass implements ``prefill``, ``init_state``, ``step`` and ``state_size`` and sets the class
+    attributes below; every attribute other code reads is declared here, with its meaning.
+    """
+
+    #: registry name (``model.layers`` entries, ``zoo list``)
     name: ClassVar[str] = ""
+    #: one line for ``zoo list``
     description: ClassVar[str] = ""
     #: decode-state size per sequence as a formula of the options and T, for ``zoo list``
     state_formula: ClassVar[str] = ""
+    #: the typed option dataclass; ``__init__`` receives a validated instance of it
     Options: ClassVar[type]
+    #: reads the optional (batch, T) prefix / "action" mask; mixers that do not ignore it
     uses_mask: ClassVar[bool] = False
+    #: the ``chunk_size`` option changes the output (it is semantics, not only a compute knob); when
+    #: False, the contract checks that every chunk size gives the same output
+    chunk_size_changes_output: ClassVar[bool] = False
+    #: the decode state grows with the sequence length (a KV cache); when False, ``state_size(T)`` must be
+    #: the same for every T
+    state_grows_with_seq_len: ClassVar[bool] = False
+    #: names of options that evaluation may change on a trained model without retraining (test-time
+    #: compute: solver iterations, power order, ...). ``HybridLM.test_time(**values)`` sets them on
+    #: every mixer that declares them; read them with :meth:`knob`
+    test_time_knobs: ClassVar[tuple[str, ...]] = ()
     #: option overrides that make the mixer small and strictly causal for the contract tests
     contract_options: ClassVar[dict] = {}
     #: fp32 tolerance of the contract's parallel == recurrent checks. 1e-5 unless a mixer documents why its
@@ -48,25 +66,30 @@ class Mixer(nn.Module):
 
     def __init__(self, d_model: int, options):
         super().__init__()
-        if not isinstance(d_model, int) or d_model <= 0:
+        if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model <= 0:
             raise ValueError(f"{self.name}: d_model must be a positive integer, got {d_model!r}")
+        if not isinstance(options, self.Options):
+            raise TypeError(f"{self.name}: options must be a {type(self).__name__}.Options instance "
+                            f"(build it with mixers.build_mixer(name, d_model, {{...}}) from a mapping)")
         self.d_model = d_model
         self.options = options
+        self._test_time: dict[str, Any] = {}
 
     # --- parallel form -------------------------------------------------------------------------
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        """The parallel / chunked form over ``x (batch, T, d_model)``: ``(y, final_state)``. Required."""
+        raise NotImplementedError(f"{type(self).__name__} must implement a parallel prefill(x, mask)")
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """``prefill`` without the state; override only to skip building a state that costs extra."""
+        return self.prefill(x, mask)[0]
 
     # --- recurrent form ------------------------------------------------------------------------
     def init_state(self, batch_size: int, device=None, dtype=None) -> State:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement init_state(batch_size, device, dtype)")
 
     def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        raise NotImplementedError
-
-    def prefill(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
-        """Parallel forward plus the final state. Default: the recurrence, token by token."""
-        return self.forward_recurrent(x)
+        raise NotImplementedError(f"{type(self).__name__} must implement step(x_t, state)")
 
     def forward_recurrent(self, x: torch.Tensor) -> tuple[torch.Tensor, State]:
         """Run ``step`` over the whole sequence from ``init_state`` (slow; the contract's yardstick)."""
@@ -78,7 +101,37 @@ class Mixer(nn.Module):
         return torch.stack(ys, dim=1), state
 
     def state_size(self, seq_len: int) -> int:
-        raise NotImplementedError
+        """Decode-state elements per sequence after ``seq_len`` tokens (what ``step`` carries)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement state_size(seq_len)")
+
+    def active_state_size(self, seq_len: int) -> int:
+        """State elements one decode step reads or writes (sparse-memory mixers touch only part of it)."""
+        return self.state_size(seq_len)
+
+    # --- test-time knobs -----------------------------------------------------------------------
+    def knob(self, name: str):
+        """The value of test-time knob ``name``: the evaluation override when one is set and the module
+        is not training, else the option."""
+        if name not in self.test_time_knobs:
+            raise KeyError(f"{self.name}: {name!r} is not a declared test-time knob ({self.test_time_knobs})")
+        if not self.training and name in self._test_time:
+            return self._test_time[name]
+        return getattr(self.options, name)
+
+    def set_test_time(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Set evaluation overrides for the declared knobs among ``values`` (others are ignored, so one
+        mapping can serve a mixed stack); validates them with the option's type and ``__post_init__``.
+        Returns the previous overrides (pass them back to restore)."""
+        previous = dict(self._test_time)
+        mine = {k: v for k, v in values.items() if k in self.test_time_knobs}
+        if mine:
+            fields = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(self.options)}
+            build_options(self.Options, {**fields, **mine}, self.name)
+        self._test_time = {**self._test_time, **mine}
+        return previous
+
+    def restore_test_time(self, previous: Mapping[str, Any]) -> None:
+        self._test_time = dict(previous)
 
     def extra_repr(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.options, f.name)!r}" for f in dataclasses.fields(self.options))
@@ -91,6 +144,8 @@ class StateMixer(nn.Module):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Options: ClassVar[type]
+    #: the block is the identity: the builder leaves the state-mixer sub-block (and its norm) out
+    is_identity: ClassVar[bool] = False
 
     def __init__(self, d_model: int, options):
         super().__init__()

@@ -132,7 +132,7 @@ class DeltaProduct(Mixer):
         return y, state
 
     # --- the Mixer contract -----------------------------------------------------------------------
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None):  # training skips the decode state (conv buffers)
         return self._forward(x, want_state=False)[0]
 
     def prefill(self, x, mask=None):

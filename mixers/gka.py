@@ -11,9 +11,8 @@
     y = W_o [GatedRMSNorm(o_t) * silu(W_g x_t)]
 
 Gated KalmaNet (seed 003: "GKA", Fig. 4, Sec. 4 and Appendix D). ``num_iter = 0`` skips the solve
-(``x = q``) and is exactly :mod:`mixers.gla` with the same weights. ``eval_num_iter`` sets the number of
-iterations used when the module is not training — the test-time-compute knob (accuracy vs r without
-retraining). ``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
+(``x = q``) and is exactly :mod:`mixers.gla` with the same weights. ``num_iter`` is a declared test-time knob:
+evaluation may run a trained model with another iteration count (accuracy vs r without retraining). ``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
 steps; its inner products make it fragile in low precision) or an exact solve (materialises every
 ``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the seed's exact
 reverse-Chebyshev Algorithm 2, or autograd through the unrolled iterations). The core is
@@ -37,6 +36,7 @@ class GKA(GatedRegressionBlock):
     description = "Gated KalmaNet: gated ridge regression per token, Chebyshev solve (r iterations)"
     state_formula = "n_heads * (2 head_dim^2 + 3 head_dim (conv_size - 1))  (H, U and conv buffers; constant in T)"
     has_alpha = True
+    test_time_knobs = ("num_iter",)
 
     @dataclass
     class Options:
@@ -44,9 +44,8 @@ class GKA(GatedRegressionBlock):
         head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)")
         ridge_a: float = opt(0.02, "adaptive ridge lambda_t = ridge_a * ||H_t||_F + ridge_eps")
         ridge_eps: float = opt(1e-6, "absolute ridge floor (keeps the system solvable when H_t = 0)")
-        num_iter: int = opt(30, "solver iterations while training (0 = no solve: gated linear attention)")
-        eval_num_iter: int | None = opt(None, "iterations when not training (None: same as num_iter); "
-                                              "the test-time-compute knob")
+        num_iter: int = opt(30, "solver iterations (0 = no solve: gated linear attention); a test-time knob: "
+                                "evaluation may use another count without retraining")
         alpha_connection: bool = opt(True, "q~ = q + alpha (x - q) with a sigmoid gate (off: q~ = x)")
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t shared by H and U (off: g = 0)")
@@ -69,8 +68,6 @@ class GKA(GatedRegressionBlock):
                 raise ValueError(f"head_dim must be positive or None, got {self.head_dim}")
             if self.num_iter < 0:
                 raise ValueError(f"num_iter must be >= 0 (0 = gated linear attention), got {self.num_iter}")
-            if self.eval_num_iter is not None and self.eval_num_iter < 0:
-                raise ValueError(f"eval_num_iter must be >= 0 or None, got {self.eval_num_iter}")
             if self.ridge_a < 0 or self.ridge_eps < 0 or (self.ridge_a == 0 and self.ridge_eps == 0):
                 raise ValueError("the ridge must make H + lambda I positive definite: use ridge_a >= 0 and "
                                  "ridge_eps >= 0, not both 0 (default ridge_a=0.02, ridge_eps=1e-6)")
@@ -92,14 +89,9 @@ class GKA(GatedRegressionBlock):
     # smaller than the median: 1e-6..1.2e-4 relative. In fp64 both paths agree to 1e-10 (checked).
     contract_fp32_rtol = 3e-4
 
-    @property
-    def active_num_iter(self) -> int:
-        o = self.options
-        return o.eval_num_iter if (not self.training and o.eval_num_iter is not None) else o.num_iter
-
     def _kw(self):
         o = self.options
-        return dict(ridge_a=o.ridge_a, ridge_eps=o.ridge_eps, num_iter=self.active_num_iter, solver=o.solver,
+        return dict(ridge_a=o.ridge_a, ridge_eps=o.ridge_eps, num_iter=self.knob("num_iter"), solver=o.solver,
                     grad=o.grad)
 
     def _core(self, q, k, v, g, alpha, initial_state):

@@ -34,6 +34,7 @@ class GatedRegressionBlock(Mixer):
     ``_core_init(batch, device, dtype) -> core_state`` (a dict) and ``_core_state_size()``.
     """
 
+    #: subclasses with an alpha-connection gate (GKA) set this; the shared block then builds alpha_proj
     has_alpha = False
 
     def __init__(self, d_model: int, options):
@@ -89,9 +90,6 @@ class GatedRegressionBlock(Mixer):
         return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
 
     # --- the Mixer contract ------------------------------------------------------------------------
-    def forward(self, x, mask=None):
-        return self._forward(x)[0]
-
     def prefill(self, x, mask=None):
         return self._forward(x)
 

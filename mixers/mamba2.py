@@ -83,9 +83,6 @@ class Mamba2(Mixer):
                    backend=self.options.backend)
         return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
 
-    def forward(self, x, mask=None):
-        return self._forward(x)[0]
-
     def prefill(self, x, mask=None):
         return self._forward(x)
 

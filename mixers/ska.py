@@ -58,6 +58,7 @@ class SKA(Mixer):
     description = "Spectral Koopman Attention: closed-form ridge readout + whitened lag-one power filter"
     state_formula = "n_heads * (2 rank^2 + value_dim rank + rank + 1)  (constant in T)"
     uses_mask = True
+    test_time_knobs = ("power",)
     #: chunk_size is part of the semantics (which statistics a query reads), not only a compute knob
     chunk_size_changes_output = True
     # strictly causal, and step == forward (chunk_size 1). ridge 0.1: with the default 1e-3, positions whose
@@ -133,7 +134,7 @@ class SKA(Mixer):
 
     def _kw(self):
         o = self.options
-        return dict(ridge=o.ridge, power=o.power, gamma=self.gamma, gamma_max=o.gamma_max,
+        return dict(ridge=o.ridge, power=self.knob("power"), gamma=self.gamma, gamma_max=o.gamma_max,
                     normalisation=o.normalisation, power_iters=o.power_iters)
 
     def _out(self, y):
@@ -147,7 +148,7 @@ class SKA(Mixer):
         return self._out(y).to(x.dtype), (k, v, w)
 
     # --- contract ------------------------------------------------------------------------------
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None):  # training skips the decode-state statistics
         return self._run(x, mask)[0]
 
     def prefill(self, x, mask=None):

@@ -29,7 +29,7 @@ def copy_weights(src, dst):
 @pytest.mark.parametrize("train", [True, False])
 def test_gka_num_iter_zero_equals_gla(train):
     gla = make("gla", torch.float32)
-    gka = make("gka", torch.float32, num_iter=0, eval_num_iter=0)
+    gka = make("gka", torch.float32, num_iter=0)
     missing = copy_weights(gla, gka)
     assert sorted(missing) == ["alpha_proj.bias", "alpha_proj.weight"], missing  # the only extra weights
     gla.train(train)
@@ -72,9 +72,10 @@ def test_parallel_recurrent_prefill_fp64(name, opts):
         assert rel_err(s_rec[key], s_full[key]) < 1e-10, key
 
 
-def test_eval_num_iter_is_a_test_time_knob():
+def test_num_iter_is_a_test_time_knob():
     x = torch.randn(2, 30, D, dtype=torch.float64)
-    m = make("gka", num_iter=3, eval_num_iter=80)
+    m = make("gka", num_iter=3)
+    m.set_test_time({"num_iter": 80})
     exact = make("gka", solver="exact")
     copy_weights(m, exact)
     y_train = m.train()(x)
@@ -84,11 +85,11 @@ def test_eval_num_iter_is_a_test_time_knob():
     # more iterations at inference, no retraining: monotonically closer to the exact ridge solution
     errs = []
     for r in (0, 2, 5, 10, 20, 40, 80):
-        m.options.eval_num_iter = r
+        m.set_test_time({"num_iter": r})
         errs.append(rel_err(m.eval()(x), y_exact))
     assert all(b < a for a, b in zip(errs, errs[1:])), errs
     # the decode step follows the same knob
-    m.options.eval_num_iter = 80
+    m.set_test_time({"num_iter": 80})
     y_rec, _ = m.eval().forward_recurrent(x)
     assert rel_err(y_rec, y_exact) < 1e-6
 
