@@ -57,28 +57,37 @@ def _autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
-def loss_and_accuracy(model: HybridLM, batch: TaskData, device) -> tuple[torch.Tensor, int, int]:
+def _forward_loss(model: HybridLM, batch: TaskData, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, hits, supervised)``: mean cross-entropy over supervised positions, and per-position
+    boolean tensors of correct predictions and of supervised positions."""
     with _autocast(device):
         logits = model(batch.inputs, mask=batch.mask)
     logits = logits.float()
     loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
     supervised = batch.labels != -100
-    correct = ((logits.argmax(-1) == batch.labels) & supervised).sum().item()
-    return loss, correct, supervised.sum().item()
+    return loss, (logits.argmax(-1) == batch.labels) & supervised, supervised
+
+
+def loss_and_accuracy(model: HybridLM, batch: TaskData, device) -> tuple[torch.Tensor, int, int]:
+    loss, hits, supervised = _forward_loss(model, batch, device)
+    return loss, hits.sum().item(), supervised.sum().item()
 
 
 @torch.no_grad()
 def evaluate(model: HybridLM, data: TaskData, batch_size: int, device) -> dict:
     was_training = model.training
     model.eval()
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss, correct, count, exact = 0.0, 0, 0, 0
     for start in range(0, len(data), batch_size):
         batch = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
-        loss, c, n = loss_and_accuracy(model, batch, device)
+        loss, hits, supervised = _forward_loss(model, batch, device)
+        n = supervised.sum().item()
         total_loss += loss.item() * n
-        correct, count = correct + c, count + n
+        correct, count = correct + hits.sum().item(), count + n
+        exact += (hits == supervised).all(dim=1).sum().item()  # every supervised position right
     model.train(was_training)
-    return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+    return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1),
+            "sequence_accuracy": exact / max(len(data), 1)}
 
 
 @dataclass
@@ -133,10 +142,13 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
     metrics = {"steps": step + 1, "train_loss": loss_ema, "train_accuracy": acc_ema, "train_seconds": train_seconds}
     with model.eval_num_iter(recipe.eval.num_iter):
         ev = evaluate(model, test_data, recipe.eval.batch_size, device)
-        metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
+        metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"],
+                        "test_sequence_accuracy": ev["sequence_accuracy"]})
         for seq_len in recipe.eval.seq_lens:
             data = task.make("test", recipe.seed, seq_len=seq_len)
-            metrics[f"test_accuracy@{seq_len}"] = evaluate(model, data, recipe.eval.batch_size, device)["accuracy"]
+            ev = evaluate(model, data, recipe.eval.batch_size, device)
+            metrics[f"test_accuracy@{seq_len}"] = ev["accuracy"]
+            metrics[f"test_sequence_accuracy@{seq_len}"] = ev["sequence_accuracy"]
     # cells of a grid without such a mixer (gla, attention, ...) leave these columns empty
     for num_iter in recipe.eval.num_iter_sweep if model.has_num_iter_knob() else ():
         with model.eval_num_iter(num_iter):
