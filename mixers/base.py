@@ -30,6 +30,9 @@ from .options import OptionError, build_options, describe_options, nearest
 
 State = dict[str, torch.Tensor]
 
+#: the declared properties of a mixer that other code reads (documented on :class:`Mixer`)
+MIXER_FLAGS = ("uses_mask", "chunk_size_changes_output", "state_grows_with_seq_len", "test_time_knobs")
+
 
 class Mixer(nn.Module):
     """Base class of every sequence mixer (see the module docstring for the contract).
@@ -190,7 +193,7 @@ class Registry:
             row = {"name": name, "description": cls.description, "options": describe_options(cls.Options)}
             if self.kind == "mixer":
                 row["state_size"] = cls.state_formula
-                row["uses_mask"] = cls.uses_mask
+                row.update({flag: getattr(cls, flag) for flag in MIXER_FLAGS})
             rows.append(row)
         return rows
 

@@ -22,9 +22,11 @@ class OptionError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
-def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None) -> Any:
-    """A dataclass field with a help text and optional allowed values."""
-    meta = {"help": help, "choices": choices}
+def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None,
+        at_least: float | None = None, above: float | None = None, at_most: float | None = None) -> Any:
+    """A dataclass field with a help text, optional allowed values and an optional numeric range
+    (``at_least`` <= value, ``above`` < value, value <= ``at_most``; for a list, every element)."""
+    meta = {"help": help, "choices": choices, "range": (at_least, above, at_most)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -95,11 +97,37 @@ def check_type(value: Any, tp, path: str) -> Any:
     return value
 
 
+def range_text(bounds) -> str:
+    """``'>= 1'``, ``'> 0 and <= 1'``... for a field's ``(at_least, above, at_most)``; empty if unbounded."""
+    at_least, above, at_most = bounds or (None, None, None)
+    parts = ([f">= {at_least:g}"] if at_least is not None else []) + ([f"> {above:g}"] if above is not None else [])
+    parts += [f"<= {at_most:g}"] if at_most is not None else []
+    return " and ".join(parts)
+
+
+def check_range(value: Any, bounds, path: str) -> None:
+    """Raise OptionError when a number (or a number in a list) is outside ``bounds``."""
+    if not bounds or all(b is None for b in bounds):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_range(item, bounds, f"{path}.{i}")
+        return
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    at_least, above, at_most = bounds
+    if value != value or (at_least is not None and value < at_least) or (above is not None and value <= above) \
+            or (at_most is not None and value > at_most):
+        raise OptionError(path, f"{value!r} is out of range: must be {range_text(bounds)}")
+
+
 def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
     """Instantiate the option dataclass ``cls`` from ``values`` with strict validation."""
-    values = dict(values or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = values if values is not None else {}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
+    if not isinstance(values, Mapping):
+        raise OptionError(path, f"expected a mapping of options, got {values!r}")
     for key in values:
         if key not in fields:
             where = f"{path}.{key}" if path else str(key)
@@ -111,6 +139,7 @@ def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
         choices = fields[name].metadata.get("choices")
         if choices is not None and value not in choices:
             raise OptionError(where, f"{value!r} is not one of {', '.join(map(repr, choices))}{nearest(value, choices)}")
+        check_range(value, fields[name].metadata.get("range"), where)
         kwargs[name] = value
     missing = [
         n for n, f in fields.items()
@@ -130,8 +159,15 @@ def describe_options(cls) -> list[dict]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING and not dataclasses.is_dataclass(hints[f.name]):
+            default = f.default_factory()
+        else:
+            default = None  # a required field, or a nested section (listed on its own)
+        if not f.init:
+            continue
         out.append({"name": f.name, "type": _type_name(hints[f.name]), "default": default,
-                    "help": f.metadata.get("help", ""), "choices": f.metadata.get("choices")})
+                    "help": f.metadata.get("help", ""), "choices": f.metadata.get("choices"),
+                    "range": range_text(f.metadata.get("range"))})
     return out

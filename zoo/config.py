@@ -1,12 +1,19 @@
-"""Typed recipe configuration (one dataclass per section), validated strictly.
+"""Typed recipe configuration: one dataclass per section, and the resolved specs the builder consumes.
 
 A recipe has the sections ``model``, ``task``, ``train``, ``eval`` plus ``seed``, ``name``,
-``description`` and, for ablations, ``grid``. Per-mixer options (``model.mixer_options.<mixer>``) and
-task options (``task.*`` besides ``name``) are validated against the option dataclasses of the
-registered mixer / task, so a typo anywhere is caught before anything runs.
+``description``, ``imports`` and, for ablations, ``grid``. Every numeric field carries its valid range,
+checked at validation time. :func:`zoo.recipes.resolve` turns a recipe into a :class:`Recipe` exactly
+once: the typed sections plus a :class:`LayerSpec` (mixer name + validated options) for every layer, the
+state mixer's and the task's validated options, the plain resolved dict and its stable hash.
+
+Layers are written as a list of mixer names or one-key mappings with per-layer options, e.g.
+``layers: [mamba2, {ska: {rank: 16}}, mamba2, {ska: {rank: 64}}]``; per-layer options override
+``mixer_options.<name>`` (the defaults for every layer of that type).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,22 +22,23 @@ from mixers.options import opt
 
 @dataclass
 class ModelConfig:
-    d_model: int = opt(64, "residual stream width")
-    layers: list[str] | None = opt(None, "the sequence mixer of every layer, e.g. [mamba2, attention]")
-    pattern: list[str] | None = opt(None, "a short list of mixers repeated to n_layers (used when layers is not set)")
-    n_layers: int | None = opt(None, "number of layers when expanding pattern")
-    state_mixer: str = opt("swiglu", "state mixer after every sequence mixer (swiglu, koopman_mlp, none)")
-    mixer_options: dict[str, dict[str, Any]] = opt(None, "options per mixer name, e.g. {attention: {n_heads: 2}}",
-                                                   default_factory=dict)
+    d_model: int = opt(64, "residual stream width", at_least=1, at_most=65536)
+    layers: list[Any] | None = opt(None, "the sequence mixer of every layer: names or {name: {options}}, "
+                                         "e.g. [mamba2, {ska: {rank: 16}}]")
+    pattern: list[Any] | None = opt(None, "a short list of layers (same syntax as layers) repeated to n_layers "
+                                          "(used when layers is not set)")
+    n_layers: int | None = opt(None, "number of layers when expanding pattern", at_least=1, at_most=1024)
+    state_mixer: str = opt("swiglu", "state mixer after every sequence mixer (see `zoo list`)")
+    mixer_options: dict[str, dict[str, Any]] = opt(None, "default options per mixer type, e.g. "
+                                                         "{attention: {n_heads: 2}}", default_factory=dict)
     state_mixer_options: dict[str, Any] = opt(None, "options of the state mixer", default_factory=dict)
     use_mask: bool = opt(True, "pass the task's prefix mask (if any) to mixers that use one")
-    norm_eps: float = opt(1e-5, "epsilon of the pre-norms")
+    norm_eps: float = opt(1e-5, "epsilon of the pre-norms", above=0.0, at_most=1.0)
 
-    def resolved_layers(self) -> list[str]:
+    def layer_entries(self) -> list[Any]:
+        """The written layer entries, ``pattern`` expanded to ``n_layers``."""
         if self.layers is not None:
             return list(self.layers)
-        if self.pattern is None or self.n_layers is None:
-            raise ValueError("set model.layers, or model.pattern together with model.n_layers")
         return [self.pattern[i % len(self.pattern)] for i in range(self.n_layers)]
 
     def __post_init__(self):
@@ -44,29 +52,36 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(1000, "optimizer steps")
-    batch_size: int = opt(64, "examples per step")
-    lr: float = opt(1e-3, "peak learning rate (AdamW)")
-    weight_decay: float = opt(0.1, "AdamW weight decay (not applied to norms, biases and gains)")
-    betas: list[float] = opt(None, "AdamW betas", default_factory=lambda: [0.9, 0.98])
-    warmup_steps: int = opt(50, "linear warm-up steps before the cosine decay")
-    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of lr")
-    grad_clip: float = opt(1.0, "global gradient-norm clip (0 disables)")
-    eval_every: int = opt(0, "evaluate on the test set every N steps (0: only at the end)")
+    steps: int = opt(1000, "optimizer steps", at_least=1)
+    batch_size: int = opt(64, "examples per step (the global batch under torchrun)", at_least=1, at_most=1 << 20)
+    lr: float = opt(1e-3, "peak learning rate (AdamW)", above=0.0, at_most=10.0)
+    weight_decay: float = opt(0.1, "AdamW weight decay (not applied to norms, biases and gains)", at_least=0.0)
+    betas: list[float] = opt(None, "AdamW betas", default_factory=lambda: [0.9, 0.98], at_least=0.0, at_most=0.99999)
+    warmup_steps: int = opt(50, "linear warm-up steps before the cosine decay", at_least=0)
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of lr", at_least=0.0, at_most=1.0)
+    grad_clip: float = opt(1.0, "global gradient-norm clip (0 disables)", at_least=0.0)
+    eval_every: int = opt(0, "evaluate on the test set every N steps (0: only at the end)", at_least=0)
     device: str = opt("auto", "auto (cuda if available), cpu or cuda", choices=("auto", "cpu", "cuda"))
-    threads: int = opt(0, "torch CPU threads (0 keeps torch's default)")
-    early_stop_acc: float = opt(0.0, "stop once a periodic evaluation reaches this accuracy (0 disables)")
+    threads: int = opt(0, "torch CPU threads (0 keeps torch's default)", at_least=0, at_most=1024)
+    early_stop_acc: float = opt(0.0, "stop once a periodic evaluation reaches this accuracy (0 disables)",
+                                at_least=0.0, at_most=1.0)
+
+    def __post_init__(self):
+        if len(self.betas) != 2:
+            raise ValueError(f"train.betas needs two values (beta1, beta2), got {self.betas}")
 
 
 @dataclass
 class EvalConfig:
-    batch_size: int = opt(128, "examples per evaluation batch")
+    batch_size: int = opt(128, "examples per evaluation batch", at_least=1, at_most=1 << 20)
     seq_lens: list[int] = opt(None, "extra test lengths for length generalisation, e.g. [128, 256]",
-                              default_factory=list)
-    num_iter: int | None = opt(None, "solver iterations at evaluation for mixers with an eval_num_iter knob "
-                                     "(None: the mixer's own setting)")
-    num_iter_sweep: list[int] = opt(None, "test-time-compute table: also evaluate the trained model at each of "
-                                          "these solver iteration counts, e.g. [0, 5, 10, 30]", default_factory=list)
+                              default_factory=list, at_least=1, at_most=1 << 22)
+    test_time: dict[str, Any] = opt(None, "test-time knob values used at evaluation, e.g. {num_iter: 10}; applied "
+                                          "to every mixer that declares the knob (see `zoo list --options`)",
+                                    default_factory=dict)
+    test_time_sweep: dict[str, list] = opt(None, "also evaluate the trained model at each value of a test-time "
+                                                 "knob, e.g. {num_iter: [0, 5, 10, 30]} (columns "
+                                                 "test_accuracy@num_iter=k)", default_factory=dict)
 
 
 @dataclass
@@ -75,8 +90,69 @@ class RecipeConfig:
     task: dict[str, Any] = opt(None, "the task: name plus its options", default_factory=lambda: {"name": "mqar"})
     train: TrainConfig = opt(None, "optimisation", default_factory=TrainConfig)
     eval: EvalConfig = opt(None, "evaluation", default_factory=EvalConfig)
-    seed: int = opt(0, "seed for the model, the data and the batch order")
+    seed: int = opt(0, "seed for the model, the data and the batch order", at_least=0, at_most=2**31 - 1)
     name: str = opt("", "a short name for tables")
     description: str = opt("", "what the recipe is for")
     grid: Any = opt(None, "ablation grid: a mapping key.path -> list of values (product), or a list of "
-                          "override mappings (explicit cells, optional 'label')")
+                          "override mappings (explicit cells, optional 'label'); never inherited through extends")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A registered component (mixer, state mixer or task) with its validated options."""
+    name: str
+    options: Any
+
+
+LayerSpec = Spec
+
+
+#: recipe keys that name or describe a run without changing what it computes (left out of the hash)
+COSMETIC_KEYS = ("name", "description", "grid")
+
+
+@dataclass
+class Recipe:
+    """A recipe resolved exactly once: typed sections, validated component specs, plain dict, hash."""
+    config: RecipeConfig
+    layers: list[Spec]
+    state_mixer: Spec
+    task: Spec
+    plain: dict
+    source: str = ""
+    cells: list = field(default_factory=list)  # [Cell] of the grid, each a resolved Recipe
+
+    # the typed sections, for reading convenience
+    @property
+    def model(self) -> ModelConfig:
+        return self.config.model
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.config.train
+
+    @property
+    def eval(self) -> EvalConfig:
+        return self.config.eval
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def key(self) -> str:
+        """Stable hash of everything that changes what the recipe computes."""
+        content = {k: v for k, v in self.plain.items() if k not in COSMETIC_KEYS}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Cell:
+    """One cell of an ablation grid: its label, the overrides that define it, and its resolved recipe."""
+    label: str
+    overrides: dict
+    recipe: Recipe

@@ -1,21 +1,25 @@
 """The hybrid stack: embedding -> N blocks -> RMSNorm -> tied LM head.
 
-A block is ``x + mixer(norm(x))`` then ``x + state_mixer(norm(x))`` (pre-norm, residual). The mixer
-of every layer comes from the recipe (``model.layers`` or an expanded ``model.pattern``), so swapping
-one mixer for another is one edit. The model also exposes the recurrent form of its mixers
-(``prefill`` / ``step``) for decoding, and an honest ``state_size`` summed over layers.
+A block is ``x + mixer(norm(x))`` then ``x + state_mixer(norm(x))`` (pre-norm, residual). Every layer
+is a :class:`zoo.config.Spec` (a mixer name and its validated options) from the resolved recipe, so
+swapping one mixer for another, or giving two layers of one type different options, is one edit. The
+model also exposes the recurrent form of its mixers (``prefill`` / ``step``) for decoding, an honest
+``state_size`` summed over layers, and :meth:`HybridLM.test_time` to set the test-time knobs the
+mixers declare.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from mixers import build_mixer, build_state_mixer
+from mixers import MIXERS, STATE_MIXERS
 from mixers.layers import RMSNorm
+from mixers.options import OptionError
 
-from .config import ModelConfig
+from .config import Recipe, Spec
 
 
 class Block(nn.Module):
@@ -41,27 +45,42 @@ class Block(nn.Module):
         return self._ffn(x_t + y), state
 
 
+def _build(registry, spec: Spec, d_model: int, where: str):
+    try:
+        return registry.get(spec.name)(d_model, spec.options)
+    except (ValueError, TypeError) as err:  # constructor checks that need d_model (divisibility, ...)
+        raise OptionError(where, f"{spec.name}: {err}") from None
+
+
 class HybridLM(nn.Module):
-    def __init__(self, config: ModelConfig, vocab_size: int):
+    def __init__(self, layers: list[Spec], vocab_size: int, d_model: int, state_mixer: Spec | None = None,
+                 norm_eps: float = 1e-5, use_mask: bool = True):
         super().__init__()
-        self.config = config
-        self.layer_names = config.resolved_layers()
-        d = config.d_model
-        self.embed = nn.Embedding(vocab_size, d)
+        state_mixer = state_mixer or Spec("swiglu", STATE_MIXERS.get("swiglu").Options())
+        self.layer_specs = list(layers)
+        self.layer_names = [spec.name for spec in layers]
+        self.use_mask = use_mask
+        self.embed = nn.Embedding(vocab_size, d_model)
         blocks = []
-        for i, name in enumerate(self.layer_names):
-            mixer = build_mixer(name, d, config.mixer_options.get(name), path=f"model.mixer_options.{name}")
-            sm = build_state_mixer(config.state_mixer, d, config.state_mixer_options, path="model.state_mixer_options")
-            blocks.append(Block(mixer, None if getattr(sm, "is_identity", False) else sm, d, config.norm_eps))
+        for i, spec in enumerate(layers):
+            mixer = _build(MIXERS, spec, d_model, f"model.layers.{i}")
+            sm = None if STATE_MIXERS.get(state_mixer.name).is_identity else \
+                _build(STATE_MIXERS, state_mixer, d_model, "model.state_mixer")
+            blocks.append(Block(mixer, sm, d_model, norm_eps))
         self.blocks = nn.ModuleList(blocks)
-        self.norm = RMSNorm(d, config.norm_eps)
-        self.head = nn.Linear(d, vocab_size, bias=False)
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         nn.init.normal_(self.embed.weight, std=0.02)
 
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, vocab_size: int) -> "HybridLM":
+        m = recipe.model
+        return cls(recipe.layers, vocab_size, m.d_model, recipe.state_mixer, m.norm_eps, m.use_mask)
+
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)
-        mask = mask if self.config.use_mask else None
+        mask = mask if self.use_mask else None
         for block in self.blocks:
             x = block(x, mask=mask)
         return self.head(self.norm(x))
@@ -69,7 +88,7 @@ class HybridLM(nn.Module):
     @torch.no_grad()
     def prefill(self, ids, mask=None):
         x = self.embed(ids)
-        mask = mask if self.config.use_mask else None
+        mask = mask if self.use_mask else None
         states = []
         for block in self.blocks:
             x, state = block.prefill(x, mask=mask)
@@ -92,20 +111,21 @@ class HybridLM(nn.Module):
         """Decode-state elements per sequence, summed over every layer's mixer."""
         return sum(block.mixer.state_size(seq_len) for block in self.blocks)
 
-    def has_num_iter_knob(self) -> bool:
-        return any(hasattr(block.mixer.options, "eval_num_iter") for block in self.blocks)
+    def active_state_size(self, seq_len: int) -> int:
+        """State elements one decode step touches, summed over layers (= state_size unless a mixer is sparse)."""
+        return sum(block.mixer.active_state_size(seq_len) for block in self.blocks)
+
+    def test_time_knobs(self) -> set[str]:
+        """Every test-time knob some layer of this model declares."""
+        return {k for block in self.blocks for k in block.mixer.test_time_knobs}
 
     @contextlib.contextmanager
-    def eval_num_iter(self, num_iter: int | None):
-        """Test-time compute knob: mixers with an ``eval_num_iter`` option use ``num_iter`` at evaluation
-        inside this context (``None`` leaves every mixer's own setting)."""
-        options = [b.mixer.options for b in self.blocks if hasattr(b.mixer.options, "eval_num_iter")]
-        saved = [o.eval_num_iter for o in options]
-        if num_iter is not None:
-            for o in options:
-                o.eval_num_iter = num_iter
+    def test_time(self, values: Mapping[str, Any] | None = None):
+        """Inside this context, evaluation uses ``values`` for the test-time knobs: each mixer takes the
+        knobs it declares and ignores the others (a mixed stack shares one mapping)."""
+        saved = [block.mixer.set_test_time(values or {}) for block in self.blocks]
         try:
-            yield
+            yield self
         finally:
-            for o, value in zip(options, saved):
-                o.eval_num_iter = value
+            for block, previous in zip(self.blocks, saved):
+                block.mixer.restore_test_time(previous)

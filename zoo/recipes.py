@@ -1,39 +1,54 @@
-"""Load, extend, override and validate YAML recipes.
+"""Load, extend, override and validate YAML recipes — in one pass, :func:`resolve`.
 
-- YAML is read with ``yaml.safe_load`` semantics (no code runs from a recipe).
-- ``extends: base.yaml`` (relative to the recipe's folder) deep-merges the recipe over its base;
-  lists are replaced, not merged.
+Everything that reads a recipe (``zoo check``, ``train``, ``ablate`` and each of its grid cells,
+``bench``, ``eval`` and the Python API) calls :func:`resolve`, which goes ``extends`` -> overrides ->
+validation exactly once and returns a :class:`zoo.config.Recipe`: typed sections, a validated spec per
+layer, the plain resolved dict and its stable hash.
+
+- YAML is read with ``yaml.safe_load`` (no code runs from a recipe; python object tags are refused),
+  and aliases may not expand past a size limit or refer to themselves.
+- ``extends: base.yaml`` (relative to the recipe's folder) deep-merges the recipe over its base; lists
+  are replaced, not merged; a base's ``grid`` is never inherited (a recipe extending an ablation is a
+  new recipe, not that ablation).
+- ``imports: [my_pkg.my_mixer]`` imports user modules first, so out-of-tree mixers and tasks registered
+  with ``@register_mixer`` / ``@register_task`` can be named.
 - Overrides ``key.path=value`` come from the command line or from an ablation grid; ``value`` is
   parsed as YAML (``train.lr=3e-3``, ``model.layers=[mamba2,attention]``), and integer segments
-  index lists (``model.layers.1=attention``).
-- Validation is strict: unknown keys, unknown mixers / state mixers / tasks, wrong types and missing
-  fields raise :class:`RecipeError`, whose one-line message names the file and line (or the
-  command-line override) and suggests the nearest valid names.
+  index lists (``model.layers.1=attention``, ``model.layers.1.ska.rank=16``).
+- Validation is strict: unknown keys, unknown mixers / state mixers / tasks, wrong types, values out
+  of range and missing fields raise :class:`RecipeError`, whose one-line message names the file and
+  line (or the override) and suggests the nearest valid names.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib
+import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, build_options, nearest
 
-from .config import RecipeConfig
+from .config import Cell, Recipe, RecipeConfig, Spec
+
+#: the most values a recipe may expand to (YAML aliases can make a small file enormous)
+MAX_VALUES = 100_000
 
 
 class RecipeError(Exception):
     """A recipe problem, reported to the user as one line (no traceback)."""
 
 
-@dataclass
+@dataclasses.dataclass
 class Source:
     """Where every key path of the merged recipe came from: ``path -> "file:line"``."""
-    places: dict[tuple, str] = field(default_factory=dict)
+    places: dict = dataclasses.field(default_factory=dict)
 
     def where(self, path: tuple) -> str:
         while path:
@@ -43,24 +58,51 @@ class Source:
         return self.places.get((), "")
 
 
-def _marks(node, prefix: tuple, filename: str, out: dict) -> None:
+# --------------------------------------------------------------------------------------- reading
+def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> None:
+    if depth > 100:
+        return
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key = key_node.value
-            path = prefix + (key,)
+            path = prefix + (key_node.value,)
             out[path] = f"{filename}:{key_node.start_mark.line + 1}"
-            _marks(value_node, path, filename, out)
+            _marks(value_node, path, filename, out, depth + 1)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             out[prefix + (i,)] = f"{filename}:{item.start_mark.line + 1}"
-            _marks(item, prefix + (i,), filename, out)
+            _marks(item, prefix + (i,), filename, out, depth + 1)
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuse self-referencing aliases and alias bombs before anything walks the data recursively."""
+    count, stack, open_ids = 0, [(data, False)], set()
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(node))
+            continue
+        count += 1
+        if count > MAX_VALUES:
+            raise RecipeError(f"{where}: the recipe expands to more than {MAX_VALUES:,} values "
+                              f"(YAML aliases repeated inside each other?)")
+        if isinstance(node, (dict, list)):
+            if id(node) in open_ids:
+                raise RecipeError(f"{where}: a YAML alias refers to itself (e.g. a: &a [*a]); write the value out")
+            open_ids.add(id(node))
+            stack.append((node, True))
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, False) for child in children)
 
 
 def _read_yaml(path: Path) -> tuple[dict, dict]:
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{path}: is a folder, not a recipe file") from None
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
     except OSError as err:
         raise RecipeError(f"{path}: cannot read: {err.strerror}") from None
     try:
@@ -72,7 +114,10 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
         problem = (err.problem or err.context or "invalid YAML").strip()
         raise RecipeError(f"{path}{line}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: YAML syntax error: {err}") from None
+        raise RecipeError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise RecipeError(f"{path}: YAML nested too deeply") from None
+    _check_size(data, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -96,23 +141,30 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
     """Read a recipe and its ``extends`` chain into one dict, with the source of every key."""
     path = Path(path)
     if path.resolve() in _seen:
-        raise RecipeError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen)})")
+        raise RecipeError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen + (path,))})")
     data, marks = _read_yaml(path)
     base_name = data.pop("extends", None)
     source = Source()
     if base_name is not None:
-        if not isinstance(base_name, str):
+        if not isinstance(base_name, str) or not base_name.strip():
             raise RecipeError(f"{marks.get(('extends',), path)}: extends must be a file name")
-        base_path = (path.parent / base_name)
-        if not base_path.exists():
+        base_path = path.parent / base_name
+        if not base_path.is_file():
             raise RecipeError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
         base, source = load_raw(base_path, _seen + (path.resolve(),))
+        base.pop("grid", None)  # a grid belongs to the recipe that declares it
         data = _merge(base, data)
     source.places.update(marks)
     return data, source
 
 
-def _parse_override(text: str) -> tuple[list, Any]:
+# --------------------------------------------------------------------------------------- overrides
+def _key_path(key: str) -> list:
+    return [int(p) if p.lstrip("-").isdigit() else p for p in key.split(".")]
+
+
+def parse_override(text: str) -> tuple[list, Any]:
+    """``"a.b.1=value"`` -> ``(["a", "b", 1], parsed YAML value)``."""
     if "=" not in text:
         raise RecipeError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=attention")
     key, _, value_text = text.partition("=")
@@ -123,23 +175,25 @@ def _parse_override(text: str) -> tuple[list, Any]:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
         raise RecipeError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
-    path = [int(p) if p.lstrip("-").isdigit() else p for p in key.split(".")]
-    return path, value
+    _check_size(value, f"override {text!r}")
+    return _key_path(key), value
 
 
 def apply_override(data: dict, path: list, value: Any, label: str) -> None:
     """Set ``path`` in ``data`` (creating mappings as needed); ``label`` names the override in errors."""
     if path[:2] == ["model", "layers"] and len(path) > 2:
         model = data.setdefault("model", {})
-        if "layers" not in model and "pattern" in model and "n_layers" in model:
+        if "layers" not in model and isinstance(model.get("pattern"), list) and isinstance(model.get("n_layers"), int):
             pattern = model["pattern"]
-            model["layers"] = [pattern[i % len(pattern)] for i in range(model["n_layers"])]
+            model["layers"] = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(max(model["n_layers"], 0))]
     node = data
     for i, part in enumerate(path[:-1]):
         here = ".".join(map(str, path[: i + 1]))
         if isinstance(node, list):
             if not isinstance(part, int) or not -len(node) <= part < len(node):
                 raise RecipeError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+            if isinstance(node[part], str) and path[i + 1] == node[part]:
+                node[part] = {node[part]: {}}  # model.layers.1.ska.rank=16 on a plain "ska" layer
             node = node[part]
         elif isinstance(node, dict):
             if node.get(part) is None:
@@ -159,85 +213,219 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
         raise RecipeError(f"{label}: {'.'.join(map(str, path[:-1]))} is not a mapping or list")
 
 
-def _validate(data: dict, source: Source, override_paths: dict) -> RecipeConfig:
-    def place(path_str: str) -> str:
+# --------------------------------------------------------------------------------------- validation
+class _Places:
+    """Turns a dotted key path into the place to blame: an override's label, or file:line."""
+
+    def __init__(self, source: Source, override_paths: dict):
+        self.source, self.override_paths = source, override_paths
+
+    def __call__(self, path_str: str) -> str:
         parts = tuple(int(p) if p.isdigit() else p for p in path_str.split(".")) if path_str else ()
         for length in range(len(parts), 0, -1):
-            if parts[:length] in override_paths:
-                return override_paths[parts[:length]]
-        for path, label in override_paths.items():  # an override created this key (e.g. a typo in its path)
-            if parts and path[:len(parts)] == parts and parts not in source.places:
+            if parts[:length] in self.override_paths:
+                return self.override_paths[parts[:length]]
+        for path, label in self.override_paths.items():  # an override created this key (e.g. a typo in its path)
+            if parts and path[:len(parts)] == parts and parts not in self.source.places:
                 return label
-        return source.where(parts)
+        return self.source.where(parts)
 
-    def fail(path_str: str, message: str):
-        where = place(path_str)
+    def fail(self, path_str: str, message: str):
+        where = self(path_str)
         raise RecipeError(f"{where}: {path_str}: {message}" if where else f"{path_str}: {message}")
 
+
+def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
+    """A layer is ``name`` or ``{name: {options}}``."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, dict) and len(entry) == 1:
+        (name, options), = entry.items()
+        if not isinstance(name, str):
+            fail(where, f"a layer is a mixer name or {{name: {{options}}}}, got {entry!r}")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            fail(f"{where}.{name}", f"per-layer options must be a mapping, e.g. {{{name}: {{...}}}}, got {options!r}")
+        return name, options
+    fail(where, f"a layer is a mixer name or a one-key mapping {{name: {{options}}}}, got {entry!r}")
+
+
+def _import_modules(data: dict, places: _Places) -> None:
+    modules = data.pop("imports", None) or []
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        places.fail("imports", f"expected a list of module names, e.g. [my_pkg.my_mixer], got {modules!r}")
+    for i, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a user module may fail in any way: report it in one line
+            places.fail(f"imports.{i}", f"cannot import {name!r}: {type(err).__name__}: {err}")
+
+
+def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
+    fail = places.fail
     try:
-        recipe = build_options(RecipeConfig, data)
+        config = build_options(RecipeConfig, data)
     except OptionError as err:
         fail(err.path, err.message)
-    # names and options of mixers, state mixers and the task
-    model = recipe.model
-    layers = model.resolved_layers()
-    where_layers = "model.layers" if model.layers is not None else "model.pattern"
-    for i, name in enumerate(model.layers if model.layers is not None else model.pattern):
-        try:
-            MIXERS.get(name)
-        except OptionError as err:
-            fail(f"{where_layers}.{i}", err.message)
-    for name, options in model.mixer_options.items():
+    model = config.model
+    written = "model.layers" if model.layers is not None else "model.pattern"
+    layers = []
+    for i, entry in enumerate(model.layer_entries()):
+        at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
+        name, layer_options = _layer_entry(entry, at, fail)
+        name_at = at if isinstance(entry, str) else f"{at}.{name}"
         try:
             cls = MIXERS.get(name)
-            build_options(cls.Options, options or {}, "")
+        except OptionError as err:
+            fail(name_at, err.message)
+        defaults = model.mixer_options.get(name) or {}
+        try:
+            options = build_options(cls.Options, {**defaults, **layer_options}, "")
+        except OptionError as err:
+            head = err.path.split(".")[0] if err.path else ""
+            owner = name_at if (head in layer_options or (not head and layer_options)) else f"model.mixer_options.{name}"
+            fail(owner + (f".{err.path}" if err.path else ""), err.message)
+        layers.append(Spec(name, options))
+    for name, options in model.mixer_options.items():  # defaults of types no layer uses are checked too
+        try:
+            build_options(MIXERS.get(name).Options, options or {}, "")
         except OptionError as err:
             fail(f"model.mixer_options.{name}" + (f".{err.path}" if err.path else ""), err.message)
     try:
-        cls = STATE_MIXERS.get(model.state_mixer)
-        build_options(cls.Options, model.state_mixer_options, "")
+        sm_cls = STATE_MIXERS.get(model.state_mixer)
     except OptionError as err:
-        key = "model.state_mixer" if not err.path else f"model.state_mixer_options.{err.path}"
-        fail(key, err.message)
+        fail("model.state_mixer", err.message)
+    try:
+        state_mixer = Spec(model.state_mixer, build_options(sm_cls.Options, model.state_mixer_options, ""))
+    except OptionError as err:
+        fail("model.state_mixer_options" + (f".{err.path}" if err.path else ""), err.message)
     from .tasks import TASKS  # late: tasks import heavy modules
-    task = dict(recipe.task)
-    name = task.pop("name", None)
-    if name is None:
+    task_values = dict(config.task)
+    task_name = task_values.pop("name", None)
+    if task_name is None:
         fail("task.name", f"missing; choose one of {', '.join(TASKS.names())}")
     try:
-        task_cls = TASKS.get(name)
-        build_options(task_cls.Options, task, "")
+        task_cls = TASKS.get(task_name)
     except OptionError as err:
-        fail("task.name" if not err.path else f"task.{err.path}", err.message)
-    return recipe
+        fail("task.name", err.message)
+    try:
+        task = Spec(task_name, build_options(task_cls.Options, task_values, ""))
+    except OptionError as err:
+        fail("task" + (f".{err.path}" if err.path else ""), err.message)
+    declared = sorted({k for n in MIXERS.names() for k in MIXERS.get(n).test_time_knobs})
+    for knob in list(config.eval.test_time) + list(config.eval.test_time_sweep):
+        if knob not in declared:
+            section = "eval.test_time" if knob in config.eval.test_time else "eval.test_time_sweep"
+            fail(f"{section}.{knob}", f"no registered mixer declares a test-time knob {knob!r}{nearest(knob, declared)} "
+                                      f"(declared: {', '.join(declared) or 'none'})")
+    for knob, values in config.eval.test_time_sweep.items():
+        if not isinstance(values, list) or not values:
+            fail(f"eval.test_time_sweep.{knob}", f"expected a non-empty list of values, got {values!r}")
+    plain = _plain(config, layers, state_mixer, task)
+    return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name)
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[RecipeConfig, dict]:
-    """Read, extend, override and validate. Returns the typed recipe and its resolved plain dict."""
-    data, source = load_raw(path)
-    override_paths = {}
-    for text in overrides:
-        key, value = _parse_override(text)
-        label = f"override {text!r}"
-        apply_override(data, key, value, label)
-        override_paths[tuple(key)] = label
-    recipe = _validate(data, source, override_paths)
-    return recipe, to_plain(recipe)
+def layer_label(entry) -> str:
+    """``"ska"`` or ``"ska(rank=16)"`` for a written layer entry."""
+    if isinstance(entry, str):
+        return entry
+    (name, options), = entry.items()
+    inner = ",".join(f"{k}={v}" for k, v in (options or {}).items())
+    return f"{name}({inner})" if inner else name
 
 
-def recipe_from_dict(data: dict, overrides: dict | None = None, label: str = "grid cell") -> RecipeConfig:
-    """Validate an already-merged recipe dict plus ``{key.path: value}`` overrides (ablation cells)."""
-    data = copy.deepcopy(data)
-    override_paths = {}
-    for key, value in (overrides or {}).items():
-        path = [int(p) if p.lstrip("-").isdigit() else p for p in key.split(".")]
-        apply_override(data, path, copy.deepcopy(value), f"{label} {key}")
-        override_paths[tuple(path)] = f"{label} {key}"
-    return _validate(data, Source(), override_paths)
-
-
-def to_plain(recipe: RecipeConfig) -> dict:
-    """The fully resolved recipe as JSON-compatible data (every default filled in)."""
-    plain = asdict(recipe)
-    plain["model"]["layers"] = recipe.model.resolved_layers()
+def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Spec) -> dict:
+    """The fully resolved recipe as JSON data: every default filled in, layers expanded, options per layer."""
+    plain = asdict(config)
+    model = plain["model"]
+    model["layers"] = config.model.layer_entries()
+    model["pattern"] = model["n_layers"] = None
+    model["layer_options"] = [asdict(spec.options) for spec in layers]
+    model["state_mixer_options"] = asdict(state_mixer.options)
+    plain["task"] = {"name": task.name, **asdict(task.options)}
+    plain.pop("grid", None)
     return json.loads(json.dumps(plain))
+
+
+# --------------------------------------------------------------------------------------- grids
+def _short(value) -> str:
+    if isinstance(value, list):
+        return "+".join(layer_label(v) if isinstance(v, (str, dict)) else str(v) for v in value)
+    return str(value)
+
+
+def expand_grid(grid) -> list[tuple[str, dict]]:
+    """``[(label, {key.path: value})]`` for every cell of the grid (one empty cell without a grid)."""
+    if grid is None or grid == {}:
+        return [("base", {})]
+    if isinstance(grid, dict):
+        keys = list(grid)
+        for key in keys:
+            if not isinstance(key, str) or not isinstance(grid[key], list) or not grid[key]:
+                raise RecipeError(f"grid.{key}: expected a non-empty list of values to try")
+        cells = []
+        for values in itertools.product(*(grid[k] for k in keys)):
+            overrides = dict(zip(keys, values))
+            cells.append((" ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in overrides.items()), overrides))
+        return cells
+    if isinstance(grid, list):
+        if not grid:
+            raise RecipeError("grid: the list of cells is empty")
+        cells = []
+        for i, cell in enumerate(grid):
+            if not isinstance(cell, dict):
+                raise RecipeError(f"grid.{i}: expected a mapping of key.path: value overrides")
+            cell = dict(cell)
+            label = str(cell.pop("label", None) or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
+            cells.append((label, cell))
+        labels = [c[0] for c in cells]
+        dupes = {x for x in labels if labels.count(x) > 1}
+        if dupes:
+            raise RecipeError(f"grid: duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
+        return cells
+    raise RecipeError("grid: expected a mapping of key.path -> list, or a list of override mappings")
+
+
+# --------------------------------------------------------------------------------------- the one pass
+def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
+    """The one way a recipe becomes a :class:`Recipe`: extends -> overrides -> validation.
+
+    ``recipe`` is a YAML path or an already-loaded mapping; ``overrides`` is a list of ``key.path=value``
+    strings or a mapping ``{key.path: value}``. A recipe with a ``grid`` also gets ``cells``: every cell
+    resolved the same way (base + overrides + the cell's overrides), all validated before anything runs.
+    """
+    if isinstance(recipe, Mapping):
+        data, source, name = copy.deepcopy(dict(recipe)), Source(), "<recipe>"
+        _check_size(data, name)
+    else:
+        data, source = load_raw(recipe)
+        name = str(recipe)
+    items = overrides.items() if isinstance(overrides, Mapping) else [parse_override(t) + (t,) for t in overrides]
+    override_paths = {}
+    for item in items:
+        if isinstance(overrides, Mapping):
+            key, value = item
+            path, label = _key_path(key), f"override {key}={value!r}"
+        else:
+            path, value, text = item
+            label = f"override {text!r}"
+        apply_override(data, path, copy.deepcopy(value), label)
+        override_paths[tuple(path)] = label
+    places = _Places(source, override_paths)
+    _import_modules(data, places)
+    grid = data.pop("grid", None)
+    base = _validate(data, places, name)
+    base.config.grid = grid
+    if grid is not None:
+        for label, cell_overrides in expand_grid(grid):
+            cell_data = copy.deepcopy(data)
+            cell_paths = dict(override_paths)
+            for key, value in cell_overrides.items():
+                path = _key_path(key)
+                where = f"grid cell {label!r}: {key}"
+                apply_override(cell_data, path, copy.deepcopy(value), where)
+                cell_paths[tuple(path)] = where
+            cell = _validate(cell_data, _Places(source, cell_paths), name)
+            base.cells.append(Cell(label, cell_overrides, cell))
+    return base

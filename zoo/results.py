@@ -1,17 +1,21 @@
-"""The results file of an ablation and everything rendered from it.
+"""Result files and everything rendered from them: ablation tables and ``zoo bench`` tables.
 
-``results.jsonl`` holds one JSON object per finished cell, appended (and fsynced) the moment the
-cell finishes. A line cut short by a kill is dropped on the next read, so the file stays valid JSON
-lines. Tables (markdown, CSV) and the plot are rendered from that file alone.
+``results.jsonl`` holds one JSON object per finished ablation cell, appended (and fsynced) the moment
+the cell finishes. A line cut short by a kill is dropped on the next read, so the file stays valid JSON
+lines. Tables (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
+table writer (:func:`write_table`) and one figure helper (:func:`figure`) for both kinds of result.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 from pathlib import Path
 
 from tabulate import tabulate
+
+from .recipes import layer_label
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -50,13 +54,59 @@ def _fmt(value):
     return value
 
 
+def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], head: str = "") -> str:
+    """Write ``<stem>.md`` (``head`` then a GitHub table) and ``<stem>.csv``; return the table text."""
+    table = tabulate(body, headers=columns, tablefmt="github")
+    (out_dir / f"{stem}.md").write_text(head + table + "\n")
+    with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        writer.writerows(body)
+    return table
+
+
+@contextlib.contextmanager
+def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
+    """A matplotlib figure (headless backend) with ``ncols`` axes, saved to ``path`` on exit."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=size)
+    try:
+        yield fig, axes
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
 def table_columns(rows: list[dict]) -> list[str]:
     lengths = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" not in k},
                      key=lambda k: int(k.split("@")[1]))
-    iters = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@iters=")},
-                   key=lambda k: int(k.split("=")[1]))
-    extra = lengths + iters
-    return ["cell", "layers", "test_accuracy", *extra, "params", "state_size", "steps", "train_seconds", "seed"]
+    knobs = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" in k},
+                   key=_knob_order)
+    seq = ["test_sequence_accuracy"] if any(_differs_from_token_accuracy(r["metrics"]) for r in rows) else []
+    active = ["active_state_size"] if any(r["metrics"].get("active_state_size", r["metrics"].get("state_size"))
+                                          != r["metrics"].get("state_size") for r in rows) else []
+    return ["cell", "layers", "test_accuracy", *seq, *lengths, *knobs, "params", "state_size", *active, "steps",
+            "train_seconds", "seed"]
+
+
+def _knob_order(key: str):
+    name, _, value = key.split("@", 1)[1].partition("=")
+    try:
+        return (name, float(value), value)
+    except ValueError:
+        return (name, float("inf"), value)
+
+
+def _differs_from_token_accuracy(metrics: dict) -> bool:
+    """Sequence accuracy is worth a column only where an example has more than one supervised position."""
+    seq = metrics.get("test_sequence_accuracy")
+    return seq is not None and abs(seq - metrics["test_accuracy"]) > 1e-12
 
 
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
@@ -64,7 +114,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
     body = []
     for r in rows:
         m = r["metrics"]
-        values = {"cell": r["label"], "layers": "+".join(r["recipe"]["model"]["layers"]), "seed": r["recipe"]["seed"], **m}
+        values = {"cell": r["label"], "layers": "+".join(layer_label(e) for e in r["recipe"]["model"]["layers"]),
+                  "seed": r["recipe"]["seed"], **m}
         body.append([_fmt(values.get(c, "")) for c in columns])
     return columns, body
 
@@ -72,31 +123,27 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
 def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) -> str:
     """Write results.md, results.csv and results.png; return the markdown table."""
     columns, body = table_rows(rows)
-    table = tabulate(body, headers=columns, tablefmt="github")
     header = f"# {title}\n\n" if title else ""
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
-            "test_accuracy@L: the same at test length L; test_accuracy@iters=k: the same model evaluated with k "
-            "solver iterations (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
-            "training length (all layers); steps: optimizer steps taken (fewer than planned when a cell stopped early at "
+            "test_sequence_accuracy: fraction of test examples with every supervised position right; "
+            "test_accuracy@L: the same at test length L; test_accuracy@knob=k: the same model evaluated with the "
+            "test-time knob set to k (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
+            "training length (all layers); active_state_size: the part of it one decode step touches (shown when it differs); steps: optimizer steps taken (fewer than planned when a cell stopped early at "
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
-    (out_dir / "results.md").write_text(header + note + table + "\n")
-    with open(out_dir / "results.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        writer.writerows(body)
+    table = write_table(out_dir, "results", columns, body, header + note)
     if plot and rows:
         plot_rows(rows, out_dir / "results.png", title)
     return table
 
 
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"]
                       if k.startswith("test_accuracy@") and "=" not in k})
-    fig, ax = plt.subplots(figsize=(7, 4))
+    with figure(path) as (fig, ax):
+        _plot_accuracy(ax, rows, lengths, title)
+
+
+def _plot_accuracy(ax, rows, lengths, title):
     if lengths:
         for r in rows:
             m = r["metrics"]
@@ -115,6 +162,100 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------- zoo bench
+BENCH_TIMES = ("fwd_ms", "fwd_bwd_ms", "decode_ms")
+
+
+def fmt_number(value, digits=3):
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if value == 0 or 1e-3 <= abs(value) < 1e6:
+            return f"{value:.{digits}g}" if abs(value) < 100 else f"{value:.0f}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def bench_with_ratios(rows: list[dict]) -> list[dict]:
+    """Add ``<time>_vs_attention`` (ratio to the run's first attention entry at the same T) and
+    ``fwd_bwd_growth`` (fwd+bwd time over the same entry's at the previous, shorter T)."""
+    labels = [r["label"] for r in rows if r["mixer"] == "attention"]
+    base = labels[0] if labels else None
+    attn = {r["T"]: r for r in rows if r["label"] == base}
+    previous: dict[str, dict] = {}
+    out = []
+    for r in sorted(rows, key=lambda r: (list(dict.fromkeys(x["label"] for x in rows)).index(r["label"]), r["T"])):
+        r = dict(r)
+        a = attn.get(r["T"])
+        for key in BENCH_TIMES:
+            if a is not None and r.get(key) is not None and a.get(key):
+                r[f"{key}_vs_attention"] = r[key] / a[key]
+        p = previous.get(r["label"])
+        if p is not None and p.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
+            r["fwd_bwd_growth"] = r["fwd_bwd_ms"] / p["fwd_bwd_ms"]
+            r["T_growth"] = r["T"] / p["T"]
+        if r.get("fwd_bwd_ms"):
+            previous[r["label"]] = r
+        out.append(r)
+    return out
+
+
+def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
+    """Write ``bench.md`` / ``bench.csv`` (and ``bench.png``) from a ``zoo bench`` result; return the markdown."""
+    rows = bench_with_ratios(result["rows"])
+    has_attn = any(r["mixer"] == "attention" for r in rows)
+    env, c = result["machine"], result["config"]
+    columns = ["mixer", "T", "fwd ms", "fwd+bwd ms", "growth"]
+    columns += ["fwd+bwd / attn"] if has_attn else []
+    columns += ["train tok/s", "peak MiB", "saved MiB", "decode ms"]
+    columns += ["decode / attn"] if has_attn else []
+    columns += ["state KiB", "params", "note"]
+    body = []
+    for r in rows:
+        growth = (f"{r['fwd_bwd_growth']:.2f}x (T x{r['T_growth']:g})" if r.get("fwd_bwd_growth") else "")
+        line = [r["label"], r["T"], fmt_number(r.get("fwd_ms")), fmt_number(r.get("fwd_bwd_ms")), growth]
+        line += [fmt_number(r.get("fwd_bwd_ms_vs_attention"))] if has_attn else []
+        line += [fmt_number(r.get("tok_s_train")), fmt_number(r.get("peak_mib")), fmt_number(r.get("saved_mib")),
+                 fmt_number(r.get("decode_ms"))]
+        line += [fmt_number(r.get("decode_ms_vs_attention"))] if has_attn else []
+        sb = r.get("state_bytes")
+        line += [fmt_number(sb / 1024 if sb is not None else None), r.get("params") or "", r.get("error") or ""]
+        body.append(line)
+    head = (f"# zoo bench\n\n"
+            f"Device: {env['device_name']} ({env['device']}), torch {env['versions']['torch']}, "
+            f"{c['threads']} threads; batch {c['batch']}, d_model {c['d_model']}, {c['dtype']}, median of "
+            f"{c['repeats']} after {c['warmup']} warm-up.\n"
+            f"fwd = inference forward (no_grad); fwd+bwd = forward with autograd + backward; growth = fwd+bwd "
+            f"time over the same mixer's at the previous T (linear in T is the T ratio); decode = one step after "
+            f"a prefill of T tokens; state = decode state after that prefill; saved = tensors kept for the "
+            f"backward; peak = CUDA high-water mark (n/a on CPU)"
+            + ("; `/ attn` = ratio to the first attention entry at the same T in this run" if has_attn else "")
+            + ".\n\n")
+    text = head + write_table(out_dir, "bench", columns, body) + "\n"
+    (out_dir / "bench.md").write_text(text)
+    if plot:
+        plot_bench(result, out_dir / "bench.png")
+    return text
+
+
+def plot_bench(result: dict, path: Path) -> None:
+    c, env = result["config"], result["machine"]
+    title = f"{env['device_name']}, batch {c['batch']}, d_model {c['d_model']}, {c['dtype']}"
+    with figure(path, ncols=2, size=(11, 4.2), title=title) as (fig, (ax_t, ax_s)):
+        for name in dict.fromkeys(r["label"] for r in result["rows"]):
+            rows = sorted((r for r in result["rows"] if r["label"] == name), key=lambda r: r["T"])
+            for ax, key in ((ax_t, "fwd_bwd_ms"), (ax_s, "state_bytes")):
+                pts = [(r["T"], r[key]) for r in rows if r.get(key)]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=name)
+        for ax, sub, ylabel in ((ax_t, "forward + backward", "time (ms)"), (ax_s, "decode state after prefill", "bytes")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length T")
+            ax.set_ylabel(ylabel)
+            ax.set_title(sub)
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7)

@@ -13,17 +13,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mixers.options import build_options
-
-from .config import RecipeConfig
+from .config import Recipe
 from .model import HybridLM
 from .tasks import TASKS, Task, TaskData
 
 
-def build_task(recipe: RecipeConfig) -> Task:
-    options = dict(recipe.task)
-    cls = TASKS.get(options.pop("name"))
-    return cls(build_options(cls.Options, options, "task"))
+def build_task(recipe: Recipe) -> Task:
+    return TASKS.get(recipe.task.name)(recipe.task.options)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -43,7 +39,7 @@ def _param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_at(step: int, recipe: RecipeConfig) -> float:
+def lr_at(step: int, recipe: Recipe) -> float:
     t = recipe.train
     if step < t.warmup_steps:
         return (step + 1) / t.warmup_steps
@@ -97,7 +93,7 @@ class TrainResult:
     history: list = field(default_factory=list, repr=False)
 
 
-def train(recipe: RecipeConfig, progress: bool = True, description: str = "") -> TrainResult:
+def train(recipe: Recipe, progress: bool = True, description: str = "") -> TrainResult:
     t = recipe.train
     device = resolve_device(t.device)
     if t.threads:
@@ -106,7 +102,7 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
     train_data = task.make("train", recipe.seed)
     test_data = task.make("test", recipe.seed)
     torch.manual_seed(recipe.seed)
-    model = HybridLM(recipe.model, task.vocab_size).to(device)
+    model = HybridLM.from_recipe(recipe, task.vocab_size).to(device)
     optimizer = torch.optim.AdamW(_param_groups(model, t.weight_decay), lr=t.lr, betas=tuple(t.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, recipe))
     order = torch.Generator().manual_seed(recipe.seed + 12345)
@@ -140,7 +136,7 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
     bar.close()
     train_seconds = time.perf_counter() - start
     metrics = {"steps": step + 1, "train_loss": loss_ema, "train_accuracy": acc_ema, "train_seconds": train_seconds}
-    with model.eval_num_iter(recipe.eval.num_iter):
+    with model.test_time(recipe.eval.test_time):
         ev = evaluate(model, test_data, recipe.eval.batch_size, device)
         metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"],
                         "test_sequence_accuracy": ev["sequence_accuracy"]})
@@ -149,13 +145,18 @@ def train(recipe: RecipeConfig, progress: bool = True, description: str = "") ->
             ev = evaluate(model, data, recipe.eval.batch_size, device)
             metrics[f"test_accuracy@{seq_len}"] = ev["accuracy"]
             metrics[f"test_sequence_accuracy@{seq_len}"] = ev["sequence_accuracy"]
-    # cells of a grid without such a mixer (gla, attention, ...) leave these columns empty
-    for num_iter in recipe.eval.num_iter_sweep if model.has_num_iter_knob() else ():
-        with model.eval_num_iter(num_iter):
-            accuracy = evaluate(model, test_data, recipe.eval.batch_size, device)["accuracy"]
-        metrics[f"test_accuracy@iters={num_iter}"] = accuracy
+    # one trained model, evaluated at each value of a test-time knob; cells of a grid whose mixers do
+    # not declare the knob leave these columns empty
+    for knob, values in recipe.eval.test_time_sweep.items():
+        if knob not in model.test_time_knobs():
+            continue
+        for value in values:
+            with model.test_time({**recipe.eval.test_time, knob: value}):
+                accuracy = evaluate(model, test_data, recipe.eval.batch_size, device)["accuracy"]
+            metrics[f"test_accuracy@{knob}={value}"] = accuracy
     metrics["params"] = model.num_params()
     metrics["state_size"] = model.state_size(task.seq_len)
+    metrics["active_state_size"] = model.active_state_size(task.seq_len)
     metrics["device"] = str(device)
     metrics["wall_seconds"] = time.perf_counter() - start
     return TrainResult(metrics, model, history)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.ablate import expand_grid
-from zoo.recipes import RecipeError
+from zoo.recipes import RecipeError, expand_grid
 from zoo.results import append_row, read_rows
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from zoo import bench
+from zoo.recipes import RecipeError
+from zoo.results import bench_with_ratios
 
 
 def _args(tmp_path, *extra):
     parser = argparse.ArgumentParser()
     bench.configure_parser(parser)
-    return parser.parse_args(["--mixers", "attention,mamba2", "--seq-lens", "16,32", "--d-model", "32",
+    return parser.parse_intermixed_args(["--mixers", "attention,mamba2", "--seq-lens", "16,32", "model.d_model=32",
                               "--repeats", "1", "--warmup", "1", "--threads", "1", "--no-progress",
                               "--out", str(tmp_path), *extra])
 
@@ -35,7 +39,7 @@ def test_files_written(result):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "bench.md").read_text()
     assert "| mixer" in md and "fwd+bwd / attn" in md and "mamba2" in md
-    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["threads"] == 1
+    assert data["machine"]["versions"]["torch"] == torch.__version__ and data["machine"]["threads"] == 1
     rows = data["rows"]
     assert [(r["mixer"], r["T"]) for r in rows] == [("attention", 16), ("attention", 32), ("mamba2", 16), ("mamba2", 32)]
     for r in rows:
@@ -58,7 +62,7 @@ def test_decode_state_scaling(result):
 
 def test_ratio_to_attention(result):
     _, data = result
-    rows = bench.with_ratios(data["rows"])
+    rows = bench_with_ratios(data["rows"])
     by = {(r["mixer"], r["T"]): r for r in rows}
     assert by["attention", 16]["fwd_bwd_ms_vs_attention"] == 1.0
     m = by["mamba2", 32]
@@ -76,7 +80,7 @@ def test_error_at_one_length_is_recorded_and_the_sweep_goes_on(tmp_path, monkeyp
         return original(self, x, mask)
 
     monkeypatch.setattr(Attention, "forward", flaky)
-    args = _args(tmp_path, "--no-plot", "--no-decode", "--backends", "attention=torch")
+    args = _args(tmp_path, "--no-plot", "--no-decode", "model.mixer_options.attention.backend=torch")
     assert bench.run(args) == 0
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     by = {(r["mixer"], r["T"]): r for r in rows}
@@ -88,26 +92,41 @@ def test_error_at_one_length_is_recorded_and_the_sweep_goes_on(tmp_path, monkeyp
     assert "OOM" in (tmp_path / "bench.md").read_text()
 
 
-def test_bad_arguments_exit_2(tmp_path, capsys):
+def test_bad_arguments_are_one_line_recipe_errors(tmp_path):
     parser = argparse.ArgumentParser()
     bench.configure_parser(parser)
-    args = parser.parse_args(["--mixers", "atention", "--out", str(tmp_path), "--no-progress"])
-    assert bench.run(args) == 2
-    assert "attention" in capsys.readouterr().err  # names the nearest valid mixer
-    args = parser.parse_args(["--mixers", "mamba2", "--backends", "attention=torch", "--out", str(tmp_path)])
-    assert bench.run(args) == 2
-    args = parser.parse_args(["--mixers", "attention:torch,attention:torch", "--out", str(tmp_path)])
-    assert bench.run(args) == 2
-    assert "twice" in capsys.readouterr().err
+    args = parser.parse_intermixed_args(["--mixers", "atention", "--out", str(tmp_path), "--no-progress"])
+    with pytest.raises(RecipeError, match="did you mean 'attention'"):  # names the nearest valid mixer
+        bench.run(args)
+    args = parser.parse_intermixed_args(["--mixers", "mamba2", "model.mixer_options.mamba2.d_stat=8", "--out", str(tmp_path)])
+    with pytest.raises(RecipeError, match="did you mean 'd_state'"):  # the same overrides as every command
+        bench.run(args)
+    args = parser.parse_intermixed_args(["--mixers", "[attention, attention]", "--out", str(tmp_path)])
+    with pytest.raises(RecipeError, match="twice"):
+        bench.run(args)
+    out = subprocess.run([sys.executable, "-m", "zoo", "bench", "--mixers", "mamba2", "--out", str(tmp_path),
+                          "model.mixer_options.mamba2.headdim=0"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_growth_column_is_the_time_ratio_between_successive_lengths(result):
+    out, data = result
+    rows = bench_with_ratios(data["rows"])
+    by = {(r["mixer"], r["T"]): r for r in rows}
+    m = by["mamba2", 32]
+    assert m["fwd_bwd_growth"] == pytest.approx(m["fwd_bwd_ms"] / by["mamba2", 16]["fwd_bwd_ms"])
+    assert m["T_growth"] == 2 and "fwd_bwd_growth" not in by["mamba2", 16]
+    assert f"{m['fwd_bwd_growth']:.2f}x (T x2)" in (out / "bench.md").read_text()
 
 
 def test_two_backends_of_one_mixer(tmp_path):
     parser = argparse.ArgumentParser()
     bench.configure_parser(parser)
-    args = parser.parse_args(["--mixers", "attention:torch,attention:reference", "--seq-lens", "16", "--d-model", "32",
-                              "--repeats", "1", "--threads", "1", "--no-progress", "--no-plot", "--no-decode",
-                              "--out", str(tmp_path)])
+    args = parser.parse_intermixed_args(["--mixers", "[{attention: {backend: torch}}, {attention: {backend: reference}}]",
+                              "--seq-lens", "16", "model.d_model=32", "--repeats", "1", "--threads", "1",
+                              "--no-progress", "--no-plot", "--no-decode", "--out", str(tmp_path)])
     assert bench.run(args) == 0
-    rows = bench.with_ratios(json.loads((tmp_path / "bench.json").read_text())["rows"])
-    assert [(r["label"], r["backend"]) for r in rows] == [("attention:torch", "torch"), ("attention:reference", "reference")]
+    rows = bench_with_ratios(json.loads((tmp_path / "bench.json").read_text())["rows"])
+    assert [(r["label"], r["backend"]) for r in rows] == [("attention(backend=torch)", "torch"),
+                                                           ("attention(backend=reference)", "reference")]
     assert rows[0]["fwd_bwd_ms_vs_attention"] == 1.0 and rows[1]["fwd_bwd_ms_vs_attention"] > 0

@@ -1,13 +1,12 @@
 """The hybrid builder: layer lists, tied head, parameter and state counts, decode == forward."""
 import torch
 
-from zoo.config import ModelConfig
 from zoo.model import HybridLM
-from mixers.options import build_options
+from zoo.recipes import resolve
 
 
 def build(**model):
-    return HybridLM(build_options(ModelConfig, model), vocab_size=50)
+    return HybridLM.from_recipe(resolve({"model": model, "task": {"name": "mqar"}}), vocab_size=50)
 
 
 def test_layers_and_tied_head():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.recipes import RecipeError, load_recipe
+from zoo.recipes import RecipeError, resolve
 
 HERE = Path(__file__).parent / "recipes"
 TINY = HERE / "tiny.yaml"
@@ -16,26 +16,27 @@ def zoo(*args, cwd=None):
 
 
 def test_extends_merges_and_replaces_lists():
-    recipe, plain = load_recipe(HERE / "child.yaml")
+    recipe = resolve(HERE / "child.yaml")
+    plain = recipe.plain
     assert plain["model"]["layers"] == ["mamba2", "mamba2"]
     assert recipe.train.steps == 4 and recipe.train.batch_size == 16  # merged, not replaced
     assert recipe.model.mixer_options["attention"]["n_heads"] == 2
 
 
 def test_overrides_index_lists_and_parse_yaml_values():
-    recipe, plain = load_recipe(TINY, ["model.layers.1=attention", "train.lr=1e-2", "task.random_fill=false"])
-    assert plain["model"]["layers"] == ["attention", "attention"]
-    assert recipe.train.lr == 0.01 and recipe.task["random_fill"] is False
-    _, plain = load_recipe(TINY, ["model.layers=[mamba2,mamba2,attention]"])
+    recipe = resolve(TINY, ["model.layers.1=attention", "train.lr=1e-2", "task.random_fill=false"])
+    assert recipe.plain["model"]["layers"] == ["attention", "attention"]
+    assert recipe.train.lr == 0.01 and recipe.task.options.random_fill is False
+    plain = resolve(TINY, ["model.layers=[mamba2,mamba2,attention]"]).plain
     assert plain["model"]["layers"] == ["mamba2", "mamba2", "attention"]
 
 
 def test_pattern_expands_and_can_be_indexed(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(TINY.read_text().replace("layers: [attention, mamba2]", "pattern: [mamba2, mamba2, attention]\n  n_layers: 5"))
-    _, plain = load_recipe(path)
+    plain = resolve(path).plain
     assert plain["model"]["layers"] == ["mamba2", "mamba2", "attention", "mamba2", "mamba2"]
-    _, plain = load_recipe(path, ["model.layers.4=attention"])
+    plain = resolve(path, ["model.layers.4=attention"]).plain
     assert plain["model"]["layers"] == ["mamba2", "mamba2", "attention", "mamba2", "attention"]
 
 
@@ -97,7 +98,7 @@ def test_missing_file_and_extends_cycle(tmp_path):
     a.write_text("extends: b.yaml\n")
     b.write_text("extends: a.yaml\n")
     with pytest.raises(RecipeError, match="cycle"):
-        load_recipe(a)
+        resolve(a)
 
 
 def test_check_accepts_every_shipped_recipe():

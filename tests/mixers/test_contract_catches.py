@@ -1,0 +1,83 @@
+"""The contract suite passes the worked example of CONTRIBUTING.md and fails deliberately broken mixers:
+one without a parallel prefill, one whose prefill is the token loop, and one whose state grows with T
+without declaring it."""
+import pytest
+import torch
+
+from mixers import MIXERS, register_mixer
+from mixers.base import Mixer
+
+from . import contract
+from .example_mixer import CumulativeMean
+
+
+class NoPrefill(CumulativeMean):
+    name = "broken_no_prefill"
+    prefill = Mixer.prefill  # inherits no parallel form
+
+
+class LoopPrefill(CumulativeMean):
+    name = "broken_loop_prefill"
+
+    def prefill(self, x, mask=None):
+        return self.forward_recurrent(x)
+
+
+class UndeclaredGrowth(CumulativeMean):
+    """Keeps every past value (a cache) but does not declare state_grows_with_seq_len."""
+    name = "broken_undeclared_growth"
+    state_formula = "T * d_inner"
+
+    def prefill(self, x, mask=None):
+        y, _ = super().prefill(x)
+        return y, {"values": self.v_proj(x)}
+
+    def init_state(self, batch_size, device=None, dtype=None):
+        return {"values": torch.zeros(batch_size, 0, self.options.d_inner, device=device, dtype=dtype)}
+
+    def step(self, x_t, state):
+        values = torch.cat([state["values"], self.v_proj(x_t)[:, None]], dim=1)
+        return self.o_proj(values.mean(dim=1)), {"values": values}
+
+    def state_size(self, seq_len):
+        return seq_len * self.options.d_inner
+
+
+@pytest.fixture
+def registered():
+    added = []
+
+    def add(cls):
+        register_mixer(cls)
+        added.append(cls.name)
+        return cls.name
+
+    yield add
+    for name in added:
+        MIXERS.entries.pop(name, None)
+
+
+CHECKS = [(check, ()) for check in ("declarations", "prefill_is_parallel", "causal", "state_size", "chunk_size",
+                                    "mask_declaration", "batch_independence", "test_time_knobs")]
+CHECKS += [(check, (dtype,)) for check in ("parallel_equals_recurrent", "prefill_then_decode", "dtype_round_trip")
+           for dtype in (torch.float32, torch.float64)]
+CHECKS += [("finite", (case,)) for case in contract.DEGENERATE]
+
+
+def test_the_contributing_example_passes_every_check(registered):
+    name = registered(CumulativeMean)
+    for check, args in CHECKS:
+        getattr(contract, f"check_{check}")(name, *args)
+
+
+@pytest.mark.parametrize("cls,failing", [(NoPrefill, "declarations"), (LoopPrefill, "prefill_is_parallel"),
+                                         (UndeclaredGrowth, "state_size")])
+def test_a_broken_mixer_fails_the_contract(registered, cls, failing):
+    name = registered(cls)
+    with pytest.raises((AssertionError, NotImplementedError)):
+        getattr(contract, f"check_{failing}")(name)
+
+
+def test_declaring_the_growth_makes_the_same_mixer_pass(registered):
+    declared = type("DeclaredGrowth", (UndeclaredGrowth,), {"name": "declared_growth", "state_grows_with_seq_len": True})
+    contract.check_state_size(registered(declared))

@@ -1,0 +1,158 @@
+"""Measuring one mixer at one sequence length: forward, forward+backward, saved memory, decode.
+
+- ``fwd_ms``: median time of an inference forward (``torch.no_grad``) of a ``(batch, T, d_model)`` input;
+- ``fwd_bwd_ms``: median time of a training step's mixer part (forward with autograd, then backward);
+- ``tok_s_fwd`` / ``tok_s_train``: ``batch * T`` divided by those times;
+- ``peak_mib``: on CUDA, ``torch.cuda.max_memory_allocated`` during one forward+backward minus what
+  was allocated before it (the mixer's working memory); on a CPU there is no allocator high-water mark
+  worth reporting (the process's max RSS only ever grows), so it is ``None``;
+- ``saved_mib``: bytes of the tensors autograd saves for the backward in one forward (parameters
+  excluded, shared storages counted once), measured with ``saved_tensors_hooks`` — the same on every
+  device, and the number that decides whether training at length ``T`` fits;
+- ``decode_ms``: after ``mixer.prefill`` of a context of length ``T``, the median time of one
+  ``mixer.step`` for the next token;
+- ``state_bytes``: ``sum(numel * element_size)`` over the state dict returned by the prefill, next to the
+  mixer's own ``state_size(T)`` (elements) and ``active_state_size(T)`` as cross-checks.
+
+Timing uses CUDA events (with a synchronize) on a GPU and ``time.perf_counter`` on a CPU, after warm-up.
+Each group of measurements fails on its own: an error in the backward still keeps the forward time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            _sync(device)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _saved_bytes(mixer, x) -> int:
+    """Bytes autograd keeps for the backward of one forward (parameters excluded, storages once)."""
+    params = {p.untyped_storage().data_ptr() for p in mixer.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            if s.data_ptr() not in params:
+                storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = mixer(x)
+    del y
+    return sum(storages.values())
+
+
+def _state_bytes(state) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def error_text(err: BaseException) -> str:
+    kind = "OOM" if is_oom(err) else type(err).__name__
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{kind}: {msg[:300]}"
+
+
+def free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int,
+            decode: bool = True) -> dict:
+    """All the numbers of one (mixer, T) row. Each group of measurements fails on its own: an error in
+    the backward still keeps the forward time."""
+    row: dict = {}
+    errors = []
+    x = torch.randn(batch, T, mixer.d_model, device=device, dtype=dtype)
+    n_tok = batch * T
+
+    def attempt(what, fn):
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - a benchmark records every failure and goes on
+            errors.append(f"{what}: {error_text(err)}")
+            free(device)
+
+    def fwd():
+        with torch.no_grad():
+            mixer(x)
+
+    def do_fwd():
+        row["fwd_ms"] = _median_ms(fwd, device, warmup, repeats)
+        row["tok_s_fwd"] = n_tok / (row["fwd_ms"] / 1e3)
+
+    xg = x.detach().clone().requires_grad_()
+    grad_out = torch.randn_like(x)
+
+    def fwd_bwd():
+        xg.grad = None
+        mixer(xg).backward(grad_out)
+
+    def do_fwd_bwd():
+        row["fwd_bwd_ms"] = _median_ms(fwd_bwd, device, warmup, repeats)
+        row["tok_s_train"] = n_tok / (row["fwd_bwd_ms"] / 1e3)
+        mixer.zero_grad(set_to_none=True)
+
+    def do_memory():
+        row["saved_mib"] = _saved_bytes(mixer, xg) / 2**20
+        if device.type == "cuda":
+            _sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            fwd_bwd()
+            _sync(device)
+            row["peak_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+            mixer.zero_grad(set_to_none=True)
+        else:
+            row["peak_mib"] = None  # no honest allocator high-water mark on a CPU
+
+    def do_decode():
+        with torch.no_grad():
+            _, state = mixer.prefill(x)
+            row["state_bytes"] = _state_bytes(state)
+            x_t = torch.randn(batch, mixer.d_model, device=device, dtype=dtype)
+            row["decode_ms"] = _median_ms(lambda: mixer.step(x_t, state), device, warmup, repeats)
+        row["state_size"] = mixer.state_size(T)
+        row["active_state_size"] = mixer.active_state_size(T)
+
+    attempt("forward", do_fwd)
+    attempt("forward+backward", do_fwd_bwd)
+    attempt("memory", do_memory)
+    if decode:
+        attempt("decode", do_decode)
+    row["error"] = "; ".join(errors) if errors else None
+    return row
