@@ -10,11 +10,11 @@
     q~_t = q_t + alpha_t (x_t - q_t),      o_t = U_t q~_t / sqrt(d)
     y = W_o [GatedRMSNorm(o_t) * silu(W_g x_t)]
 
-Gated KalmaNet (seed 003: "GKA", Fig. 4, Sec. 4 and Appendix D). ``num_iter = 0`` skips the solve
+"Gated KalmaNet" (GKA, arXiv 2511.21016; Fig. 4, Sec. 4 and Appendix D). ``num_iter = 0`` skips the solve
 (``x = q``) and is exactly :mod:`mixers.gla` with the same weights. ``num_iter`` is a declared test-time knob:
 evaluation may run a trained model with another iteration count (accuracy vs r without retraining). ``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
 steps; its inner products make it fragile in low precision) or an exact solve (materialises every
-``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the seed's exact
+``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the paper's exact
 reverse-Chebyshev Algorithm 2, or autograd through the unrolled iterations). The core is
 :func:`kernels.gka.gka`; decode is :func:`kernels.gka.gka_step`.
 """
@@ -54,7 +54,7 @@ class GKA(GatedRegressionBlock):
         solver: str = opt("chebyshev", "linear solver: chebyshev (paper), cg (conjugate gradients, "
                                        "MesaNet-style) or exact (torch.linalg.solve on materialised H_t)",
                           choices=("chebyshev", "cg", "exact"))
-        grad: str = opt("implicit", "backward through the solve: implicit differentiation, the seed's exact "
+        grad: str = opt("implicit", "backward through the solve: implicit differentiation, the paper's exact "
                                     "reverse Chebyshev (Algorithm 2), or autograd through the iterations",
                         choices=("implicit", "reverse_chebyshev", "autograd"))
         backend: str = opt("auto", "kernel backend (triton: Chebyshev solver only)",

@@ -9,7 +9,7 @@
 
 Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient Training" (scalar-gate
 variant as in fla's simple GLA), with the projections, gates and normalisation of the Gated KalmaNet
-block (seed 003, Fig. 4) so that GKA with ``num_iter = 0`` is this mixer with the same weights
+block (Gated KalmaNet, arXiv 2511.21016, Fig. 4) so that GKA with ``num_iter = 0`` is this mixer with the same weights
 (GKA adds one alpha-gate projection). The core is :func:`kernels.gla.gla`.
 """
 from __future__ import annotations

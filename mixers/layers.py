@@ -1,7 +1,7 @@
 """Building blocks shared by several mixers: RMSNorm, gated RMSNorm, causal short convolution with a
 decode state, and the Mamba-2 log-decay gate.
 
-Log-decay gate (MIXERS.md): ``g_t = -exp(A_log) * softplus(W_a x_t + dt_bias)``, ``A ~ U(1, 16)``,
+Log-decay gate (the Mamba-2 parameterisation; Dao & Gu, arXiv 2405.21060): ``g_t = -exp(A_log) * softplus(W_a x_t + dt_bias)``, ``A ~ U(1, 16)``,
 ``dt_bias = softplus^{-1}(dt)``, ``dt ~ logU(1e-3, 1e-1)`` floored at 1e-4.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """State mixers (position-wise blocks after each sequence mixer).
 
 - ``swiglu``: ``W_2 (silu(W_1 x) * W_3 x)`` (Shazeer 2020), hidden width ~8/3 d.
-- ``koopman_mlp``: the Spectral Koopman MLP of Echo (seed 000, section 3.3): LayerNorm -> lift to
+- ``koopman_mlp``: the Spectral Koopman MLP of Echo (arXiv 2605.06997, section 3.3): LayerNorm -> lift to
   d_k (~2.67 d, rounded up to a multiple of 64) -> SiLU -> for each pair of lifted coordinates a 2x2
   rotation-scale by a learnable complex eigenvalue ``rho e^{i theta}`` with ``rho = min(|lambda|, 1)``
   -> readout. Two matrices instead of SwiGLU's three.

@@ -1,5 +1,5 @@
-"""SKA: Spectral Koopman Attention ("Echo: KV-Cache-Free Associative Recall with Spectral Koopman
-Operators", seed 000; equations restated in shared/MIXERS.md).
+"""SKA: Spectral Koopman Attention (Sridhar & Johansen, "Echo: KV-Cache-Free Associative Recall with
+Spectral Koopman Operators", arXiv 2605.06997).
 
 Own projections from the residual stream, per head h (rank r, value dim P):
 

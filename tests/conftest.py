@@ -26,9 +26,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+SEED_VARIABLE = "ZOO_TEST_SEED"
+
+
 @pytest.fixture(autouse=True)
-def _fresh_seed():
-    """Fresh random inputs every run, but a failing seed is printed so it can be replayed."""
-    seed = int.from_bytes(os.urandom(4), "little")
+def _fresh_seed(request):
+    """Fresh random inputs every run; a failing test prints its seed, and ZOO_TEST_SEED=<seed> replays it."""
+    fixed = os.environ.get(SEED_VARIABLE)
+    seed = int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
+    request.node.zoo_seed = seed
     yield seed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "zoo_seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("random seed", f"torch seed {seed}; replay with: "
+                                               f"{SEED_VARIABLE}={seed} python -m pytest '{item.nodeid}'"))

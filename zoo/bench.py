@@ -1,10 +1,11 @@
 """``zoo bench``: time sequence mixers against each other at growing context lengths.
 
-The mixers are layer entries in recipe syntax (``--mixers "attention,mamba2"`` or
-``--mixers "[attention, {attention: {backend: triton}}, mamba2]"`` to compare two kernels of one mixer),
-resolved through the same one-pass recipe resolution as every other command, so options take the usual
-``key.path=value`` overrides: ``model.d_model=256 model.mixer_options.mamba2.d_state=128``. A recipe may
-be given with ``--recipe`` to benchmark its mixer options.
+The mixers are layer entries in recipe syntax (``--mixers "a,b"``, or a YAML list such as
+``--mixers "[a, {a: {<option>: x}}, {a: {<option>: y}}]"`` to compare two settings of one mixer; default: every
+registered mixer), resolved through the same one-pass recipe resolution as every other command, so
+options take the usual ``key.path=value`` overrides (``model.d_model=256``,
+``model.mixer_options.<mixer>.<option>=value``). A recipe may be given with ``--recipe`` to benchmark
+its mixer options. Times are also given as a ratio to the ``--baseline`` entry (default: the first).
 
 For every entry and every ``T`` it records the numbers of :func:`zoo.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
@@ -13,8 +14,8 @@ the previous length, quadratic for mixers whose state grows with T, linear other
 row. ``bench.json`` is rewritten after every row, so an interrupted run keeps everything it finished.
 
 Outputs in ``--out``: ``bench.json`` (environment, configuration and every row), ``bench.md`` /
-``bench.csv`` (each mixer's times also as a ratio to the run's first attention entry at the same T,
-and the growth of fwd+bwd time from the previous T) and ``bench.png``.
+``bench.csv`` (each mixer's times also as a ratio to the baseline entry at the same T, and the growth of
+fwd+bwd time from the previous T) and ``bench.png``.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from .results import render_bench
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model section every benchmark starts from (any key can be overridden)
-BASE = {"model": {"d_model": 128, "layers": ["attention"], "mixer_options": {}}, "task": {"name": "mqar"}}
+BASE = {"model": {"d_model": 128, "mixer_options": {}}}
 
 
 def _int_list(text: str) -> list[int]:
@@ -66,10 +67,13 @@ def mixer_entries(text: str) -> list:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``zoo bench`` arguments to ``parser``."""
     parser.description = ("Time mixers at growing context lengths: forward, forward+backward, memory, decode. "
-                          "Mixer options are key.path=value overrides, e.g. model.mixer_options.mamba2.d_state=128.")
-    parser.add_argument("--mixers", type=mixer_entries, default=["attention", "mamba2"],
-                        help="layer entries as in a recipe: 'attention,mamba2', or a YAML list such as "
-                             "'[attention, {attention: {backend: triton}}, mamba2]'; default attention,mamba2")
+                          "Mixer options are key.path=value overrides: model.mixer_options.<mixer>.<option>=value.")
+    parser.add_argument("--mixers", type=mixer_entries, default=None,
+                        help="layer entries as in a recipe: 'a,b', or a YAML list such as "
+                             "'[a, {a: {<option>: value}}, b]'; default: every registered mixer (see `zoo list`)")
+    parser.add_argument("--baseline", default=None,
+                        help="the entry (as labelled in the table) whose times the others are divided by; "
+                             "default: the first entry")
     parser.add_argument("--recipe", default=None, help="take model options (d_model, mixer_options) from this recipe")
     parser.add_argument("--seq-lens", type=_int_list, default=[256, 1024, 4096],
                         help="comma-separated context lengths T; default 256,1024,4096")
@@ -90,7 +94,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
-                        help="recipe overrides, e.g. model.d_model=256 model.mixer_options.attention.n_heads=8")
+                        help="recipe overrides, e.g. model.d_model=256 model.mixer_options.<mixer>.<option>=value")
 
 
 def bench_recipe(args):
@@ -101,7 +105,8 @@ def bench_recipe(args):
         data.pop("grid", None)
     else:
         data = json.loads(json.dumps(BASE))
-    data.setdefault("model", {})["layers"] = args.mixers
+    from mixers import MIXERS
+    data.setdefault("model", {})["layers"] = args.mixers if args.mixers is not None else MIXERS.names()
     data["model"].pop("pattern", None)
     data["model"].pop("n_layers", None)
     return resolve(data, args.overrides)
@@ -121,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError("--batch, --repeats and --threads must be positive, --warmup >= 0")
     recipe = bench_recipe(args)
     labels = _labels(recipe.model.layer_entries())
+    if args.baseline is not None and args.baseline not in labels:
+        raise RecipeError(f"--baseline {args.baseline!r} is not one of the entries: {', '.join(labels)}")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -137,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
     if not row.get("fwd_bwd_ms"):
         return None
-    power = 2 if grows else 1
-    return row["fwd_bwd_ms"] / 1e3 * (T / row["T"]) ** power
+    exponent = 2 if grows else 1
+    return row["fwd_bwd_ms"] / 1e3 * (T / row["T"]) ** exponent
 
 
 def _write_json(path: Path, result: dict) -> None:
@@ -158,7 +165,7 @@ def _run(args, device, recipe, labels) -> int:
     d_model = recipe.model.d_model
     result = {
         "machine": environment(device),
-        "config": {"mixers": labels, "recipe": recipe.plain["model"], "overrides": args.overrides,
+        "config": {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"], "overrides": args.overrides,
                    "seq_lens": args.seq_lens, "batch": args.batch, "d_model": d_model, "dtype": dtype_name,
                    "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "decode": not args.no_decode,
                    "threads": torch.get_num_threads(), "time_limit": args.time_limit},
@@ -172,9 +179,8 @@ def _run(args, device, recipe, labels) -> int:
     for i, T in bar:
         spec, label = recipe.layers[i], labels[i]
         bar.set_postfix_str(f"{label} T={T}")
-        backend = getattr(spec.options, "backend", None)
         row = {"mixer": spec.name, "label": label, "T": T, "batch": args.batch, "d_model": d_model,
-               "dtype": dtype_name, "device": str(device), "backend": backend}
+               "dtype": dtype_name, "device": str(device)}
         t0 = time.perf_counter()
         predicted = _predicted_seconds(last.get(i, {}), T, MIXERS.get(spec.name).state_grows_with_seq_len)
         if args.time_limit is not None and predicted is not None and predicted > args.time_limit:

@@ -20,8 +20,8 @@ from .recipes import RecipeError, layer_label, resolve
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="path to a YAML recipe")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
-                        help="override recipe values, e.g. train.lr=3e-3 model.layers.1=attention "
-                             "model.layers.1.ska.rank=16")
+                        help="override recipe values, e.g. train.lr=3e-3 model.layers.1=<mixer> "
+                             "model.layers.1.<mixer>.<option>=value")
 
 
 def _layers(recipe) -> str:

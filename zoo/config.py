@@ -7,7 +7,7 @@ once: the typed sections plus a :class:`LayerSpec` (mixer name + validated optio
 state mixer's and the task's validated options, the plain resolved dict and its stable hash.
 
 Layers are written as a list of mixer names or one-key mappings with per-layer options, e.g.
-``layers: [mamba2, {ska: {rank: 16}}, mamba2, {ska: {rank: 64}}]``; per-layer options override
+``layers: [a, {b: {option: 16}}, a, {b: {option: 64}}]``; per-layer options override
 ``mixer_options.<name>`` (the defaults for every layer of that type).
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ from mixers.options import opt
 class ModelConfig:
     d_model: int = opt(64, "residual stream width", at_least=1, at_most=65536)
     layers: list[Any] | None = opt(None, "the sequence mixer of every layer: names or {name: {options}}, "
-                                         "e.g. [mamba2, {ska: {rank: 16}}]")
+                                         "e.g. [name, {name: {option: value}}]")
     pattern: list[Any] | None = opt(None, "a short list of layers (same syntax as layers) repeated to n_layers "
                                           "(used when layers is not set)")
     n_layers: int | None = opt(None, "number of layers when expanding pattern", at_least=1, at_most=1024)
     state_mixer: str = opt("swiglu", "state mixer after every sequence mixer (see `zoo list`)")
-    mixer_options: dict[str, dict[str, Any]] = opt(None, "default options per mixer type, e.g. "
-                                                         "{attention: {n_heads: 2}}", default_factory=dict)
+    mixer_options: dict[str, dict[str, Any]] = opt(None, "default options per mixer type: "
+                                                         "{<mixer>: {<option>: value}}", default_factory=dict)
     state_mixer_options: dict[str, Any] = opt(None, "options of the state mixer", default_factory=dict)
     use_mask: bool = opt(True, "pass the task's prefix mask (if any) to mixers that use one")
     norm_eps: float = opt(1e-5, "epsilon of the pre-norms", above=0.0, at_most=1.0)
@@ -76,12 +76,12 @@ class EvalConfig:
     batch_size: int = opt(128, "examples per evaluation batch", at_least=1, at_most=1 << 20)
     seq_lens: list[int] = opt(None, "extra test lengths for length generalisation, e.g. [128, 256]",
                               default_factory=list, at_least=1, at_most=1 << 22)
-    test_time: dict[str, Any] = opt(None, "test-time knob values used at evaluation, e.g. {num_iter: 10}; applied "
+    test_time: dict[str, Any] = opt(None, "test-time knob values used at evaluation, e.g. {<knob>: value}; applied "
                                           "to every mixer that declares the knob (see `zoo list --options`)",
                                     default_factory=dict)
     test_time_sweep: dict[str, list] = opt(None, "also evaluate the trained model at each value of a test-time "
-                                                 "knob, e.g. {num_iter: [0, 5, 10, 30]} (columns "
-                                                 "test_accuracy@num_iter=k)", default_factory=dict)
+                                                 "knob, e.g. {<knob>: [0, 5, 10]} (columns "
+                                                 "test_accuracy@<knob>=value)", default_factory=dict)
 
 
 @dataclass

@@ -13,8 +13,8 @@ layer, the plain resolved dict and its stable hash.
 - ``imports: [my_pkg.my_mixer]`` imports user modules first, so out-of-tree mixers and tasks registered
   with ``@register_mixer`` / ``@register_task`` can be named.
 - Overrides ``key.path=value`` come from the command line or from an ablation grid; ``value`` is
-  parsed as YAML (``train.lr=3e-3``, ``model.layers=[mamba2,attention]``), and integer segments
-  index lists (``model.layers.1=attention``, ``model.layers.1.ska.rank=16``).
+  parsed as YAML (``train.lr=3e-3``, ``model.layers=[a,b]``), and integer segments index lists
+  (``model.layers.1=<mixer>``, ``model.layers.1.<mixer>.<option>=value``).
 - Validation is strict: unknown keys, unknown mixers / state mixers / tasks, wrong types, values out
   of range and missing fields raise :class:`RecipeError`, whose one-line message names the file and
   line (or the override) and suggests the nearest valid names.
@@ -166,7 +166,7 @@ def _key_path(key: str) -> list:
 def parse_override(text: str) -> tuple[list, Any]:
     """``"a.b.1=value"`` -> ``(["a", "b", 1], parsed YAML value)``."""
     if "=" not in text:
-        raise RecipeError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=attention")
+        raise RecipeError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=<mixer>")
     key, _, value_text = text.partition("=")
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
@@ -193,7 +193,7 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
             if not isinstance(part, int) or not -len(node) <= part < len(node):
                 raise RecipeError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
             if isinstance(node[part], str) and path[i + 1] == node[part]:
-                node[part] = {node[part]: {}}  # model.layers.1.ska.rank=16 on a plain "ska" layer
+                node[part] = {node[part]: {}}  # model.layers.1.<mixer>.<option>=v on a plain "<mixer>" layer
             node = node[part]
         elif isinstance(node, dict):
             if node.get(part) is None:
@@ -327,7 +327,7 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
 
 
 def layer_label(entry) -> str:
-    """``"ska"`` or ``"ska(rank=16)"`` for a written layer entry."""
+    """``"name"`` or ``"name(option=value,...)"`` for a written layer entry."""
     if isinstance(entry, str):
         return entry
     (name, options), = entry.items()

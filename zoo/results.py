@@ -67,7 +67,7 @@ def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], 
 
 @contextlib.contextmanager
 def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
-    """A matplotlib figure (headless backend) with ``ncols`` axes, saved to ``path`` on exit."""
+    """A matplotlib figure (headless Agg) with ``ncols`` axes, saved to ``path`` on exit."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,11 +178,10 @@ def fmt_number(value, digits=3):
     return str(value)
 
 
-def bench_with_ratios(rows: list[dict]) -> list[dict]:
-    """Add ``<time>_vs_attention`` (ratio to the run's first attention entry at the same T) and
-    ``fwd_bwd_growth`` (fwd+bwd time over the same entry's at the previous, shorter T)."""
-    labels = [r["label"] for r in rows if r["mixer"] == "attention"]
-    base = labels[0] if labels else None
+def bench_with_ratios(rows: list[dict], baseline: str | None = None) -> list[dict]:
+    """Add ``<time>_vs_baseline`` (ratio to the ``baseline`` entry at the same T; default the first entry)
+    and ``fwd_bwd_growth`` (fwd+bwd time over the same entry's at the previous, shorter T)."""
+    base = baseline or (rows[0]["label"] if rows else None)
     attn = {r["T"]: r for r in rows if r["label"] == base}
     previous: dict[str, dict] = {}
     out = []
@@ -191,7 +190,7 @@ def bench_with_ratios(rows: list[dict]) -> list[dict]:
         a = attn.get(r["T"])
         for key in BENCH_TIMES:
             if a is not None and r.get(key) is not None and a.get(key):
-                r[f"{key}_vs_attention"] = r[key] / a[key]
+                r[f"{key}_vs_baseline"] = r[key] / a[key]
         p = previous.get(r["label"])
         if p is not None and p.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
             r["fwd_bwd_growth"] = r["fwd_bwd_ms"] / p["fwd_bwd_ms"]
@@ -204,22 +203,20 @@ def bench_with_ratios(rows: list[dict]) -> list[dict]:
 
 def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
     """Write ``bench.md`` / ``bench.csv`` (and ``bench.png``) from a ``zoo bench`` result; return the markdown."""
-    rows = bench_with_ratios(result["rows"])
-    has_attn = any(r["mixer"] == "attention" for r in rows)
     env, c = result["machine"], result["config"]
-    columns = ["mixer", "T", "fwd ms", "fwd+bwd ms", "growth"]
-    columns += ["fwd+bwd / attn"] if has_attn else []
-    columns += ["train tok/s", "peak MiB", "saved MiB", "decode ms"]
-    columns += ["decode / attn"] if has_attn else []
+    base = c.get("baseline")
+    rows = bench_with_ratios(result["rows"], base)
+    base = base or (rows[0]["label"] if rows else "")
+    columns = ["mixer", "T", "fwd ms", "fwd+bwd ms", "growth", f"fwd+bwd / {base}", "train tok/s", "peak MiB",
+               "saved MiB", "decode ms", f"decode / {base}"]
     columns += ["state KiB", "params", "note"]
     body = []
     for r in rows:
         growth = (f"{r['fwd_bwd_growth']:.2f}x (T x{r['T_growth']:g})" if r.get("fwd_bwd_growth") else "")
         line = [r["label"], r["T"], fmt_number(r.get("fwd_ms")), fmt_number(r.get("fwd_bwd_ms")), growth]
-        line += [fmt_number(r.get("fwd_bwd_ms_vs_attention"))] if has_attn else []
-        line += [fmt_number(r.get("tok_s_train")), fmt_number(r.get("peak_mib")), fmt_number(r.get("saved_mib")),
-                 fmt_number(r.get("decode_ms"))]
-        line += [fmt_number(r.get("decode_ms_vs_attention"))] if has_attn else []
+        line += [fmt_number(r.get("fwd_bwd_ms_vs_baseline")), fmt_number(r.get("tok_s_train")),
+                 fmt_number(r.get("peak_mib")), fmt_number(r.get("saved_mib")), fmt_number(r.get("decode_ms")),
+                 fmt_number(r.get("decode_ms_vs_baseline"))]
         sb = r.get("state_bytes")
         line += [fmt_number(sb / 1024 if sb is not None else None), r.get("params") or "", r.get("error") or ""]
         body.append(line)
@@ -230,9 +227,8 @@ def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
             f"fwd = inference forward (no_grad); fwd+bwd = forward with autograd + backward; growth = fwd+bwd "
             f"time over the same mixer's at the previous T (linear in T is the T ratio); decode = one step after "
             f"a prefill of T tokens; state = decode state after that prefill; saved = tensors kept for the "
-            f"backward; peak = CUDA high-water mark (n/a on CPU)"
-            + ("; `/ attn` = ratio to the first attention entry at the same T in this run" if has_attn else "")
-            + ".\n\n")
+            f"backward; peak = CUDA high-water mark (n/a on CPU); `/ {base}` = ratio to that entry at the same T "
+            f"in this run.\n\n")
     text = head + write_table(out_dir, "bench", columns, body) + "\n"
     (out_dir / "bench.md").write_text(text)
     if plot:
