@@ -1,6 +1,8 @@
 """The contract suite passes the worked example of CONTRIBUTING.md and fails deliberately broken mixers:
 one without a parallel prefill, one whose prefill is the token loop, and one whose state grows with T
 without declaring it."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +83,19 @@ def test_a_broken_mixer_fails_the_contract(registered, cls, failing):
 def test_declaring_the_growth_makes_the_same_mixer_pass(registered):
     declared = type("DeclaredGrowth", (UndeclaredGrowth,), {"name": "declared_growth", "state_grows_with_seq_len": True})
     contract.check_state_size(registered(declared))
+
+
+def test_the_contributing_guide_shows_the_tested_example():
+    """Every concrete line of the guide's code block stands in the example the suite checks."""
+    root = Path(__file__).parents[2]
+    guide = (root / "CONTRIBUTING.md").read_text()
+    block = guide.split("## Adding a mixer", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    example = {line.split("#")[0].strip() for line in (Path(__file__).parent / "example_mixer.py").read_text().splitlines()}
+    shown = [line.split("  #")[0].strip() for line in block.splitlines()]
+    # the example is registered by the tests' fixture rather than at import, so the decorator is the one
+    # line of the guide the file does not carry
+    concrete = [line for line in shown if line and "..." not in line and not line.startswith("#")
+                and line != "@register_mixer"]
+    assert len(concrete) > 15
+    missing = [line for line in concrete if line not in example]
+    assert not missing, f"CONTRIBUTING.md shows lines the tested example does not have: {missing}"
