@@ -15,13 +15,14 @@ from torch import nn
 
 from kernels.attention import attention
 from .base import Mixer, State, register_mixer
+from .layers import compute_dtype
 from .options import opt
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     """Rotate ``x`` (B, T, H, D) by position (rotate-half convention, D even)."""
     half = x.shape[-1] // 2
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    dtype = compute_dtype(x.dtype)
     inv_freq = base ** (-torch.arange(half, device=x.device, dtype=dtype) / half)
     angles = positions.to(dtype)[:, None] * inv_freq[None, :]  # (T, half)
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]

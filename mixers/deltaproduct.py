@@ -31,7 +31,7 @@ from torch import nn
 
 from kernels.delta import delta_product, delta_product_step
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
 from .options import opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -92,7 +92,7 @@ class DeltaProduct(Mixer):
     # --- pieces shared by the parallel and the recurrent form ---------------------------------
     def _log_gate(self, x):
         """g = -exp(A_log) softplus(W_a x + dt_bias) in (at least) fp32; (..., H)."""
-        dt = torch.promote_types(x.dtype, torch.float32)
+        dt = compute_dtype(x.dtype)
         gt = self.gate
         return -torch.exp(gt.A_log.to(dt)) * F.softplus(gt.proj(x).to(dt) + gt.dt_bias.to(dt))
 
@@ -105,7 +105,7 @@ class DeltaProduct(Mixer):
         beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (n, H))
         if self.options.allow_neg_eigval:
             beta = 2 * beta
-        return q, k, v, beta.to(torch.promote_types(b.dtype, torch.float32))
+        return q, k, v, beta.to(compute_dtype(b.dtype))
 
     def _finish(self, o, x):
         z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
@@ -142,7 +142,7 @@ class DeltaProduct(Mixer):
         dtype = dtype or torch.float32
         H, K = self.n_heads, self.head_dim
         state = {"S": torch.zeros(batch_size, H, K, K, device=device,
-                                  dtype=torch.promote_types(dtype, torch.float32))}
+                                  dtype=compute_dtype(dtype))}
         if self.options.use_short_conv:
             state.update(conv_q=self.q_conv.init_state(batch_size, device, dtype),
                          conv_k=self.k_conv.init_state(batch_size, device, dtype),

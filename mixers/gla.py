@@ -22,7 +22,7 @@ from torch import nn
 
 from kernels.gla import gla, gla_step
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
 from .options import opt
 
 
@@ -68,11 +68,7 @@ class GatedRegressionBlock(Mixer):
         if self.options.beta_gate:
             beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
             k, v = k * beta, v * beta
-        if self.options.forget_gate and x.dtype == torch.float64:
-            # DecayGate computes in fp32; an fp64 model keeps fp64 (same formula, same parameters)
-            gt = self.gate
-            g = -torch.exp(gt.A_log) * F.softplus(gt.proj(x) + gt.dt_bias)
-        elif self.options.forget_gate:
+        if self.options.forget_gate:
             g = self.gate(x)[0]
         else:
             g = torch.zeros(*x.shape[:-1], h, dtype=torch.float32, device=x.device)
@@ -108,7 +104,7 @@ class GatedRegressionBlock(Mixer):
 
     @staticmethod
     def _state_dtype(dtype):
-        return torch.float64 if dtype == torch.float64 else torch.float32
+        return compute_dtype(dtype or torch.float32)
 
 
 @register_mixer

@@ -12,10 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in fp32, or in fp64 when it already is (never downcast a reference computation)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
 
 
 class RMSNorm(nn.Module):

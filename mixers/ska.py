@@ -49,6 +49,7 @@ from torch import nn
 
 from kernels.ska import ska, ska_final_state, ska_init_state, ska_step
 from .base import Mixer, State, register_mixer
+from .layers import compute_dtype
 from .options import opt
 
 
@@ -156,7 +157,7 @@ class SKA(Mixer):
         return y, ska_final_state(k, v, w)
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
-        sdt = torch.float64 if dtype == torch.float64 else torch.float32
+        sdt = compute_dtype(dtype or torch.float32)
         return ska_init_state(batch_size, self.options.n_heads, self.options.rank, self.P, device=device, dtype=sdt)
 
     def step(self, x_t, state):
