@@ -1,22 +1,27 @@
 """The Mixer contract and the registry of sequence mixers and state mixers.
 
 A sequence mixer maps ``(batch, T, d_model) -> (batch, T, d_model)`` causally and can also run as a
-recurrence with an explicit, fixed-layout state (a ``dict`` of tensors):
+recurrence with an explicit, fixed-layout state (a ``dict`` of tensors). The contract, smallest first:
 
-- ``forward(x, mask=None)``: the parallel / chunked form for training and prefill;
-- ``init_state(batch, device, dtype)``: the state before any token;
-- ``step(x_t, state) -> (y_t, state)``: one token, ``x_t`` of shape ``(batch, d_model)``;
-- ``prefill(x, mask=None) -> (y, state)``: the parallel form that also returns the final state, so
-  ``prefill`` then ``step`` equals ``forward`` over the whole sequence;
-- ``state_size(seq_len)``: decode-state elements per sequence (attention's grows with ``seq_len``);
-- construction from ``(d_model, **options)``, every option validated against the mixer's ``Options``
-  dataclass (:mod:`mixers.options`).
+- ``prefill(x, mask=None) -> (y, state)``: the parallel / chunked form, which also returns the final
+  state (required; there is no silent token-loop default). ``forward(x, mask)`` is derived from it;
+- ``init_state(batch, device, dtype)`` and ``step(x_t, state) -> (y_t, state)`` (``x_t`` of shape
+  ``(batch, d_model)``): the recurrence, so ``prefill`` then ``step`` equals ``forward`` over the whole
+  sequence;
+- ``state_size(seq_len)``: decode-state elements per sequence (``active_state_size``: those one step
+  touches, for sparse memories);
+- construction as ``Cls(d_model, options)`` with ``options`` an instance of the mixer's ``Options``
+  dataclass, validated by :func:`mixers.options.build_options` (``build_mixer(name, d_model, mapping)``
+  does both);
+- declarations instead of discovery: every property other code reads is a class attribute declared on
+  :class:`Mixer` with one line of documentation (``uses_mask``, ``chunk_size_changes_output``,
+  ``state_grows_with_seq_len``, ``test_time_knobs``, ...).
 
 ``mask`` is an optional ``(batch, T)`` 0/1 tensor (a prefix or "action" mask) a task can pass through
-the model; mixers that do not use one ignore it (``uses_mask = False``).
+the model; mixers that do not declare ``uses_mask`` ignore it.
 
 Register a mixer with ``@register_mixer`` and it is picked up by the CLI, the recipes and the
-parametrised contract tests in ``tests/mixers/test_contract.py``.
+parametrised contract tests (``tests/mixers/test_contract.py``), which read the declarations.
 """
 from __future__ import annotations
 
