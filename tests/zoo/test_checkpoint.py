@@ -17,8 +17,9 @@ from zoo.train import train
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]
-# long enough that a kill lands mid-run; eval_every puts periodic evaluations into the history
-LONG = ["train.steps=150", "train.checkpoint_every=5", "train.eval_every=40", "train.threads=1"]
+# long enough that a kill lands mid-run; the first checkpoint (step 20) comes after the first reshuffle
+# (256 examples, 16 per step), so the data-order generator state matters; eval_every fills the history
+LONG = ["train.steps=150", "train.checkpoint_every=20", "train.eval_every=40", "train.threads=1"]
 COMPARED = ("steps", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "test_sequence_accuracy")
 
 
@@ -55,6 +56,8 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert match and int(match.group(1)) >= killed_at > 0, stderr  # continued, not restarted from step 0
 
     uninterrupted = train(resolve(TINY, LONG), progress=False)
+    print(f"killed at step {killed_at}, resumed from step {match.group(1)}; resumed "
+          f"{ {k: resumed[k] for k in COMPARED} }; uninterrupted { {k: uninterrupted.metrics[k] for k in COMPARED} }")
     for key in COMPARED:
         assert resumed[key] == uninterrupted.metrics[key], (key, resumed[key], uninterrupted.metrics[key])
     final = load(path)
