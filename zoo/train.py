@@ -21,7 +21,6 @@ When stderr is not a terminal, progress is a plain line (step, loss, accuracy, e
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time

@@ -71,12 +71,11 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 def test_in_process_resume_and_refusal_of_another_recipe(tmp_path):
     recipe = resolve(TINY, ["train.steps=12", "train.checkpoint_every=4"])
-    short = resolve(TINY, ["train.steps=12", "train.checkpoint_every=4"])
     first = train(recipe, progress=False, checkpoint_dir=tmp_path)
     state = torch.load(tmp_path / FILENAME, weights_only=True)  # everything saved is weights_only-loadable
     assert state["recipe_key"] == recipe.key and state["step"] == 12 and state["finished"]
     assert state["metrics"]["test_accuracy"] == first.metrics["test_accuracy"]
-    again = train(short, progress=False, checkpoint_dir=tmp_path)  # a finished checkpoint: no retraining
+    again = train(recipe, progress=False, checkpoint_dir=tmp_path)  # a finished checkpoint: no retraining
     assert again.metrics["test_loss"] == first.metrics["test_loss"]
     other = resolve(TINY, ["train.steps=13"])
     with pytest.raises(RecipeError, match=r"train.steps: 12 -> 13"):
