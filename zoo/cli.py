@@ -1,4 +1,4 @@
-"""The ``zoo`` command line: list, check, train, ablate, table, bench.
+"""The ``zoo`` command line: list, check, train, eval, ablate, table, bench.
 
 Every command reads its recipe through :func:`zoo.recipes.resolve` (extends -> overrides -> validation,
 once). Every recipe problem ends with exit code 2 and one line on stderr naming the place (file:line or
@@ -80,18 +80,58 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from .distributed import context
     from .train import train
     recipe = resolve(args.recipe, args.overrides)
-    if recipe.cells:
+    main = context().is_main  # under torchrun, rank 0 alone prints and writes
+    if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
               f"(run every cell with: zoo ablate {args.recipe})", file=sys.stderr)
-    print(f"training {_layers(recipe)} on {recipe.task.name} (seed {recipe.seed})", file=sys.stderr)
-    result = train(recipe, progress=not args.no_progress)
+    if main:
+        print(f"training {_layers(recipe)} on {recipe.task.name} (seed {recipe.seed})", file=sys.stderr)
+    out = Path(args.out) if args.out else None
+    result = train(recipe, progress=not args.no_progress, checkpoint_dir=out)
+    if not main:
+        return 0
+    if out is not None:
+        _write_train_row(out, recipe, result)
+    _print_metrics(args, {"recipe": recipe.plain, "recipe_key": recipe.key, "metrics": result.metrics})
+    return 0
+
+
+def _write_train_row(out: Path, recipe, result) -> None:
+    from .environment import environment
+    from .results import append_row, read_rows
+    path = out / "results.jsonl"
+    if any(r.get("recipe_key") == recipe.key and r.get("label") == "train" for r in read_rows(path)):
+        return  # a finished run resumed again: its row is there already
+    append_row(path, {"recipe_key": recipe.key, "label": "train", "overrides": {}, "recipe": recipe.plain,
+                      "seed": recipe.seed, "metrics": result.metrics, "history": result.history,
+                      "checkpoint": str(out / "checkpoint.pt"), **environment(result.metrics.get("device"))})
+
+
+def _print_metrics(args, record: dict) -> None:
     if args.json:
-        print(json.dumps({"recipe": recipe.plain, "recipe_key": recipe.key, "metrics": result.metrics}, indent=2))
+        print(json.dumps(record, indent=2))
     else:
-        for key, value in result.metrics.items():
+        for key, value in record["metrics"].items():
             print(f"{key:>24}: {value:.4f}" if isinstance(value, float) else f"{key:>24}: {value}")
+
+
+def cmd_eval(args) -> int:
+    from .evaluation import evaluate_checkpoint
+    from .results import append_row
+    from .checkpoint import path_in
+    path = path_in(args.checkpoint)
+    row = evaluate_checkpoint(path, args.overrides)
+    out = Path(args.out) if args.out else path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    append_row(out / "results.jsonl", row)
+    if not args.json:
+        print(f"{row['label']}: checkpoint {path} (recipe {row['trained_recipe_key']}, step {row['metrics']['steps']}); "
+              f"row appended to {out / 'results.jsonl'}", file=sys.stderr)
+    _print_metrics(args, {k: row[k] for k in ("label", "recipe_key", "trained_recipe_key", "checkpoint", "recipe",
+                                              "metrics")})
     return 0
 
 
@@ -135,7 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.add_argument("--json", action="store_true", help="print only the resolved recipe and metrics, as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", help="folder for checkpoints (train.checkpoint_every) and a results.jsonl row; "
+                                 "a run finding a checkpoint of the same recipe there resumes from it")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("eval", help="evaluate a checkpoint again (other lengths, test-time knobs, test data) "
+                                    "without retraining")
+    p.add_argument("checkpoint", help="a checkpoint file or the folder holding checkpoint.pt")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value",
+                   help="evaluation overrides, e.g. eval.seq_lens=[64,128] eval.test_time={<knob>: 5} "
+                        "task.num_test=2000 seed=7 (model.* and training options are refused)")
+    p.add_argument("--out", help="folder whose results.jsonl gets the row (default: the checkpoint's folder)")
+    p.add_argument("--json", action="store_true", help="print only the row's recipe and metrics, as JSON")
+    p.set_defaults(func=cmd_eval)
     p = sub.add_parser("ablate", help="run a recipe's grid, resumable, and render its table")
     _recipe_args(p)
     p.add_argument("--out", help="output folder (default results/<recipe name>)")

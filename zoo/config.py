@@ -65,6 +65,17 @@ class TrainConfig:
     threads: int = opt(0, "torch CPU threads (0 keeps torch's default)", at_least=0, at_most=1024)
     early_stop_acc: float = opt(0.0, "stop once a periodic evaluation reaches this accuracy (0 disables)",
                                 at_least=0.0, at_most=1.0)
+    checkpoint_every: int = opt(0, "with a checkpoint folder (zoo train --out), also save every N steps "
+                                   "(0: only at the end)", at_least=0)
+    precision: str = opt("auto", "autocast precision: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16 "
+                                 "(fp16 uses a gradient scaler)", choices=("auto", "fp32", "bf16", "fp16"))
+    compile: bool = opt(False, "torch.compile the model for training (falls back to eager with a warning "
+                               "where compilation fails)")
+    tracking: str = opt("none", "also log the training curve to tensorboard or wandb (pip install "
+                                "'mixer-zoo[tracking]'); results.jsonl stays the record",
+                        choices=("none", "tensorboard", "wandb"))
+    tracking_dir: str = opt("", "folder for tracking logs (default: <checkpoint folder>/tracking, else "
+                                "runs/<recipe name or key>)")
 
     def __post_init__(self):
         if len(self.betas) != 2:
@@ -109,6 +120,12 @@ LayerSpec = Spec
 
 #: recipe keys that name or describe a run without changing what it computes (left out of the hash)
 COSMETIC_KEYS = ("name", "description", "grid")
+#: train options that never change what a run computes (left out of the hash, so e.g. a checkpoint
+#: interval may change between a killed run and its resumption)
+COSMETIC_TRAIN_KEYS = ("checkpoint_every", "tracking", "tracking_dir")
+#: train options added after recipe hashes were first recorded: hashed only when set away from these
+#: defaults, so earlier results keep their keys
+LATER_TRAIN_DEFAULTS = {"precision": "auto", "compile": False}
 
 
 @dataclass
@@ -147,6 +164,9 @@ class Recipe:
     def key(self) -> str:
         """Stable hash of everything that changes what the recipe computes."""
         content = {k: v for k, v in self.plain.items() if k not in COSMETIC_KEYS}
+        if isinstance(content.get("train"), dict):
+            content["train"] = {k: v for k, v in content["train"].items() if k not in COSMETIC_TRAIN_KEYS
+                                and not (k in LATER_TRAIN_DEFAULTS and v == LATER_TRAIN_DEFAULTS[k])}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,6 @@
 """Training: reproducible on a CPU, learns, and the one-line swap trains the swapped model."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,125 @@ def test_a_knob_no_mixer_declares_is_a_one_line_error():
                             capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "did you mean 'num_iter'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def _zoo_env(*paths):
+    import os
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), *map(str, paths)]),
+            "OMP_NUM_THREADS": "1"}
+
+
+def test_piped_training_prints_plain_progress_on_stderr_and_json_alone_on_stdout():
+    result = subprocess.run([sys.executable, "-m", "zoo", "train", str(TINY), "--json", "train.eval_every=2"],
+                            capture_output=True, text=True, env=_zoo_env(), timeout=300)  # pipes: not a terminal
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)
+    lines = [line for line in result.stderr.splitlines() if " step " in line]
+    assert [line.split(" step ")[1].split()[0] for line in lines] == ["2/6", "4/6"], result.stderr
+    assert all(" loss " in line and " acc " in line and " elapsed " in line for line in lines)
+    assert "\r" not in result.stderr  # no progress bar redraws in a pipe
+
+
+OUT_OF_TREE = '''"""A mixer defined outside the library: a running mean of a projection."""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mixers.base import Mixer, register_mixer
+from mixers.options import opt
+
+
+@register_mixer
+class RunningMean(Mixer):
+    name = "running_mean_example"
+    description = "running mean of a linear projection"
+    state_formula = "d_model + 1"
+
+    @dataclass
+    class Options:
+        scale: float = opt(1.0, "output scale", above=0.0)
+
+    def __init__(self, d_model, options):
+        super().__init__(d_model, options)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def prefill(self, x, mask=None):
+        total = self.proj(x).cumsum(1)
+        count = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[None, :, None]
+        return self.options.scale * total / count, {"sum": total[:, -1], "count": count[:, -1].expand(x.shape[0], 1)}
+
+    def init_state(self, batch_size, device=None, dtype=None):
+        return {"sum": torch.zeros(batch_size, self.d_model, device=device, dtype=dtype),
+                "count": torch.zeros(batch_size, 1, device=device, dtype=dtype)}
+
+    def step(self, x_t, state):
+        total, count = state["sum"] + self.proj(x_t), state["count"] + 1
+        return self.options.scale * total / count, {"sum": total, "count": count}
+
+    def state_size(self, seq_len):
+        return self.d_model + 1
+'''
+
+
+def test_an_out_of_tree_mixer_named_by_imports_trains_and_evaluates_from_the_cli(tmp_path):
+    import uuid
+    module = f"oot_mixer_{uuid.uuid4().hex[:8]}"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / f"{module}.py").write_text(OUT_OF_TREE)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"extends: {TINY}\nimports: [{module}]\n"
+                      "model: {layers: [running_mean_example, {attention: {n_heads: 2}}], "
+                      "mixer_options: {running_mean_example: {scale: 0.5}}}\n")
+    env = _zoo_env(tmp_path / "pkg")
+    run = subprocess.run([sys.executable, "-m", "zoo", "train", str(recipe), "--json", "--no-progress", "--out",
+                          str(tmp_path / "run"), "train.steps=4"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    trained = json.loads(run.stdout)
+    assert trained["recipe"]["model"]["layers"][0] == "running_mean_example"
+    assert trained["recipe"]["model"]["layer_options"][0] == {"scale": 0.5}
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["imports"] == [module] and state["model"]["blocks.0.mixer.proj.weight"].shape == (32, 32)
+    from mixers import build_mixer
+    attention = build_mixer("attention", 32, {"n_heads": 2}).state_size(16)
+    assert trained["metrics"]["state_size"] == 33 + attention  # the out-of-tree layer's d_model + 1 counted
+    run = subprocess.run([sys.executable, "-m", "zoo", "eval", str(tmp_path / "run"), "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)  # the checkpoint names its import
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["metrics"]["test_accuracy"] == trained["metrics"]["test_accuracy"]
+
+
+def test_precision_and_compile_options(monkeypatch):
+    from zoo.recipes import RecipeError
+    import pytest
+    with pytest.raises(RecipeError, match="fp64"):
+        resolve(TINY, ["train.precision=fp64"])
+    base = train(resolve(TINY, ["train.steps=3"]), progress=False).metrics
+    fp32 = train(resolve(TINY, ["train.steps=3", "train.precision=fp32"]), progress=False).metrics
+    assert fp32["test_loss"] == base["test_loss"]  # auto is fp32 on a CPU
+    bf16 = train(resolve(TINY, ["train.steps=3", "train.precision=bf16"]), progress=False).metrics
+    assert math.isfinite(bf16["test_loss"]) and bf16["test_loss"] != base["test_loss"]  # autocast is on
+    assert abs(bf16["test_loss"] - base["test_loss"]) < 0.1
+
+    def broken_compile(model, **kw):
+        def run(*a, **k):
+            raise RuntimeError("no C++ compiler")
+        return run
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with pytest.warns(UserWarning, match="torch.compile is unavailable here .*no C\\+\\+ compiler.*training eagerly"):
+        fallback = train(resolve(TINY, ["train.steps=3", "train.compile=true"]), progress=False).metrics
+    assert fallback["test_loss"] == base["test_loss"]
+
+
+def test_tracking_is_optional_and_named_when_missing(tmp_path):
+    import importlib.util
+    import pytest
+    from zoo.recipes import RecipeError
+    recipe = resolve(TINY, ["train.steps=3", "train.tracking=tensorboard", f"train.tracking_dir={tmp_path}"])
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(RecipeError, match=r"pip install 'mixer-zoo\[tracking\]'"):
+            train(recipe, progress=False)
+    else:
+        train(recipe, progress=False)
+        assert list(tmp_path.glob("events.out.tfevents.*"))
+    assert resolve(TINY, ["train.tracking=tensorboard"]).key == resolve(TINY).key  # bookkeeping only

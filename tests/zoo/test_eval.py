@@ -1,0 +1,60 @@
+"""`zoo eval`: a checkpoint re-evaluates to exactly the accuracy recorded at the end of training, adds
+rows for other lengths and test data, and refuses overrides that would change the trained model."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.recipes import RecipeError, resolve
+from zoo.train import build_task, evaluate, train
+
+TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _zoo(*args):
+    return subprocess.run([sys.executable, "-m", "zoo", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+def test_eval_reproduces_training_exactly_and_adds_a_longer_length(tmp_path):
+    recipe = resolve(TINY, ["train.steps=8"])
+    result = train(recipe, progress=False, checkpoint_dir=tmp_path / "run")
+    run = _zoo("eval", tmp_path / "run", "eval.seq_lens=[24]", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)  # --json: nothing but JSON on stdout
+    m = out["metrics"]
+    for key in ("test_loss", "test_accuracy", "test_sequence_accuracy", "params", "state_size"):
+        assert m[key] == result.metrics[key], key
+    data = build_task(recipe).make("test", recipe.seed, seq_len=24)  # independent: the in-memory model
+    expected = evaluate(result.model, data, recipe.eval.batch_size, torch.device("cpu"))
+    assert m["test_accuracy@24"] == expected["accuracy"]
+    assert out["trained_recipe_key"] == recipe.key and out["recipe_key"] != recipe.key
+    row = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[-1])
+    assert row["label"] == "eval eval.seq_lens=[24]" and row["metrics"] == m
+    assert row["recipe"]["eval"]["seq_lens"] == [24] and "torch" in row["versions"]
+
+    # other test data (seed) and other test-set size are legal and change the numbers' basis
+    other = zoo.evaluate(tmp_path / "run", ["seed=11", "task.num_test=40"])
+    data = build_task(resolve(TINY, ["task.num_test=40"])).make("test", 11)
+    assert other["test_accuracy"] == evaluate(result.model, data, 128, torch.device("cpu"))["accuracy"]
+    # the Python API evaluates the in-memory result the same way
+    assert zoo.evaluate(result)["test_accuracy"] == result.metrics["test_accuracy"]
+
+
+def test_eval_refuses_overrides_that_change_the_model(tmp_path):
+    train(resolve(TINY, ["train.steps=2"]), progress=False, checkpoint_dir=tmp_path)
+    run = _zoo("eval", tmp_path, "model.d_model=16")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "would change the trained model" in run.stderr
+    for bad, why in [("train.lr=1e-2", "would change the trained model"),
+                     ("task.name=parity", "would change the trained model"),
+                     ("task.vocab_size=64", "vocabulary from 32 to 64")]:
+        with pytest.raises(RecipeError, match=why):
+            zoo.evaluate(tmp_path, [bad])
+    assert not (tmp_path / "results.jsonl").exists()
