@@ -251,7 +251,7 @@ def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
     fail(where, f"a layer is a mixer name or a one-key mapping {{name: {{options}}}}, got {entry!r}")
 
 
-def _import_modules(data: dict, places: _Places) -> None:
+def _import_modules(data: dict, places: _Places) -> tuple:
     modules = data.pop("imports", None) or []
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         places.fail("imports", f"expected a list of module names, e.g. [my_pkg.my_mixer], got {modules!r}")
@@ -260,6 +260,7 @@ def _import_modules(data: dict, places: _Places) -> None:
             importlib.import_module(name)
         except Exception as err:  # noqa: BLE001 - a user module may fail in any way: report it in one line
             places.fail(f"imports.{i}", f"cannot import {name!r}: {type(err).__name__}: {err}")
+    return tuple(modules)
 
 
 def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
@@ -413,10 +414,10 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
         apply_override(data, path, copy.deepcopy(value), label)
         override_paths[tuple(path)] = label
     places = _Places(source, override_paths)
-    _import_modules(data, places)
+    imports = _import_modules(data, places)
     grid = data.pop("grid", None)
     base = _validate(data, places, name)
-    base.config.grid = grid
+    base.config.grid, base.imports = grid, imports
     if grid is not None:
         for label, cell_overrides in expand_grid(grid):
             cell_data = copy.deepcopy(data)
@@ -427,5 +428,6 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
                 apply_override(cell_data, path, copy.deepcopy(value), where)
                 cell_paths[tuple(path)] = where
             cell = _validate(cell_data, _Places(source, cell_paths), name)
+            cell.imports = imports
             base.cells.append(Cell(label, cell_overrides, cell))
     return base
