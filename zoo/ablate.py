@@ -110,6 +110,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
         done = completed_rows(read_rows(results_path), cells)
         executor = executor or SequentialExecutor(progress=progress, echo=echo)
         failures = []
+        executor.echo = echo  # the driver says where messages go
         executor.on_start = lambda cell: echo(f"{where[cell.recipe.key]}: training")
         with executor:
             todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
