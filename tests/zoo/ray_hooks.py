@@ -3,10 +3,12 @@
 A cell opts in through its (cosmetic, unhashed) ``description``: ``die-once:<marker>`` trains, then
 kills its own process with SIGKILL before returning the row, the first time any process reaches it
 (the marker file, created atomically, records the pid and recipe key); ``fail-once:<marker>`` raises
-the first time; ``fail-always:`` raises every time. Every other recipe trains normally.
+the first time; ``fail-always:`` raises every time; ``wait-for:<file>`` waits (at most 60 s) until the file
+exists, then trains. Every other recipe trains normally.
 """
 import os
 import signal
+import time
 
 from zoo import train as training
 
@@ -29,6 +31,9 @@ def train(recipe, *args, **kwargs):
         raise ValueError("this cell always fails (test hook)")
     if how == "fail-once" and _claim(marker, recipe):
         raise ValueError("this cell fails once (test hook)")
+    deadline = time.monotonic() + 60
+    while how == "wait-for" and not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
     result = _original(recipe, *args, **kwargs)
     if how == "die-once" and _claim(marker, recipe):
         os.kill(os.getpid(), signal.SIGKILL)  # mid-cell: trained, row not yet returned
