@@ -71,8 +71,12 @@ def cmd_check(args) -> int:
     from .train import build_task
     recipe = resolve(args.recipe, args.overrides)
     for r in [c.recipe for c in recipe.cells] + [recipe]:  # constructor checks (e.g. divisibility) run here
-        task = build_task(r)
-        model = HybridLM.from_recipe(r, task.vocab_size)
+        try:
+            task = build_task(r)
+            model = HybridLM.from_recipe(r, task.vocab_size)
+        except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
+            raise RecipeError(f"{args.recipe}: the model cannot be built ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); check the model and task sizes") from None
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
           f"recipe {recipe.key}" + (f", {len(recipe.cells)} grid cells (each checked)" if recipe.cells else ""))
@@ -177,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: characters that end a line for a terminal or for str.splitlines(), written as escapes in an error
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """An error message on exactly one line (a recipe key or value may contain line breaks)."""
+    return text.strip().translate(_LINE_BREAKS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (RecipeError, OptionError) as err:
-        print(f"zoo: error: {err}", file=sys.stderr)
+        print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("zoo: interrupted", file=sys.stderr)

@@ -63,8 +63,14 @@ def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> Non
     if depth > 100:
         return
     if isinstance(node, yaml.MappingNode):
+        seen = set()
         for key_node, value_node in node.value:
             path = prefix + (key_node.value,)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if (key_node.tag, key_node.value) in seen:  # YAML keeps the last silently: refuse instead
+                    raise RecipeError(f"{filename}:{key_node.start_mark.line + 1}: {key_node.value!r} appears twice "
+                                      f"in the same mapping; keep one")
+                seen.add((key_node.tag, key_node.value))
             out[path] = f"{filename}:{key_node.start_mark.line + 1}"
             _marks(value_node, path, filename, out, depth + 1)
     elif isinstance(node, yaml.SequenceNode):
@@ -117,6 +123,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
         raise RecipeError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
     except RecursionError:
         raise RecipeError(f"{path}: YAML nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise RecipeError(f"{path}: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(data, str(path))
     if data is None:
         data = {}
@@ -175,6 +183,10 @@ def parse_override(text: str) -> tuple[list, Any]:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
         raise RecipeError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
+    except RecursionError:
+        raise RecipeError(f"override {text[:60]!r}...: the value is nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise RecipeError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(value, f"override {text!r}")
     return _key_path(key), value
 
@@ -232,7 +244,8 @@ class _Places:
 
     def fail(self, path_str: str, message: str):
         where = self(path_str)
-        raise RecipeError(f"{where}: {path_str}: {message}" if where else f"{path_str}: {message}")
+        place = ": ".join(p for p in (where, path_str) if p)
+        raise RecipeError(f"{place}: {message}" if place else message)
 
 
 def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
@@ -356,6 +369,11 @@ def _short(value) -> str:
     return str(value)
 
 
+def _check_grid_key(key, where: str) -> None:
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
+
+
 def expand_grid(grid) -> list[tuple[str, dict]]:
     """``[(label, {key.path: value})]`` for every cell of the grid (one empty cell without a grid)."""
     if grid is None or grid == {}:
@@ -363,7 +381,8 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
     if isinstance(grid, dict):
         keys = list(grid)
         for key in keys:
-            if not isinstance(key, str) or not isinstance(grid[key], list) or not grid[key]:
+            _check_grid_key(key, f"grid.{key}")
+            if not isinstance(grid[key], list) or not grid[key]:
                 raise RecipeError(f"grid.{key}: expected a non-empty list of values to try")
         cells = []
         for values in itertools.product(*(grid[k] for k in keys)):
@@ -378,7 +397,12 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
             if not isinstance(cell, dict):
                 raise RecipeError(f"grid.{i}: expected a mapping of key.path: value overrides")
             cell = dict(cell)
-            label = str(cell.pop("label", None) or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
+            label = cell.pop("label", None)
+            if label is not None and not isinstance(label, (str, int, float)):
+                raise RecipeError(f"grid.{i}.label: expected a short name, got {label!r}")
+            for key in cell:
+                _check_grid_key(key, f"grid.{i}.{key}")
+            label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
             cells.append((label, cell))
         labels = [c[0] for c in cells]
         dupes = {x for x in labels if labels.count(x) > 1}
