@@ -319,6 +319,8 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
     task_name = task_values.pop("name", None)
     if task_name is None:
         fail("task.name", f"missing; choose one of {', '.join(TASKS.names())}")
+    if not isinstance(task_name, str):
+        fail("task.name", f"expected a task name, got {task_name!r}; choose one of {', '.join(TASKS.names())}")
     try:
         task_cls = TASKS.get(task_name)
     except OptionError as err:
