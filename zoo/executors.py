@@ -8,7 +8,9 @@ they never write them.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the Ray executor is chosen.
 A cell is a Ray task that asks for ``cpus_per_cell`` CPUs (default: the recipe's ``train.threads``, at
-least 1) and ``gpus_per_cell`` GPUs. A task whose worker process dies (killed, out of memory, node
+least 1) and ``gpus_per_cell`` GPUs (default: 1 when the recipe's ``train.device`` is ``cuda``, or ``auto``
+on a cluster with GPUs; else 0). Ray does not hide a node's GPUs from a task that asks for none, so a
+cell that trains on a GPU must ask for one, or cells would share GPUs behind the scheduler's back. A task whose worker process dies (killed, out of memory, node
 lost) is resubmitted by Ray up to ``retries`` times (``max_retries``); a task that raises is
 resubmitted by the executor up to ``retries`` times; a cell that still fails comes back as an error.
 """
@@ -145,12 +147,12 @@ class RayExecutor(Executor):
     """Cells as Ray tasks, on a local Ray started on demand or on an existing cluster (``address``)."""
     name = "ray"
 
-    def __init__(self, address: str | None = None, cpus_per_cell: float | None = None, gpus_per_cell: float = 0,
+    def __init__(self, address: str | None = None, cpus_per_cell: float | None = None, gpus_per_cell: float | None = None,
                  retries: int = 2, num_cpus: int | None = None, progress: bool = False, echo=print):
         super().__init__(retries)
         if cpus_per_cell is not None and cpus_per_cell <= 0:
             raise RecipeError(f"--cpus-per-cell {cpus_per_cell}: must be > 0")
-        if gpus_per_cell < 0:
+        if gpus_per_cell is not None and gpus_per_cell < 0:
             raise RecipeError(f"--gpus-per-cell {gpus_per_cell}: must be >= 0")
         self.ray = _import_ray()
         self.cpus_per_cell, self.gpus_per_cell = cpus_per_cell, gpus_per_cell
@@ -168,9 +170,11 @@ class RayExecutor(Executor):
             kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus or os.cpu_count() or 1}
             try:
                 self.ray.init(include_dashboard=False, logging_level="warning", log_to_driver=True, **kwargs)
-            except ConnectionError as err:
-                raise RecipeError(f"--address {self.address}: cannot connect to a Ray cluster: {one_line(err)} "
-                                  f"(start one with `ray start --head`)") from None
+            except (ConnectionError, RuntimeError, ValueError, ImportError) as err:
+                hint = ('; ray:// addresses need pip install "ray[client]"' if isinstance(err, ImportError)
+                        else " (start one with `ray start --head`)")
+                raise RecipeError(f"--address {self.address}: cannot connect to a Ray cluster: "
+                                  f"{one_line(err)}{hint}") from None
             self.started_here = True
         self.remote = self.ray.remote(_ray_task)
 
@@ -185,7 +189,11 @@ class RayExecutor(Executor):
         self._connect()
         cell = outcome.cell
         cpus = self.cpus_per_cell if self.cpus_per_cell is not None else max(1, cell.recipe.train.threads)
-        ref = self.remote.options(num_cpus=cpus, num_gpus=self.gpus_per_cell, max_retries=self.retries,
+        gpus = self.gpus_per_cell
+        if gpus is None:
+            device = cell.recipe.train.device
+            gpus = float(device == "cuda" or (device == "auto" and self.ray.cluster_resources().get("GPU", 0) > 0))
+        ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
                                   retry_exceptions=False, name=f"zoo cell {cell.label}").remote(
             cell, tuple(cell.recipe.imports), self.progress)
         outcome.attempts += 1
@@ -234,6 +242,6 @@ def make_executor(kind: str = "sequential", *, address: str | None = None, cpus_
             raise RecipeError(f"{', '.join(extra)} only apply to --executor ray")
         return SequentialExecutor(retries=retries or 0, progress=progress, echo=echo)
     if kind == "ray":
-        return RayExecutor(address=address, cpus_per_cell=cpus_per_cell, gpus_per_cell=gpus_per_cell or 0,
+        return RayExecutor(address=address, cpus_per_cell=cpus_per_cell, gpus_per_cell=gpus_per_cell,
                            retries=2 if retries is None else retries, echo=echo)
     raise RecipeError(f"--executor {kind!r}: choose sequential or ray")
