@@ -128,3 +128,18 @@ def test_raising_cell_retried_then_reported_rows_kept_and_resumed(tmp_path, loca
     assert code == 0, captured.err
     assert captured.out.count("done already, skipped") == 3
     check_results(out, sequential_rows)
+
+
+def test_no_cluster_at_address_is_one_line(tmp_path):
+    """`--address auto` with no cluster running (RAY_TMPDIR isolates this from any other Ray here)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_ADDRESS": ""}
+    out = subprocess.run([sys.executable, "-m", "zoo", "ablate", str(TINY), "--out", str(tmp_path / "out"),
+                          "--executor", "ray", "--address", "auto", "--no-plot"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "--address auto: cannot connect to a Ray cluster" in lines[0] and "ray start --head" in lines[0]
+    assert not (tmp_path / "out" / "results.jsonl").exists()
