@@ -193,11 +193,23 @@ class RayExecutor(Executor):
         if gpus is None:
             device = cell.recipe.train.device
             gpus = float(device == "cuda" or (device == "auto" and self.ray.cluster_resources().get("GPU", 0) > 0))
+        self._check_feasible(cell, cpus, gpus)
         ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
                                   retry_exceptions=False, name=f"zoo cell {cell.label}").remote(
             cell, tuple(cell.recipe.imports), self.progress)
         outcome.attempts += 1
         self.pending[ref] = outcome
+
+    def _check_feasible(self, cell: Cell, cpus: float, gpus: float) -> None:
+        """A task no node can hold waits forever: refuse it on a local Ray, warn on a cluster (it may grow)."""
+        nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
+        if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            return
+        text = (f"cell {cell.label!r} asks for {cpus:g} CPUs and {gpus:g} GPUs, more than any Ray node has "
+                f"(lower train.threads, or pass --cpus-per-cell / --gpus-per-cell)")
+        if self.started_here:
+            raise RecipeError(text)
+        self.echo(f"warning: {text}; it waits until the cluster has such a node")
 
     def submit(self, index: int, cell: Cell) -> None:
         self._launch(Outcome(index, cell, attempts=0))

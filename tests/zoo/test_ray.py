@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 from zoo.ablate import CellsFailed, run_ablation  # noqa: E402
 from zoo.cli import main  # noqa: E402
 from zoo.executors import RayExecutor  # noqa: E402
-from zoo.recipes import resolve  # noqa: E402
+from zoo.recipes import RecipeError, resolve  # noqa: E402
 from zoo.results import read_rows  # noqa: E402
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -143,3 +143,13 @@ def test_no_cluster_at_address_is_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert "--address auto: cannot connect to a Ray cluster" in lines[0] and "ray start --head" in lines[0]
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_cell_larger_than_any_node_is_refused(tmp_path, local_ray):
+    recipe = resolve(grid_recipe(tmp_path))
+    executor = RayExecutor(cpus_per_cell=64)
+    executor.started_here = True  # as when `zoo ablate` starts the local Ray itself
+    executor.echo = lambda *a: None
+    with pytest.raises(RecipeError, match="asks for 64 CPUs and 0 GPUs, more than any Ray node has"):
+        executor.submit(0, recipe.cells[0])
+    assert not executor.pending
