@@ -34,11 +34,14 @@ def test_partial_line_is_dropped_and_file_repaired(tmp_path):
 
 
 def _recipe(tmp_path):
-    # the first cell is quick; the later ones last seconds, so each signal lands inside a cell
-    text = TINY.read_text() + """grid:
-  - {label: attention, model.layers: [attention], train.steps: 10}
-  - {label: mamba2, model.layers: [mamba2], train.steps: 800}
-  - {label: attention+mamba2, model.layers: [attention, mamba2], train.steps: 800}
+    # the first cell is quick; the later ones wait inside the cell (test hook) until their release file
+    # exists, so each signal lands inside a cell
+    text = TINY.read_text() + f"""imports: [tests.zoo.ray_hooks]
+grid:
+  - {{label: attention, model.layers: [attention], train.steps: 10}}
+  - {{label: mamba2, model.layers: [mamba2], train.steps: 10, description: 'wait-for:{tmp_path / "release2"}'}}
+  - {{label: attention+mamba2, model.layers: [attention, mamba2], train.steps: 10,
+     description: 'wait-for:{tmp_path / "release3"}'}}
 """
     path = tmp_path / "grid.yaml"
     path.write_text(text)
@@ -72,12 +75,14 @@ def test_kill_and_resume(tmp_path):
     assert len(first) == 1
 
     proc = _start(recipe, out)
+    (tmp_path / "release2").touch()
     _wait_for_rows(results, len(first) + 1, proc)
-    proc.kill()  # SIGKILL: no chance to clean up
+    proc.kill()  # SIGKILL: no chance to clean up (the last cell is waiting for its release)
     proc.wait(timeout=60)
     second = read_rows(results)
     assert len(second) == 2 and second[:1] == first, "finished cells were rewritten"
 
+    (tmp_path / "release3").touch()
     done = subprocess.run([sys.executable, "-m", "zoo", "ablate", str(recipe), "--out", str(out), "--no-progress"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
