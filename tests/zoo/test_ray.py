@@ -131,14 +131,18 @@ def test_raising_cell_retried_then_reported_rows_kept_and_resumed(tmp_path, loca
 
 
 def test_no_cluster_at_address_is_one_line(tmp_path):
-    """`--address auto` with no cluster running (RAY_TMPDIR isolates this from any other Ray here)."""
+    """`--address auto` with no cluster to find: Ray's search (its temp folder, running GCS processes) is
+    pointed at nothing, so a Ray running elsewhere on this machine does not change the answer."""
     import subprocess
     import sys
+    code = ("import functools, sys, ray._private.services as s; "
+            "s.find_gcs_addresses = functools.lru_cache()(lambda: []); "
+            "from zoo.cli import main; sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_ADDRESS": ""}
-    out = subprocess.run([sys.executable, "-m", "zoo", "ablate", str(TINY), "--out", str(tmp_path / "out"),
+    out = subprocess.run([sys.executable, "-c", code, "ablate", str(TINY), "--out", str(tmp_path / "out"),
                           "--executor", "ray", "--address", "auto", "--no-plot"],
                          capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 2
+    assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert "--address auto: cannot connect to a Ray cluster" in lines[0] and "ray start --head" in lines[0]
