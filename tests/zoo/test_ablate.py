@@ -49,8 +49,11 @@ grid:
 
 
 def _start(recipe, out):
+    # SIGINT back to its default in the child: a test run started in the background (`pytest &`) ignores
+    # SIGINT, the child would inherit that, and Python would then not turn SIGINT into KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "zoo", "ablate", str(recipe), "--out", str(out), "--no-progress",
-                             "--no-plot"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--no-plot"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_rows(path, n, proc, timeout=240):
