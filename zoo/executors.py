@@ -33,8 +33,11 @@ def run_cell(cell: Cell, progress: bool = False) -> dict:
     """Train one cell and return its ``results.jsonl`` row (the same code for every executor)."""
     import torch
 
-    from . import train as training  # looked up at call time, so a recipe's `imports` may wrap it
     from .environment import environment
+
+    # the module (the package may export a function of the same name); `train` is looked up at call
+    # time, so a module in a recipe's `imports` may wrap it
+    training = importlib.import_module(f"{__package__}.train")
 
     recipe = cell.recipe
     if recipe.train.threads:
