@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from typing import Any, Mapping
 
@@ -44,10 +45,12 @@ def _type_name(tp) -> str:
 
 def check_type(value: Any, tp, path: str) -> Any:
     """Return ``value`` converted to ``tp`` where lossless (int -> float), else raise OptionError."""
+    if tp is list or tp is dict:  # bare list / dict: free-form items
+        tp = list[Any] if tp is list else dict[str, Any]
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
-        return value
+        return check_plain(value, path)
     if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
         for arg in args:
             if arg is type(None) and value is None:
@@ -72,12 +75,18 @@ def check_type(value: Any, tp, path: str) -> Any:
         if isinstance(value, str):
             # YAML 1.1 reads 1e-3 (no dot) as a string; accept any plain number written that way
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise OptionError(path, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise OptionError(path, f"{value!r} is too large for a number") from None
+        if not math.isfinite(value):
+            raise OptionError(path, f"expected a finite number, got {value!r}")
+        return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise OptionError(path, f"expected an integer, got {value!r}")
@@ -97,11 +106,33 @@ def check_type(value: Any, tp, path: str) -> Any:
     return value
 
 
+def check_plain(value: Any, path: str) -> Any:
+    """``value`` if it is plain data (str, number, bool, null, lists and string-keyed mappings of them),
+    as a free-form option must be to be stored and hashed; else OptionError. YAML can also write sets,
+    dates and bytes."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, Mapping):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise OptionError(where, f"keys must be strings, got {key!r}")
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{where}.{i}") for i, child in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise OptionError(where, f"expected a finite number, got {item!r}")
+        elif item is not None and not isinstance(item, (str, int, float, bool)):
+            raise OptionError(where, f"expected plain data (a string, number, list or mapping), got {item!r}")
+    return value
+
+
 def range_text(bounds) -> str:
     """``'>= 1'``, ``'> 0 and <= 1'``... for a field's ``(at_least, above, at_most)``; empty if unbounded."""
     at_least, above, at_most = bounds or (None, None, None)
-    parts = ([f">= {at_least:g}"] if at_least is not None else []) + ([f"> {above:g}"] if above is not None else [])
-    parts += [f"<= {at_most:g}"] if at_most is not None else []
+    show = lambda b: str(b) if isinstance(b, int) else f"{b:g}"  # noqa: E731 - ints in full, not 1.04858e+06
+    parts = ([f">= {show(at_least)}"] if at_least is not None else []) + ([f"> {show(above)}"] if above is not None else [])
+    parts += [f"<= {show(at_most)}"] if at_most is not None else []
     return " and ".join(parts)
 
 

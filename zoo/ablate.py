@@ -11,6 +11,11 @@ alone: running the same command again skips the cells already there, and a chang
 command-line override is never answered with an old row. A folder holding a finished row for a cell
 whose recipe has since changed is refused with the differences named (use another ``--out``). One
 process writes a folder at a time (a lock file); a second one is refused at once.
+
+Cells run on an executor (:mod:`zoo.executors`): one after another in this process, or as Ray tasks on
+one machine or a cluster. Either way this process is the only writer of ``results.jsonl``: it appends
+each row as its cell finishes. A cell that still fails after its retries is listed at the end with its
+error; the rows of the other cells are kept, and running the command again runs only what is missing.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import os
 from pathlib import Path
 
 from .config import Cell, Recipe
-from .environment import environment
+from .executors import Executor, SequentialExecutor
 from .recipes import RecipeError
 from .results import append_row, read_rows, render
 
@@ -81,30 +86,58 @@ def completed_rows(rows: list[dict], cells: list[Cell]) -> dict[str, dict]:
     return done
 
 
-def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool = True, plot: bool = True,
-                 echo=print) -> list[dict]:
-    """Run (or resume) every cell of ``recipe``; returns the rows in grid order."""
-    from .train import train  # late import keeps `zoo check` light
+class CellsFailed(Exception):
+    """Some cells still failed after their retries; every finished row is kept in ``results.jsonl``."""
 
+    def __init__(self, failures: list, rows: list[dict]):
+        self.failures, self.rows = failures, rows
+        names = "; ".join(f"{o.cell.label!r} ({o.error})" for o in failures)
+        super().__init__(f"{len(failures)} cell{'s' * (len(failures) != 1)} failed: {names}")
+
+
+def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool = True, plot: bool = True,
+                 echo=print, executor: Executor | None = None) -> list[dict]:
+    """Run (or resume) every cell of ``recipe`` on ``executor`` (default: sequential, in this process).
+
+    Rows are appended to ``results.jsonl`` by this process alone, in the order cells finish; the table
+    lists them in grid order. Returns the rows in grid order; raises :class:`CellsFailed` (after
+    writing the table of the finished cells) when a cell still fails after its retries.
+    """
     cells = cells_of(recipe)
     results_path = out_dir / "results.jsonl"
+    where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell.label}" for i, cell in enumerate(cells)}
     with exclusive(out_dir):
         done = completed_rows(read_rows(results_path), cells)
-        for i, cell in enumerate(cells):
-            where = f"[{i + 1}/{len(cells)}] {cell.label}"
-            if cell.recipe.key in done:
-                echo(f"{where}: done already, skipped")
-                continue
-            echo(f"{where}: training")
-            result = train(cell.recipe, progress=progress, description=cell.label)
-            row = {"recipe_key": cell.recipe.key, "label": cell.label, "overrides": cell.overrides,
-                   "recipe": cell.recipe.plain, "seed": cell.recipe.seed, "metrics": result.metrics,
-                   "history": result.history, **environment()}  # after training: train.threads may have changed
-            append_row(results_path, row)
-            done[cell.recipe.key] = row
-            echo(f"{where}: test_accuracy={result.metrics['test_accuracy']:.4f} "
-                 f"({result.metrics['train_seconds']:.0f}s)")
-        rows = [done[cell.recipe.key] for cell in cells]
-        table = render(rows, out_dir, title=title, plot=plot)
-    echo(table)
+        executor = executor or SequentialExecutor(progress=progress, echo=echo)
+        failures = []
+        executor.echo = echo  # the driver says where messages go
+        executor.on_start = lambda cell: echo(f"{where[cell.recipe.key]}: training")
+        with executor:
+            todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
+            for i, cell in enumerate(cells):
+                if cell.recipe.key in done:
+                    echo(f"{where[cell.recipe.key]}: done already, skipped")
+            if todo:
+                echo(f"running {len(todo)} cell{'s' * (len(todo) != 1)} on {executor.describe()}")
+            for i, cell in todo:
+                executor.submit(i, cell)
+            for outcome in executor.finished():
+                here = where[outcome.cell.recipe.key]
+                retried = f", attempt {outcome.attempts}" if outcome.attempts > 1 else ""
+                if outcome.row is None:
+                    failures.append(outcome)
+                    echo(f"{here}: FAILED after {outcome.attempts} attempt{'s' * (outcome.attempts != 1)}: "
+                         f"{outcome.error}")
+                    continue
+                append_row(results_path, outcome.row)
+                done[outcome.cell.recipe.key] = outcome.row
+                metrics = outcome.row["metrics"]
+                echo(f"{here}: test_accuracy={metrics['test_accuracy']:.4f} ({metrics['train_seconds']:.0f}s{retried})")
+        rows = [done[cell.recipe.key] for cell in cells if cell.recipe.key in done]
+        table = render(rows, out_dir, title=title, plot=plot) if rows else ""
+    if table:
+        echo(table)
+    if failures:
+        failures.sort(key=lambda o: o.index)
+        raise CellsFailed(failures, rows)
     return rows

@@ -71,8 +71,12 @@ def cmd_check(args) -> int:
     from .train import build_task
     recipe = resolve(args.recipe, args.overrides)
     for r in [c.recipe for c in recipe.cells] + [recipe]:  # constructor checks (e.g. divisibility) run here
-        task = build_task(r)
-        model = HybridLM.from_recipe(r, task.vocab_size)
+        try:
+            task = build_task(r)
+            model = HybridLM.from_recipe(r, task.vocab_size)
+        except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
+            raise RecipeError(f"{args.recipe}: the model cannot be built ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); check the model and task sizes") from None
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
           f"recipe {recipe.key}" + (f", {len(recipe.cells)} grid cells (each checked)" if recipe.cells else ""))
@@ -136,11 +140,23 @@ def cmd_eval(args) -> int:
 
 
 def cmd_ablate(args) -> int:
-    from .ablate import run_ablation
+    from .ablate import CellsFailed, run_ablation
+    from .executors import make_executor
     recipe = resolve(args.recipe, args.overrides)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem
-    run_ablation(recipe, out, title=title, progress=not args.no_progress, plot=not args.no_plot)
+    executor = make_executor(args.executor, address=args.address, cpus_per_cell=args.cpus_per_cell,
+                             gpus_per_cell=args.gpus_per_cell, retries=args.retries, progress=not args.no_progress)
+    try:
+        run_ablation(recipe, out, title=title, progress=not args.no_progress, plot=not args.no_plot, executor=executor)
+    except CellsFailed as err:
+        print(f"\nresults of the finished cells: {out / 'results.jsonl'}")
+        for outcome in err.failures:
+            print(f"zoo: cell {outcome.cell.label!r} failed after {outcome.attempts} attempt"
+                  f"{'s' * (outcome.attempts != 1)}: {outcome.error}", file=sys.stderr)
+        print(f"zoo: {len(err.failures)} of {len(recipe.cells) or 1} cells failed; run the same command again "
+              f"to retry only those", file=sys.stderr)
+        return 1
     print(f"\nresults: {out / 'results.jsonl'} (tables: results.md, results.csv; plot: results.png)")
     return 0
 
@@ -192,6 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default results/<recipe name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    p.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
+                   help="sequential: cells one after another in this process (default); ray: cells as Ray tasks "
+                        "(needs pip install -e \".[ray]\"), results still written by this process only")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to use (auto, or ray://host:10001); default: start a local Ray with this "
+                        "machine's CPUs")
+    p.add_argument("--cpus-per-cell", type=float, default=None,
+                   help="CPUs a Ray task asks for (default: the recipe's train.threads, at least 1)")
+    p.add_argument("--gpus-per-cell", type=float, default=None, help="GPUs a Ray task asks for (default: 1 if the recipe's train.device is cuda, or auto on a "
+                        "cluster with GPUs; else 0)")
+    p.add_argument("--retries", type=int, default=None,
+                   help="attempts after the first for a cell that fails (worker lost or error raised); "
+                        "default 2 with ray, 0 sequential")
     p.set_defaults(func=cmd_ablate)
     p = sub.add_parser("table", help="re-render results.md/csv/png from an ablation's results.jsonl")
     p.add_argument("dir", help="the ablation's output folder")
@@ -202,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)
     return parser
+
+
+#: characters that end a line for a terminal or for str.splitlines(), written as escapes in an error
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """An error message on exactly one line (a recipe key or value may contain line breaks)."""
+    return text.strip().translate(_LINE_BREAKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (RecipeError, OptionError) as err:
-        print(f"zoo: error: {err}", file=sys.stderr)
+        print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("zoo: interrupted", file=sys.stderr)

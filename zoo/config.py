@@ -138,6 +138,7 @@ class Recipe:
     plain: dict
     source: str = ""
     cells: list = field(default_factory=list)  # [Cell] of the grid, each a resolved Recipe
+    imports: tuple = ()  # the recipe's `imports`, for a process that runs it elsewhere (a Ray worker)
 
     # the typed sections, for reading convenience
     @property

@@ -50,6 +50,9 @@ def _build(registry, spec: Spec, d_model: int, where: str):
         return registry.get(spec.name)(d_model, spec.options)
     except (ValueError, TypeError) as err:  # constructor checks that need d_model (divisibility, ...)
         raise OptionError(where, f"{spec.name}: {err}") from None
+    except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no constructor checks (e.g. 10**18)
+        raise OptionError(where, f"{spec.name}: cannot be built with these options ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0] if str(err) else ''}); check its sizes") from None
 
 
 class HybridLM(nn.Module):

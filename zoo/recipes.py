@@ -63,8 +63,14 @@ def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> Non
     if depth > 100:
         return
     if isinstance(node, yaml.MappingNode):
+        seen = set()
         for key_node, value_node in node.value:
             path = prefix + (key_node.value,)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if (key_node.tag, key_node.value) in seen:  # YAML keeps the last silently: refuse instead
+                    raise RecipeError(f"{filename}:{key_node.start_mark.line + 1}: {key_node.value!r} appears twice "
+                                      f"in the same mapping; keep one")
+                seen.add((key_node.tag, key_node.value))
             out[path] = f"{filename}:{key_node.start_mark.line + 1}"
             _marks(value_node, path, filename, out, depth + 1)
     elif isinstance(node, yaml.SequenceNode):
@@ -117,6 +123,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
         raise RecipeError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
     except RecursionError:
         raise RecipeError(f"{path}: YAML nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise RecipeError(f"{path}: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(data, str(path))
     if data is None:
         data = {}
@@ -175,6 +183,10 @@ def parse_override(text: str) -> tuple[list, Any]:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
         raise RecipeError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
+    except RecursionError:
+        raise RecipeError(f"override {text[:60]!r}...: the value is nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise RecipeError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(value, f"override {text!r}")
     return _key_path(key), value
 
@@ -232,7 +244,8 @@ class _Places:
 
     def fail(self, path_str: str, message: str):
         where = self(path_str)
-        raise RecipeError(f"{where}: {path_str}: {message}" if where else f"{path_str}: {message}")
+        place = ": ".join(p for p in (where, path_str) if p)
+        raise RecipeError(f"{place}: {message}" if place else message)
 
 
 def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
@@ -251,7 +264,7 @@ def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
     fail(where, f"a layer is a mixer name or a one-key mapping {{name: {{options}}}}, got {entry!r}")
 
 
-def _import_modules(data: dict, places: _Places) -> None:
+def _import_modules(data: dict, places: _Places) -> tuple:
     modules = data.pop("imports", None) or []
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         places.fail("imports", f"expected a list of module names, e.g. [my_pkg.my_mixer], got {modules!r}")
@@ -260,6 +273,7 @@ def _import_modules(data: dict, places: _Places) -> None:
             importlib.import_module(name)
         except Exception as err:  # noqa: BLE001 - a user module may fail in any way: report it in one line
             places.fail(f"imports.{i}", f"cannot import {name!r}: {type(err).__name__}: {err}")
+    return tuple(modules)
 
 
 def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
@@ -305,6 +319,8 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
     task_name = task_values.pop("name", None)
     if task_name is None:
         fail("task.name", f"missing; choose one of {', '.join(TASKS.names())}")
+    if not isinstance(task_name, str):
+        fail("task.name", f"expected a task name, got {task_name!r}; choose one of {', '.join(TASKS.names())}")
     try:
         task_cls = TASKS.get(task_name)
     except OptionError as err:
@@ -355,6 +371,11 @@ def _short(value) -> str:
     return str(value)
 
 
+def _check_grid_key(key, where: str) -> None:
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
+
+
 def expand_grid(grid) -> list[tuple[str, dict]]:
     """``[(label, {key.path: value})]`` for every cell of the grid (one empty cell without a grid)."""
     if grid is None or grid == {}:
@@ -362,7 +383,8 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
     if isinstance(grid, dict):
         keys = list(grid)
         for key in keys:
-            if not isinstance(key, str) or not isinstance(grid[key], list) or not grid[key]:
+            _check_grid_key(key, f"grid.{key}")
+            if not isinstance(grid[key], list) or not grid[key]:
                 raise RecipeError(f"grid.{key}: expected a non-empty list of values to try")
         cells = []
         for values in itertools.product(*(grid[k] for k in keys)):
@@ -377,7 +399,12 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
             if not isinstance(cell, dict):
                 raise RecipeError(f"grid.{i}: expected a mapping of key.path: value overrides")
             cell = dict(cell)
-            label = str(cell.pop("label", None) or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
+            label = cell.pop("label", None)
+            if label is not None and not isinstance(label, (str, int, float)):
+                raise RecipeError(f"grid.{i}.label: expected a short name, got {label!r}")
+            for key in cell:
+                _check_grid_key(key, f"grid.{i}.{key}")
+            label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
             cells.append((label, cell))
         labels = [c[0] for c in cells]
         dupes = {x for x in labels if labels.count(x) > 1}
@@ -413,10 +440,10 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
         apply_override(data, path, copy.deepcopy(value), label)
         override_paths[tuple(path)] = label
     places = _Places(source, override_paths)
-    _import_modules(data, places)
+    imports = _import_modules(data, places)
     grid = data.pop("grid", None)
     base = _validate(data, places, name)
-    base.config.grid = grid
+    base.config.grid, base.imports = grid, imports
     if grid is not None:
         for label, cell_overrides in expand_grid(grid):
             cell_data = copy.deepcopy(data)
@@ -427,5 +454,6 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
                 apply_override(cell_data, path, copy.deepcopy(value), where)
                 cell_paths[tuple(path)] = where
             cell = _validate(cell_data, _Places(source, cell_paths), name)
+            cell.imports = imports
             base.cells.append(Cell(label, cell_overrides, cell))
     return base

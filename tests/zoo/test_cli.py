@@ -43,3 +43,25 @@ def test_check_reports_model_size_and_grid(tmp_path):
     path.write_text(TINY.read_text() + "grid:\n  train.lrr: [1.0e-3]\n")
     bad = zoo("check", path)
     assert bad.returncode == 2 and "did you mean 'lr'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_overrides_after_flags_and_json_is_only_json(capsys):
+    from zoo.cli import main
+    assert main(["train", str(TINY), "--no-progress", "train.steps=2", "--json", "seed=5"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # nothing but JSON on stdout
+    assert data["metrics"]["steps"] == 2 and data["recipe"]["seed"] == 5
+    assert set(data) == {"recipe", "recipe_key", "metrics"}
+    assert "training" in captured.err
+
+
+def test_list_options_shows_top_level_and_eval_keys():
+    out = zoo("list", "--options")
+    assert out.returncode == 0, out.stderr
+    sections = out.stdout.split("\n\n")
+    top = next(s for s in sections if s.startswith("recipe (top level):"))
+    for key in ("seed", "grid", "name"):
+        assert any(line.startswith(key + " ") for line in top.splitlines()), top
+    ev = next(s for s in sections if s.startswith("recipe section eval:"))
+    for key in ("test_time_sweep", "test_time", "seq_lens"):
+        assert any(line.startswith(key + " ") for line in ev.splitlines()), ev

@@ -108,3 +108,60 @@ def test_check_accepts_every_shipped_recipe():
     for path in recipes:
         result = zoo("check", path)
         assert result.returncode == 0, f"{path}: {result.stderr}"
+
+
+# --------------------------------------------------------------------------------------- one-line refusals, in-process
+from zoo.cli import main  # noqa: E402
+
+
+def check_fails(capsys, *args) -> str:
+    """``zoo check *args`` in this process: exit 2 and one line on stderr, returned."""
+    code = main(["check", *map(str, args)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("zoo: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("model.d_model=63", "not divisible"),  # only the mixer's constructor knows
+    ("train.batch_size=0", "train.batch_size: 0 is out of range: must be >= 1"),
+    ("train.lr=-1", "train.lr: -1.0 is out of range: must be > 0"),
+    ("train.steps=0", "train.steps: 0 is out of range"),
+    ("train.warmup_steps=-5", "train.warmup_steps: -5 is out of range"),
+    ("model.n_layers=-2", "model.n_layers: -2 is out of range"),
+    ("eval.seq_lens=[0]", "eval.seq_lens.0: 0 is out of range"),
+    ("model.d_model=-1", "model.d_model: -1 is out of range"),
+])
+def test_bad_values_are_refused_at_check(capsys, override, expect):
+    line = check_fails(capsys, TINY, override)
+    assert expect in line, line
+    if override != "model.d_model=63":  # a constructor's refusal names the layer, not the override
+        assert f"override {override!r}" in line, line
+
+
+def test_self_referencing_alias_and_alias_bomb_are_one_line(tmp_path, capsys):
+    path = tmp_path / "self.yaml"
+    path.write_text(TINY.read_text() + "a: &a [*a]\n")
+    assert "refers to itself" in check_fails(capsys, path)
+    bomb = ["x0: &x0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    bomb += [f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]" for i in range(1, 9)]  # 10**9 values
+    path.write_text("\n".join(bomb) + "\n" + TINY.read_text())
+    assert "expands to more than" in check_fails(capsys, path)
+
+
+def test_extending_an_ablation_does_not_inherit_its_grid(tmp_path, capsys):
+    ablation = tmp_path / "ablation.yaml"
+    ablation.write_text(f"extends: {TINY}\ngrid:\n  seed: [1, 2, 3]\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: ablation.yaml\ntrain: {steps: 2}\n")
+    assert len(resolve(ablation).cells) == 3
+    recipe = resolve(child)
+    assert recipe.cells == [] and recipe.config.grid is None and recipe.train.steps == 2
+    assert main(["check", str(child)]) == 0
+    assert "grid cells" not in capsys.readouterr().out
+    # `zoo train` on the ablation itself trains the base recipe only, and says so on stderr
+    assert main(["train", str(ablation), "--no-progress", "train.steps=2"]) == 0
+    err = capsys.readouterr().err
+    assert "has a grid of 3 cells; training the base recipe only" in err

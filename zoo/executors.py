@@ -1,0 +1,262 @@
+"""Where the cells of an ablation run: in this process one after another, or as tasks on a Ray cluster.
+
+Both executors share one small interface — :meth:`Executor.submit` a cell, then iterate
+:meth:`Executor.finished` for :class:`Outcome` objects (the cell with its row, or its error) in
+completion order — and one function that turns a cell into a result row, :func:`run_cell`. The driver
+(:func:`zoo.ablate.run_ablation`) stays the only writer of ``results.jsonl``: executors return rows,
+they never write them.
+
+Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the Ray executor is chosen.
+A cell is a Ray task that asks for ``cpus_per_cell`` CPUs (default: the recipe's ``train.threads``, at
+least 1) and ``gpus_per_cell`` GPUs (default: 1 when the recipe's ``train.device`` is ``cuda``, or ``auto``
+on a cluster with GPUs; else 0). Ray does not hide a node's GPUs from a task that asks for none, so a
+cell that trains on a GPU must ask for one, or cells would share GPUs behind the scheduler's back. A task whose worker process dies (killed, out of memory, node
+lost) is resubmitted by Ray up to ``retries`` times (``max_retries``); a task that raises is
+resubmitted by the executor up to ``retries`` times; a cell that still fails comes back as an error.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import traceback
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .config import Cell
+from .recipes import RecipeError
+
+RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'
+
+
+def run_cell(cell: Cell, progress: bool = False) -> dict:
+    """Train one cell and return its ``results.jsonl`` row (the same code for every executor)."""
+    import torch
+
+    from .environment import environment
+
+    # the module (the package may export a function of the same name); `train` is looked up at call
+    # time, so a module in a recipe's `imports` may wrap it
+    training = importlib.import_module(f"{__package__}.train")
+
+    recipe = cell.recipe
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    result = training.train(recipe, progress=progress, description=cell.label)
+    return {"recipe_key": recipe.key, "label": cell.label, "overrides": cell.overrides, "recipe": recipe.plain,
+            "seed": recipe.seed, "metrics": result.metrics, "history": result.history, "host": platform.node(),
+            **environment()}  # after training: train.threads may have changed the thread count
+
+
+def one_line(err: BaseException) -> str:
+    """``"Type: first line of the message"`` for an error report."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+@dataclass
+class Outcome:
+    """A finished cell: its row, or the error of its last attempt; ``errors`` lists every failed attempt."""
+    index: int
+    cell: Cell
+    row: dict | None = None
+    error: str | None = None
+    attempts: int = 1
+    errors: list = field(default_factory=list)
+
+
+class Executor:
+    """Runs cells; subclasses implement :meth:`submit` and :meth:`finished`."""
+    name = "executor"
+
+    def __init__(self, retries: int = 0):
+        if retries < 0:
+            raise RecipeError(f"--retries {retries}: must be >= 0")
+        self.retries = retries
+        self.on_start = None  # called with a cell as it starts, where the executor knows (in-process)
+
+    def describe(self) -> str:
+        return self.name
+
+    def submit(self, index: int, cell: Cell) -> None:
+        raise NotImplementedError
+
+    def finished(self) -> Iterator[Outcome]:
+        """Every submitted cell once, as it finishes."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SequentialExecutor(Executor):
+    """Cells one after another in this process (the default); ``finished`` runs them."""
+    name = "sequential"
+
+    def __init__(self, retries: int = 0, progress: bool = True, echo=print):
+        super().__init__(retries)
+        self.progress, self.echo = progress, echo
+        self.queue: list[tuple[int, Cell]] = []
+
+    def submit(self, index: int, cell: Cell) -> None:
+        self.queue.append((index, cell))
+
+    def finished(self) -> Iterator[Outcome]:
+        while self.queue:
+            index, cell = self.queue.pop(0)
+            outcome = Outcome(index, cell, attempts=0)
+            while outcome.row is None and outcome.attempts <= self.retries:
+                outcome.attempts += 1
+                if self.on_start is not None:
+                    self.on_start(cell)
+                try:
+                    outcome.row = run_cell(cell, progress=self.progress)
+                except Exception as err:  # noqa: BLE001 - a failed cell is reported, the others still run
+                    outcome.error = one_line(err)
+                    outcome.errors.append(outcome.error)
+                    if outcome.attempts <= self.retries:
+                        self.echo(f"  {cell.label}: attempt {outcome.attempts} failed ({outcome.error}); retrying")
+            if outcome.row is not None:
+                outcome.error = None
+            yield outcome
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RecipeError(RAY_MISSING) from None
+    return ray
+
+
+def _ray_task(cell: Cell, imports: tuple, progress: bool) -> dict:
+    """The body of a cell's Ray task: import the recipe's modules first (registrations, hooks)."""
+    for name in imports:
+        importlib.import_module(name)
+    try:
+        return run_cell(cell, progress=progress)
+    except Exception as err:
+        # the driver gets a picklable error with the worker's traceback, whatever the original type
+        raise RuntimeError(f"{one_line(err)}\n{traceback.format_exc()}") from None
+
+
+class RayExecutor(Executor):
+    """Cells as Ray tasks, on a local Ray started on demand or on an existing cluster (``address``)."""
+    name = "ray"
+
+    def __init__(self, address: str | None = None, cpus_per_cell: float | None = None, gpus_per_cell: float | None = None,
+                 retries: int = 2, num_cpus: int | None = None, progress: bool = False, echo=print):
+        super().__init__(retries)
+        if cpus_per_cell is not None and cpus_per_cell <= 0:
+            raise RecipeError(f"--cpus-per-cell {cpus_per_cell}: must be > 0")
+        if gpus_per_cell is not None and gpus_per_cell < 0:
+            raise RecipeError(f"--gpus-per-cell {gpus_per_cell}: must be >= 0")
+        self.ray = _import_ray()
+        self.cpus_per_cell, self.gpus_per_cell = cpus_per_cell, gpus_per_cell
+        self.progress, self.echo = progress, echo
+        self.address, self.num_cpus = address, num_cpus
+        self.started_here = False
+        self.remote = None
+        self.pending: dict = {}  # ObjectRef -> Outcome
+
+    def _connect(self) -> None:
+        """Start (or join) Ray on first use, so a run with nothing left to do never starts it."""
+        if self.remote is not None:
+            return
+        if not self.ray.is_initialized():
+            kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus or os.cpu_count() or 1}
+            try:
+                self.ray.init(include_dashboard=False, logging_level="warning", log_to_driver=True, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError, ImportError) as err:
+                hint = ('; ray:// addresses need pip install "ray[client]"' if isinstance(err, ImportError)
+                        else " (start one with `ray start --head`)")
+                raise RecipeError(f"--address {self.address}: cannot connect to a Ray cluster: "
+                                  f"{one_line(err)}{hint}") from None
+            self.started_here = True
+        self.remote = self.ray.remote(_ray_task)
+
+    def describe(self) -> str:
+        self._connect()
+        resources = self.ray.cluster_resources()
+        nodes = sum(1 for n in self.ray.nodes() if n.get("Alive"))
+        return (f"ray ({nodes} node{'s' * (nodes != 1)}, {resources.get('CPU', 0):g} CPUs, "
+                f"{resources.get('GPU', 0):g} GPUs)")
+
+    def _launch(self, outcome: Outcome) -> None:
+        self._connect()
+        cell = outcome.cell
+        cpus = self.cpus_per_cell if self.cpus_per_cell is not None else max(1, cell.recipe.train.threads)
+        gpus = self.gpus_per_cell
+        if gpus is None:
+            device = cell.recipe.train.device
+            gpus = float(device == "cuda" or (device == "auto" and self.ray.cluster_resources().get("GPU", 0) > 0))
+        self._check_feasible(cell, cpus, gpus)
+        ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
+                                  retry_exceptions=False, name=f"zoo cell {cell.label}").remote(
+            cell, tuple(cell.recipe.imports), self.progress)
+        outcome.attempts += 1
+        self.pending[ref] = outcome
+
+    def _check_feasible(self, cell: Cell, cpus: float, gpus: float) -> None:
+        """A task no node can hold waits forever: refuse it on a local Ray, warn on a cluster (it may grow)."""
+        nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
+        if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+            return
+        text = (f"cell {cell.label!r} asks for {cpus:g} CPUs and {gpus:g} GPUs, more than any Ray node has "
+                f"(lower train.threads, or pass --cpus-per-cell / --gpus-per-cell)")
+        if self.started_here:
+            raise RecipeError(text)
+        self.echo(f"warning: {text}; it waits until the cluster has such a node")
+
+    def submit(self, index: int, cell: Cell) -> None:
+        self._launch(Outcome(index, cell, attempts=0))
+
+    def finished(self) -> Iterator[Outcome]:
+        ray = self.ray
+        while self.pending:
+            done, _ = ray.wait(list(self.pending), num_returns=1)
+            ref = done[0]
+            outcome = self.pending.pop(ref)
+            try:
+                outcome.row, outcome.error = ray.get(ref), None
+            except ray.exceptions.RayTaskError as err:  # the cell raised: our own retries
+                cause = getattr(err, "cause", None)
+                outcome.error = str(cause).splitlines()[0] if isinstance(cause, RuntimeError) else one_line(err)
+                outcome.errors.append(outcome.error)
+                if outcome.attempts <= self.retries:
+                    self.echo(f"  {outcome.cell.label}: attempt {outcome.attempts} failed ({outcome.error}); retrying")
+                    self._launch(outcome)
+                    continue
+            except ray.exceptions.RayError as err:  # worker or node lost beyond Ray's own retries
+                outcome.error = f"{one_line(err)} (after {self.retries} Ray retries)"
+                outcome.errors.append(outcome.error)
+            yield outcome
+
+    def close(self) -> None:
+        for ref in list(self.pending):
+            self.ray.cancel(ref, force=True)
+        self.pending.clear()
+        if self.started_here:
+            self.ray.shutdown()
+
+
+def make_executor(kind: str = "sequential", *, address: str | None = None, cpus_per_cell: float | None = None,
+                  gpus_per_cell: float | None = None, retries: int | None = None, progress: bool = True,
+                  echo=print) -> Executor:
+    """The executor a command line asks for; options of the Ray executor are refused for the sequential one."""
+    if kind == "sequential":
+        extra = [flag for flag, value in (("--address", address), ("--cpus-per-cell", cpus_per_cell),
+                                          ("--gpus-per-cell", gpus_per_cell)) if value is not None]
+        if extra:
+            raise RecipeError(f"{', '.join(extra)} only apply to --executor ray")
+        return SequentialExecutor(retries=retries or 0, progress=progress, echo=echo)
+    if kind == "ray":
+        return RayExecutor(address=address, cpus_per_cell=cpus_per_cell, gpus_per_cell=gpus_per_cell,
+                           retries=2 if retries is None else retries, echo=echo)
+    raise RecipeError(f"--executor {kind!r}: choose sequential or ray")
