@@ -65,8 +65,9 @@ class TrainConfig:
     threads: int = opt(0, "torch CPU threads (0 keeps torch's default)", at_least=0, at_most=1024)
     early_stop_acc: float = opt(0.0, "stop once a periodic evaluation reaches this accuracy (0 disables)",
                                 at_least=0.0, at_most=1.0)
-    checkpoint_every: int = opt(0, "with a checkpoint folder (zoo train --out), also save every N steps "
-                                   "(0: only at the end)", at_least=0)
+    checkpoint_every: int = opt(500, "with a checkpoint folder (zoo train --out, every zoo ablate cell), also "
+                                     "save every N steps, so a killed run resumes there (0: only at the end)",
+                                at_least=0)
     precision: str = opt("auto", "autocast precision: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16 "
                                  "(fp16 uses a gradient scaler)", choices=("auto", "fp32", "bf16", "fp16"))
     compile: bool = opt(False, "torch.compile the model for training (falls back to eager with a warning "

@@ -21,6 +21,7 @@ import os
 import platform
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from .config import Cell
@@ -29,8 +30,9 @@ from .recipes import RecipeError
 RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'
 
 
-def run_cell(cell: Cell, progress: bool = False) -> dict:
-    """Train one cell and return its ``results.jsonl`` row (the same code for every executor)."""
+def run_cell(cell: Cell, progress: bool = False, checkpoint_root: str | None = None) -> dict:
+    """Train one cell and return its ``results.jsonl`` row (the same code for every executor). With
+    ``checkpoint_root``, the cell checkpoints in ``<root>/<recipe key>`` and resumes a checkpoint there."""
     import torch
 
     from .environment import environment
@@ -42,7 +44,8 @@ def run_cell(cell: Cell, progress: bool = False) -> dict:
     recipe = cell.recipe
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
-    result = training.train(recipe, progress=progress, description=cell.label)
+    checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
+    result = training.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
     return {"recipe_key": recipe.key, "label": cell.label, "overrides": cell.overrides, "recipe": recipe.plain,
             "seed": recipe.seed, "metrics": result.metrics, "history": result.history, "host": platform.node(),
             **environment()}  # after training: train.threads may have changed the thread count
@@ -74,6 +77,7 @@ class Executor:
             raise RecipeError(f"--retries {retries}: must be >= 0")
         self.retries = retries
         self.on_start = None  # called with a cell as it starts, where the executor knows (in-process)
+        self.checkpoint_root = None  # set by the driver: cells checkpoint in <root>/<recipe key>
 
     def describe(self) -> str:
         return self.name
@@ -116,7 +120,7 @@ class SequentialExecutor(Executor):
                 if self.on_start is not None:
                     self.on_start(cell)
                 try:
-                    outcome.row = run_cell(cell, progress=self.progress)
+                    outcome.row = run_cell(cell, progress=self.progress, checkpoint_root=self.checkpoint_root)
                 except Exception as err:  # noqa: BLE001 - a failed cell is reported, the others still run
                     outcome.error = one_line(err)
                     outcome.errors.append(outcome.error)
@@ -135,12 +139,12 @@ def _import_ray():
     return ray
 
 
-def _ray_task(cell: Cell, imports: tuple, progress: bool) -> dict:
+def _ray_task(cell: Cell, imports: tuple, progress: bool, checkpoint_root: str | None = None) -> dict:
     """The body of a cell's Ray task: import the recipe's modules first (registrations, hooks)."""
     for name in imports:
         importlib.import_module(name)
     try:
-        return run_cell(cell, progress=progress)
+        return run_cell(cell, progress=progress, checkpoint_root=checkpoint_root)
     except Exception as err:
         # the driver gets a picklable error with the worker's traceback, whatever the original type
         raise RuntimeError(f"{one_line(err)}\n{traceback.format_exc()}") from None
@@ -199,7 +203,7 @@ class RayExecutor(Executor):
         self._check_feasible(cell, cpus, gpus)
         ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
                                   retry_exceptions=False, name=f"zoo cell {cell.label}").remote(
-            cell, tuple(cell.recipe.imports), self.progress)
+            cell, tuple(cell.recipe.imports), self.progress, self.checkpoint_root)
         outcome.attempts += 1
         self.pending[ref] = outcome
 
