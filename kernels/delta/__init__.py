@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
-from .chunked import delta_product_chunked, delta_product_step
-from .reference import delta_product_reference, householder_transition
+from .chunked import delta_product_chunked
+from .reference import delta_product_reference, delta_product_step, householder_transition
 
 __all__ = ["delta_product", "delta_rule", "delta_product_step", "householder_transition"]
 

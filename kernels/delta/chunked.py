@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import compute_dtype, flatten_substeps
+from ..common import at_least_fp32, causal_decay_mask, compute_dtype, heads_first, pad_time, time_first
+from .reference import flatten_substeps
 
 
 def interleave_inputs(q, g, num_householder: int, L: int):
@@ -47,6 +48,51 @@ def interleave_inputs(q, g, num_householder: int, L: int):
     return q_new, g
 
 
+class _ChunkRecurrence(torch.autograd.Function):
+    """The sequential part of the chunked delta rule, chunk by chunk:
+
+        D_c = U_c - W_c S_c,   S_{c+1} = gC_c S_c + Kd_c^T D_c
+
+    Inputs ``U (N, BH, C, V)``, ``W, Kd (N, BH, C, K)``, ``gC (N, BH)``, ``S0 (BH, K, V)``, chunk axis
+    first so one chunk is a contiguous block. Returns ``D (N, BH, C, V)``, the chunk-start states
+    ``(N, BH, K, V)`` and the final state. The loop runs outside autograd and the backward is the same
+    loop reversed: autograd through per-chunk slices would allocate a full-size gradient for every
+    slice (quadratic in the sequence length).
+    """
+
+    @staticmethod
+    def forward(ctx, U, W, Kd, gC, S0):
+        N = U.shape[0]
+        D = torch.empty_like(U)
+        starts = U.new_empty(N, *S0.shape)
+        S = S0.clone()
+        for c in range(N):
+            starts[c] = S
+            torch.baddbmm(U[c], W[c], S, beta=1.0, alpha=-1.0, out=D[c])
+            S = torch.baddbmm(S * gC[c, :, None, None], Kd[c].transpose(-1, -2), D[c])
+        ctx.save_for_backward(W, Kd, gC, starts, D)
+        return D, starts, S
+
+    @staticmethod
+    def backward(ctx, dD, d_starts, d_final):
+        W, Kd, gC, starts, D = ctx.saved_tensors
+        N = W.shape[0]
+        g = torch.zeros_like(starts[0]) if d_final is None else d_final.clone()   # dLoss / dS_{c+1}
+        dU = torch.empty_like(D)
+        dW, dKd = torch.empty_like(W), torch.empty_like(Kd)
+        dgC = torch.empty_like(gC)
+        for c in range(N - 1, -1, -1):
+            dDc = torch.baddbmm(dD[c], Kd[c], g) if dD is not None else Kd[c] @ g
+            torch.bmm(D[c], g.transpose(-1, -2), out=dKd[c])
+            dgC[c] = (g * starts[c]).sum((-1, -2))
+            dU[c] = dDc
+            torch.bmm(dDc, starts[c].transpose(-1, -2), out=dW[c]).neg_()
+            g = torch.baddbmm(g * gC[c, :, None, None], W[c].transpose(-1, -2), dDc, alpha=-1.0)
+            if d_starts is not None:
+                g += d_starts[c]
+        return dU, dW, dKd, dgC, g
+
+
 def chunk_gated_delta_rule_torch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -59,6 +105,7 @@ def chunk_gated_delta_rule_torch(
     """The chunked gated delta rule above on ``(B, L, H, D)`` inputs (``q`` already scaled).
 
     Returns ``o`` ``(B, L, H, V)`` and the final state ``(B, H, K, V)``, both in the compute dtype.
+    Everything but the chunk-to-chunk recurrence is batched over all chunks.
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
@@ -66,45 +113,42 @@ def chunk_gated_delta_rule_torch(
     if C <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     dt = compute_dtype(q, k, v, beta, gamma, initial_state)
-    pad = (-L) % C
-    N = (L + pad) // C
-
-    def prep(x, last):  # (B, L, H, *last) -> (B, H, N, C, *last) in the compute dtype
-        x = x.to(dt)
-        if pad:
-            x = F.pad(x, (0, 0) * len(last) + (0, 0, 0, pad))
-        perm = (0, 2, 1) + tuple(range(3, 3 + len(last)))
-        return x.permute(*perm).reshape(B, H, N, C, *last)
-
-    q_, k_, v_ = prep(q, (K,)), prep(k, (K,)), prep(v, (V,))
-    b_ = prep(beta, ())
-    gam = prep(gamma, ()) if gamma is not None else torch.zeros_like(b_)
-    G = gam.cumsum(-1)                                                    # (B,H,N,C)
-    idx = torch.arange(C, device=k.device)
-    incl = idx[:, None] >= idx[None, :]                                   # i <= r
-    strict = idx[:, None] > idx[None, :]
-    diff = G[..., :, None] - G[..., None, :]
-    M = torch.exp(diff.masked_fill(~incl, float("-inf")))                 # e^{G_r - G_i}, i <= r
+    q, k, v, beta = (pad_time(x.to(dt), C) for x in (q, k, v, beta))
+    N = q.shape[1] // C
+    q_, k_, v_ = heads_first(q, C), heads_first(k, C), heads_first(v, C)   # (B, H, N, C, D)
+    b_ = heads_first(beta, C)                                              # (B, H, N, C)
+    if gamma is not None:
+        G = heads_first(pad_time(gamma.to(dt), C), C).cumsum(-1)
+        M = causal_decay_mask(G, dim=-1)                                  # e^{G_r - G_i}, i <= r
+        eG = G.exp()
+    else:
+        G = None
+        M = torch.ones(C, C, dtype=dt, device=k.device).tril()
+        eG = None
     KK = k_ @ k_.transpose(-1, -2)
-    A = (b_[..., :, None] * M * KK).masked_fill(~strict, 0.0)
-    eG = G.exp()
-    rhs = torch.cat([b_[..., None] * v_, (b_ * eG)[..., None] * k_], dim=-1)
+    A = (b_.unsqueeze(-1) * M * KK).tril(-1)                              # strictly lower
+    bk = b_.unsqueeze(-1) * k_ if eG is None else (b_ * eG).unsqueeze(-1) * k_
+    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk], dim=-1)
     eye = torch.eye(C, dtype=dt, device=k.device)
     UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
-    U, W = UW[..., :V], UW[..., V:]
     QKm = (q_ @ k_.transpose(-1, -2)) * M                                 # masked by M (zero above)
-    Qg = eG[..., None] * q_
-    Kd = torch.exp(G[..., -1:] - G)[..., None] * k_                      # e^{G_C - G_i} k_i
-    gC = eG[..., -1]                                                      # (B,H,N)
+    if G is None:
+        Qg, Kd, gC = q_, k_, torch.ones(B, H, N, dtype=dt, device=k.device)
+    else:
+        Qg = eG.unsqueeze(-1) * q_
+        Kd = torch.exp(G[..., -1:] - G).unsqueeze(-1) * k_                # e^{G_C - G_i} k_i
+        gC = eG[..., -1]                                                  # (B,H,N)
 
-    S = q_.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dt)
-    outs = []
-    for c in range(N):
-        D = U[:, :, c] - W[:, :, c] @ S
-        outs.append(Qg[:, :, c] @ S + QKm[:, :, c] @ D)
-        S = gC[:, :, c, None, None] * S + Kd[:, :, c].transpose(-1, -2) @ D
-    o = torch.stack(outs, dim=2).reshape(B, H, N * C, V)[:, :, :L].transpose(1, 2)
-    return o, S
+    def chunk_major(x):  # (B, H, N, ...) -> (N, B*H, ...), contiguous
+        return x.movedim(2, 0).reshape(N, B * H, *x.shape[3:]).contiguous()
+
+    S0 = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dt).reshape(B * H, K, V)
+    D, starts, S = _ChunkRecurrence.apply(chunk_major(UW[..., :V]), chunk_major(UW[..., V:]), chunk_major(Kd),
+                                          chunk_major(gC), S0)
+    D = D.view(N, B, H, C, V).movedim(0, 2)                               # (B, H, N, C, V)
+    starts = starts.view(N, B, H, K, V).movedim(0, 2)
+    o = Qg @ starts + QKm @ D
+    return time_first(o)[:, :L], S.view(B, H, K, V)
 
 
 def delta_product_chunked(
@@ -132,36 +176,8 @@ def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initi
     v = flatten_substeps(v, n, T, "v")
     beta = flatten_substeps(beta, n, T, "beta")
     scale = K ** -0.5 if scale is None else scale
-    q_up = q.to(torch.promote_types(q.dtype, torch.float32))
+    q_up = at_least_fp32(q)
     qi, gi = interleave_inputs(q_up * scale, g, n, T * n)
     o, S = rule(qi, k, v, beta, gi, initial_state, chunk_size)
     o = o[:, n - 1::n] if n > 1 else o
     return o.to(q.dtype), S
-
-
-def delta_product_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    g_t: torch.Tensor | None,
-    state: torch.Tensor,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence: ``q_t`` ``(B, H, K)``, ``k_t`` ``(B, n_h, H, K)``, ``v_t``
-    ``(B, n_h, H, V)``, ``beta_t`` ``(B, n_h, H)``, ``g_t`` ``(B, H)`` or None, ``state`` ``(B, H, K, V)``.
-
-    Returns ``(o_t (B, H, V) in q_t's dtype, new state in the compute dtype)``.
-    """
-    K = q_t.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
-    dt = compute_dtype(q_t, k_t, v_t, beta_t, g_t, state)
-    S = state.to(dt)
-    if g_t is not None:
-        S = S * g_t.to(dt).exp()[..., None, None]
-    for j in range(k_t.shape[1]):
-        kj, vj, bj = k_t[:, j].to(dt), v_t[:, j].to(dt), beta_t[:, j].to(dt)
-        resid = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
-        S = S + bj[..., None, None] * kj[..., :, None] * resid[..., None, :]
-    o = torch.einsum("bhkv,bhk->bhv", S, q_t.to(dt)) * scale
-    return o.to(q_t.dtype), S

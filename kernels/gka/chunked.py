@@ -22,8 +22,8 @@ states unchanged and are cut from the output.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..common import chunk_scan, compute_dtype, pad_time
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
@@ -33,19 +33,18 @@ def _chunk(t, n, C):
 
 
 def chunk_states(Kc, Vc, G, H_init, U_init):
-    """Chunk-start states ``(H0 (b, n, h, dk, dk), U0 (b, n, h, dv, dk))`` and the final ``(H, U)``."""
+    """Chunk-start states ``(H0 (b, n, h, dk, dk), U0 (b, n, h, dv, dk))`` and the final ``(H, U)``.
+
+    ``H`` and ``U`` share the decay, so they are passed across chunks together as one ``(dk + dv, dk)``
+    state per head by :func:`kernels.common.chunk_scan`.
+    """
+    dk = Kc.shape[-1]
     to_end = (G[:, :, -1:, :] - G).exp()  # (b, n, C, h)
-    Hc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Kc, Kc)
-    Uc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Vc, Kc)
-    chunk_decay = G[:, :, -1, :].exp()  # (b, n, h)
-    Hs, Us = H_init, U_init
-    H0s, U0s = [], []
-    for c in range(Kc.shape[1]):
-        H0s.append(Hs)
-        U0s.append(Us)
-        Hs = chunk_decay[:, c, :, None, None] * Hs + Hc[:, c]
-        Us = chunk_decay[:, c, :, None, None] * Us + Uc[:, c]
-    return torch.stack(H0s, 1), torch.stack(U0s, 1), Hs, Us
+    KV = torch.cat([Kc, Vc], dim=-1)
+    HUc = torch.einsum("bnch,bnchi,bnchj->bhnij", to_end, KV, Kc)      # (b, h, n, dk + dv, dk)
+    starts, fin = chunk_scan(G[:, :, -1, :].exp().transpose(1, 2), HUc, torch.cat([H_init, U_init], dim=-2))
+    starts = starts.transpose(1, 2)                                     # (b, n, h, dk + dv, dk)
+    return starts[..., :dk, :], starts[..., dk:, :], fin[..., :dk, :], fin[..., dk:, :]
 
 
 def frob_norm_sq(H0, Kc, G, M=None):
@@ -73,9 +72,7 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` replaces the PyTorch
     Chebyshev solve (the Triton backend plugs in here)."""
     dtype = q.dtype
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v, g = (t.to(cd) for t in (q, k, v, g))
-    alpha = None if alpha is None else alpha.to(cd)
+    cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
@@ -84,13 +81,9 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     else:
         H_init, U_init = (s.to(cd) for s in initial_state)
     C = chunk_size
-    pad = (-T) % C
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        g = F.pad(g, (0, 0, 0, pad))
-        if alpha is not None:
-            alpha = F.pad(alpha, (0, 0, 0, pad))
-    n = (T + pad) // C
+    q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
+    alpha = None if alpha is None else pad_time(alpha.to(cd), C)
+    n = q.shape[1] // C
     Qc, Kc, Vc = _chunk(q, n, C), _chunk(k, n, C), _chunk(v, n, C)
     G = torch.cumsum(_chunk(g, n, C), dim=2)  # (b, n, C, h)
     H0, U0, H_fin, U_fin = chunk_states(Kc, Vc, G, H_init, U_init)
@@ -106,7 +99,8 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
         elif solve_fn is not None:
             X = solve_fn(H0, Kc, G, lam, mu, L, Qc, num_iter=num_iter, grad=grad)
         else:
-            X = iterative_solve(ChunkOp, (H0, Kc, G, lam), Qc, mu, L, num_iter=num_iter, solver=solver, grad=grad)
+            X = iterative_solve(ChunkOp(M), (H0, Kc, G, lam), Qc, mu, L, num_iter=num_iter, solver=solver,
+                                grad=grad)
     Qt = mix_query(Qc, X, None if alpha is None else _chunk(alpha, n, C), num_iter)
     inter = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnchj->bnchi", U0, Qt)
     S = torch.einsum("bnthd,bnshd->bntsh", Qt, Kc) * M

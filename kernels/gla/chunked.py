@@ -6,41 +6,43 @@ before the chunk):
     o_t = scale * (e^{G_t} U_0 q_t + sum_{s<=t} e^{G_t - G_s} (k_s . q_t) v_s)
     U_next = e^{G_C} U_0 + sum_s e^{G_C - G_s} v_s k_s^T
 Segment sums ``G_t - G_s`` are formed directly (never ``e^{G_t} / e^{G_s}``).
+
+Layout inside: ``(batch, head, chunk, time-in-chunk, dim)``, so every product is a batched matmul;
+the pass of states across chunks is :func:`kernels.common.chunk_scan` (linear in the chunk count,
+also in the backward). :func:`gla_chunk_readout` is shared with the GKA family.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from ..common import causal_decay_mask, chunk_scan, compute_dtype, heads_first, pad_time, time_first
+
+
+def gla_chunk_states(K, V, G, initial_state=None):
+    """``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)`` -> chunk-start states
+    ``U0 (b, h, n, dv, dk)`` and the final state ``(b, h, dv, dk)``."""
+    to_end = (G[..., -1:] - G).exp()                                   # e^{G_C - G_s}
+    Uc = (V * to_end.unsqueeze(-1)).transpose(-1, -2) @ K             # (b, h, n, dv, dk)
+    return chunk_scan(G[..., -1].exp(), Uc, initial_state)
+
+
+def gla_chunk_readout(Q, K, V, G, M, U0):
+    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``M`` the causal decay
+    mask ``(b, h, n, C, C)``; ``Q, K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``U0 (b, h, n, dv, dk)``."""
+    intra = ((Q @ K.transpose(-1, -2)) * M) @ V
+    return torch.baddbmm(intra.flatten(0, 2), (G.exp().unsqueeze(-1) * Q).flatten(0, 2),
+                         U0.transpose(-1, -2).flatten(0, 2)).view(intra.shape)
 
 
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
     dtype = q.dtype
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v, g = (t.to(cd) for t in (q, k, v, g))
+    cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
-    dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
-    pad = (-T) % C
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        g = F.pad(g, (0, 0, 0, pad))
-    n = (T + pad) // C
-    Qc, Kc, Vc = (t.reshape(b, n, C, h, -1) for t in (q, k, v))
-    G = torch.cumsum(g.reshape(b, n, C, h), dim=2)
-    seg = G.unsqueeze(3) - G.unsqueeze(2)  # (b, n, t, s, h)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()[None, None, :, :, None]
-    M = torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
-    to_end = (G[:, :, -1:, :] - G).exp()
-    Uc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Vc, Kc)
-    chunk_decay = G[:, :, -1, :].exp()
-    U = q.new_zeros(b, h, dv, dk) if initial_state is None else initial_state.to(cd)
-    starts = []
-    for c in range(n):
-        starts.append(U)
-        U = chunk_decay[:, c, :, None, None] * U + Uc[:, c]
-    U0 = torch.stack(starts, 1)
-    inter = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnchj->bnchi", U0, Qc)
-    S = torch.einsum("bnthd,bnshd->bntsh", Qc, Kc) * M
-    o = (inter + torch.einsum("bntsh,bnshe->bnthe", S, Vc)) * scale
-    return o.reshape(b, n * C, h, dv)[:, :T].to(dtype), U.to(dtype)
+    q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
+    Q, K, V = (heads_first(t, C) for t in (q * scale, k, v))
+    G = heads_first(g, C).cumsum(-1)                                    # (b, h, n, C)
+    U0, U = gla_chunk_states(K, V, G, None if initial_state is None else initial_state.to(cd))
+    o = gla_chunk_readout(Q, K, V, G, causal_decay_mask(G, dim=-1), U0)
+    return time_first(o)[:, :T].to(dtype), U.to(dtype)
