@@ -86,16 +86,17 @@ class DenseOp:
 
 
 def decay_mask(G: torch.Tensor) -> torch.Tensor:
-    """``M[..., t, s, h] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, n, C, h)``."""
-    return causal_decay_mask(G, dim=2)
+    """``M[..., t, s] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, h, n, C)``."""
+    return causal_decay_mask(G, dim=-1)
 
 
 class ChunkOp:
-    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``:
+    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``, heads-first layout:
 
-    ``H0 (b, n, h, d, d)`` chunk-start state, ``K (b, n, C, h, d)`` keys, ``G (b, n, C, h)`` inclusive
-    cumulative log decay from the chunk start, ``lam (b, n, C, h)`` ridge. Vectors ``(b, n, C, h, d)``.
-    ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``.
+    ``H0 (b, h, n, d, d)`` chunk-start state, ``K (b, h, n, C, d)`` keys, ``G (b, h, n, C)`` inclusive
+    cumulative log decay from the chunk start, ``lam (b, h, n, C)`` ridge. Vectors ``(b, h, n, C, d)``.
+    ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``: per chunk,
+    ``((Xi K^T) * M) K + diag(e^G) Xi H0^T + diag(lam) Xi`` (batched matmuls).
 
     One instance per solve: it holds the causal decay mask ``M`` of that solve's ``G`` (computed once),
     which every one of the ~2 r matvecs of the solve reuses. :meth:`vjp`'s ``dG`` includes the mask's
@@ -115,22 +116,25 @@ class ChunkOp:
 
     def matvec(self, params, xi):
         H0, K, G, lam = params
-        M = self.mask
-        S = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M
-        y = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnthj->bnthi", H0, xi)
-        return y + torch.einsum("bntsh,bnshd->bnthd", S, K) + lam.unsqueeze(-1) * xi
+        Kt = K.transpose(-1, -2)
+        y = ((xi @ Kt) * self.mask) @ K
+        y = y + G.exp().unsqueeze(-1) * (xi @ H0.transpose(-1, -2))
+        return y + lam.unsqueeze(-1) * xi
 
     def vjp(self, params, xi, u):
         H0, K, G, lam = params
         M = self.mask
         eG = G.exp()
-        dH0 = torch.einsum("bnch,bnchi,bnchj->bnhij", eG, u, xi)
-        dG = eG * (u * torch.einsum("bnhij,bnchj->bnchi", H0, xi)).sum(-1)
-        A = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M  # M_ts (xi_t . k_s)
-        B = torch.einsum("bnthd,bnshd->bntsh", u, K) * M  # M_ts (u_t . k_s)
-        W = A * torch.einsum("bnthd,bnshd->bntsh", u, K)  # M_ts (xi_t.k_s)(u_t.k_s)
-        dG = dG + W.sum(3) - W.sum(2)
-        dK = torch.einsum("bntsh,bnthd->bnshd", B, xi) + torch.einsum("bntsh,bnthd->bnshd", A, u)
+        Kt = K.transpose(-1, -2)
+        dH0 = (eG.unsqueeze(-1) * u).transpose(-1, -2) @ xi                   # sum_t e^{G_t} u_t xi_t^T
+        dG = eG * (u * (xi @ H0.transpose(-1, -2))).sum(-1)
+        xk = xi @ Kt                                                          # (xi_t . k_s)
+        uk = u @ Kt                                                           # (u_t . k_s)
+        A = xk * M
+        B = uk * M
+        W = A * uk                                                            # M_ts (xi_t.k_s)(u_t.k_s)
+        dG = dG + W.sum(-1) - W.sum(-2)
+        dK = B.transpose(-1, -2) @ xi + A.transpose(-1, -2) @ u
         dlam = (u * xi).sum(-1)
         return dH0, dK, dG, dlam
 

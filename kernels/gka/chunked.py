@@ -16,6 +16,12 @@ Frobenius norm gives ``lambda_t = a ||H_t||_F + eps`` and the Chebyshev bounds w
 chunk-state pass, the norm and the readout are differentiated by autograd. ``solver="exact"`` is the
 exception: it materialises every ``H_t`` (``O(T d^2)`` memory) and calls ``torch.linalg.solve``.
 
+Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The solve
+runs on chunks of at most :data:`SOLVE_CHUNK` tokens (when ``chunk_size`` is a multiple of it): the
+function is the same for any chunk length (``H_t`` does not depend on it), and the per-token cost of a
+matvec is ``2 C d + d^2``, so short chunks make each of the ~2 r matvecs several times cheaper
+(``C = 16``: 2 d^2 versus 5 d^2 at ``C = 64`` for ``d = 32``). The Triton solve keeps ``chunk_size``.
+
 Padding (T not a multiple of C) appends tokens with ``q = k = v = 0`` and ``g = 0``: they leave the
 states unchanged and are cut from the output.
 """
@@ -23,87 +29,90 @@ from __future__ import annotations
 
 import torch
 
-from ..common import chunk_scan, compute_dtype, pad_time
+from ..common import chunk_scan, compute_dtype, heads_first, pad_time, time_first
+from ..gla.chunked import gla_chunk_readout
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
+#: the PyTorch solve's chunk length when ``chunk_size`` is a multiple of it (see the module docstring)
+SOLVE_CHUNK = 16
 
-def _chunk(t, n, C):
-    return t.reshape(t.shape[0], n, C, *t.shape[2:])
 
+def chunk_states(K, V, G, H_init, U_init):
+    """Chunk-start states ``(H0 (b, h, n, dk, dk), U0 (b, h, n, dv, dk))`` and the final ``(H, U)``.
 
-def chunk_states(Kc, Vc, G, H_init, U_init):
-    """Chunk-start states ``(H0 (b, n, h, dk, dk), U0 (b, n, h, dv, dk))`` and the final ``(H, U)``.
-
-    ``H`` and ``U`` share the decay, so they are passed across chunks together as one ``(dk + dv, dk)``
-    state per head by :func:`kernels.common.chunk_scan`.
+    ``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``. ``H`` and ``U`` share the decay,
+    so they are passed across chunks together as one ``(dk + dv, dk)`` state per head by
+    :func:`kernels.common.chunk_scan`.
     """
-    dk = Kc.shape[-1]
-    to_end = (G[:, :, -1:, :] - G).exp()  # (b, n, C, h)
-    KV = torch.cat([Kc, Vc], dim=-1)
-    HUc = torch.einsum("bnch,bnchi,bnchj->bhnij", to_end, KV, Kc)      # (b, h, n, dk + dv, dk)
-    starts, fin = chunk_scan(G[:, :, -1, :].exp().transpose(1, 2), HUc, torch.cat([H_init, U_init], dim=-2))
-    starts = starts.transpose(1, 2)                                     # (b, n, h, dk + dv, dk)
+    dk = K.shape[-1]
+    to_end = (G[..., -1:] - G).exp().unsqueeze(-1)                       # e^{G_C - G_s}
+    HUc = (torch.cat([K, V], dim=-1) * to_end).transpose(-1, -2) @ K      # (b, h, n, dk + dv, dk)
+    starts, fin = chunk_scan(G[..., -1].exp(), HUc, torch.cat([H_init, U_init], dim=-2))
     return starts[..., :dk, :], starts[..., dk:, :], fin[..., :dk, :], fin[..., dk:, :]
 
 
-def frob_norm_sq(H0, Kc, G, M=None):
-    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, n, C, h)``."""
+def frob_norm_sq(H0, K, G, M=None):
+    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, h, n, C)``."""
     M = decay_mask(G) if M is None else M
     eG = G.exp()
-    h0 = (H0 * H0).sum((-1, -2))  # (b, n, h)
-    kHk = torch.einsum("bnchi,bnhij,bnchj->bnch", Kc, H0, Kc)  # k_s^T H0 k_s
-    cross = torch.einsum("bntsh,bnsh->bnth", M, kHk)
-    Q = torch.einsum("bnshd,bnuhd->bnsuh", Kc, Kc).pow(2)  # (k_s . k_s')^2
-    quad = (torch.einsum("bntsh,bnsuh->bntuh", M, Q) * M).sum(3)
-    return eG.pow(2) * h0.unsqueeze(2) + 2 * eG * cross + quad
+    h0 = (H0 * H0).sum((-1, -2)).unsqueeze(-1)                            # (b, h, n, 1)
+    kHk = ((K @ H0) * K).sum(-1)                                          # k_s^T H0 k_s
+    cross = (M @ kHk.unsqueeze(-1)).squeeze(-1)
+    Q = (K @ K.transpose(-1, -2)).pow(2)                                  # (k_s . k_s')^2
+    quad = ((M @ Q) * M).sum(-1)
+    return eG.pow(2) * h0 + 2 * eG * cross + quad
 
 
-def per_token_H(H0, Kc, G, M=None):
-    """Materialised ``H_t`` (b, n, C, h, dk, dk) — only for ``solver="exact"`` and tests."""
+def per_token_H(H0, K, G, M=None):
+    """Materialised ``H_t`` (b, h, n, C, dk, dk) — only for ``solver="exact"`` and tests."""
     M = decay_mask(G) if M is None else M
-    within = torch.einsum("bntsh,bnshi,bnshj->bnthij", M, Kc, Kc)
-    return G.exp()[..., None, None] * H0.unsqueeze(2) + within
+    within = torch.einsum("...ts,...si,...sj->...tij", M, K, K)
+    return G.exp()[..., None, None] * H0.unsqueeze(-3) + within
+
+
+def _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, **kw):
+    """Call a solve written for the ``(b, n, C, h, ...)`` layout (the Triton kernels) from heads-first."""
+    tok = lambda t: t.movedim(1, 3)  # noqa: E731  (b, h, n, C, ...) -> (b, n, C, h, ...)
+    X = solve_fn(H0.transpose(1, 2), tok(K), tok(G), tok(lam), tok(mu), tok(L), tok(Q), **kw)
+    return X.movedim(3, 1)
 
 
 def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
                 solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
                 initial_state=None, solve_fn=None):
-    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` replaces the PyTorch
-    Chebyshev solve (the Triton backend plugs in here)."""
+    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` (in the ``(b, n, C, h, ...)``
+    layout) replaces the PyTorch Chebyshev solve (the Triton backend plugs in here)."""
     dtype = q.dtype
     cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     if initial_state is None:
-        H_init, U_init = q.new_zeros(b, h, dk, dk), q.new_zeros(b, h, dv, dk)
+        H_init, U_init = q.new_zeros(b, h, dk, dk, dtype=cd), q.new_zeros(b, h, dv, dk, dtype=cd)
     else:
         H_init, U_init = (s.to(cd) for s in initial_state)
     C = chunk_size
+    if solve_fn is None and num_iter > 0 and C > SOLVE_CHUNK and C % SOLVE_CHUNK == 0:
+        C = SOLVE_CHUNK
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
-    alpha = None if alpha is None else pad_time(alpha.to(cd), C)
-    n = q.shape[1] // C
-    Qc, Kc, Vc = _chunk(q, n, C), _chunk(k, n, C), _chunk(v, n, C)
-    G = torch.cumsum(_chunk(g, n, C), dim=2)  # (b, n, C, h)
-    H0, U0, H_fin, U_fin = chunk_states(Kc, Vc, G, H_init, U_init)
+    Q, K, V = (heads_first(t, C) for t in (q, k, v))
+    G = heads_first(g, C).cumsum(-1)                                      # (b, h, n, C)
+    H0, U0, H_fin, U_fin = chunk_states(K, V, G, H_init, U_init)
     M = decay_mask(G)
     if num_iter == 0:
-        X = Qc
+        X = Q
     else:
-        lam, mu, L = ridge(frob_norm_sq(H0, Kc, G, M), ridge_a, ridge_eps)
+        lam, mu, L = ridge(frob_norm_sq(H0, K, G, M), ridge_a, ridge_eps)
         if solver == "exact":
-            Ht = per_token_H(H0, Kc, G, M)
+            Ht = per_token_H(H0, K, G, M)
             eye = torch.eye(dk, dtype=cd, device=q.device)
-            X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Qc.unsqueeze(-1)).squeeze(-1)
+            X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Q.unsqueeze(-1)).squeeze(-1)
         elif solve_fn is not None:
-            X = solve_fn(H0, Kc, G, lam, mu, L, Qc, num_iter=num_iter, grad=grad)
+            X = _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
-            X = iterative_solve(ChunkOp(M), (H0, Kc, G, lam), Qc, mu, L, num_iter=num_iter, solver=solver,
-                                grad=grad)
-    Qt = mix_query(Qc, X, None if alpha is None else _chunk(alpha, n, C), num_iter)
-    inter = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnchj->bnchi", U0, Qt)
-    S = torch.einsum("bnthd,bnshd->bntsh", Qt, Kc) * M
-    o = (inter + torch.einsum("bntsh,bnshe->bnthe", S, Vc)) * scale
-    o = o.reshape(b, n * C, h, dv)[:, :T]
-    return o.to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
+            X = iterative_solve(ChunkOp(M), (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
+    A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
+    Qt = mix_query(Q, X, A, num_iter)
+    o = gla_chunk_readout(Qt * scale, K, V, G, M, U0)
+    return time_first(o)[:, :T].to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
