@@ -125,12 +125,12 @@ def chunk_gated_delta_rule_torch(
         G = None
         M = torch.ones(C, C, dtype=dt, device=k.device).tril()
         eG = None
-    KK = k_ @ k_.transpose(-1, -2)
-    A = (b_.unsqueeze(-1) * M * KK).tril(-1)                              # strictly lower
+    # I + A with A_ri = beta_r M_ri k_r.k_i (i < r): the solve reads only the strictly lower triangle
+    # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
+    A = (k_ @ k_.transpose(-1, -2)) * M * b_.unsqueeze(-1)
     bk = b_.unsqueeze(-1) * k_ if eG is None else (b_ * eG).unsqueeze(-1) * k_
     rhs = torch.cat([b_.unsqueeze(-1) * v_, bk], dim=-1)
-    eye = torch.eye(C, dtype=dt, device=k.device)
-    UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
+    UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
     QKm = (q_ @ k_.transpose(-1, -2)) * M                                 # masked by M (zero above)
     if G is None:
         Qg, Kd, gC = q_, k_, torch.ones(B, H, N, dtype=dt, device=k.device)

@@ -35,7 +35,7 @@ from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
 #: the PyTorch solve's chunk length when ``chunk_size`` is a multiple of it (see the module docstring)
-SOLVE_CHUNK = 16
+SOLVE_CHUNK = 64
 
 
 def chunk_states(K, V, G, H_init, U_init):
@@ -96,9 +96,11 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     if solve_fn is None and num_iter > 0 and C > SOLVE_CHUNK and C % SOLVE_CHUNK == 0:
         C = SOLVE_CHUNK
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
-    Q, K, V = (heads_first(t, C) for t in (q, k, v))
+    # contiguous once: the ~2 r matvecs of the solve would otherwise each copy the strided views
+    Q, K, V = (heads_first(t, C).contiguous() for t in (q, k, v))
     G = heads_first(g, C).cumsum(-1)                                      # (b, h, n, C)
     H0, U0, H_fin, U_fin = chunk_states(K, V, G, H_init, U_init)
+    H0 = H0.contiguous()
     M = decay_mask(G)
     if num_iter == 0:
         X = Q
@@ -111,7 +113,8 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
         elif solve_fn is not None:
             X = _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
-            X = iterative_solve(ChunkOp(M), (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
+            op = ChunkOp(M, G.exp().unsqueeze(-1))
+            X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
     o = gla_chunk_readout(Qt * scale, K, V, G, M, U0)
