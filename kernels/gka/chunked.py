@@ -16,11 +16,8 @@ Frobenius norm gives ``lambda_t = a ||H_t||_F + eps`` and the Chebyshev bounds w
 chunk-state pass, the norm and the readout are differentiated by autograd. ``solver="exact"`` is the
 exception: it materialises every ``H_t`` (``O(T d^2)`` memory) and calls ``torch.linalg.solve``.
 
-Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The solve
-runs on chunks of at most :data:`SOLVE_CHUNK` tokens (when ``chunk_size`` is a multiple of it): the
-function is the same for any chunk length (``H_t`` does not depend on it), and the per-token cost of a
-matvec is ``2 C d + d^2``, so short chunks make each of the ~2 r matvecs several times cheaper
-(``C = 16``: 2 d^2 versus 5 d^2 at ``C = 64`` for ``d = 32``). The Triton solve keeps ``chunk_size``.
+Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The ~2 r
+matvecs of a solve reuse one decay mask, one ``e^G`` and contiguous operands (:class:`ChunkOp`).
 
 Padding (T not a multiple of C) appends tokens with ``q = k = v = 0`` and ``g = 0``: they leave the
 states unchanged and are cut from the output.
@@ -33,9 +30,6 @@ from ..common import chunk_scan, compute_dtype, heads_first, pad_time, time_firs
 from ..gla.chunked import gla_chunk_readout
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
-
-#: the PyTorch solve's chunk length when ``chunk_size`` is a multiple of it (see the module docstring)
-SOLVE_CHUNK = 64
 
 
 def chunk_states(K, V, G, H_init, U_init):
@@ -93,8 +87,6 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     else:
         H_init, U_init = (s.to(cd) for s in initial_state)
     C = chunk_size
-    if solve_fn is None and num_iter > 0 and C > SOLVE_CHUNK and C % SOLVE_CHUNK == 0:
-        C = SOLVE_CHUNK
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
     # contiguous once: the ~2 r matvecs of the solve would otherwise each copy the strided views
     Q, K, V = (heads_first(t, C).contiguous() for t in (q, k, v))
@@ -117,5 +109,5 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
             X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
-    o = gla_chunk_readout(Qt * scale, K, V, G, M, U0)
+    o = gla_chunk_readout(Qt * scale, K, V, G, U0, M)
     return time_first(o)[:, :T].to(dtype), (H_fin.to(dtype), U_fin.to(dtype))

@@ -26,12 +26,51 @@ def gla_chunk_states(K, V, G, initial_state=None):
     return chunk_scan(G[..., -1].exp(), Uc, initial_state)
 
 
-def gla_chunk_readout(Q, K, V, G, M, U0):
-    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``M`` the causal decay
-    mask ``(b, h, n, C, C)``; ``Q, K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``U0 (b, h, n, dv, dk)``."""
-    intra = ((Q @ K.transpose(-1, -2)) * M) @ V
-    return torch.baddbmm(intra.flatten(0, 2), (G.exp().unsqueeze(-1) * Q).flatten(0, 2),
-                         U0.transpose(-1, -2).flatten(0, 2)).view(intra.shape)
+class _ChunkReadout(torch.autograd.Function):
+    """:func:`gla_chunk_readout` with a hand-written backward (see its docstring for the forward).
+
+    With ``P = (Q K^T) * M`` and ``R = Q U0^T``, ``O = P V + diag(e^G) R``; given ``dO``:
+    ``dP = dO V^T``, ``dQ = (dP * M) K + diag(e^G) dO U0``, ``dK = (dP * M)^T Q``, ``dV = P^T dO``,
+    ``dU0 = (diag(e^G) dO)^T Q`` and ``dG_t = e^{G_t} (dO_t . R_t) + sum_s W_ts - sum_s W_st`` with
+    ``W = dP * P`` (``dM_ts / dG_t = M_ts = -dM_ts / dG_s``). Autograd through the mask would instead
+    run several more passes over the ``C x C`` tensors (the subtraction, the select, the exponential).
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, G, U0):
+        Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
+        M = causal_decay_mask(G, dim=-1)
+        P = (Q @ K.transpose(-1, -2)).mul_(M)
+        R = Q @ U0.transpose(-1, -2)
+        eG = G.exp().unsqueeze(-1)
+        O = torch.addcmul(P @ V, eG, R)
+        ctx.save_for_backward(Q, K, V, eG, U0, M, P, R)
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, eG, U0, M, P, R = ctx.saved_tensors
+        dO = dO.contiguous()
+        dP = dO @ V.transpose(-1, -2)
+        W = dP * P
+        dS = dP.mul_(M)
+        dQ = torch.addcmul(dS @ K, eG, dO @ U0)
+        dK = dS.transpose(-1, -2) @ Q
+        dV = P.transpose(-1, -2) @ dO
+        eGdO = eG * dO
+        dU0 = eGdO.transpose(-1, -2) @ Q
+        dG = (eGdO * R).sum(-1) + W.sum(-1) - W.sum(-2)
+        return dQ, dK, dV, dG, dU0
+
+
+def gla_chunk_readout(Q, K, V, G, U0, M=None):
+    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``Q, K (b, h, n, C, dk)``,
+    ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``, ``U0 (b, h, n, dv, dk)``; ``M`` the causal decay mask
+    ``(b, h, n, C, C)`` if already computed (it is recomputed inside when gradients are needed)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V, G, U0)):
+        return _ChunkReadout.apply(Q, K, V, G, U0)
+    M = causal_decay_mask(G, dim=-1) if M is None else M
+    return torch.addcmul(((Q @ K.transpose(-1, -2)) * M) @ V, G.exp().unsqueeze(-1), Q @ U0.transpose(-1, -2))
 
 
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
@@ -41,8 +80,8 @@ def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, in
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
-    Q, K, V = (heads_first(t, C) for t in (q * scale, k, v))
+    Q, K, V = (heads_first(t, C) for t in (q if scale == 1.0 else q * scale, k, v))
     G = heads_first(g, C).cumsum(-1)                                    # (b, h, n, C)
     U0, U = gla_chunk_states(K, V, G, None if initial_state is None else initial_state.to(cd))
-    o = gla_chunk_readout(Q, K, V, G, causal_decay_mask(G, dim=-1), U0)
+    o = gla_chunk_readout(Q, K, V, G, U0)
     return time_first(o)[:, :T].to(dtype), U.to(dtype)
