@@ -64,33 +64,40 @@ class _ChunkRecurrence(torch.autograd.Function):
     def forward(ctx, U, W, Kd, gC, S0):
         N = U.shape[0]
         D = torch.empty_like(U)
-        starts = U.new_empty(N, *S0.shape)
-        S = S0.clone()
+        states = U.new_empty(N + 1, *S0.shape)                 # states[c] = S_c, states[N] = final
+        states[0] = S0
+        KdT = Kd.transpose(-1, -2)
         for c in range(N):
-            starts[c] = S
-            torch.baddbmm(U[c], W[c], S, beta=1.0, alpha=-1.0, out=D[c])
-            S = torch.baddbmm(S * gC[c, :, None, None], Kd[c].transpose(-1, -2), D[c])
-        ctx.save_for_backward(W, Kd, gC, starts, D)
-        return D, starts, S
+            torch.baddbmm(U[c], W[c], states[c], alpha=-1.0, out=D[c])
+            torch.mul(states[c], gC[c, :, None, None], out=states[c + 1])
+            states[c + 1].baddbmm_(KdT[c], D[c])
+        ctx.save_for_backward(W, Kd, gC, states, D)
+        return D, states[:N], states[N].clone()
 
     @staticmethod
     def backward(ctx, dD, d_starts, d_final):
-        W, Kd, gC, starts, D = ctx.saved_tensors
-        N = W.shape[0]
-        g = torch.zeros_like(starts[0]) if d_final is None else d_final.clone()   # dLoss / dS_{c+1}
+        W, Kd, gC, states, D = ctx.saved_tensors
+        N, BH = W.shape[:2]
+        g = torch.zeros_like(states[0]) if d_final is None else d_final.clone()   # dLoss / dS_{c+1}
         dU = torch.empty_like(D)
         dW, dKd = torch.empty_like(W), torch.empty_like(Kd)
         dgC = torch.empty_like(gC)
+        WT = W.transpose(-1, -2)
+        flat = g.shape[-1] * g.shape[-2]
         for c in range(N - 1, -1, -1):
-            dDc = torch.baddbmm(dD[c], Kd[c], g) if dD is not None else Kd[c] @ g
+            if dD is not None:
+                torch.baddbmm(dD[c], Kd[c], g, out=dU[c])                  # total dLoss / dD_c
+            else:
+                torch.bmm(Kd[c], g, out=dU[c])
+            dDc, Sc = dU[c], states[c]
             torch.bmm(D[c], g.transpose(-1, -2), out=dKd[c])
-            dgC[c] = (g * starts[c]).sum((-1, -2))
-            dU[c] = dDc
-            torch.bmm(dDc, starts[c].transpose(-1, -2), out=dW[c]).neg_()
-            g = torch.baddbmm(g * gC[c, :, None, None], W[c].transpose(-1, -2), dDc, alpha=-1.0)
+            torch.bmm(g.reshape(BH, 1, flat), Sc.reshape(BH, flat, 1), out=dgC[c].view(BH, 1, 1))
+            torch.bmm(dDc, Sc.transpose(-1, -2), out=dW[c])                # negated after the loop
+            g_prev = torch.baddbmm(g * gC[c, :, None, None], WT[c], dDc, alpha=-1.0)
             if d_starts is not None:
-                g += d_starts[c]
-        return dU, dW, dKd, dgC, g
+                g_prev += d_starts[c]
+            g = g_prev
+        return dU, dW.neg_(), dKd, dgC, g
 
 
 def chunk_gated_delta_rule_torch(
