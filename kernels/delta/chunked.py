@@ -108,11 +108,15 @@ def chunk_gated_delta_rule_torch(
     gamma: torch.Tensor | None,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    query_stride: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked gated delta rule above on ``(B, L, H, D)`` inputs (``q`` already scaled).
 
     Returns ``o`` ``(B, L, H, V)`` and the final state ``(B, H, K, V)``, both in the compute dtype.
-    Everything but the chunk-to-chunk recurrence is batched over all chunks.
+    Everything but the chunk-to-chunk recurrence is batched over all chunks. ``query_stride = s > 1``
+    (with ``chunk_size`` a multiple of ``s``): only the outputs at positions ``s-1, 2s-1, ...`` are
+    computed and returned, ``(B, L / s, H, V)`` (the delta product's queries sit there; the other
+    rows of ``q`` are zero).
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
@@ -138,11 +142,19 @@ def chunk_gated_delta_rule_torch(
     bk = b_.unsqueeze(-1) * k_ if eG is None else (b_ * eG).unsqueeze(-1) * k_
     rhs = torch.cat([b_.unsqueeze(-1) * v_, bk], dim=-1)
     UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-    QKm = (q_ @ k_.transpose(-1, -2)) * M                                 # masked by M (zero above)
+    if query_stride > 1:
+        if C % query_stride or L % query_stride:
+            raise ValueError(f"query_stride {query_stride} must divide chunk_size {C} and the length {L}")
+        rows = slice(query_stride - 1, None, query_stride)
+        q_, M_q = q_[..., rows, :], M[..., rows, :]
+        eG_q = None if eG is None else eG[..., rows]
+    else:
+        M_q, eG_q = M, eG
+    QKm = (q_ @ k_.transpose(-1, -2)) * M_q                               # masked by M (zero above)
     if G is None:
         Qg, Kd, gC = q_, k_, torch.ones(B, H, N, dtype=dt, device=k.device)
     else:
-        Qg = eG.unsqueeze(-1) * q_
+        Qg = eG_q.unsqueeze(-1) * q_
         Kd = torch.exp(G[..., -1:] - G).unsqueeze(-1) * k_                # e^{G_C - G_i} k_i
         gC = eG[..., -1]                                                  # (B,H,N)
 
@@ -155,7 +167,7 @@ def chunk_gated_delta_rule_torch(
     D = D.view(N, B, H, C, V).movedim(0, 2)                               # (B, H, N, C, V)
     starts = starts.view(N, B, H, K, V).movedim(0, 2)
     o = Qg @ starts + QKm @ D
-    return time_first(o)[:, :L], S.view(B, H, K, V)
+    return time_first(o)[:, :L // query_stride], S.view(B, H, K, V)
 
 
 def delta_product_chunked(
@@ -170,13 +182,21 @@ def delta_product_chunked(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta product (layout of :mod:`kernels.delta.reference`) via the chunked delta rule."""
-    return delta_product_via_rule(chunk_gated_delta_rule_torch, q, k, v, beta, g, num_householder, scale,
-                                  initial_state, chunk_size)
+    n = num_householder
+    if n > 1 and chunk_size % n == 0:
+        # only every n-th position carries a query: compute the outputs there alone
+        def rule(*args):
+            return chunk_gated_delta_rule_torch(*args, query_stride=n)
+        return delta_product_via_rule(rule, q, k, v, beta, g, n, scale, initial_state, chunk_size, strided=True)
+    return delta_product_via_rule(chunk_gated_delta_rule_torch, q, k, v, beta, g, n, scale, initial_state,
+                                  chunk_size)
 
 
-def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initial_state, chunk_size):
+def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initial_state, chunk_size,
+                           strided: bool = False):
     """Interleave the ``n_h`` sub-steps into one sequence ``n_h * T`` long (gate on sub-step 0, query on the
-    last), run the chunked gated delta ``rule`` over it, and read every ``n_h``-th output."""
+    last), run the chunked gated delta ``rule`` over it, and read every ``n_h``-th output (``strided``: the
+    rule returns those outputs only)."""
     B, T, H, K = q.shape
     n = num_householder
     k = flatten_substeps(k, n, T, "k")
@@ -186,5 +206,5 @@ def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initi
     q_up = at_least_fp32(q)
     qi, gi = interleave_inputs(q_up * scale, g, n, T * n)
     o, S = rule(qi, k, v, beta, gi, initial_state, chunk_size)
-    o = o[:, n - 1::n] if n > 1 else o
+    o = o[:, n - 1::n] if n > 1 and not strided else o
     return o.to(q.dtype), S
