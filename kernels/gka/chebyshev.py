@@ -101,15 +101,17 @@ class ChunkOp:
     One instance per solve: it holds the causal decay mask ``M`` of that solve's ``G`` (computed once),
     which every one of the ~2 r matvecs of the solve reuses. :meth:`vjp`'s ``dG`` includes the mask's
     dependence on ``G``; with ``grad="autograd"`` (unrolled) the mask must carry its graph
-    (``ChunkOp(decay_mask(G))``). ``decay``: ``e^G`` unsqueezed, likewise computed once per solve.
+    (``ChunkOp(decay_mask(G))``). ``decay`` (``e^G`` unsqueezed) and ``kh`` (``[K^T | H0^T]``) are
+    likewise computed once per solve.
     :meth:`for_params` builds a detached operator.
     """
 
     n_params = 4
 
-    def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None):
+    def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None, kh: torch.Tensor | None = None):
         self.mask = mask
         self.decay = decay  # e^{G} (b, h, n, C, 1), or None to compute it from G at every use
+        self.kh = kh        # [K^T | H0^T] (b, h, n, d, C + d): one matmul gives Xi K^T and Xi H0^T
 
     @classmethod
     def for_params(cls, params) -> "ChunkOp":
@@ -121,8 +123,13 @@ class ChunkOp:
 
     def matvec(self, params, xi):
         H0, K, G, lam = params
-        y = ((xi @ K.transpose(-1, -2)) * self.mask) @ K
-        y = torch.addcmul(y, self._decay(G), xi @ H0.transpose(-1, -2))
+        if self.kh is None:
+            xk, xh = xi @ K.transpose(-1, -2), xi @ H0.transpose(-1, -2)
+        else:
+            xkh = xi @ self.kh
+            C = K.shape[-2]
+            xk, xh = xkh[..., :C], xkh[..., C:]
+        y = torch.addcmul((xk * self.mask) @ K, self._decay(G), xh)
         return torch.addcmul(y, lam.unsqueeze(-1), xi)
 
     def vjp(self, params, xi, u):
