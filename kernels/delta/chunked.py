@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import at_least_fp32, causal_decay_mask, compute_dtype, heads_first, pad_time, time_first
+from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, heads_first, pad_time, time_first
 from .reference import flatten_substeps
 
 
@@ -134,7 +134,7 @@ def chunk_gated_delta_rule_torch(
         eG = G.exp()
     else:
         G = None
-        M = torch.ones(C, C, dtype=dt, device=k.device).tril()
+        M = causal_mask(C, k.device).to(dt)
         eG = None
     # I + A with A_ri = beta_r M_ri k_r.k_i (i < r): the solve reads only the strictly lower triangle
     # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pad_time
 from .reference import SCALE_FLOOR, State, _prev, ska_chain_torch, solve_operator  # noqa: F401
 
 
@@ -65,9 +65,8 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
         cs, N = T, 1
     else:
         cs, N = chunk_size, -(-T // chunk_size)
-    pad = N * cs - T
     def chunks(x):
-        return F.pad(x, (0, 0, 0, 0, 0, pad)).reshape(B, N, cs, H, x.shape[-1])
+        return pad_time(x, cs).reshape(B, N, cs, H, x.shape[-1])
     kc, wkc, kpc = chunks(k), chunks(wk), chunks(kprev)
     G = torch.einsum("bnchi,bnchj->bnhij", wkc, kc)
     M = torch.einsum("bnchi,bnchj->bnhij", wkc, kpc)
@@ -79,7 +78,7 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
         if normalisation == "seq_max":
             s = knorm.amax(dim=1)[:, None].expand(B, N, H)
         else:
-            cmax = F.pad(knorm, (0, 0, 0, pad)).reshape(B, N, cs, H).amax(dim=2)   # (B, N, H)
+            cmax = pad_time(knorm, cs).reshape(B, N, cs, H).amax(dim=2)             # (B, N, H)
             s = torch.cummax(F.pad(cmax, (0, 0, 1, 0))[:, :-1], dim=1).values        # exclusive
     s = s.clamp_min(SCALE_FLOOR)
     Linv, A, Cn = solve_operator(G, M, C, s, ridge=ridge, gamma=gamma, gamma_max=gamma_max,
