@@ -66,7 +66,7 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
     else:
         cs, N = chunk_size, -(-T // chunk_size)
     def chunks(x):
-        return pad_time(x, cs).reshape(B, N, cs, H, x.shape[-1])
+        return (pad_time(x, cs) if cs else x).reshape(B, N, cs, H, x.shape[-1])
     kc, wkc, kpc = chunks(k), chunks(wk), chunks(kprev)
     G = torch.einsum("bnchi,bnchj->bnhij", wkc, kc)
     M = torch.einsum("bnchi,bnchj->bnhij", wkc, kpc)
