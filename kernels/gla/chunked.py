@@ -26,6 +26,12 @@ def gla_chunk_states(K, V, G, initial_state=None):
     return chunk_scan(G[..., -1].exp(), Uc, initial_state)
 
 
+def _sum_to(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sum ``grad`` over the dims that ``like`` broadcasts (size 1 there)."""
+    dims = tuple(d for d in range(grad.ndim) if like.shape[d] == 1 and grad.shape[d] != 1)
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
 class _ChunkReadout(torch.autograd.Function):
     """:func:`gla_chunk_readout` with a hand-written backward (see its docstring for the forward).
 
@@ -34,13 +40,17 @@ class _ChunkReadout(torch.autograd.Function):
     ``dU0 = (diag(e^G) dO)^T Q`` and ``dG_t = e^{G_t} (dO_t . R_t) + sum_s W_ts - sum_s W_st`` with
     ``W = dP * P`` (``dM_ts / dG_t = M_ts = -dM_ts / dG_s``). Autograd through the mask would instead
     run several more passes over the ``C x C`` tensors (the subtraction, the select, the exponential).
+    When ``Q`` and ``K`` are shared by all heads (head axis of size 1, Mamba-2's single group of ``B``
+    and ``C``), ``Q K^T`` is computed once for all heads and ``dP * M`` is summed over the heads before
+    the products that give ``dQ`` and ``dK``.
     """
 
     @staticmethod
     def forward(ctx, Q, K, V, G, U0):
         Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
         M = causal_decay_mask(G, dim=-1)
-        P = (Q @ K.transpose(-1, -2)).mul_(M)
+        S = Q @ K.transpose(-1, -2)
+        P = S.mul_(M) if S.shape == M.shape else S * M
         R = Q @ U0.transpose(-1, -2)
         eG = G.exp().unsqueeze(-1)
         O = torch.addcmul(P @ V, eG, R)
@@ -54,19 +64,25 @@ class _ChunkReadout(torch.autograd.Function):
         dP = dO @ V.transpose(-1, -2)
         W = dP * P
         dS = dP.mul_(M)
-        dQ = torch.addcmul(dS @ K, eG, dO @ U0)
-        dK = dS.transpose(-1, -2) @ Q
-        dV = P.transpose(-1, -2) @ dO
         eGdO = eG * dO
+        if Q.shape[1] == 1 and K.shape[1] == 1 and dS.shape[1] > 1:    # shared by the heads
+            dS = dS.sum(1, keepdim=True)
+            dQ = dS @ K + (eGdO @ U0).sum(1, keepdim=True)
+            dK = dS.transpose(-1, -2) @ Q
+        else:
+            dQ = _sum_to(torch.addcmul(dS @ K, eG, dO @ U0), Q)
+            dK = _sum_to(dS.transpose(-1, -2) @ Q, K)
+        dV = P.transpose(-1, -2) @ dO
         dU0 = eGdO.transpose(-1, -2) @ Q
         dG = (eGdO * R).sum(-1) + W.sum(-1) - W.sum(-2)
         return dQ, dK, dV, dG, dU0
 
 
 def gla_chunk_readout(Q, K, V, G, U0, M=None):
-    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``Q, K (b, h, n, C, dk)``,
-    ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``, ``U0 (b, h, n, dv, dk)``; ``M`` the causal decay mask
-    ``(b, h, n, C, C)`` if already computed (it is recomputed inside when gradients are needed)."""
+    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``Q, K (b, h, n, C, dk)``
+    (or one head shared by all, ``(b, 1, n, C, dk)``), ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``,
+    ``U0 (b, h, n, dv, dk)``; ``M`` the causal decay mask ``(b, h, n, C, C)`` if already computed (it is
+    recomputed inside when gradients are needed)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V, G, U0)):
         return _ChunkReadout.apply(Q, K, V, G, U0)
     M = causal_decay_mask(G, dim=-1) if M is None else M
@@ -74,9 +90,11 @@ def gla_chunk_readout(Q, K, V, G, U0, M=None):
 
 
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
+    """``q, k (B, T, H, d_k)`` (or ``(B, T, 1, d_k)``: one query/key head shared by all ``H`` value heads),
+    ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
     dtype = q.dtype
     cd = compute_dtype(dtype)
-    b, T, h, dk = q.shape
+    b, T, _, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))

@@ -16,6 +16,10 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     """Same contract as :func:`kernels.ssd.reference.ssd_reference`: ``(y, final_state)``."""
     dtype = x.dtype
     cd = compute_dtype(dtype)
+    if B.shape[2] > 1 and B.stride(2) == 0 and C.stride(2) == 0:
+        # B and C expanded from one group shared by all heads (Mamba-2's default): pass the group once,
+        # so the chunked path forms C B^T once per chunk instead of once per head
+        B, C = B[:, :, :1], C[:, :, :1]
     x, dt, A, B, C = (t.to(cd) for t in (x, dt, A, B, C))
     h0 = None if initial_state is None else initial_state.to(cd).transpose(-1, -2)
     y, U = gla_chunked(C, B, x * dt.unsqueeze(-1), dt * A, scale=1.0, chunk_size=chunk_size, initial_state=h0)
