@@ -48,8 +48,8 @@ def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:
     C = G.shape[dim]
     shape = [1] * seg.ndim
     shape[dim], shape[dim + 1] = C, C
-    causal = causal_mask(C, G.device).reshape(shape)
-    return torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
+    anti_causal = ~causal_mask(C, G.device).reshape(shape)
+    return seg.masked_fill_(anti_causal, float("-inf")).exp_()
 
 
 def pad_time(x: torch.Tensor, multiple: int, value: float = 0.0) -> torch.Tensor:
