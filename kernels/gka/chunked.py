@@ -47,15 +47,21 @@ def chunk_states(K, V, G, H_init, U_init):
 
 
 def frob_norm_sq(H0, K, G, M=None):
-    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, h, n, C)``."""
+    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, h, n, C)``.
+
+    From ``H_t = e^{g_t} H_{t-1} + k_t k_t^T``: ``||H_t||^2 = e^{2 g_t} ||H_{t-1}||^2 + c_t`` with
+    ``c_t = 2 k_t^T (H_t - k_t k_t^T) k_t + ||k_t||^4 = 2 e^{G_t} k_t^T H0 k_t + 2 sum_{s<t} M_ts
+    (k_s . k_t)^2 + ||k_t||^4``, hence ``||H_t||^2 = e^{2 G_t} ||H0||^2 + sum_{s<=t} M_ts^2 c_s``:
+    ``O(C^2)`` per chunk (the expanded double sum ``sum_{s,u} M_ts M_tu (k_s . k_u)^2`` is ``O(C^3)``).
+    """
     M = decay_mask(G) if M is None else M
     eG = G.exp()
     h0 = (H0 * H0).sum((-1, -2)).unsqueeze(-1)                            # (b, h, n, 1)
     kHk = ((K @ H0) * K).sum(-1)                                          # k_s^T H0 k_s
-    cross = (M @ kHk.unsqueeze(-1)).squeeze(-1)
-    Q = (K @ K.transpose(-1, -2)).pow(2)                                  # (k_s . k_s')^2
-    quad = ((M @ Q) * M).sum(-1)
-    return eG.pow(2) * h0 + 2 * eG * cross + quad
+    Q = (K @ K.transpose(-1, -2)).pow(2)                                  # (k_s . k_u)^2
+    MQ = M * Q
+    c = 2 * (eG * kHk + MQ.sum(-1)) - Q.diagonal(dim1=-2, dim2=-1)       # M_ss = 1: 2 x diag - diag
+    return eG.pow(2) * h0 + ((M * M) @ c.unsqueeze(-1)).squeeze(-1)
 
 
 def per_token_H(H0, K, G, M=None):
