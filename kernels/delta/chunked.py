@@ -138,9 +138,9 @@ def chunk_gated_delta_rule_torch(
         eG = None
     # I + A with A_ri = beta_r M_ri k_r.k_i (i < r): the solve reads only the strictly lower triangle
     # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
-    A = (k_ @ k_.transpose(-1, -2)) * M * b_.unsqueeze(-1)
-    bk = b_.unsqueeze(-1) * k_ if eG is None else (b_ * eG).unsqueeze(-1) * k_
-    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk], dim=-1)
+    bk = b_.unsqueeze(-1) * k_                                            # beta folded into the product:
+    A = (bk @ k_.transpose(-1, -2)) * M                                   # one C x C pass less each way
+    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk if eG is None else eG.unsqueeze(-1) * bk], dim=-1)
     UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
     if query_stride > 1:
         if C % query_stride or L % query_stride:
