@@ -16,7 +16,7 @@ def ssd_mamba_ssm(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
     dtype = x.dtype
-    h0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
+    h0 = None if initial_state is None else initial_state.float().transpose(-1, -2).contiguous()
     y, final = mamba_chunk_scan_combined(x, dt.to(dtype), A.float(), B.to(dtype), C.to(dtype), chunk_size,
                                          initial_states=h0, return_final_states=True)
     return y.to(dtype), final.transpose(-1, -2).to(dtype)
