@@ -1,18 +1,36 @@
-"""Backend selection shared by every kernel family.
+"""Backend selection shared by every kernel family: the one place that decides what can run.
 
-``auto`` means Triton when the inputs live on a CUDA device and Triton imports, otherwise the chunked
-PyTorch path. ``triton`` on a CPU tensor is allowed only under the Triton interpreter
-(``TRITON_INTERPRET=1`` set before the first kernel is defined), which is how the test-suite checks
-the kernels on machines without a GPU.
+A family lists the backends it implements (``available=``) and :func:`resolve_backend` turns the
+requested name into one that can run on the given tensor, or raises :class:`BackendUnavailable`
+with what to do instead.
+
+- ``auto``: Triton when the family has it, the inputs live on a CUDA device and Triton imports;
+  otherwise the chunked PyTorch path (``torch``), or ``reference`` for a family without one.
+- ``triton`` on a CPU tensor is allowed only under the Triton interpreter (``TRITON_INTERPRET=1``
+  set before the first kernel is defined), which is how the test-suite checks the kernels on
+  machines without a GPU.
+- Outside backends (:data:`OUTSIDE_BACKENDS`: ``flash_attn``, ``fla``, ``mamba_ssm``) are other
+  projects' CUDA kernels, used as fast paths and oracles. They are never chosen by ``auto``, need
+  CUDA tensors and their package, and are imported lazily by the family only once chosen.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import torch
 
 BACKENDS = ("auto", "reference", "torch", "triton")
+
+#: outside backend name -> (module whose import proves it is installed, pip package to suggest)
+OUTSIDE_BACKENDS = {
+    "flash_attn": ("flash_attn", "flash-attn"),
+    "fla": ("fla", "flash-linear-attention"),
+    "mamba_ssm": ("mamba_ssm", "mamba-ssm"),
+}
+
+ALL_BACKENDS = BACKENDS + tuple(OUTSIDE_BACKENDS)
 
 
 class BackendUnavailable(RuntimeError):
@@ -29,6 +47,16 @@ def triton_importable() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def package_importable(module: str) -> bool:
+    """True when ``module`` imports (any failure, e.g. a CUDA-only build on a CPU machine, is False)."""
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True
+
+
 def triton_interpreting() -> bool:
     """True when Triton kernels run through the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -40,13 +68,19 @@ def triton_usable_for(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda or (triton_interpreting() and tensor.device.type == "cpu")
 
 
+def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
+    """True when the outside ``backend`` can run on ``tensor`` (a CUDA tensor and the package imports)."""
+    return tensor.is_cuda and package_importable(OUTSIDE_BACKENDS[backend][0])
+
+
 def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS) -> str:
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
 
-    Raises :class:`BackendUnavailable` with a message that says what to do instead.
+    ``available``: every backend the family implements (``auto`` need not be listed). Raises
+    :class:`BackendUnavailable` with a message that says what to do instead.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"{op}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend not in ALL_BACKENDS:
+        raise ValueError(f"{op}: unknown backend {backend!r}; choose one of {', '.join(ALL_BACKENDS)}")
     if backend == "auto":
         if "triton" in available and tensor.is_cuda and triton_importable():
             return "triton"
@@ -62,4 +96,13 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
             f"{op}: backend 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before import to run "
             f"the kernels on the CPU through the interpreter; use backend='torch' on a CPU"
         )
+    if backend in OUTSIDE_BACKENDS and not outside_usable_for(backend, tensor):
+        module, pip_name = OUTSIDE_BACKENDS[backend]
+        if not tensor.is_cuda:
+            raise BackendUnavailable(
+                f"{op}: backend {backend!r} runs CUDA kernels only and the inputs are on {tensor.device}; "
+                f"use backend='torch' (or 'auto') on a CPU")
+        raise BackendUnavailable(
+            f"{op}: backend {backend!r} needs the {pip_name} package (pip install {pip_name}), which does not "
+            f"import here; use backend='auto'")
     return backend

@@ -13,9 +13,17 @@ import torch
 import torch.nn.functional as F
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half / bf16 / fp32 inputs, fp64 for fp64 inputs."""
-    return torch.promote_types(dtype, torch.float32)
+def compute_dtype(*dtypes) -> torch.dtype:
+    """fp32 for half / bf16 / fp32 inputs, fp64 for fp64 inputs.
+
+    Takes one or more dtypes (or tensors, or None, which are skipped) and promotes them all together
+    with fp32: ``compute_dtype(q.dtype)``, ``compute_dtype(q, k, g_or_none)``.
+    """
+    out = torch.float32
+    for d in dtypes:
+        if d is not None:
+            out = torch.promote_types(out, d.dtype if torch.is_tensor(d) else d)
+    return out
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -40,8 +48,8 @@ def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:
     C = G.shape[dim]
     shape = [1] * seg.ndim
     shape[dim], shape[dim + 1] = C, C
-    causal = causal_mask(C, G.device).reshape(shape)
-    return torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
+    anti_causal = ~causal_mask(C, G.device).reshape(shape)
+    return seg.masked_fill_(anti_causal, float("-inf")).exp_()
 
 
 def pad_time(x: torch.Tensor, multiple: int, value: float = 0.0) -> torch.Tensor:
@@ -51,3 +59,74 @@ def pad_time(x: torch.Tensor, multiple: int, value: float = 0.0) -> torch.Tensor
         return x
     spec = [0, 0] * (x.ndim - 2) + [0, pad]
     return F.pad(x, spec, value=value)
+
+
+def heads_first(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``(b, n*chunk, h, *rest)`` -> ``(b, h, n, chunk, *rest)`` (a view; batched matmuls then run per
+    (batch, head, chunk) without the permute copies an einsum over a trailing head axis makes)."""
+    b, T, h = x.shape[:3]
+    return x.reshape(b, T // chunk, chunk, h, *x.shape[3:]).movedim(3, 1)
+
+
+def time_first(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`heads_first`: ``(b, h, n, chunk, *rest)`` -> ``(b, n*chunk, h, *rest)``."""
+    b, h, n, c = x.shape[:4]
+    return x.movedim(1, 3).reshape(b, n * c, h, *x.shape[4:])
+
+
+class _ChunkScan(torch.autograd.Function):
+    """``S_c = a_c S_{c-1} + X_c`` over chunks; returns the chunk-start states and the final state.
+
+    The loop runs without autograd (in-place writes into preallocated outputs) and the backward is the
+    same loop reversed, so the cost is linear in the number of chunks: indexing one chunk of a tensor
+    that autograd tracks would instead allocate a full-size gradient per chunk (quadratic in T).
+    """
+
+    @staticmethod
+    def forward(ctx, a, X, initial):
+        n = a.shape[-1]
+        extra = X.ndim - a.ndim                                 # state dims after the chunk axis
+        a_n = a.movedim(-1, 0).reshape(n, *a.shape[:-1], *([1] * extra))
+        X_n = X.movedim(a.ndim - 1, 0)
+        starts = torch.empty_like(X_n, memory_format=torch.contiguous_format)
+        S = initial
+        for c in range(n):
+            starts[c] = S
+            S = torch.addcmul(X_n[c], a_n[c], S)
+        ctx.save_for_backward(a_n, starts)
+        ctx.chunk_dim, ctx.extra = a.ndim - 1, extra
+        return starts.movedim(0, a.ndim - 1), S
+
+    @staticmethod
+    def backward(ctx, d_starts, d_final):
+        a_n, starts = ctx.saved_tensors
+        n = a_n.shape[0]
+        dim = ctx.chunk_dim
+        d_starts = None if d_starts is None else d_starts.movedim(dim, 0)
+        g = torch.zeros_like(starts[0]) if d_final is None else d_final.clone()
+        state_dims = tuple(range(starts.ndim - 1 - ctx.extra, starts.ndim - 1))
+        dX = torch.empty_like(starts)
+        da = starts.new_empty(starts.shape[:starts.ndim - ctx.extra]) if ctx.needs_input_grad[0] else None
+        for c in range(n - 1, -1, -1):
+            dX[c] = g                                           # g = dLoss/dS_c
+            if da is not None:
+                da[c] = (g * starts[c]).sum(state_dims)
+            g = g * a_n[c]
+            if d_starts is not None:
+                g += d_starts[c]
+        return (None if da is None else da.movedim(0, -1)), dX.movedim(0, dim), g
+
+
+def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = None):
+    """Pass states across chunks: ``S_c = a_c S_{c-1} + X_c`` with ``S_{-1} = initial`` (zero if None).
+
+    ``a`` ``(*lead, n)`` per-chunk decay factors, ``X`` ``(*lead, n, *state)`` per-chunk contributions,
+    ``initial`` ``(*lead, *state)``. Returns ``(starts (*lead, n, *state), final (*lead, *state))``,
+    ``starts[..., c, ...] = S_{c-1}`` (the state each chunk starts from). Differentiable in all three.
+    """
+    lead = a.ndim - 1
+    if X.shape[:a.ndim] != a.shape:
+        raise ValueError(f"chunk_scan: X {tuple(X.shape)} must start with the shape of a {tuple(a.shape)}")
+    if initial is None:
+        initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
+    return _ChunkScan.apply(a, X, initial.to(X.dtype))

@@ -55,7 +55,9 @@ class DeltaProduct(Mixer):
         conv_size: int = opt(4, "short convolution width")
         chunk_size: int = opt(64, "chunk length of the chunked kernel (does not change the result)")
         norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm")
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+        backend: str = opt("auto", "kernel backend (fla: flash-linear-attention's chunked delta rule / product, "
+                           "CUDA only)",
+                           choices=("auto", "reference", "torch", "triton", "fla"))
 
         def __post_init__(self):
             for field in ("n_heads", "num_householder", "conv_size", "chunk_size"):

@@ -121,8 +121,9 @@ class GLA(GatedRegressionBlock):
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
         conv_size: int = opt(4, "causal short-convolution width on q, k, v")
         chunk_size: int = opt(64, "chunk length of the chunked form")
-        backend: str = opt("auto", "kernel backend (gla has reference and torch; triton is not implemented)",
-                           choices=("auto", "reference", "torch", "triton"))
+        backend: str = opt("auto", "kernel backend (gla has reference, torch and fla: flash-linear-attention's "
+                           "chunk_simple_gla, CUDA only; triton is not implemented)",
+                           choices=("auto", "reference", "torch", "triton", "fla"))
 
         def __post_init__(self):
             for f in ("n_heads", "conv_size", "chunk_size"):

@@ -34,7 +34,8 @@ class Mamba2(Mixer):
         expand: int = opt(2, "inner width = expand * d_model")
         d_conv: int = opt(4, "short causal convolution width")
         chunk_size: int = opt(64, "chunk length of the chunked scan")
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+        backend: str = opt("auto", "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, CUDA only)",
+                           choices=("auto", "reference", "torch", "triton", "mamba_ssm"))
 
         def __post_init__(self):
             for field in ("d_state", "headdim", "expand", "d_conv", "chunk_size"):

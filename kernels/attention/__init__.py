@@ -13,18 +13,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..backend import BackendUnavailable, resolve_backend
+from ..backend import package_importable, resolve_backend
 from .reference import attention_reference
 
 __all__ = ["attention", "attention_reference", "flash_attn_available"]
 
+BACKENDS = ("reference", "torch", "triton", "flash_attn")
+
 
 def flash_attn_available() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
+    """True when the flash-attn package imports and a CUDA device exists."""
+    return package_importable("flash_attn") and torch.cuda.is_available()
 
 
 def _sdpa(q, k, v, causal, scale):
@@ -40,12 +39,10 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
-    if backend == "flash_attn":
-        if not (q.is_cuda and flash_attn_available()):
-            raise BackendUnavailable("attention: backend 'flash_attn' needs CUDA tensors and the flash-attn package")
+    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS)
+    if chosen == "flash_attn":
         from flash_attn import flash_attn_func
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
-    chosen = resolve_backend(backend, q, op="attention", available=("reference", "torch", "triton"))
     if chosen == "reference":
         return attention_reference(q, k, v, causal=causal, scale=scale)
     if chosen == "triton":

@@ -12,19 +12,20 @@ token ``t`` at ``t*n_h + j`` (``(B, T, n_h, H, ...)`` is accepted too); ``g`` ``
 ``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``.
 
 Backends: ``reference`` (token loop, :mod:`.reference`), ``torch`` (chunked UT transform,
-:mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`).
+:mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`), ``fla``
+(flash-linear-attention's chunked kernels, CUDA only, imported on first use, :mod:`.outside`).
 """
 from __future__ import annotations
 
 import torch
 
 from ..backend import resolve_backend
-from .chunked import delta_product_chunked, delta_product_step
-from .reference import delta_product_reference, householder_transition
+from .chunked import delta_product_chunked
+from .reference import delta_product_reference, delta_product_step, householder_transition
 
 __all__ = ["delta_product", "delta_rule", "delta_product_step", "householder_transition"]
 
-_AVAILABLE = ("reference", "torch", "triton")
+BACKENDS = ("reference", "torch", "triton", "fla")
 
 
 def delta_product(
@@ -42,12 +43,16 @@ def delta_product(
     """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
-    which = resolve_backend(backend, q, op="delta_product", available=_AVAILABLE)
+    which = resolve_backend(backend, q, op="delta_product", available=BACKENDS)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)
     if which == "reference":
         return delta_product_reference(*args)
     if which == "torch":
         return delta_product_chunked(*args, chunk_size=chunk_size)
+    if which == "fla":
+        from .outside import delta_product_fla
+
+        return delta_product_fla(*args, chunk_size=chunk_size)
     from .triton import delta_product_triton  # lazy: triton is optional
 
     return delta_product_triton(*args, chunk_size=chunk_size)

@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import compute_dtype, flatten_substeps
+from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, heads_first, pad_time, time_first
+from .reference import flatten_substeps
 
 
 def interleave_inputs(q, g, num_householder: int, L: int):
@@ -47,6 +48,58 @@ def interleave_inputs(q, g, num_householder: int, L: int):
     return q_new, g
 
 
+class _ChunkRecurrence(torch.autograd.Function):
+    """The sequential part of the chunked delta rule, chunk by chunk:
+
+        D_c = U_c - W_c S_c,   S_{c+1} = gC_c S_c + Kd_c^T D_c
+
+    Inputs ``U (N, BH, C, V)``, ``W, Kd (N, BH, C, K)``, ``gC (N, BH)``, ``S0 (BH, K, V)``, chunk axis
+    first so one chunk is a contiguous block. Returns ``D (N, BH, C, V)``, the chunk-start states
+    ``(N, BH, K, V)`` and the final state. The loop runs outside autograd and the backward is the same
+    loop reversed: autograd through per-chunk slices would allocate a full-size gradient for every
+    slice (quadratic in the sequence length).
+    """
+
+    @staticmethod
+    def forward(ctx, U, W, Kd, gC, S0):
+        N = U.shape[0]
+        D = torch.empty_like(U)
+        states = U.new_empty(N + 1, *S0.shape)                 # states[c] = S_c, states[N] = final
+        states[0] = S0
+        KdT = Kd.transpose(-1, -2)
+        for c in range(N):
+            torch.baddbmm(U[c], W[c], states[c], alpha=-1.0, out=D[c])
+            torch.mul(states[c], gC[c, :, None, None], out=states[c + 1])
+            states[c + 1].baddbmm_(KdT[c], D[c])
+        ctx.save_for_backward(W, Kd, gC, states, D)
+        return D, states[:N], states[N].clone()
+
+    @staticmethod
+    def backward(ctx, dD, d_starts, d_final):
+        W, Kd, gC, states, D = ctx.saved_tensors
+        N, BH = W.shape[:2]
+        g = torch.zeros_like(states[0]) if d_final is None else d_final.clone()   # dLoss / dS_{c+1}
+        dU = torch.empty_like(D)
+        dW, dKd = torch.empty_like(W), torch.empty_like(Kd)
+        dgC = torch.empty_like(gC)
+        WT = W.transpose(-1, -2)
+        flat = g.shape[-1] * g.shape[-2]
+        for c in range(N - 1, -1, -1):
+            if dD is not None:
+                torch.baddbmm(dD[c], Kd[c], g, out=dU[c])                  # total dLoss / dD_c
+            else:
+                torch.bmm(Kd[c], g, out=dU[c])
+            dDc, Sc = dU[c], states[c]
+            torch.bmm(D[c], g.transpose(-1, -2), out=dKd[c])
+            torch.bmm(g.reshape(BH, 1, flat), Sc.reshape(BH, flat, 1), out=dgC[c].view(BH, 1, 1))
+            torch.bmm(dDc, Sc.transpose(-1, -2), out=dW[c])                # negated after the loop
+            g_prev = torch.baddbmm(g * gC[c, :, None, None], WT[c], dDc, alpha=-1.0)
+            if d_starts is not None:
+                g_prev += d_starts[c]
+            g = g_prev
+        return dU, dW.neg_(), dKd, dgC, g
+
+
 def chunk_gated_delta_rule_torch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -55,10 +108,15 @@ def chunk_gated_delta_rule_torch(
     gamma: torch.Tensor | None,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    query_stride: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked gated delta rule above on ``(B, L, H, D)`` inputs (``q`` already scaled).
 
     Returns ``o`` ``(B, L, H, V)`` and the final state ``(B, H, K, V)``, both in the compute dtype.
+    Everything but the chunk-to-chunk recurrence is batched over all chunks. ``query_stride = s > 1``
+    (with ``chunk_size`` a multiple of ``s``): only the outputs at positions ``s-1, 2s-1, ...`` are
+    computed and returned, ``(B, L / s, H, V)`` (the delta product's queries sit there; the other
+    rows of ``q`` are zero).
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
@@ -66,45 +124,50 @@ def chunk_gated_delta_rule_torch(
     if C <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     dt = compute_dtype(q, k, v, beta, gamma, initial_state)
-    pad = (-L) % C
-    N = (L + pad) // C
+    q, k, v, beta = (pad_time(x.to(dt), C) for x in (q, k, v, beta))
+    N = q.shape[1] // C
+    q_, k_, v_ = heads_first(q, C), heads_first(k, C), heads_first(v, C)   # (B, H, N, C, D)
+    b_ = heads_first(beta, C)                                              # (B, H, N, C)
+    if gamma is not None:
+        G = heads_first(pad_time(gamma.to(dt), C), C).cumsum(-1)
+        M = causal_decay_mask(G, dim=-1)                                  # e^{G_r - G_i}, i <= r
+        eG = G.exp()
+    else:
+        G = None
+        M = causal_mask(C, k.device).to(dt)
+        eG = None
+    # I + A with A_ri = beta_r M_ri k_r.k_i (i < r): the solve reads only the strictly lower triangle
+    # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
+    bk = b_.unsqueeze(-1) * k_                                            # beta folded into the product:
+    A = (bk @ k_.transpose(-1, -2)) * M                                   # one C x C pass less each way
+    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk if eG is None else eG.unsqueeze(-1) * bk], dim=-1)
+    UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    if query_stride > 1:
+        if C % query_stride or L % query_stride:
+            raise ValueError(f"query_stride {query_stride} must divide chunk_size {C} and the length {L}")
+        rows = slice(query_stride - 1, None, query_stride)
+        q_, M_q = q_[..., rows, :], M[..., rows, :]
+        eG_q = None if eG is None else eG[..., rows]
+    else:
+        M_q, eG_q = M, eG
+    QKm = (q_ @ k_.transpose(-1, -2)) * M_q                               # masked by M (zero above)
+    if G is None:
+        Qg, Kd, gC = q_, k_, torch.ones(B, H, N, dtype=dt, device=k.device)
+    else:
+        Qg = eG_q.unsqueeze(-1) * q_
+        Kd = torch.exp(G[..., -1:] - G).unsqueeze(-1) * k_                # e^{G_C - G_i} k_i
+        gC = eG[..., -1]                                                  # (B,H,N)
 
-    def prep(x, last):  # (B, L, H, *last) -> (B, H, N, C, *last) in the compute dtype
-        x = x.to(dt)
-        if pad:
-            x = F.pad(x, (0, 0) * len(last) + (0, 0, 0, pad))
-        perm = (0, 2, 1) + tuple(range(3, 3 + len(last)))
-        return x.permute(*perm).reshape(B, H, N, C, *last)
+    def chunk_major(x):  # (B, H, N, ...) -> (N, B*H, ...), contiguous
+        return x.movedim(2, 0).reshape(N, B * H, *x.shape[3:]).contiguous()
 
-    q_, k_, v_ = prep(q, (K,)), prep(k, (K,)), prep(v, (V,))
-    b_ = prep(beta, ())
-    gam = prep(gamma, ()) if gamma is not None else torch.zeros_like(b_)
-    G = gam.cumsum(-1)                                                    # (B,H,N,C)
-    idx = torch.arange(C, device=k.device)
-    incl = idx[:, None] >= idx[None, :]                                   # i <= r
-    strict = idx[:, None] > idx[None, :]
-    diff = G[..., :, None] - G[..., None, :]
-    M = torch.exp(diff.masked_fill(~incl, float("-inf")))                 # e^{G_r - G_i}, i <= r
-    KK = k_ @ k_.transpose(-1, -2)
-    A = (b_[..., :, None] * M * KK).masked_fill(~strict, 0.0)
-    eG = G.exp()
-    rhs = torch.cat([b_[..., None] * v_, (b_ * eG)[..., None] * k_], dim=-1)
-    eye = torch.eye(C, dtype=dt, device=k.device)
-    UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
-    U, W = UW[..., :V], UW[..., V:]
-    QKm = (q_ @ k_.transpose(-1, -2)) * M                                 # masked by M (zero above)
-    Qg = eG[..., None] * q_
-    Kd = torch.exp(G[..., -1:] - G)[..., None] * k_                      # e^{G_C - G_i} k_i
-    gC = eG[..., -1]                                                      # (B,H,N)
-
-    S = q_.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dt)
-    outs = []
-    for c in range(N):
-        D = U[:, :, c] - W[:, :, c] @ S
-        outs.append(Qg[:, :, c] @ S + QKm[:, :, c] @ D)
-        S = gC[:, :, c, None, None] * S + Kd[:, :, c].transpose(-1, -2) @ D
-    o = torch.stack(outs, dim=2).reshape(B, H, N * C, V)[:, :, :L].transpose(1, 2)
-    return o, S
+    S0 = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dt).reshape(B * H, K, V)
+    D, starts, S = _ChunkRecurrence.apply(chunk_major(UW[..., :V]), chunk_major(UW[..., V:]), chunk_major(Kd),
+                                          chunk_major(gC), S0)
+    D = D.view(N, B, H, C, V).movedim(0, 2)                               # (B, H, N, C, V)
+    starts = starts.view(N, B, H, K, V).movedim(0, 2)
+    o = Qg @ starts + QKm @ D
+    return time_first(o)[:, :L // query_stride], S.view(B, H, K, V)
 
 
 def delta_product_chunked(
@@ -119,49 +182,29 @@ def delta_product_chunked(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta product (layout of :mod:`kernels.delta.reference`) via the chunked delta rule."""
-    return delta_product_via_rule(chunk_gated_delta_rule_torch, q, k, v, beta, g, num_householder, scale,
-                                  initial_state, chunk_size)
+    n = num_householder
+    if n > 1 and chunk_size % n == 0:
+        # only every n-th position carries a query: compute the outputs there alone
+        def rule(*args):
+            return chunk_gated_delta_rule_torch(*args, query_stride=n)
+        return delta_product_via_rule(rule, q, k, v, beta, g, n, scale, initial_state, chunk_size, strided=True)
+    return delta_product_via_rule(chunk_gated_delta_rule_torch, q, k, v, beta, g, n, scale, initial_state,
+                                  chunk_size)
 
 
-def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initial_state, chunk_size):
+def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initial_state, chunk_size,
+                           strided: bool = False):
     """Interleave the ``n_h`` sub-steps into one sequence ``n_h * T`` long (gate on sub-step 0, query on the
-    last), run the chunked gated delta ``rule`` over it, and read every ``n_h``-th output."""
+    last), run the chunked gated delta ``rule`` over it, and read every ``n_h``-th output (``strided``: the
+    rule returns those outputs only)."""
     B, T, H, K = q.shape
     n = num_householder
     k = flatten_substeps(k, n, T, "k")
     v = flatten_substeps(v, n, T, "v")
     beta = flatten_substeps(beta, n, T, "beta")
     scale = K ** -0.5 if scale is None else scale
-    q_up = q.to(torch.promote_types(q.dtype, torch.float32))
+    q_up = at_least_fp32(q)
     qi, gi = interleave_inputs(q_up * scale, g, n, T * n)
     o, S = rule(qi, k, v, beta, gi, initial_state, chunk_size)
-    o = o[:, n - 1::n] if n > 1 else o
+    o = o[:, n - 1::n] if n > 1 and not strided else o
     return o.to(q.dtype), S
-
-
-def delta_product_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    g_t: torch.Tensor | None,
-    state: torch.Tensor,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence: ``q_t`` ``(B, H, K)``, ``k_t`` ``(B, n_h, H, K)``, ``v_t``
-    ``(B, n_h, H, V)``, ``beta_t`` ``(B, n_h, H)``, ``g_t`` ``(B, H)`` or None, ``state`` ``(B, H, K, V)``.
-
-    Returns ``(o_t (B, H, V) in q_t's dtype, new state in the compute dtype)``.
-    """
-    K = q_t.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
-    dt = compute_dtype(q_t, k_t, v_t, beta_t, g_t, state)
-    S = state.to(dt)
-    if g_t is not None:
-        S = S * g_t.to(dt).exp()[..., None, None]
-    for j in range(k_t.shape[1]):
-        kj, vj, bj = k_t[:, j].to(dt), v_t[:, j].to(dt), beta_t[:, j].to(dt)
-        resid = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
-        S = S + bj[..., None, None] * kj[..., :, None] * resid[..., None, :]
-    o = torch.einsum("bhkv,bhk->bhv", S, q_t.to(dt)) * scale
-    return o.to(q_t.dtype), S

@@ -21,10 +21,13 @@ Layout (the same as flash-linear-attention's ``naive_recurrent_gated_delta_produ
 
 Computation runs in the promoted dtype of the inputs and at least fp32 (so fp64 inputs stay fp64);
 the output is returned in ``q``'s dtype and the final state in the compute dtype.
+:func:`delta_product_step` is one token; the reference loop is built from it.
 """
 from __future__ import annotations
 
 import torch
+
+from ..common import compute_dtype
 
 
 def flatten_substeps(x: torch.Tensor, num_householder: int, T: int, what: str) -> torch.Tensor:
@@ -40,12 +43,33 @@ def flatten_substeps(x: torch.Tensor, num_householder: int, T: int, what: str) -
     return x
 
 
-def compute_dtype(*xs) -> torch.dtype:
-    dt = torch.float32
-    for x in xs:
-        if x is not None:
-            dt = torch.promote_types(dt, x.dtype)
-    return dt
+def delta_product_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    beta_t: torch.Tensor,
+    g_t: torch.Tensor | None,
+    state: torch.Tensor,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence: ``q_t`` ``(B, H, K)``, ``k_t`` ``(B, n_h, H, K)``, ``v_t``
+    ``(B, n_h, H, V)``, ``beta_t`` ``(B, n_h, H)``, ``g_t`` ``(B, H)`` or None, ``state`` ``(B, H, K, V)``.
+
+    Returns ``(o_t (B, H, V) in q_t's dtype, new state in the compute dtype)``.
+    """
+    K = q_t.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    dt = compute_dtype(q_t, k_t, v_t, beta_t, g_t, state)
+    S = state.to(dt)
+    if g_t is not None:
+        S = S * g_t.to(dt).exp()[..., None, None]
+    for j in range(k_t.shape[1]):
+        kj, vj, bj = k_t[:, j].to(dt), v_t[:, j].to(dt), beta_t[:, j].to(dt)
+        # (I - b k k^T) S + b k v^T  =  S + b k (v - S^T k)^T
+        resid = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
+        S = S + bj[..., None, None] * kj[..., :, None] * resid[..., None, :]
+    o = torch.einsum("bhkv,bhk->bhv", S, q_t.to(dt)) * scale
+    return o.to(q_t.dtype), S
 
 
 def delta_product_reference(
@@ -58,30 +82,21 @@ def delta_product_reference(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recurrence above, one token and one Householder sub-step at a time (differentiable)."""
+    """The recurrence above, one token at a time with :func:`delta_product_step` (differentiable)."""
     B, T, H, K = q.shape
     n = num_householder
-    k = flatten_substeps(k, n, T, "k")
-    v = flatten_substeps(v, n, T, "v")
-    beta = flatten_substeps(beta, n, T, "beta")
+    k, v, beta = (flatten_substeps(x, n, T, what) for x, what in ((k, "k"), (v, "v"), (beta, "beta")))
     V = v.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
     dt = compute_dtype(q, k, v, beta, g, initial_state)
-    q, k, v, beta = (x.to(dt) for x in (q, k, v, beta))
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dt)
+    k, v, beta = (x.reshape(B, T, n, *x.shape[2:]) for x in (k, v, beta))   # (B, T, n_h, H, ...)
+    S = q.new_zeros(B, H, K, V, dtype=dt) if initial_state is None else initial_state.to(dt)
     outs = []
     for t in range(T):
-        if g is not None:
-            S = S * g[:, t].to(dt).exp()[..., None, None]
-        for j in range(n):
-            s = t * n + j
-            k_s, v_s, b_s = k[:, s], v[:, s], beta[:, s]              # (B,H,K), (B,H,V), (B,H)
-            # (I - b k k^T) S + b k v^T  =  S + b k (v - S^T k)^T
-            resid = v_s - torch.einsum("bhkv,bhk->bhv", S, k_s)
-            S = S + b_s[..., None, None] * k_s[..., :, None] * resid[..., None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]) * scale)
+        o_t, S = delta_product_step(q[:, t], k[:, t], v[:, t], beta[:, t], None if g is None else g[:, t], S,
+                                    scale)
+        outs.append(o_t)
     o = torch.stack(outs, dim=1) if T > 0 else q.new_zeros(B, 0, H, V)
-    return o.to(q.dtype if q.dtype.is_floating_point else dt), S
+    return o, S
 
 
 def householder_transition(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Gated KalmaNet (GKA, seed 003): gated ridge regression solved per token by Chebyshev iteration.
+"""Gated KalmaNet (GKA; "Gated KalmaNet", arXiv:2511.21016): gated ridge regression solved per token by Chebyshev iteration.
 
     H_t = e^{g_t} H_{t-1} + k_t k_t^T,   U_t = e^{g_t} U_{t-1} + v_t k_t^T
     x_t ~= (H_t + lambda_t I)^{-1} q_t,  lambda_t = a ||H_t||_F + eps
@@ -7,7 +7,7 @@
 ``num_iter = 0`` skips the solve (``x = q``): exactly gated linear attention. Solvers: ``chebyshev``
 (default, ``num_iter`` iterations), ``cg`` (conjugate gradients, ``num_iter`` steps), ``exact``
 (``torch.linalg.solve`` on materialised ``H_t``). Gradients through the solve: ``implicit``
-(default), ``reverse_chebyshev`` (seed Algorithm 2, exact), ``autograd`` (unrolled).
+(default), ``reverse_chebyshev`` (the paper's Algorithm 2, exact), ``autograd`` (unrolled).
 
 Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CPU default),
 ``triton`` (chunked with the within-chunk Chebyshev solve and its backward in Triton; Chebyshev only).
@@ -26,12 +26,7 @@ __all__ = ["gka", "gka_chunked", "gka_reference", "gka_step", "chebyshev_iterate
 ALL_SOLVERS = SOLVERS + ("exact",)
 
 
-def _available():
-    try:
-        from ..backend import triton_importable
-        return ("reference", "torch", "triton") if triton_importable() else ("reference", "torch")
-    except Exception:  # pragma: no cover
-        return ("reference", "torch")
+BACKENDS = ("reference", "torch", "triton")
 
 
 def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
@@ -49,7 +44,7 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         raise ValueError(f"gka: num_iter must be >= 0, got {num_iter}")
     kw = dict(ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad, scale=scale,
               initial_state=initial_state)
-    chosen = resolve_backend(backend, q, op="gka", available=_available())
+    chosen = resolve_backend(backend, q, op="gka", available=BACKENDS)
     if chosen == "triton" and num_iter > 0:
         why = None
         if solver != "chebyshev":

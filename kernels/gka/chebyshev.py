@@ -6,7 +6,7 @@ The solvers never see ``A`` itself: they take an *operator* (a small class with 
 
 - :class:`DenseOp` — ``A = H + lam I`` with an explicit ``H`` per system (the reference path and the
   decode step);
-- :class:`ChunkOp` — GKA's within-chunk operator (Gated KalmaNet, seed 003, Sec. 4.2): every token ``t``
+- :class:`ChunkOp` — GKA's within-chunk operator (Gated KalmaNet, Sec. 4.2): every token ``t``
   of a chunk solves with ``A_t = e^{G_t} H_0 + sum_{s<=t} e^{G_t-G_s} k_s k_s^T + lam_t I`` through the
   matvec ``e^{G_t} H_0 xi_t + ((xi K^T) * causal decay mask) K + lam_t xi_t``, never forming a
   per-token ``d x d`` matrix.
@@ -15,7 +15,7 @@ The solvers never see ``A`` itself: they take an *operator* (a small class with 
 parameters. Because ``dA = -z x^T`` (implicit function theorem) and every Chebyshev step contributes
 ``-c_i dxi_i xi_{i-1}^T`` to ``dA``, both backward passes below reduce to calls of ``vjp``.
 
-Chebyshev iteration (Algorithm 1 of the seed; MIXERS.md), spectrum of ``A`` inside ``[mu, L]``::
+Chebyshev iteration (Algorithm 1 of "Gated KalmaNet", arXiv:2511.21016), spectrum of ``A`` inside ``[mu, L]``::
 
     rho = (L - mu) / (L + mu),  s = 2 / (L + mu)
     xi_{-1} = 0,  xi_0 = s q,  omega_0 = 2
@@ -31,9 +31,9 @@ Gradient modes (``grad=``):
 - ``"autograd"``: backpropagate through the unrolled iterations (stores every iterate);
 - ``"implicit"``: treat the output as the exact solution: ``dq = A^{-1} dx`` by another solve of the
   same kind (``A`` is symmetric), ``dA = -dq x^T``. For Chebyshev, ``dq`` is *exactly* the unrolled
-  gradient (the iteration is a symmetric polynomial ``p_r(A)``, seed Lemma 2); ``dA`` is exact only
+  gradient (the iteration is a symmetric polynomial ``p_r(A)``, the paper's Lemma 2); ``dA`` is exact only
   at convergence.
-- ``"reverse_chebyshev"``: the seed's exact backward (Appendix E.1, Algorithm 2): the iteration is run
+- ``"reverse_chebyshev"``: the paper's exact backward (Appendix E.1, Algorithm 2): the iteration is run
   backwards from the last two iterates, recomputing ``xi_{i-2} = (omega_i xi_{i-1} - s omega_i A
   xi_{i-1} + s omega_i q - xi_i) / (omega_i - 1)`` while propagating ``dxi``; nothing but ``xi_r`` and
   ``xi_{r-1}`` is stored. Equal to ``"autograd"`` up to rounding.
@@ -43,9 +43,9 @@ Conventions and deviations (documented on purpose):
 - The spectrum bounds ``mu, L`` only set the step sizes; they are treated as constants of the
   solver (no gradient flows through them in any mode). ``A`` itself, including ``lambda = a
   ||H||_F``, is differentiated.
-- The seed's Eq. (49)/(50) print ``+ c_i q`` in the reversed step; solving Eq. (44) for
+- The paper's Eq. (49)/(50) print ``+ c_i q`` in the reversed step; solving Eq. (44) for
   ``xi_{i-2}`` gives ``- c_i q`` (with ``b_i = -(omega_i - 1)``), which is what is implemented.
-- The seed reverses the weight schedule too (``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``, Eq. 47). That
+- The paper reverses the weight schedule too (``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``, Eq. 47). That
   recursion is repelled from the fixed point ``omega_1*`` the forward schedule converges to, so its
   rounding error grows like ``R^{-i}``; we recompute the (scalar per system) forward schedule instead.
   :func:`omega_schedule_reversed` implements Eq. (47) for comparison.
@@ -55,6 +55,8 @@ Conventions and deviations (documented on purpose):
 from __future__ import annotations
 
 import torch
+
+from ..common import causal_decay_mask
 
 SOLVERS = ("chebyshev", "cg")
 GRAD_MODES = ("implicit", "reverse_chebyshev", "autograd")
@@ -83,60 +85,67 @@ class DenseOp:
         return torch.einsum("...i,...j->...ij", u, xi), (u * xi).sum(-1)
 
 
-def _causal(C: int, device) -> torch.Tensor:
-    return torch.ones(C, C, dtype=torch.bool, device=device).tril()
-
-
 def decay_mask(G: torch.Tensor) -> torch.Tensor:
-    """``M[..., t, s, h] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, n, C, h)``."""
-    seg = G.unsqueeze(3) - G.unsqueeze(2)  # (b, n, t, s, h)
-    causal = _causal(G.shape[2], G.device)[None, None, :, :, None]
-    return torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
-
-
-_last_mask: list = [None, None]  # (G, mask) of the latest solve: a solve calls matvec/vjp ~2 r times with one G
-
-
-def _decay_mask_cached(G: torch.Tensor) -> torch.Tensor:
-    key = (G, G._version, torch.is_grad_enabled())
-    cached_key, mask = _last_mask
-    if cached_key is not None and cached_key[0] is key[0] and cached_key[1:] == key[1:]:
-        return mask
-    mask = decay_mask(G)
-    _last_mask[0], _last_mask[1] = key, mask
-    return mask
+    """``M[..., t, s] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, h, n, C)``."""
+    return causal_decay_mask(G, dim=-1)
 
 
 class ChunkOp:
-    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``:
+    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``, heads-first layout:
 
-    ``H0 (b, n, h, d, d)`` chunk-start state, ``K (b, n, C, h, d)`` keys, ``G (b, n, C, h)`` inclusive
-    cumulative log decay from the chunk start, ``lam (b, n, C, h)`` ridge. Vectors ``(b, n, C, h, d)``.
-    ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``.
+    ``H0 (b, h, n, d, d)`` chunk-start state, ``K (b, h, n, C, d)`` keys, ``G (b, h, n, C)`` inclusive
+    cumulative log decay from the chunk start, ``lam (b, h, n, C)`` ridge. Vectors ``(b, h, n, C, d)``.
+    ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``: per chunk,
+    ``((Xi K^T) * M) K + diag(e^G) Xi H0^T + diag(lam) Xi`` (batched matmuls).
+
+    One instance per solve: it holds the causal decay mask ``M`` of that solve's ``G`` (computed once),
+    which every one of the ~2 r matvecs of the solve reuses. :meth:`vjp`'s ``dG`` includes the mask's
+    dependence on ``G``; with ``grad="autograd"`` (unrolled) the mask must carry its graph
+    (``ChunkOp(decay_mask(G))``). ``decay`` (``e^G`` unsqueezed) and ``kh`` (``[K^T | H0^T]``) are
+    likewise computed once per solve.
+    :meth:`for_params` builds a detached operator.
     """
 
     n_params = 4
 
-    @staticmethod
-    def matvec(params, xi):
-        H0, K, G, lam = params
-        M = _decay_mask_cached(G)
-        S = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M
-        y = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnthj->bnthi", H0, xi)
-        return y + torch.einsum("bntsh,bnshd->bnthd", S, K) + lam.unsqueeze(-1) * xi
+    def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None, kh: torch.Tensor | None = None):
+        self.mask = mask
+        self.decay = decay  # e^{G} (b, h, n, C, 1), or None to compute it from G at every use
+        self.kh = kh        # [K^T | H0^T] (b, h, n, d, C + d): one matmul gives Xi K^T and Xi H0^T
 
-    @staticmethod
-    def vjp(params, xi, u):
+    @classmethod
+    def for_params(cls, params) -> "ChunkOp":
+        with torch.no_grad():
+            return cls(decay_mask(params[2]), params[2].exp().unsqueeze(-1))
+
+    def _decay(self, G):
+        return G.exp().unsqueeze(-1) if self.decay is None else self.decay
+
+    def matvec(self, params, xi):
         H0, K, G, lam = params
-        M = _decay_mask_cached(G)
-        eG = G.exp()
-        dH0 = torch.einsum("bnch,bnchi,bnchj->bnhij", eG, u, xi)
-        dG = eG * (u * torch.einsum("bnhij,bnchj->bnchi", H0, xi)).sum(-1)
-        A = torch.einsum("bnthd,bnshd->bntsh", xi, K) * M  # M_ts (xi_t . k_s)
-        B = torch.einsum("bnthd,bnshd->bntsh", u, K) * M  # M_ts (u_t . k_s)
-        W = A * torch.einsum("bnthd,bnshd->bntsh", u, K)  # M_ts (xi_t.k_s)(u_t.k_s)
-        dG = dG + W.sum(3) - W.sum(2)
-        dK = torch.einsum("bntsh,bnthd->bnshd", B, xi) + torch.einsum("bntsh,bnthd->bnshd", A, u)
+        if self.kh is None:
+            xk, xh = xi @ K.transpose(-1, -2), xi @ H0.transpose(-1, -2)
+        else:
+            xkh = xi @ self.kh
+            C = K.shape[-2]
+            xk, xh = xkh[..., :C], xkh[..., C:]
+        y = torch.addcmul((xk * self.mask) @ K, self._decay(G), xh)
+        return torch.addcmul(y, lam.unsqueeze(-1), xi)
+
+    def vjp(self, params, xi, u):
+        H0, K, G, lam = params
+        M = self.mask
+        eG = self._decay(G).squeeze(-1)
+        Kt = K.transpose(-1, -2)
+        dH0 = (eG.unsqueeze(-1) * u).transpose(-1, -2) @ xi                   # sum_t e^{G_t} u_t xi_t^T
+        dG = eG * (u * (xi @ H0.transpose(-1, -2))).sum(-1)
+        xk = xi @ Kt                                                          # (xi_t . k_s)
+        uk = u @ Kt                                                           # (u_t . k_s)
+        A = xk * M
+        B = uk * M
+        W = A * uk                                                            # M_ts (xi_t.k_s)(u_t.k_s)
+        dG = dG + W.sum(-1) - W.sum(-2)
+        dK = B.transpose(-1, -2) @ xi + A.transpose(-1, -2) @ u
         dlam = (u * xi).sum(-1)
         return dH0, dK, dG, dlam
 
@@ -156,7 +165,7 @@ def omega_schedule(rho: torch.Tensor, r: int) -> list[torch.Tensor]:
 
 
 def omega_schedule_reversed(rho: torch.Tensor, omega_r: torch.Tensor, r: int) -> list[torch.Tensor]:
-    """The seed's Eq. (47): ``nu_r = omega_r``, ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``; returns
+    """The paper's Eq. (47): ``nu_r = omega_r``, ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)``; returns
     ``[nu_1, ..., nu_r]`` (for comparison with :func:`omega_schedule`; not used by the solvers)."""
     nus = [omega_r]
     nu = omega_r
@@ -178,7 +187,8 @@ def chebyshev_iterate(matvec, q, mu, L, r: int, return_prev: bool = False):
     xi = s * q
     for om in omega_schedule(rho, r):
         om = om.unsqueeze(-1)
-        xi_new = xi - (s * om) * (matvec(xi) - q) + (om - 1.0) * (xi - xi_prev)
+        # xi - s om (A xi - q) + (om - 1)(xi - xi_prev), in three fused passes
+        xi_new = torch.addcmul(torch.addcmul(xi, s * om, q - matvec(xi)), om - 1.0, xi - xi_prev)
         xi_prev, xi = xi, xi_new
     return (xi, xi_prev) if return_prev else xi
 
@@ -220,7 +230,7 @@ def _add(acc, new):
 
 
 def reverse_chebyshev_backward(op, params, q, mu, L, r, xi_r, xi_rm1, dxi_r):
-    """Seed Algorithm 2 (with the sign of ``c_i q`` corrected): exact ``(dq, dparams)`` of
+    """The paper's Algorithm 2 (with the sign of ``c_i q`` corrected): exact ``(dq, dparams)`` of
     ``xi_r = chebyshev_iterate(op.matvec, q, mu, L, r)`` from the last two iterates only."""
     matvec = lambda v: op.matvec(params, v)  # noqa: E731
     s = (2.0 / (L + mu)).unsqueeze(-1)

@@ -16,100 +16,104 @@ Frobenius norm gives ``lambda_t = a ||H_t||_F + eps`` and the Chebyshev bounds w
 chunk-state pass, the norm and the readout are differentiated by autograd. ``solver="exact"`` is the
 exception: it materialises every ``H_t`` (``O(T d^2)`` memory) and calls ``torch.linalg.solve``.
 
+Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The ~2 r
+matvecs of a solve reuse one decay mask, one ``e^G`` and contiguous operands (:class:`ChunkOp`).
+
 Padding (T not a multiple of C) appends tokens with ``q = k = v = 0`` and ``g = 0``: they leave the
 states unchanged and are cut from the output.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..common import chunk_scan, compute_dtype, heads_first, pad_time, time_first
+from ..gla.chunked import gla_chunk_readout
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
 
-def _chunk(t, n, C):
-    return t.reshape(t.shape[0], n, C, *t.shape[2:])
+def chunk_states(K, V, G, H_init, U_init):
+    """Chunk-start states ``(H0 (b, h, n, dk, dk), U0 (b, h, n, dv, dk))`` and the final ``(H, U)``.
+
+    ``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``. ``H`` and ``U`` share the decay,
+    so they are passed across chunks together as one ``(dk + dv, dk)`` state per head by
+    :func:`kernels.common.chunk_scan`.
+    """
+    dk = K.shape[-1]
+    to_end = (G[..., -1:] - G).exp().unsqueeze(-1)                       # e^{G_C - G_s}
+    HUc = (torch.cat([K, V], dim=-1) * to_end).transpose(-1, -2) @ K      # (b, h, n, dk + dv, dk)
+    starts, fin = chunk_scan(G[..., -1].exp(), HUc, torch.cat([H_init, U_init], dim=-2))
+    return starts[..., :dk, :], starts[..., dk:, :], fin[..., :dk, :], fin[..., dk:, :]
 
 
-def chunk_states(Kc, Vc, G, H_init, U_init):
-    """Chunk-start states ``(H0 (b, n, h, dk, dk), U0 (b, n, h, dv, dk))`` and the final ``(H, U)``."""
-    to_end = (G[:, :, -1:, :] - G).exp()  # (b, n, C, h)
-    Hc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Kc, Kc)
-    Uc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Vc, Kc)
-    chunk_decay = G[:, :, -1, :].exp()  # (b, n, h)
-    Hs, Us = H_init, U_init
-    H0s, U0s = [], []
-    for c in range(Kc.shape[1]):
-        H0s.append(Hs)
-        U0s.append(Us)
-        Hs = chunk_decay[:, c, :, None, None] * Hs + Hc[:, c]
-        Us = chunk_decay[:, c, :, None, None] * Us + Uc[:, c]
-    return torch.stack(H0s, 1), torch.stack(U0s, 1), Hs, Us
+def frob_norm_sq(H0, K, G, M=None):
+    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, h, n, C)``.
 
-
-def frob_norm_sq(H0, Kc, G, M=None):
-    """Closed-form ``||H_t||_F^2`` for every token of every chunk, shape ``(b, n, C, h)``."""
+    From ``H_t = e^{g_t} H_{t-1} + k_t k_t^T``: ``||H_t||^2 = e^{2 g_t} ||H_{t-1}||^2 + c_t`` with
+    ``c_t = 2 k_t^T (H_t - k_t k_t^T) k_t + ||k_t||^4 = 2 e^{G_t} k_t^T H0 k_t + 2 sum_{s<t} M_ts
+    (k_s . k_t)^2 + ||k_t||^4``, hence ``||H_t||^2 = e^{2 G_t} ||H0||^2 + sum_{s<=t} M_ts^2 c_s``:
+    ``O(C^2)`` per chunk (the expanded double sum ``sum_{s,u} M_ts M_tu (k_s . k_u)^2`` is ``O(C^3)``).
+    """
     M = decay_mask(G) if M is None else M
     eG = G.exp()
-    h0 = (H0 * H0).sum((-1, -2))  # (b, n, h)
-    kHk = torch.einsum("bnchi,bnhij,bnchj->bnch", Kc, H0, Kc)  # k_s^T H0 k_s
-    cross = torch.einsum("bntsh,bnsh->bnth", M, kHk)
-    Q = torch.einsum("bnshd,bnuhd->bnsuh", Kc, Kc).pow(2)  # (k_s . k_s')^2
-    quad = (torch.einsum("bntsh,bnsuh->bntuh", M, Q) * M).sum(3)
-    return eG.pow(2) * h0.unsqueeze(2) + 2 * eG * cross + quad
+    h0 = (H0 * H0).sum((-1, -2)).unsqueeze(-1)                            # (b, h, n, 1)
+    kHk = ((K @ H0) * K).sum(-1)                                          # k_s^T H0 k_s
+    Q = (K @ K.transpose(-1, -2)).pow(2)                                  # (k_s . k_u)^2
+    MQ = M * Q
+    c = 2 * (eG * kHk + MQ.sum(-1)) - Q.diagonal(dim1=-2, dim2=-1)       # M_ss = 1: 2 x diag - diag
+    return eG.pow(2) * h0 + ((M * M) @ c.unsqueeze(-1)).squeeze(-1)
 
 
-def per_token_H(H0, Kc, G, M=None):
-    """Materialised ``H_t`` (b, n, C, h, dk, dk) — only for ``solver="exact"`` and tests."""
+def per_token_H(H0, K, G, M=None):
+    """Materialised ``H_t`` (b, h, n, C, dk, dk) — only for ``solver="exact"`` and tests."""
     M = decay_mask(G) if M is None else M
-    within = torch.einsum("bntsh,bnshi,bnshj->bnthij", M, Kc, Kc)
-    return G.exp()[..., None, None] * H0.unsqueeze(2) + within
+    within = torch.einsum("...ts,...si,...sj->...tij", M, K, K)
+    return G.exp()[..., None, None] * H0.unsqueeze(-3) + within
+
+
+def _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, **kw):
+    """Call a solve written for the ``(b, n, C, h, ...)`` layout (the Triton kernels) from heads-first."""
+    tok = lambda t: t.movedim(1, 3)  # noqa: E731  (b, h, n, C, ...) -> (b, n, C, h, ...)
+    X = solve_fn(H0.transpose(1, 2), tok(K), tok(G), tok(lam), tok(mu), tok(L), tok(Q), **kw)
+    return X.movedim(3, 1)
 
 
 def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
                 solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
                 initial_state=None, solve_fn=None):
-    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` replaces the PyTorch
-    Chebyshev solve (the Triton backend plugs in here)."""
+    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` (in the ``(b, n, C, h, ...)``
+    layout) replaces the PyTorch Chebyshev solve (the Triton backend plugs in here)."""
     dtype = q.dtype
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v, g = (t.to(cd) for t in (q, k, v, g))
-    alpha = None if alpha is None else alpha.to(cd)
+    cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     if initial_state is None:
-        H_init, U_init = q.new_zeros(b, h, dk, dk), q.new_zeros(b, h, dv, dk)
+        H_init, U_init = q.new_zeros(b, h, dk, dk, dtype=cd), q.new_zeros(b, h, dv, dk, dtype=cd)
     else:
         H_init, U_init = (s.to(cd) for s in initial_state)
     C = chunk_size
-    pad = (-T) % C
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        g = F.pad(g, (0, 0, 0, pad))
-        if alpha is not None:
-            alpha = F.pad(alpha, (0, 0, 0, pad))
-    n = (T + pad) // C
-    Qc, Kc, Vc = _chunk(q, n, C), _chunk(k, n, C), _chunk(v, n, C)
-    G = torch.cumsum(_chunk(g, n, C), dim=2)  # (b, n, C, h)
-    H0, U0, H_fin, U_fin = chunk_states(Kc, Vc, G, H_init, U_init)
+    q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
+    # contiguous once: the ~2 r matvecs of the solve would otherwise each copy the strided views
+    Q, K, V = (heads_first(t, C).contiguous() for t in (q, k, v))
+    G = heads_first(g, C).cumsum(-1)                                      # (b, h, n, C)
+    H0, U0, H_fin, U_fin = chunk_states(K, V, G, H_init, U_init)
+    H0 = H0.contiguous()
     M = decay_mask(G)
     if num_iter == 0:
-        X = Qc
+        X = Q
     else:
-        lam, mu, L = ridge(frob_norm_sq(H0, Kc, G, M), ridge_a, ridge_eps)
+        lam, mu, L = ridge(frob_norm_sq(H0, K, G, M), ridge_a, ridge_eps)
         if solver == "exact":
-            Ht = per_token_H(H0, Kc, G, M)
+            Ht = per_token_H(H0, K, G, M)
             eye = torch.eye(dk, dtype=cd, device=q.device)
-            X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Qc.unsqueeze(-1)).squeeze(-1)
+            X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Q.unsqueeze(-1)).squeeze(-1)
         elif solve_fn is not None:
-            X = solve_fn(H0, Kc, G, lam, mu, L, Qc, num_iter=num_iter, grad=grad)
+            X = _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
-            X = iterative_solve(ChunkOp, (H0, Kc, G, lam), Qc, mu, L, num_iter=num_iter, solver=solver, grad=grad)
-    Qt = mix_query(Qc, X, None if alpha is None else _chunk(alpha, n, C), num_iter)
-    inter = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnchj->bnchi", U0, Qt)
-    S = torch.einsum("bnthd,bnshd->bntsh", Qt, Kc) * M
-    o = (inter + torch.einsum("bntsh,bnshe->bnthe", S, Vc)) * scale
-    o = o.reshape(b, n * C, h, dv)[:, :T]
-    return o.to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
+            op = ChunkOp(M, G.exp().unsqueeze(-1), torch.cat([K.transpose(-1, -2), H0.transpose(-1, -2)], dim=-1))
+            X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
+    A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
+    Qt = mix_query(Q, X, A, num_iter)
+    o = gla_chunk_readout(Qt * scale, K, V, G, U0, M)
+    return time_first(o)[:, :T].to(dtype), (H_fin.to(dtype), U_fin.to(dtype))

@@ -1,6 +1,6 @@
 """Reference Gated KalmaNet (GKA) layer core, token by token, fp64-capable (the spec).
 
-Per head (Gated KalmaNet, seed 003; MIXERS.md "Gated KalmaNet"), with ``g_t <= 0`` a log decay:
+Per head ("Gated KalmaNet", arXiv:2511.21016), with ``g_t <= 0`` a log decay:
 
     H_t = e^{g_t} H_{t-1} + k_t k_t^T                  (d_k x d_k)
     U_t = e^{g_t} U_{t-1} + v_t k_t^T                  (d_v x d_k)
@@ -19,12 +19,13 @@ solve", which is what this convention implements.)
 
 Shapes: ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g (B, T, H)``, ``alpha (B, T, H)`` or None;
 ``initial_state = (H0 (B, H, d_k, d_k), U0 (B, H, d_v, d_k))`` or None. Returns ``(o (B, T, H, d_v),
-(H_T, U_T))``.
+(H_T, U_T))``. :func:`gka_step` is one token; the reference loop is built from it.
 """
 from __future__ import annotations
 
 import torch
 
+from ..common import compute_dtype as default_compute_dtype
 from .chebyshev import DenseOp, iterative_solve
 
 NORM_FLOOR = 1e-30  # ||H||_F^2 is clamped here before the sqrt (its gradient at H = 0 would be inf)
@@ -48,12 +49,6 @@ def mix_query(q, x, alpha, num_iter: int):
     return q + alpha.unsqueeze(-1) * (x - q)
 
 
-def _compute_dtype(dtype, compute_dtype):
-    if compute_dtype is not None:
-        return compute_dtype
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def dense_solve(H, lam, mu, L, q, *, num_iter: int, solver: str, grad: str):
     """Solve ``(H + lam I) x = q`` for explicit ``H (..., d, d)``."""
     if solver == "exact":
@@ -63,51 +58,14 @@ def dense_solve(H, lam, mu, L, q, *, num_iter: int, solver: str, grad: str):
     return iterative_solve(DenseOp, (H, lam), q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
 
 
-def gka_reference(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
-                  solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None,
-                  initial_state=None, compute_dtype: torch.dtype | None = None):
-    """See the module docstring. ``compute_dtype``: arithmetic dtype (default fp32, fp64 for fp64
-    inputs); pass ``torch.float16`` to run the recurrence and the solver in half precision."""
-    dtype = q.dtype
-    cd = _compute_dtype(dtype, compute_dtype)
-    q, k, v, g = (t.to(cd) for t in (q, k, v, g))
-    alpha = None if alpha is None else alpha.to(cd)
-    B, T, Hh, dk = q.shape
-    dv = v.shape[-1]
-    scale = dk ** -0.5 if scale is None else scale
-    if initial_state is None:
-        Hs = q.new_zeros(B, Hh, dk, dk)
-        Us = q.new_zeros(B, Hh, dv, dk)
-    else:
-        Hs, Us = (s.to(cd) for s in initial_state)
-    H_all, U_all = [], []
-    for t in range(T):
-        decay = g[:, t].exp()[..., None, None]
-        Hs = decay * Hs + k[:, t].unsqueeze(-1) * k[:, t].unsqueeze(-2)
-        Us = decay * Us + v[:, t].unsqueeze(-1) * k[:, t].unsqueeze(-2)
-        H_all.append(Hs)
-        U_all.append(Us)
-    if T == 0:
-        return q.new_zeros(B, 0, Hh, dv).to(dtype), (Hs.to(dtype), Us.to(dtype))
-    Hm = torch.stack(H_all, 1)  # (B, T, H, dk, dk)
-    Um = torch.stack(U_all, 1)
-    if num_iter == 0:
-        x = q
-    else:
-        lam, mu, L = ridge((Hm * Hm).sum((-1, -2)), ridge_a, ridge_eps)
-        x = dense_solve(Hm, lam, mu, L, q, num_iter=num_iter, solver=solver, grad=grad)
-    qt = mix_query(q, x, alpha, num_iter)
-    o = torch.einsum("bthij,bthj->bthi", Um, qt) * scale
-    return o.to(dtype), (Hs.to(dtype), Us.to(dtype))
-
-
 def gka_step(q_t, k_t, v_t, g_t, alpha_t, state, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6,
-             num_iter: int = 30, solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None):
-    """One decode step. ``q_t, k_t (B, H, d_k)``, ``v_t (B, H, d_v)``, ``g_t, alpha_t (B, H)``,
-    ``state = (H (B, H, d_k, d_k), U (B, H, d_v, d_k))``. Returns ``(o_t (B, H, d_v), (H, U))``
-    (state kept in fp32/fp64)."""
+             num_iter: int = 30, solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None,
+             compute_dtype: torch.dtype | None = None):
+    """One token. ``q_t, k_t (B, H, d_k)``, ``v_t (B, H, d_v)``, ``g_t, alpha_t (B, H)`` (alpha may be None),
+    ``state = (H (B, H, d_k, d_k), U (B, H, d_v, d_k))``. Returns ``(o_t (B, H, d_v), (H, U))`` with the
+    state kept in the compute dtype (fp32, fp64 for fp64 inputs, or ``compute_dtype`` if given)."""
     dtype = q_t.dtype
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
+    cd = default_compute_dtype(dtype) if compute_dtype is None else compute_dtype
     q_t, k_t, v_t, g_t = (t.to(cd) for t in (q_t, k_t, v_t, g_t))
     alpha_t = None if alpha_t is None else alpha_t.to(cd)
     Hs, Us = (s.to(cd) for s in state)
@@ -123,3 +81,27 @@ def gka_step(q_t, k_t, v_t, g_t, alpha_t, state, *, ridge_a: float = 0.02, ridge
     qt = mix_query(q_t, x, alpha_t, num_iter)
     o = torch.einsum("bhij,bhj->bhi", Us, qt) * scale
     return o.to(dtype), (Hs, Us)
+
+
+def gka_reference(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
+                  solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None,
+                  initial_state=None, compute_dtype: torch.dtype | None = None):
+    """See the module docstring: the token loop of :func:`gka_step`. ``compute_dtype``: arithmetic dtype
+    (default fp32, fp64 for fp64 inputs); pass ``torch.float16`` to run the recurrence and the solver in
+    half precision."""
+    dtype = q.dtype
+    cd = default_compute_dtype(dtype) if compute_dtype is None else compute_dtype
+    B, T, Hh, dk = q.shape
+    dv = v.shape[-1]
+    if initial_state is None:
+        state = (q.new_zeros(B, Hh, dk, dk, dtype=cd), q.new_zeros(B, Hh, dv, dk, dtype=cd))
+    else:
+        state = tuple(s.to(cd) for s in initial_state)
+    outs = []
+    for t in range(T):
+        o_t, state = gka_step(q[:, t], k[:, t], v[:, t], g[:, t], None if alpha is None else alpha[:, t], state,
+                              ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad,
+                              scale=scale, compute_dtype=cd)
+        outs.append(o_t)
+    o = torch.stack(outs, 1) if outs else q.new_zeros(B, 0, Hh, dv)
+    return o, tuple(s.to(dtype) for s in state)

@@ -10,7 +10,7 @@ iterations for the chunk's ``C`` systems at once with the matvec (row-vector for
 
 - ``implicit``: the same kernel solves ``A z = dx`` (A is symmetric), then ``_vjp_kernel`` forms the
   parameter gradients of ``<-z, A x>``: ``dH0 = -sum_t e^{G_t} z_t x_t^T``, ``dK``, ``dG``, ``dlam``.
-- ``reverse_chebyshev``: ``_reverse_kernel`` runs the seed's Algorithm 2 in registers: it walks the
+- ``reverse_chebyshev``: ``_reverse_kernel`` runs the paper's Algorithm 2 in registers: it walks the
   iteration backwards from ``xi_r, xi_{r-1}``, recomputing earlier iterates and accumulating
   ``dq, dH0, dK, dG, dlam`` (the weight schedule ``omega_i`` is precomputed per token in PyTorch,
   because reversing it in floating point is unstable; see :mod:`kernels.gka.chebyshev`).
@@ -114,7 +114,7 @@ def _vjp_kernel(X_ptr, U_ptr, K_ptr, G_ptr, H0_ptr, DH0_ptr, DK_ptr, DG_ptr, DLA
 def _reverse_kernel(Q_ptr, K_ptr, G_ptr, H0_ptr, LAM_ptr, MU_ptr, L_ptr, OM_ptr, X_ptr, XP_ptr, DX_ptr,
                     DQ_ptr, DH0_ptr, DK_ptr, DG_ptr, DLAM_ptr, D, min_momentum,
                     R: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
-    """Seed Algorithm 2 for one chunk: exact gradients of r Chebyshev iterations."""
+    """The paper's Algorithm 2 for one chunk: exact gradients of r Chebyshev iterations."""
     pid = tl.program_id(0)
     offs_c = tl.arange(0, C)
     offs_d = tl.arange(0, BD)

@@ -2,9 +2,10 @@
 
     U_t = e^{g_t} U_{t-1} + v_t k_t^T,   o_t = U_t q_t * scale
 
-Backends: ``reference`` (token recurrence) and ``torch`` (chunked, the default everywhere). There is
-no Triton kernel in this family: on CUDA ``auto`` runs the chunked PyTorch path; fla's
-``chunk_simple_gla`` computes the same function if speed matters. ``gla_step`` is the decode step.
+Backends: ``reference`` (token recurrence), ``torch`` (chunked, the default everywhere; there is no
+Triton kernel of our own in this family, so on CUDA ``auto`` runs the chunked PyTorch path) and
+``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only, imported on first use).
+``gla_step`` is the decode step.
 """
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ from .reference import gla_reference, gla_step
 
 __all__ = ["gla", "gla_chunked", "gla_reference", "gla_step"]
 
+BACKENDS = ("reference", "torch", "fla")
+
 
 def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
-    chosen = resolve_backend(backend, q, op="gla", available=("reference", "torch"))
+    chosen = resolve_backend(backend, q, op="gla", available=BACKENDS)
     if chosen == "reference":
         return gla_reference(q, k, v, g, scale=scale, initial_state=initial_state)
+    if chosen == "fla":
+        from .outside import gla_fla
+        return gla_fla(q, k, v, g, scale=scale, initial_state=initial_state)
     return gla_chunked(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)

@@ -6,41 +6,100 @@ before the chunk):
     o_t = scale * (e^{G_t} U_0 q_t + sum_{s<=t} e^{G_t - G_s} (k_s . q_t) v_s)
     U_next = e^{G_C} U_0 + sum_s e^{G_C - G_s} v_s k_s^T
 Segment sums ``G_t - G_s`` are formed directly (never ``e^{G_t} / e^{G_s}``).
+
+Layout inside: ``(batch, head, chunk, time-in-chunk, dim)``, so every product is a batched matmul;
+the pass of states across chunks is :func:`kernels.common.chunk_scan` (linear in the chunk count,
+also in the backward). :func:`gla_chunk_readout` is shared with the GKA family.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from ..common import causal_decay_mask, chunk_scan, compute_dtype, heads_first, pad_time, time_first
+
+
+def gla_chunk_states(K, V, G, initial_state=None):
+    """``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)`` -> chunk-start states
+    ``U0 (b, h, n, dv, dk)`` and the final state ``(b, h, dv, dk)``."""
+    to_end = (G[..., -1:] - G).exp()                                   # e^{G_C - G_s}
+    Uc = (V * to_end.unsqueeze(-1)).transpose(-1, -2) @ K             # (b, h, n, dv, dk)
+    return chunk_scan(G[..., -1].exp(), Uc, initial_state)
+
+
+def _sum_to(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sum ``grad`` over the dims that ``like`` broadcasts (size 1 there)."""
+    dims = tuple(d for d in range(grad.ndim) if like.shape[d] == 1 and grad.shape[d] != 1)
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+class _ChunkReadout(torch.autograd.Function):
+    """:func:`gla_chunk_readout` with a hand-written backward (see its docstring for the forward).
+
+    With ``P = (Q K^T) * M`` and ``R = Q U0^T``, ``O = P V + diag(e^G) R``; given ``dO``:
+    ``dP = dO V^T``, ``dQ = (dP * M) K + diag(e^G) dO U0``, ``dK = (dP * M)^T Q``, ``dV = P^T dO``,
+    ``dU0 = (diag(e^G) dO)^T Q`` and ``dG_t = e^{G_t} (dO_t . R_t) + sum_s W_ts - sum_s W_st`` with
+    ``W = dP * P`` (``dM_ts / dG_t = M_ts = -dM_ts / dG_s``). Autograd through the mask would instead
+    run several more passes over the ``C x C`` tensors (the subtraction, the select, the exponential).
+    When ``Q`` and ``K`` are shared by all heads (head axis of size 1, Mamba-2's single group of ``B``
+    and ``C``), ``Q K^T`` is computed once for all heads and ``dP * M`` is summed over the heads before
+    the products that give ``dQ`` and ``dK``.
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, G, U0):
+        Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
+        M = causal_decay_mask(G, dim=-1)
+        S = Q @ K.transpose(-1, -2)
+        P = S.mul_(M) if S.shape == M.shape else S * M
+        R = Q @ U0.transpose(-1, -2)
+        eG = G.exp().unsqueeze(-1)
+        O = torch.addcmul(P @ V, eG, R)
+        ctx.save_for_backward(Q, K, V, eG, U0, M, P, R)
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, eG, U0, M, P, R = ctx.saved_tensors
+        dO = dO.contiguous()
+        dP = dO @ V.transpose(-1, -2)
+        W = dP * P
+        dS = dP.mul_(M)
+        eGdO = eG * dO
+        if Q.shape[1] == 1 and K.shape[1] == 1 and dS.shape[1] > 1:    # shared by the heads
+            dS = dS.sum(1, keepdim=True)
+            dQ = dS @ K + (eGdO @ U0).sum(1, keepdim=True)
+            dK = dS.transpose(-1, -2) @ Q
+        else:
+            dQ = _sum_to(torch.addcmul(dS @ K, eG, dO @ U0), Q)
+            dK = _sum_to(dS.transpose(-1, -2) @ Q, K)
+        dV = P.transpose(-1, -2) @ dO
+        dU0 = eGdO.transpose(-1, -2) @ Q
+        dG = (eGdO * R).sum(-1) + W.sum(-1) - W.sum(-2)
+        return dQ, dK, dV, dG, dU0
+
+
+def gla_chunk_readout(Q, K, V, G, U0, M=None):
+    """``o_t = e^{G_t} U_0 q_t + sum_s M_ts (k_s . q_t) v_s`` for every chunk; ``Q, K (b, h, n, C, dk)``
+    (or one head shared by all, ``(b, 1, n, C, dk)``), ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``,
+    ``U0 (b, h, n, dv, dk)``; ``M`` the causal decay mask ``(b, h, n, C, C)`` if already computed (it is
+    recomputed inside when gradients are needed)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V, G, U0)):
+        return _ChunkReadout.apply(Q, K, V, G, U0)
+    M = causal_decay_mask(G, dim=-1) if M is None else M
+    return torch.addcmul(((Q @ K.transpose(-1, -2)) * M) @ V, G.exp().unsqueeze(-1), Q @ U0.transpose(-1, -2))
 
 
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
+    """``q, k (B, T, H, d_k)`` (or ``(B, T, 1, d_k)``: one query/key head shared by all ``H`` value heads),
+    ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
     dtype = q.dtype
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v, g = (t.to(cd) for t in (q, k, v, g))
-    b, T, h, dk = q.shape
-    dv = v.shape[-1]
+    cd = compute_dtype(dtype)
+    b, T, _, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
-    pad = (-T) % C
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        g = F.pad(g, (0, 0, 0, pad))
-    n = (T + pad) // C
-    Qc, Kc, Vc = (t.reshape(b, n, C, h, -1) for t in (q, k, v))
-    G = torch.cumsum(g.reshape(b, n, C, h), dim=2)
-    seg = G.unsqueeze(3) - G.unsqueeze(2)  # (b, n, t, s, h)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()[None, None, :, :, None]
-    M = torch.where(causal, seg, torch.full_like(seg, float("-inf"))).exp()
-    to_end = (G[:, :, -1:, :] - G).exp()
-    Uc = torch.einsum("bnch,bnchi,bnchj->bnhij", to_end, Vc, Kc)
-    chunk_decay = G[:, :, -1, :].exp()
-    U = q.new_zeros(b, h, dv, dk) if initial_state is None else initial_state.to(cd)
-    starts = []
-    for c in range(n):
-        starts.append(U)
-        U = chunk_decay[:, c, :, None, None] * U + Uc[:, c]
-    U0 = torch.stack(starts, 1)
-    inter = G.exp().unsqueeze(-1) * torch.einsum("bnhij,bnchj->bnchi", U0, Qc)
-    S = torch.einsum("bnthd,bnshd->bntsh", Qc, Kc) * M
-    o = (inter + torch.einsum("bntsh,bnshe->bnthe", S, Vc)) * scale
-    return o.reshape(b, n * C, h, dv)[:, :T].to(dtype), U.to(dtype)
+    q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
+    Q, K, V = (heads_first(t, C) for t in (q if scale == 1.0 else q * scale, k, v))
+    G = heads_first(g, C).cumsum(-1)                                    # (b, h, n, C)
+    U0, U = gla_chunk_states(K, V, G, None if initial_state is None else initial_state.to(cd))
+    o = gla_chunk_readout(Q, K, V, G, U0)
+    return time_first(o)[:, :T].to(dtype), U.to(dtype)

@@ -1,4 +1,5 @@
-"""Spectral Koopman Attention (SKA, the "Echo" seed): closed-form ridge regression over streaming
+"""Spectral Koopman Attention (SKA; Sridhar & Johansen, "Echo: KV-Cache-Free Associative Recall with Spectral
+Koopman Operators", arXiv:2605.06997): closed-form ridge regression over streaming
 second-order statistics plus a whitened lag-one (Koopman) operator used as a power filter.
 
 Per (batch, head), with keys/queries divided by the key scale s:
@@ -18,16 +19,15 @@ Public functions:
 - :func:`ska` -- the whole op, ``backend`` = ``reference`` (explicit per-position solve, fp64-capable),
   ``torch`` (chunked, CPU default), ``triton`` (torch statistics + Cholesky, Triton post-Cholesky chain);
 - :func:`ska_chain` -- the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} q`` alone (torch or Triton);
-- :func:`ska_step`, :func:`ska_init_state`, :func:`ska_final_state` -- the recurrent decode.
+- :func:`ska_step`, :func:`ska_init_state`, :func:`ska_final_state` -- the recurrent decode (the step
+  and the recurrent-mode loop built from it live in :mod:`kernels.ska.reference`).
 """
 from __future__ import annotations
 
-import importlib.util
-
 from ..backend import resolve_backend
-from .chunked import (ska_chain_torch, ska_chunked, ska_final_state, ska_init_state, ska_readout, ska_recurrent,
-                      ska_step, ska_update, solve_operator)
-from .reference import ska_reference, whitened_operator
+from .chunked import ska_chunked, ska_final_state
+from .reference import (ska_chain_torch, ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step,
+                        ska_update, solve_operator, whitened_operator)
 
 __all__ = ["ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", "ska_step", "ska_readout",
            "ska_update", "ska_init_state", "ska_final_state", "ska_chain_torch", "solve_operator",
@@ -36,10 +36,8 @@ __all__ = ["ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", 
 MODES = ("prefix", "chunk_causal", "recurrent")
 
 
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
+BACKENDS = ("reference", "torch", "triton")
+RECURRENT_BACKENDS = ("reference", "torch")  # the recurrent mode is a token loop: no Triton form
 def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamma_max: float = 1.5,
         mode: str = "chunk_causal", chunk_size: int = 64, normalisation: str = "seq_max", power_iters: int = 6,
         backend: str = "auto"):
@@ -51,8 +49,7 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
         raise ValueError(f"ska: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
               power_iters=power_iters)
-    available = ("reference", "torch") + (("triton",) if _has_triton() and mode != "recurrent" else ())
-    chosen = resolve_backend(backend, q, op="ska", available=available)
+    chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS)
     if chosen == "reference":
         return ska_reference(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
     if mode == "recurrent":
@@ -65,9 +62,8 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
 
 def ska_chain(Linv, A, C, q, power: int, chunk_size: int, backend: str = "auto"):
     """``y_t = C_c Linv_c^T A_c^p Linv_c q_t`` with c = t // chunk_size; shapes as in
-    :func:`kernels.ska.chunked.ska_chain_torch`."""
-    available = ("torch",) + (("triton",) if _has_triton() else ())
-    chosen = resolve_backend(backend, q, op="ska_chain", available=available)
+    :func:`kernels.ska.reference.ska_chain_torch`."""
+    chosen = resolve_backend(backend, q, op="ska_chain", available=("torch", "triton"))
     if chosen == "triton":
         from .triton import ska_chain_triton
         return ska_chain_triton(Linv, A, C, q, power, chunk_size)

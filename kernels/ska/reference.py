@@ -34,7 +34,11 @@ regression ``C G^{-1} q``.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from ..common import compute_dtype
+
+State = dict
 JITTERS = tuple(1e-4 * 10.0 ** j for j in range(4))
 SCALE_FLOOR = 1e-6
 
@@ -95,11 +99,6 @@ def spectral_normalise(A_w: torch.Tensor, gamma: torch.Tensor, gamma_max: float,
     sigma = top_singular_value(A_w.detach(), iters)
     g = gamma.clamp(1.0, gamma_max)
     return (g / sigma.clamp_min(1.0))[..., None, None] * A_w
-
-
-def _gamma(gamma, H, ref) -> torch.Tensor:
-    g = torch.as_tensor(gamma, dtype=ref.dtype, device=ref.device)
-    return g.to(ref.dtype).expand(H) if g.dim() == 0 else g.to(ref.dtype)
 
 
 def visible_count(t: int, T: int, mode: str, chunk_size: int) -> int:
@@ -163,4 +162,125 @@ def ska_reference(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma
             z = A @ z
         z = torch.linalg.solve_triangular(L.transpose(-1, -2), z, upper=True)                      # L^{-T} .
         ys.append((C @ z).squeeze(-1))
+    return torch.stack(ys, dim=1)
+
+
+# --- recurrent form (the decode step; the recurrent mode is the token loop built from it) ---------
+
+def _gamma(gamma, H: int, ref: torch.Tensor) -> torch.Tensor:
+    g = gamma.to(device=ref.device, dtype=ref.dtype) if torch.is_tensor(gamma) else \
+        torch.tensor(float(gamma), device=ref.device, dtype=ref.dtype)
+    return g.expand(H) if g.dim() == 0 else g
+
+
+def solve_operator(G_raw, M_raw, C_raw, s, *, ridge: float, gamma, gamma_max: float, power_iters: int = 6):
+    """Raw statistics (..., H, r, r), (..., H, r, r), (..., H, P, r) and scale (..., H) ->
+    ``(Linv, A, C)``: ``L^{-1}``, the spectrally normalised whitened operator and ``C / s``."""
+    r = G_raw.shape[-1]
+    H = G_raw.shape[-3]
+    s = s.clamp_min(SCALE_FLOOR)
+    s2 = (s * s)[..., None, None]
+    eye = torch.eye(r, dtype=G_raw.dtype, device=G_raw.device)
+    G = G_raw / s2 + ridge * eye
+    L = cholesky_jitter(G)
+    X = torch.linalg.solve_triangular(L, M_raw / s2, upper=False)                 # L^{-1} M
+    A_w = torch.linalg.solve_triangular(L, X.transpose(-1, -2), upper=False).transpose(-1, -2)
+    sigma = top_singular_value(A_w.detach(), power_iters)
+    g = _gamma(gamma, H, G_raw).clamp(1.0, gamma_max)
+    A = (g / sigma.clamp_min(1.0))[..., None, None] * A_w
+    Linv = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False)
+    return Linv, A, C_raw / s[..., None, None]
+
+
+def ska_chain_torch(Linv, A, C, q, power: int, chunk_size: int):
+    """The post-Cholesky chain ``y_t = C_c L_c^{-T} A_c^p L_c^{-1} q_t``, c = t // chunk_size.
+
+    Linv, A (B, N, H, r, r); C (B, N, H, P, r); q (B, T, H, r) with T <= N * chunk_size.
+    Computed as the per-chunk operator ``W = C Linv^T A^p Linv`` applied to every query.
+    """
+    B, T, H, r = q.shape
+    N = Linv.shape[1]
+    U = C @ Linv.transpose(-1, -2)
+    for _ in range(power):
+        U = U @ A
+    W = U @ Linv                                                                    # (B, N, H, P, r)
+    qp = F.pad(q, (0, 0, 0, 0, 0, N * chunk_size - T)).reshape(B, N, chunk_size, H, r)
+    y = torch.einsum("bnhpr,bnchr->bnchp", W, qp)
+    return y.reshape(B, N * chunk_size, H, -1)[:, :T]
+
+
+def _prev(x: torch.Tensor) -> torch.Tensor:
+    """x shifted one step later in time (dim 1), zero at t = 0."""
+    return F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]
+
+
+def ska_init_state(batch: int, heads: int, rank: int, value_dim: int, device=None, dtype=torch.float32) -> State:
+    """Empty decode state: raw G, M (B, H, r, r), C (B, H, P, r), kprev (B, H, r), s (B, H)."""
+    z = dict(device=device, dtype=dtype)
+    return {"G": torch.zeros(batch, heads, rank, rank, **z), "M": torch.zeros(batch, heads, rank, rank, **z),
+            "C": torch.zeros(batch, heads, value_dim, rank, **z), "kprev": torch.zeros(batch, heads, rank, **z),
+            "s": torch.zeros(batch, heads, **z)}
+
+
+def ska_readout(q_t, state: State, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamma_max: float = 1.5,
+                power_iters: int = 6) -> torch.Tensor:
+    """``y_t`` (B, H, P) for query q_t (B, H, r) from the statistics in ``state`` (scale ``state['s']``)."""
+    s = state["s"].clamp_min(SCALE_FLOOR)
+    Linv, A, Cn = solve_operator(state["G"], state["M"], state["C"], s, ridge=ridge, gamma=gamma,
+                                 gamma_max=gamma_max, power_iters=power_iters)
+    # the same chain code as the parallel form (one "chunk" of one token), so that both agree to the bit
+    # wherever the statistics do: at positions where G is barely above lambda I the chain amplifies fp32
+    # rounding by ~1/lambda
+    qn = (q_t.to(Linv.dtype) / s[..., None])[:, None]
+    return ska_chain_torch(Linv[:, None], A[:, None], Cn[:, None], qn, power, 1)[:, 0]
+
+
+def ska_update(k_t, v_t, state: State, w_t=None, *, normalisation: str = "seq_max") -> State:
+    """Add token (k_t (B, H, r), v_t (B, H, P), weight w_t (B,) or None) to the raw statistics."""
+    cd = state["G"].dtype
+    k_t, v_t = k_t.to(cd), v_t.to(cd)
+    w = torch.ones(k_t.shape[0], dtype=cd, device=k_t.device) if w_t is None else w_t.to(cd)
+    wk = w[:, None, None] * k_t
+    n = k_t.norm(dim=-1) * (w[:, None] > 0).to(cd)
+    if normalisation == "running_max":
+        s = torch.maximum(state["s"], n)
+    elif normalisation == "seq_max":
+        s = torch.where(state["s"] > 0, state["s"], n)          # frozen once set
+    else:
+        raise ValueError(f"ska: unknown normalisation {normalisation!r}; choose seq_max or running_max")
+    return {"G": state["G"] + wk.unsqueeze(-1) * k_t.unsqueeze(-2),
+            "M": state["M"] + wk.unsqueeze(-1) * state["kprev"].unsqueeze(-2),
+            "C": state["C"] + (w[:, None, None] * v_t).unsqueeze(-1) * k_t.unsqueeze(-2),
+            "kprev": wk, "s": s}
+
+
+def ska_step(q_t, k_t, v_t, state: State, w_t=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0,
+             gamma_max: float = 1.5, normalisation: str = "seq_max", power_iters: int = 6,
+             update: bool = True) -> tuple[torch.Tensor, State]:
+    """One token: read out from the tokens before it, then (``update=True``) add it. -> (y_t (B, H, P), state)."""
+    y = ska_readout(q_t, state, ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max,
+                    power_iters=power_iters)
+    if update:
+        state = ska_update(k_t, v_t, state, w_t, normalisation=normalisation)
+    return y.to(q_t.dtype), state
+
+
+def ska_recurrent(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamma_max: float = 1.5,
+                  normalisation: str = "seq_max", power_iters: int = 6) -> torch.Tensor:
+    """The recurrent mode token by token with :func:`ska_step` (position t sees keys <= t-1).
+
+    ``seq_max`` freezes the scale at the whole sequence's value (as the parallel forms do).
+    """
+    cd = compute_dtype(q.dtype)
+    B, T, H, r = q.shape
+    state = ska_init_state(B, H, r, v.shape[-1], device=q.device, dtype=cd)
+    if normalisation == "seq_max":
+        ww = torch.ones(B, T, dtype=cd, device=q.device) if w is None else w.to(cd)
+        state["s"] = (k.to(cd).norm(dim=-1) * (ww[:, :, None] > 0).to(cd)).amax(dim=1).clamp_min(SCALE_FLOOR)
+    ys = []
+    for t in range(T):
+        y, state = ska_step(q[:, t], k[:, t], v[:, t], state, None if w is None else w[:, t], ridge=ridge,
+                            power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
+                            power_iters=power_iters)
+        ys.append(y)
     return torch.stack(ys, dim=1)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kernels.backend import BackendUnavailable, triton_importable
 from kernels.gka import gka, gka_chunked, gka_reference, gka_step
-from kernels.gka.chebyshev import (ChunkOp, DenseOp, cg_iterate, chebyshev_iterate, chebyshev_residual_bound,
+from kernels.gka.chebyshev import (ChunkOp, DenseOp, decay_mask, cg_iterate, chebyshev_iterate, chebyshev_residual_bound,
                                    iterative_solve, omega_schedule, omega_schedule_reversed)
 from kernels.gka.chunked import chunk_states, frob_norm_sq, per_token_H
 from kernels.gka.reference import ridge
@@ -219,16 +219,18 @@ def test_reverse_chebyshev_gradients_match_autograd_through_unrolled_iterations(
 
 
 def test_chunk_operator_vjp_matches_autograd():
-    b, n, C, h, d = 1, 2, 8, 2, 4
-    H0 = torch.randn(b, n, h, d, d, dtype=torch.float64)
+    b, h, n, C, d = 1, 2, 2, 8, 4
+    H0 = torch.randn(b, h, n, d, d, dtype=torch.float64)
     H0 = (H0 + H0.transpose(-1, -2)).requires_grad_(True)
-    K = torch.randn(b, n, C, h, d, dtype=torch.float64, requires_grad=True)
-    G = torch.cumsum(-torch.rand(b, n, C, h, dtype=torch.float64), 2).requires_grad_(True)
-    lam = torch.rand(b, n, C, h, dtype=torch.float64, requires_grad=True)
-    xi, u = torch.randn(2, b, n, C, h, d, dtype=torch.float64)
+    K = torch.randn(b, h, n, C, d, dtype=torch.float64, requires_grad=True)
+    G = torch.cumsum(-torch.rand(b, h, n, C, dtype=torch.float64), -1).requires_grad_(True)
+    lam = torch.rand(b, h, n, C, dtype=torch.float64, requires_grad=True)
+    xi, u = torch.randn(2, b, h, n, C, d, dtype=torch.float64)
     params = (H0, K, G, lam)
-    auto = torch.autograd.grad((ChunkOp.matvec(params, xi) * u).sum(), params)
-    for name, a, m in zip(("H0", "K", "G", "lam"), ChunkOp.vjp(params, xi, u), auto):
+    op = ChunkOp.for_params(params)
+    # autograd sees the mask as a function of G (the vjp's dG includes that dependence)
+    auto = torch.autograd.grad((ChunkOp(decay_mask(G)).matvec(params, xi) * u).sum(), params)
+    for name, a, m in zip(("H0", "K", "G", "lam"), op.vjp(params, xi, u), auto):
         assert_rel_close(a, m, 1e-12, f"ChunkOp.vjp d{name}")
 
 
@@ -238,16 +240,17 @@ def test_chunk_operator_vjp_matches_autograd():
 def test_closed_form_frobenius_norm_and_chunk_states():
     q, k, v, g, _ = make_inputs(1, 32, 2, 6)
     C = 8
-    Kc, Vc = k.reshape(1, 4, C, 2, 6), v.reshape(1, 4, C, 2, 6)
-    G = torch.cumsum(g.reshape(1, 4, C, 2), 2)
+    heads_first = lambda t: t.reshape(1, 4, C, 2, *t.shape[3:]).movedim(3, 1)  # noqa: E731 (b, h, n, C, ...)
+    Kc, Vc = heads_first(k), heads_first(v)
+    G = torch.cumsum(heads_first(g), -1)
     H0, U0, _, _ = chunk_states(Kc, Vc, G, torch.zeros(1, 2, 6, 6, dtype=torch.float64),
                                 torch.zeros(1, 2, 6, 6, dtype=torch.float64))
-    Ht = per_token_H(H0, Kc, G)  # (1, 4, C, 2, 6, 6)
+    Ht = per_token_H(H0, Kc, G)  # (1, 2, 4, C, 6, 6)
     Hs, ref = torch.zeros(1, 2, 6, 6, dtype=torch.float64), []
     for t in range(32):
         Hs = g[:, t].exp()[..., None, None] * Hs + k[:, t].unsqueeze(-1) * k[:, t].unsqueeze(-2)
         ref.append(Hs)
-    ref = torch.stack(ref, 1).reshape(1, 4, C, 2, 6, 6)
+    ref = heads_first(torch.stack(ref, 1))
     assert_rel_close(Ht, ref, 1e-13, "per-token H")
     assert_rel_close(frob_norm_sq(H0, Kc, G), (ref * ref).sum((-1, -2)), 1e-13, "||H_t||_F^2 closed form")
 

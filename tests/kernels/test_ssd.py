@@ -97,6 +97,21 @@ def test_chunked_matches_reference_fp64(T, init):
              tol=1e-10)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+def test_chunked_one_group_of_B_C_shared_by_the_heads(dtype, tol):
+    """Mamba-2's single group: B and C expanded over the heads (a stride-0 head axis) take the shared
+    path (C B^T once per chunk, head-summed gradients); outputs and the gradients of the one group."""
+    x, dt, A, B, C, h0 = _inputs(2, 45, 3, 8, 16, True, dtype, "cpu")
+    B, C = B[:, :, :1], C[:, :, :1]
+
+    def grouped(fn, **kw):
+        return lambda x, dt, A, B, C, h0: fn(x, dt, A, B.expand(-1, -1, 3, -1), C.expand(-1, -1, 3, -1),
+                                              initial_state=h0, **kw)
+
+    compare_backends(grouped(ssd_chunked, chunk_size=16), grouped(ssd_reference), [x, dt, A, B, C, h0],
+                     tol=tol, grad_tol=5 * tol)
+
+
 def test_chunked_fp32_vs_fp64_reference_strong_decay():
     _compare_strong_decay(lambda *a, **k: ssd_chunked(*a, chunk_size=64, **k),
                           _inputs(1, 50, 2, 8, 8, True, device="cpu", strong_decay=True))
