@@ -25,9 +25,10 @@ __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "ini
            "slot_memory_reference", "slot_memory_chunked", "slot_memory_sparse", "DENSE_MAX_SLOTS"]
 
 #: ``layout="auto"`` uses the dense chunked path up to this many slots. The dense path costs O(T C M)
-#: per head against the sparse scan's O(T K d_v) but runs as a few large tensor ops instead of a
-#: Python loop over T, so on a CPU it wins for small M.
-DENSE_MAX_SLOTS = 256
+#: per head against the sparse scan's O(T K d_v) (a Python loop over T); measured on one CPU thread at
+#: B = 64, T = 64, H = 2, d_v = 32, K = 4, fwd+bwd of the whole mixer: dense 0.28 s / sparse 0.14 s at
+#: M = 16, 1.6 s / 0.17 s at M = 64, so the sparse scan wins from small M on.
+DENSE_MAX_SLOTS = 16
 
 LAYOUTS = ("auto", "dense", "sparse")
 
