@@ -3,11 +3,11 @@ through top-K Kronecker-product addresses, with a power-decay moving average per
 
 Xiao et al., "RAM-Net", arXiv 2602.11958. Per head, with ``x`` the block input:
 
-    l^w_t = W_k x_t,  l^r_t = W_q x_t   (each U factors of d_p logits)  [+ P pos(t), optional]
+    [l^w, l^r, v] = conv_4([W_k x, W_q x, W_v x])   (causal depthwise, no activation; l^r = l^w when tied)
+    l^w_t, l^r_t: each U factors of d_p logits per head          [+ P pos(t), optional]
     (W_t, w_t) = top-K of softmax(l^w_t,1 / tau) (x) ... (x) softmax(l^w_t,U / tau)    (write address)
     (R_t, r_t) = the same from l^r_t                                                (read address)
     w_t <- w_t / sum_j w_t,j ;  r_t <- r_t / sum_j r_t,j                            (renormalize)
-    v_t = W_v x_t
     S_t = diag(1 - w_t)^gamma S_{t-1} + w_t v_t^T,   z_t = diag(1 - w_t)^gamma z_{t-1} + w_t
     o_t = sum_m r_t,m S_t[m] / (z_t[m] + eps)          (the read at t sees the write of t)
     y_t = W_o [GatedRMSNorm(o_t) * silu(W_g x_t)]      (norm per head)
@@ -32,12 +32,15 @@ Choices the paper leaves open, each an option (default, and why):
   ties the address to absolute positions (length generalisation).
 - read-after-write (fixed, not an option): the read at ``t`` sees the write of ``t``, as in linear
   attention's ``o_t = S_t q_t``, so T = 1 returns what was written rather than zeros.
-- no short convolution on the projections: local token mixing is left to the neighbouring layers
-  (the decode state is only the memory).
+- ``conv_size`` (4): a causal short convolution over the address logits and values (as in the gla and
+  deltanet mixers of this zoo), so a write can be addressed by the previous token (the key of a
+  key-value pair) while storing the current one; 1 turns it off.
+- ``tie_addresses`` (False): reads use their own projection; True reads with the write projection
+  (the same token then reads exactly where it wrote).
 
-Decode state per sequence: ``S (H, M, d_v)`` and ``z (H, M)`` (+ a position counter with
-``pos_address``), constant in T; a step reads/writes only ``2 K (d_v + 1)`` elements per head
-(``active_state_size``).
+Decode state per sequence: ``S (H, M, d_v)``, ``z (H, M)``, the convolution buffer (+ a position
+counter with ``pos_address``), constant in T; a step reads/writes only ``2 K (d_v + 1)`` memory elements
+per head plus the convolution buffer (``active_state_size``).
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from torch import nn
 from kernels.common import compute_dtype
 from kernels.slots import kronecker_topk, slot_memory, slot_step
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm
+from .layers import GatedRMSNorm, ShortConv
 from .options import opt
 
 _POS_FEATURES = 16
@@ -70,7 +73,8 @@ def _positions(start, T, device, dtype):
 class KroneckerSlots(Mixer):
     name = "kronecker_slots"
     description = "Kronecker-addressed sparse slot memory (RAM-Net): top-K of M = d_p^U slots, power-decay EMA"
-    state_formula = "n_heads * d_p^U * (d_v + 1) [+ 1 with pos_address]  (constant in T; 2 top_k (d_v + 1) per head touched per token)"
+    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(n_addr U d_p + d_v) n_heads [+ 1 with pos_address]  "
+                     "(constant in T; per token 2 top_k (d_v + 1) per head + conv touched)")
 
     @dataclass
     class Options:
@@ -87,6 +91,8 @@ class KroneckerSlots(Mixer):
                                 "address logits")
         gamma_init: float = opt(1.0, "initial decay power gamma (learnable, positive)")
         eps: float = opt(1e-6, "added to the slot normaliser z before dividing")
+        conv_size: int = opt(4, "causal short-convolution width on the address logits and values (1: none)")
+        tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
         chunk_size: int = opt(16, "chunk length of the dense chunked path")
         backend: str = opt("auto", "memory kernel: dense (chunked, O(T M)), sparse (scan over K rows, O(T K)), "
                            "triton (sparse scan kernels), reference (token loop), auto (triton on CUDA, else "
@@ -94,7 +100,7 @@ class KroneckerSlots(Mixer):
                            choices=("auto", "dense", "sparse", "triton", "reference"))
 
         def __post_init__(self):
-            for f in ("n_heads", "d_p", "U", "top_k", "chunk_size"):
+            for f in ("n_heads", "d_p", "U", "top_k", "chunk_size", "conv_size"):
                 if getattr(self, f) <= 0:
                     raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
             if self.d_v is not None and self.d_v <= 0:
@@ -121,8 +127,11 @@ class KroneckerSlots(Mixer):
         h, dv, a = self.n_heads, self.d_v, o.n_heads * o.U * o.d_p
         self.addr_dim = a
         self.k_proj = nn.Linear(d_model, a, bias=False)
-        self.q_proj = nn.Linear(d_model, a, bias=False)
+        if not o.tie_addresses:
+            self.q_proj = nn.Linear(d_model, a, bias=False)
         self.v_proj = nn.Linear(d_model, h * dv, bias=False)
+        self.conv_dim = a * (1 if o.tie_addresses else 2) + h * dv
+        self.conv = ShortConv(self.conv_dim, o.conv_size, activation=False) if o.conv_size > 1 else None
         self.g_proj = nn.Linear(d_model, h * dv, bias=False)
         if o.pos_address:
             self.pos_proj = nn.Linear(_POS_FEATURES, 2 * a, bias=False)
@@ -144,8 +153,17 @@ class KroneckerSlots(Mixer):
             w = w + (torch.full_like(w, 1.0 / o.top_k) - w).detach()
         return idx, w
 
-    def _logits(self, x, start):
-        kl, ql = self.k_proj(x), self.q_proj(x)
+    def _raw(self, x):
+        """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
+        parts = [self.k_proj(x)] + ([] if self.options.tie_addresses else [self.q_proj(x)]) + [self.v_proj(x)]
+        return torch.cat(parts, dim=-1)
+
+    def _split(self, mixed, x, start):
+        """``(k logits, q logits, v (..., H, d_v))`` from the convolved projections."""
+        a = self.addr_dim
+        kl = mixed[..., :a]
+        ql = kl if self.options.tie_addresses else mixed[..., a:2 * a]
+        v = mixed[..., -self.n_heads * self.d_v:].unflatten(-1, (self.n_heads, self.d_v))
         if self.options.pos_address:
             squeeze = x.ndim == 2
             feats = _positions(start, 1 if squeeze else x.shape[1], x.device, compute_dtype(x.dtype))
@@ -153,7 +171,7 @@ class KroneckerSlots(Mixer):
             if squeeze:
                 pk, pq = pk[:, 0], pq[:, 0]
             kl, ql = kl + pk, ql + pq
-        return kl, ql
+        return kl, ql, v
 
     def _finish(self, o, x):
         gate = self.g_proj(x).unflatten(-1, (self.n_heads, self.d_v))
@@ -169,13 +187,15 @@ class KroneckerSlots(Mixer):
     def prefill(self, x, mask=None):
         B, T, _ = x.shape
         start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype))
-        kl, ql = self._logits(x, start)
+        raw = self._raw(x)
+        kl, ql, v = self._split(self.conv(raw) if self.conv is not None else raw, x, start)
         wi, w = self._address(kl)
         ri, r = self._address(ql)
-        v = self.v_proj(x).unflatten(-1, (self.n_heads, self.d_v))
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
                                 chunk_size=self.options.chunk_size, **self._kernel_args())
         state = {"S": S, "z": z}
+        if self.conv is not None:
+            state["conv"] = self.conv.final_state(raw)
         if self.options.pos_address:
             state["pos"] = (start + T).unsqueeze(-1)
         return self._finish(o, x), state
@@ -184,24 +204,35 @@ class KroneckerSlots(Mixer):
         cd = compute_dtype(dtype or torch.float32)
         state = {"S": torch.zeros(batch_size, self.n_heads, self.num_slots, self.d_v, device=device, dtype=cd),
                  "z": torch.zeros(batch_size, self.n_heads, self.num_slots, device=device, dtype=cd)}
+        if self.conv is not None:
+            state["conv"] = self.conv.init_state(batch_size, device, dtype)
         if self.options.pos_address:
             state["pos"] = torch.zeros(batch_size, 1, device=device, dtype=cd)
         return state
 
     def step(self, x_t, state):
         start = state["pos"][:, 0] if self.options.pos_address else None
-        kl, ql = self._logits(x_t, start)
+        raw = self._raw(x_t)
+        new = {}
+        if self.conv is not None:
+            raw, new["conv"] = self.conv.step(raw, state["conv"])
+        kl, ql, v = self._split(raw, x_t, start)
         wi, w = self._address(kl)
         ri, r = self._address(ql)
-        v = self.v_proj(x_t).unflatten(-1, (self.n_heads, self.d_v))
         o, (S, z) = slot_step(wi, w, ri, r, v, self.gamma(x_t.dtype), (state["S"], state["z"]), self.options.eps)
-        new = {"S": S, "z": z}
+        new.update(S=S, z=z)
         if self.options.pos_address:
             new["pos"] = state["pos"] + 1
         return self._finish(o, x_t), new
 
+    def _conv_state_size(self):
+        return self.conv_dim * (self.options.conv_size - 1)
+
     def state_size(self, seq_len: int) -> int:
-        return self.n_heads * self.num_slots * (self.d_v + 1) + (1 if self.options.pos_address else 0)
+        return (self.n_heads * self.num_slots * (self.d_v + 1) + self._conv_state_size()
+                + (1 if self.options.pos_address else 0))
 
     def active_state_size(self, seq_len: int) -> int:
-        return self.n_heads * 2 * self.options.top_k * (self.d_v + 1)
+        # K written and K read rows of (S, z) per head, plus the whole (small) convolution buffer
+        return (self.n_heads * 2 * self.options.top_k * (self.d_v + 1) + self._conv_state_size()
+                + (1 if self.options.pos_address else 0))

@@ -56,7 +56,8 @@ def test_backends_give_the_same_mixer(backend):
 @pytest.mark.parametrize("opts", [
     {"pos_address": True},
     {"renormalize": False, "tau": 0.5},
-    {"topk_grad": "straight_through"},
+    {"topk_grad": "straight_through", "tie_addresses": True},
+    {"conv_size": 1},
     {"backend": "sparse", "d_p": 8, "U": 3, "top_k": 5},
 ])
 def test_options_keep_parallel_equal_to_recurrent(opts):
@@ -91,7 +92,7 @@ def test_all_equal_keys_average_the_values():
     """Every token writes and reads the same K slots with the same weights: the read is the power-decay
     average of the values so far, identical across heads' slots, so with gamma -> 0 (no forgetting)
     the output of token t depends on the mean of v_1..v_t only."""
-    m = make(torch.float64)
+    m = make(torch.float64, conv_size=1)
     with torch.no_grad():
         m.k_proj.weight.zero_()
         m.q_proj.weight.zero_()
@@ -109,9 +110,10 @@ def test_state_sizes():
     for m in (small, big):
         _, state = m.prefill(torch.randn(3, 5, D, dtype=torch.float64))
         assert sum(t.numel() for t in state.values()) // 3 == m.state_size(5)
-        assert m.state_size(5) == m.state_size(5000) == m.n_heads * m.num_slots * (m.d_v + 1)
-    assert big.state_size(1) == 16 * small.state_size(1)
-    assert big.active_state_size(1) == small.active_state_size(1) == 2 * 2 * 3 * 9
+        conv = (m.options.conv_size - 1) * (2 * m.addr_dim + m.n_heads * m.d_v)
+        assert m.state_size(5) == m.state_size(5000) == m.n_heads * m.num_slots * (m.d_v + 1) + conv
+    assert big.state_size(1) - big._conv_state_size() == 16 * (small.state_size(1) - small._conv_state_size())
+    assert big.active_state_size(1) - big._conv_state_size() == small.active_state_size(1) - small._conv_state_size() == 2 * 2 * 3 * 9
     pos = make(pos_address=True)
     _, state = pos.prefill(torch.randn(2, 4, D, dtype=torch.float64))
     assert sum(t.numel() for t in state.values()) // 2 == pos.state_size(4)
