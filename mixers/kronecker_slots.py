@@ -3,7 +3,7 @@ through top-K Kronecker-product addresses, with a power-decay moving average per
 
 Xiao et al., "RAM-Net", arXiv 2602.11958. Per head, with ``x`` the block input:
 
-    [l^w, l^r, v] = conv_4([W_k x, W_q x, W_v x])   (causal depthwise, no activation; l^r = l^w when tied)
+    [l^w, l^r, v] = conv_4([W_k x, W_q x, W_v x])   (causal depthwise, no activation; W_q = W_k when tied)
     l^w_t, l^r_t: each U factors of d_p logits per head          [+ P pos(t), optional]
     (W_t, w_t) = top-K of softmax(l^w_t,1 / tau) (x) ... (x) softmax(l^w_t,U / tau)    (write address)
     (R_t, r_t) = the same from l^r_t                                                (read address)
@@ -35,8 +35,16 @@ Choices the paper leaves open, each an option (default, and why):
 - ``conv_size`` (4): a causal short convolution over the address logits and values (as in the gla and
   deltanet mixers of this zoo), so a write can be addressed by the previous token (the key of a
   key-value pair) while storing the current one; 1 turns it off.
+- ``shift_write_address`` (False): the write address is computed from the previous token (its
+  projection ``W_k x_{t-1}``) while the value is the current token's, a fixed shift on the keys like
+  the shift SSM of H3 (Fu et al., "Hungry Hungry Hippos", arXiv 2212.14052). Off by default (the
+  paper's addresses are content of the current token); with ``tie_addresses`` and ``conv_size = 1`` the
+  value of a key-then-value pair is stored exactly where a later occurrence of the key reads, from the
+  first step of training, so recall does not have to wait for sparse top-K gradients to align two
+  independently initialised address maps.
 - ``tie_addresses`` (False): reads use their own projection; True reads with the write projection
-  (the same token then reads exactly where it wrote).
+  (each keeps its own short-convolution filter, so a write can be addressed by the previous token and
+  a read by the current one, and the two agree when those tokens are equal).
 
 Decode state per sequence: ``S (H, M, d_v)``, ``z (H, M)``, the convolution buffer (+ a position
 counter with ``pos_address``), constant in T; a step reads/writes only ``2 K (d_v + 1)`` memory elements
@@ -73,7 +81,7 @@ def _positions(start, T, device, dtype):
 class KroneckerSlots(Mixer):
     name = "kronecker_slots"
     description = "Kronecker-addressed sparse slot memory (RAM-Net): top-K of M = d_p^U slots, power-decay EMA"
-    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(n_addr U d_p + d_v) n_heads [+ 1 with pos_address]  "
+    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads [+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
                      "(constant in T; per token 2 top_k (d_v + 1) per head + conv touched)")
 
     @dataclass
@@ -93,6 +101,8 @@ class KroneckerSlots(Mixer):
         eps: float = opt(1e-6, "added to the slot normaliser z before dividing")
         conv_size: int = opt(4, "causal short-convolution width on the address logits and values (1: none)")
         tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
+        shift_write_address: bool = opt(False, "the write address comes from the previous token's projection "
+                                        "(key-then-value pairs: store v_t under the address of x_{t-1})")
         chunk_size: int = opt(16, "chunk length of the dense chunked path")
         backend: str = opt("auto", "memory kernel: dense (chunked, O(T M)), sparse (scan over K rows, O(T K)), "
                            "triton (sparse scan kernels), reference (token loop), auto (triton on CUDA, else "
@@ -130,7 +140,7 @@ class KroneckerSlots(Mixer):
         if not o.tie_addresses:
             self.q_proj = nn.Linear(d_model, a, bias=False)
         self.v_proj = nn.Linear(d_model, h * dv, bias=False)
-        self.conv_dim = a * (1 if o.tie_addresses else 2) + h * dv
+        self.conv_dim = 2 * a + h * dv
         self.conv = ShortConv(self.conv_dim, o.conv_size, activation=False) if o.conv_size > 1 else None
         self.g_proj = nn.Linear(d_model, h * dv, bias=False)
         if o.pos_address:
@@ -153,16 +163,19 @@ class KroneckerSlots(Mixer):
             w = w + (torch.full_like(w, 1.0 / o.top_k) - w).detach()
         return idx, w
 
-    def _raw(self, x):
+    def _raw(self, x, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
-        parts = [self.k_proj(x)] + ([] if self.options.tie_addresses else [self.q_proj(x)]) + [self.v_proj(x)]
-        return torch.cat(parts, dim=-1)
+        k = self.k_proj(x)
+        q = k if self.options.tie_addresses else self.q_proj(x)
+        if self.options.shift_write_address:
+            k = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1) if k_prev is None else k_prev
+        return torch.cat([k, q, self.v_proj(x)], dim=-1)
 
     def _split(self, mixed, x, start):
         """``(k logits, q logits, v (..., H, d_v))`` from the convolved projections."""
         a = self.addr_dim
         kl = mixed[..., :a]
-        ql = kl if self.options.tie_addresses else mixed[..., a:2 * a]
+        ql = mixed[..., a:2 * a]
         v = mixed[..., -self.n_heads * self.d_v:].unflatten(-1, (self.n_heads, self.d_v))
         if self.options.pos_address:
             squeeze = x.ndim == 2
@@ -189,6 +202,7 @@ class KroneckerSlots(Mixer):
         start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype))
         raw = self._raw(x)
         kl, ql, v = self._split(self.conv(raw) if self.conv is not None else raw, x, start)
+        k_last = self.k_proj(x[:, -1]) if self.options.shift_write_address else None
         wi, w = self._address(kl)
         ri, r = self._address(ql)
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
@@ -198,6 +212,8 @@ class KroneckerSlots(Mixer):
             state["conv"] = self.conv.final_state(raw)
         if self.options.pos_address:
             state["pos"] = (start + T).unsqueeze(-1)
+        if self.options.shift_write_address:
+            state["k_prev"] = k_last
         return self._finish(o, x), state
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
@@ -208,12 +224,16 @@ class KroneckerSlots(Mixer):
             state["conv"] = self.conv.init_state(batch_size, device, dtype)
         if self.options.pos_address:
             state["pos"] = torch.zeros(batch_size, 1, device=device, dtype=cd)
+        if self.options.shift_write_address:
+            state["k_prev"] = torch.zeros(batch_size, self.addr_dim, device=device, dtype=dtype)
         return state
 
     def step(self, x_t, state):
         start = state["pos"][:, 0] if self.options.pos_address else None
-        raw = self._raw(x_t)
+        raw = self._raw(x_t, state["k_prev"] if self.options.shift_write_address else None)
         new = {}
+        if self.options.shift_write_address:
+            new["k_prev"] = self.k_proj(x_t)
         if self.conv is not None:
             raw, new["conv"] = self.conv.step(raw, state["conv"])
         kl, ql, v = self._split(raw, x_t, start)
@@ -226,7 +246,8 @@ class KroneckerSlots(Mixer):
         return self._finish(o, x_t), new
 
     def _conv_state_size(self):
-        return self.conv_dim * (self.options.conv_size - 1)
+        # the short-convolution buffer, plus the previous token's address logits with shift_write_address
+        return self.conv_dim * (self.options.conv_size - 1) + (self.addr_dim if self.options.shift_write_address else 0)
 
     def state_size(self, seq_len: int) -> int:
         return (self.n_heads * self.num_slots * (self.d_v + 1) + self._conv_state_size()

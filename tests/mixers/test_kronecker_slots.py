@@ -58,6 +58,8 @@ def test_backends_give_the_same_mixer(backend):
     {"renormalize": False, "tau": 0.5},
     {"topk_grad": "straight_through", "tie_addresses": True},
     {"conv_size": 1},
+    {"shift_write_address": True, "tie_addresses": True},
+    {"shift_write_address": True, "conv_size": 1, "pos_address": True},
     {"backend": "sparse", "d_p": 8, "U": 3, "top_k": 5},
 ])
 def test_options_keep_parallel_equal_to_recurrent(opts):
