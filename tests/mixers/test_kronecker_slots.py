@@ -116,9 +116,11 @@ def test_state_sizes():
         assert m.state_size(5) == m.state_size(5000) == m.n_heads * m.num_slots * (m.d_v + 1) + conv
     assert big.state_size(1) - big._conv_state_size() == 16 * (small.state_size(1) - small._conv_state_size())
     assert big.active_state_size(1) - big._conv_state_size() == small.active_state_size(1) - small._conv_state_size() == 2 * 2 * 3 * 9
-    pos = make(pos_address=True)
-    _, state = pos.prefill(torch.randn(2, 4, D, dtype=torch.float64))
-    assert sum(t.numel() for t in state.values()) // 2 == pos.state_size(4)
+    for opts in ({"pos_address": True}, {"shift_write_address": True, "conv_size": 1}):
+        m = make(**opts)
+        _, state = m.prefill(torch.randn(2, 4, D, dtype=torch.float64))
+        assert sum(t.numel() for t in state.values()) // 2 == m.state_size(4)
+        assert sum(t.numel() for t in m.init_state(2).values()) // 2 == m.state_size(4)
 
 
 def test_straight_through_writes_hard_weights():
