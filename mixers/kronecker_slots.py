@@ -239,7 +239,10 @@ class KroneckerSlots(Mixer):
         kl, ql, v = self._split(raw, x_t, start)
         wi, w = self._address(kl)
         ri, r = self._address(ql)
-        o, (S, z) = slot_step(wi, w, ri, r, v, self.gamma(x_t.dtype), (state["S"], state["z"]), self.options.eps)
+        # without autograd the K written rows are updated in the given state tensors (O(K d_v) per token;
+        # a copy would move the whole M x d_v memory every step)
+        o, (S, z) = slot_step(wi, w, ri, r, v, self.gamma(x_t.dtype), (state["S"], state["z"]), self.options.eps,
+                              inplace=not torch.is_grad_enabled())
         new.update(S=S, z=z)
         if self.options.pos_address:
             new["pos"] = state["pos"] + 1

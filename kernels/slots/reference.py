@@ -52,10 +52,14 @@ def _put(x: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor) -> torch.Tensor
     return torch.scatter(x, 2, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]), rows)
 
 
-def slot_step(write_idx, write_w, read_idx, read_w, v, gamma, state, eps: float = 1e-6):
+def slot_step(write_idx, write_w, read_idx, read_w, v, gamma, state, eps: float = 1e-6, inplace: bool = False):
     """One token: ``write_idx, write_w, read_idx, read_w (B, H, K)``, ``v (B, H, d_v)``, ``gamma (H,)``,
     ``state = (S (B, H, M, d_v), z (B, H, M))``. Returns ``(o (B, H, d_v), (S, z))``; only the ``K``
-    written and ``K`` read rows are touched (the state is returned in the compute dtype)."""
+    written and ``K`` read rows are computed (the state is returned in the compute dtype).
+
+    ``inplace=False`` returns new state tensors (autograd-friendly, but the scatter copies the whole
+    ``M x d_v`` memory); ``inplace=True`` writes the ``K`` rows into the given state tensors when they are
+    already in the compute dtype (decoding without autograd: O(K d_v) work per token, whatever ``M``)."""
     dtype = v.dtype
     cd = compute_dtype(dtype)
     S, z = state
@@ -64,7 +68,11 @@ def slot_step(write_idx, write_w, read_idx, read_w, v, gamma, state, eps: float 
     decay = torch.exp(log_keep(w, gamma[None, :, None]))  # (B, H, K)
     S_rows = decay.unsqueeze(-1) * _rows(S, write_idx) + w.unsqueeze(-1) * v.unsqueeze(-2)
     z_rows = decay * _rows(z, write_idx) + w
-    S, z = _put(S, write_idx, S_rows), _put(z, write_idx, z_rows)
+    if inplace:
+        S.scatter_(2, write_idx.unsqueeze(-1).expand(*write_idx.shape, S.shape[-1]), S_rows)
+        z.scatter_(2, write_idx, z_rows)
+    else:
+        S, z = _put(S, write_idx, S_rows), _put(z, write_idx, z_rows)
     o = ((r / (_rows(z, read_idx) + eps)).unsqueeze(-1) * _rows(S, read_idx)).sum(-2)
     return o.to(dtype), (S, z)
 

@@ -134,10 +134,15 @@ def test_step_touches_only_the_written_rows():
     M, K = 32, 3
     wi, ww, ri, rw, v, gamma = _inputs(2, 1, 2, M, K, 4)
     S, z = torch.randn(2, 2, M, 4), torch.rand(2, 2, M)
-    _, (S2, z2) = slot_step(wi[:, 0], ww[:, 0], ri[:, 0], rw[:, 0], v[:, 0], gamma, (S, z))
+    args = (wi[:, 0], ww[:, 0], ri[:, 0], rw[:, 0], v[:, 0], gamma)
+    o, (S2, z2) = slot_step(*args, (S, z))
     written = torch.zeros(2, 2, M, dtype=torch.bool).scatter(-1, wi[:, 0], True)
     assert torch.equal(S2[~written], S[~written]) and torch.equal(z2[~written], z[~written])
     assert not torch.equal(S2[written], S[written])
+    S_in, z_in = S.clone(), z.clone()
+    o3, (S3, z3) = slot_step(*args, (S_in, z_in), inplace=True)
+    assert S3 is S_in and z3 is z_in
+    assert torch.equal(o3, o) and torch.equal(S3, S2) and torch.equal(z3, z2)
 
 
 @pytest.mark.parametrize("U,dp,K", [(1, 7, 3), (2, 4, 5), (3, 4, 9), (3, 5, 2), (4, 3, 20)])
