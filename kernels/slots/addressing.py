@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from ..common import at_least_fp32
+
 
 def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits (..., U, d_p)`` -> ``(idx (..., k) int64, weights (..., k))``, best first.
 
-    ``weights`` are the product probabilities of the selected slots (not renormalised).
+    ``weights`` are the product probabilities of the selected slots (not renormalised), in fp32 (fp64 for
+    fp64 logits).
     """
     if logits.ndim < 2:
         raise ValueError(f"kronecker_topk: logits must have shape (..., U, d_p), got {tuple(logits.shape)}")
@@ -31,7 +34,7 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torc
         raise ValueError(f"kronecker_topk: k={k} must be in [1, d_p^U = {dp ** U}]; lower k or enlarge d_p / U")
     if tau <= 0:
         raise ValueError(f"kronecker_topk: tau must be positive, got {tau}")
-    p = torch.softmax(logits.float() / tau if logits.dtype != torch.float64 else logits / tau, dim=-1)
+    p = torch.softmax(at_least_fp32(logits) / tau, dim=-1)
     with torch.no_grad():
         kk = min(k, dp)
         top_p, top_i = p.topk(kk, dim=-1)  # (..., U, kk)
@@ -48,7 +51,7 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torc
     # differentiable weights: the product of the selected factor probabilities
     weights = torch.gather(p.unsqueeze(-3).expand(*digits.shape[:-1], U, dp), -1,
                            digits.unsqueeze(-1)).squeeze(-1).prod(-1)
-    return idx, weights.to(logits.dtype)
+    return idx, weights
 
 
 def kronecker_dense(logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
