@@ -1,0 +1,63 @@
+"""Kronecker-product addressing: the top-K slots of ``softmax(l_1/tau) (x) ... (x) softmax(l_U/tau)``.
+
+The key (or query) of a head is split into ``U`` factors of ``d_p`` logits; the slot distribution over
+``M = d_p^U`` slots is the Kronecker (outer) product of the factor softmaxes (Xiao et al., "RAM-Net",
+arXiv 2602.11958). Slot ``m`` has digits ``(i_1, ..., i_U)`` in base ``d_p``, most significant first,
+``m = sum_u i_u d_p^(U-u)``: the order of ``torch.kron``.
+
+The product is never materialised. Every factor is nonnegative, so an entry of the top-K of the product
+uses, in every factor, one of that factor's top-K entries (otherwise K larger entries of that factor
+would give K strictly larger products). The search keeps the top-K partial products after each factor:
+``K * min(K, d_p)`` candidates per step, ``O(U K^2)`` per token instead of ``O(d_p^U)``. Ties are broken
+arbitrarily (as ``torch.topk``).
+
+The selection is piecewise constant; the returned weights ``prod_u p_u[i_u]`` are differentiable
+functions of the logits (the gradient reaches every logit through the factor softmaxes).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..common import at_least_fp32
+
+
+def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits (..., U, d_p)`` -> ``(idx (..., k) int64, weights (..., k))``, best first.
+
+    ``weights`` are the product probabilities of the selected slots (not renormalised), in fp32 (fp64 for
+    fp64 logits).
+    """
+    if logits.ndim < 2:
+        raise ValueError(f"kronecker_topk: logits must have shape (..., U, d_p), got {tuple(logits.shape)}")
+    U, dp = logits.shape[-2:]
+    if not 1 <= k <= dp ** U:
+        raise ValueError(f"kronecker_topk: k={k} must be in [1, d_p^U = {dp ** U}]; lower k or enlarge d_p / U")
+    if tau <= 0:
+        raise ValueError(f"kronecker_topk: tau must be positive, got {tau}")
+    p = torch.softmax(at_least_fp32(logits) / tau, dim=-1)
+    with torch.no_grad():
+        kk = min(k, dp)
+        top_p, top_i = p.topk(kk, dim=-1)  # (..., U, kk)
+        val, digits = top_p[..., 0, :], top_i[..., 0, :].unsqueeze(-1)  # (..., c), (..., c, u)
+        for u in range(1, U):
+            cand = val.unsqueeze(-1) * top_p[..., u, None, :]  # (..., c, kk)
+            c = cand.shape[-2]
+            val, pos = cand.flatten(-2).topk(min(k, c * kk), dim=-1)
+            row, col = pos // kk, pos % kk
+            prev = torch.gather(digits, -2, row.unsqueeze(-1).expand(*row.shape, digits.shape[-1]))
+            digits = torch.cat([prev, torch.gather(top_i[..., u, :], -1, col).unsqueeze(-1)], dim=-1)
+        place = dp ** torch.arange(U - 1, -1, -1, device=logits.device)
+        idx = (digits * place).sum(-1)
+    # differentiable weights: the product of the selected factor probabilities
+    weights = torch.gather(p.unsqueeze(-3).expand(*digits.shape[:-1], U, dp), -1,
+                           digits.unsqueeze(-1)).squeeze(-1).prod(-1)
+    return idx, weights
+
+
+def kronecker_dense(logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """The materialised product distribution ``(..., d_p^U)`` (for small ``M`` and for tests)."""
+    p = torch.softmax(logits / tau, dim=-1)
+    out = p[..., 0, :]
+    for u in range(1, p.shape[-2]):
+        out = (out.unsqueeze(-1) * p[..., u, None, :]).flatten(-2)
+    return out

@@ -1,0 +1,194 @@
+"""Slot memory kernels: the dense chunked, sparse and Triton paths against the fp64 token loop (outputs,
+final state and gradients of the weights, values, gamma and the initial state); the token loop against
+an independent dense-formula loop (diag(1 - w)^gamma on all M slots); sparse == dense at K = M; the
+power-decay closed form; the Kronecker top-K against the materialised product.
+
+On a CPU the Triton kernels run through the interpreter (tests/conftest.py): tiny shapes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.backend import triton_importable, triton_usable_for
+from kernels.slots import (kronecker_dense, kronecker_topk, slot_memory, slot_memory_chunked,
+                           slot_memory_reference, slot_memory_sparse, slot_step)
+from tests.kernels.harness import assert_rel_close, compare_backends
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
+    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
+)
+
+
+def _distinct(B, T, H, M, K, device=DEVICE):
+    return torch.rand(B, T, H, M, device=device).argsort(-1)[..., :K].contiguous()
+
+
+def _inputs(B, T, H, M, K, dv, init=False, dtype=torch.float32, device=DEVICE):
+    wi, ri = _distinct(B, T, H, M, K, device), _distinct(B, T, H, M, K, device)
+    ww = torch.rand(B, T, H, K, dtype=dtype, device=device) * 0.98 + 0.01
+    rw = torch.rand(B, T, H, K, dtype=dtype, device=device)
+    v = torch.randn(B, T, H, dv, dtype=dtype, device=device)
+    gamma = torch.rand(H, dtype=dtype, device=device) * 1.5 + 0.25
+    out = [wi, ww, ri, rw, v, gamma]
+    if init:
+        out += [torch.randn(B, H, M, dv, dtype=dtype, device=device),
+                torch.rand(B, H, M, dtype=dtype, device=device) + 0.1]
+    return out
+
+
+def _call(fn, M, **kw):
+    def run(wi, ww, ri, rw, v, gamma, S0=None, z0=None):
+        o, (S, z) = fn(wi, ww, ri, rw, v, gamma, M, initial_state=None if S0 is None else (S0, z0), **kw)
+        return o, S, z
+    return run
+
+
+BACKENDS = {
+    "dense": dict(backend="torch", layout="dense", chunk_size=4),
+    "sparse": dict(backend="torch", layout="sparse"),
+}
+
+
+@pytest.mark.parametrize("init", [False, True])
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_torch_paths_match_reference(name, init):
+    M = 16
+    ins = _inputs(2, 13, 3, M, 3, 5, init=init)
+    compare_backends(_call(slot_memory, M, **BACKENDS[name]), _call(slot_memory_reference, M), ins,
+                     tol=1e-5, grad_tol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("init", [False, True])
+def test_triton_matches_reference(init):
+    M = 16
+    ins = _inputs(2, 7, 2, M, 3, 5, init=init)
+    compare_backends(_call(slot_memory, M, backend="triton"), _call(slot_memory_reference, M), ins,
+                     tol=1e-5, grad_tol=1e-5)
+
+
+def _dense_formula(wi, ww, ri, rw, v, gamma, M, eps=1e-6):
+    """The spec written densely, independent of slot_step: every slot decays by (1 - w_m)^gamma."""
+    B, T, H, dv = v.shape
+    w = torch.zeros(B, T, H, M, dtype=v.dtype).scatter(-1, wi, ww)
+    r = torch.zeros(B, T, H, M, dtype=v.dtype).scatter(-1, ri, rw)
+    S, z, outs = v.new_zeros(B, H, M, dv), v.new_zeros(B, H, M), []
+    for t in range(T):
+        keep = (1 - w[:, t]) ** gamma[:, None]
+        S = keep[..., None] * S + w[:, t, :, :, None] * v[:, t, :, None, :]
+        z = keep * z + w[:, t]
+        outs.append(torch.einsum("bhm,bhmd->bhd", r[:, t] / (z + eps), S))
+    return torch.stack(outs, 1), S, z
+
+
+def test_reference_is_the_dense_formula():
+    M = 16
+    wi, ww, ri, rw, v, gamma = _inputs(2, 11, 2, M, 4, 3, dtype=torch.float64)
+    o, (S, z) = slot_memory_reference(wi, ww, ri, rw, v, gamma, M)
+    o2, S2, z2 = _dense_formula(wi, ww, ri, rw, v, gamma, M)
+    for a, b in ((o, o2), (S, S2), (z, z2)):
+        assert_rel_close(a, b, 1e-12)
+
+
+def test_sparse_equals_dense_when_every_slot_is_written():
+    M = 8
+    wi, ww, ri, rw, v, gamma = _inputs(2, 9, 2, M, M, 4, dtype=torch.float64)
+    o_s, (S_s, z_s) = slot_memory_sparse(wi, ww, ri, rw, v, gamma, M)
+    o_d, (S_d, z_d) = slot_memory_chunked(wi, ww, ri, rw, v, gamma, M, chunk_size=4)
+    for a, b in ((o_s, o_d), (S_s, S_d), (z_s, z_d)):
+        assert_rel_close(a, b, 1e-12)
+
+
+@pytest.mark.parametrize("layout", ["dense", "sparse", "reference"])
+def test_constant_write_weight_closed_form(layout):
+    """One slot written every step with the same weight w: the read is the power-decay average
+    sum_i w d^(t-i) v_i / (sum_i w d^(t-i) + eps), d = (1 - w)^gamma; at gamma = 1 the bias-corrected
+    exponential moving average."""
+    T, dv, eps = 23, 3, 1e-6
+    w0 = float(torch.rand(()) * 0.9 + 0.05)
+    for gamma0 in (1.0, float(torch.rand(()) * 2 + 0.2)):
+        idx = torch.zeros(1, T, 1, 1, dtype=torch.long)
+        ww = torch.full((1, T, 1, 1), w0, dtype=torch.float64)
+        rw = torch.ones(1, T, 1, 1, dtype=torch.float64)
+        v = torch.randn(1, T, 1, dv, dtype=torch.float64)
+        gamma = torch.tensor([gamma0], dtype=torch.float64)
+        kw = {"backend": "reference"} if layout == "reference" else {"backend": "torch", "layout": layout}
+        o, _ = slot_memory(idx, ww, idx, rw, v, gamma, 4, eps=eps, **kw)
+        d = (1 - w0) ** gamma0
+        t = torch.arange(T, dtype=torch.float64)
+        coef = w0 * d ** (t[:, None] - t[None, :]) * (t[None, :] <= t[:, None])  # (t, i)
+        expect = (coef @ v[0, :, 0]) / (coef.sum(1, keepdim=True) + eps)
+        assert_rel_close(o[0, :, 0], expect, 1e-12)
+        if gamma0 == 1.0:
+            ema, outs = torch.zeros(dv, dtype=torch.float64), []
+            for i in range(T):
+                ema = (1 - w0) * ema + w0 * v[0, i, 0]
+                outs.append(ema / (1 - (1 - w0) ** (i + 1)))
+            assert_rel_close(o[0, :, 0], torch.stack(outs), 1e-5)  # eps / z ~ 1e-6 relative
+
+
+def test_step_touches_only_the_written_rows():
+    M, K = 32, 3
+    wi, ww, ri, rw, v, gamma = _inputs(2, 1, 2, M, K, 4)
+    S, z = torch.randn(2, 2, M, 4), torch.rand(2, 2, M)
+    args = (wi[:, 0], ww[:, 0], ri[:, 0], rw[:, 0], v[:, 0], gamma)
+    o, (S2, z2) = slot_step(*args, (S, z))
+    written = torch.zeros(2, 2, M, dtype=torch.bool).scatter(-1, wi[:, 0], True)
+    assert torch.equal(S2[~written], S[~written]) and torch.equal(z2[~written], z[~written])
+    assert not torch.equal(S2[written], S[written])
+    S_in, z_in = S.clone(), z.clone()
+    o3, (S3, z3) = slot_step(*args, (S_in, z_in), inplace=True)
+    assert S3 is S_in and z3 is z_in
+    assert torch.equal(o3, o) and torch.equal(S3, S2) and torch.equal(z3, z2)
+
+
+@pytest.mark.parametrize("U,dp,K", [(1, 7, 3), (2, 4, 5), (3, 4, 9), (3, 5, 2), (4, 3, 20)])
+def test_kronecker_topk_equals_topk_of_materialised_product(U, dp, K):
+    logits = torch.randn(3, 6, U, dp, dtype=torch.float64) * 2
+    tau = float(torch.rand(()) + 0.3)
+    idx, w = kronecker_topk(logits, K, tau)
+    dense = kronecker_dense(logits, tau)
+    assert dense.shape[-1] == dp ** U
+    val, ref_idx = dense.topk(K, dim=-1)
+    assert torch.equal(idx, ref_idx), "selected slots differ from the top-K of the materialised product"
+    assert_rel_close(w, val, 1e-12)
+    # and the weights are the product entries at those indices, with the same gradient
+    lg = logits.clone().requires_grad_()
+    ld = logits.clone().requires_grad_()
+    up = torch.randn_like(w)
+    (kronecker_topk(lg, K, tau)[1] * up).sum().backward()
+    (torch.gather(kronecker_dense(ld, tau), -1, ref_idx) * up).sum().backward()
+    assert_rel_close(lg.grad, ld.grad, 1e-12)
+
+
+def test_bad_inputs_raise():
+    M = 8
+    wi, ww, ri, rw, v, gamma = _inputs(1, 3, 2, M, 2, 4)
+    with pytest.raises(ValueError, match="gamma"):
+        slot_memory(wi, ww, ri, rw, v, gamma[:1], M)
+    with pytest.raises(ValueError, match="layout"):
+        slot_memory(wi, ww, ri, rw, v, gamma, M, layout="diagonal")
+    with pytest.raises(TypeError, match="int64"):
+        slot_memory(wi.int(), ww, ri, rw, v, gamma, M)
+    with pytest.raises(ValueError, match="write_w"):
+        slot_memory(wi, ww[:, :2], ri, rw, v, gamma, M)
+    with pytest.raises(ValueError, match="k=9"):
+        kronecker_topk(torch.randn(2, 2), 9)
+
+
+@needs_triton
+def test_triton_rejects_fp64():
+    wi, ww, ri, rw, v, gamma = _inputs(1, 3, 1, 8, 2, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="fp64"):
+        slot_memory(wi, ww, ri, rw, v, gamma, 8, backend="triton")
+
+
+@pytest.mark.gpu
+def test_triton_at_size_on_cuda():
+    M = 4096
+    ins = _inputs(2, 512, 4, M, 8, 64, init=True, device="cuda")
+    compare_backends(_call(slot_memory, M, backend="triton"), _call(slot_memory, M, backend="torch", layout="sparse"),
+                     ins, tol=1e-5, grad_tol=1e-4)
