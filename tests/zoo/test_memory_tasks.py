@@ -44,7 +44,7 @@ def test_assoc_recall_answers_are_spread_over_the_vocabulary():
     assert counts.numel() == 20 and counts.min() > 0.5 * counts.mean()
 
 
-@pytest.mark.parametrize("name,opts", [("assoc_recall", {"seq_len": 30}), ("dyck1_next", {"seq_len": 20})])
+@pytest.mark.parametrize("name,opts", [("assoc_recall", {"seq_len": 30}), ("dyck1_next", {"seq_len": 20}), ("mad_recall", {"seq_len": 40})])
 def test_seeded_and_splits_differ(name, opts):
     task = make(name, **opts)
     s = seed()
@@ -91,8 +91,30 @@ def test_dyck1_next_free_positions_are_common_and_words_vary():
 
 
 @pytest.mark.parametrize("name,opts", [("dyck1_next", {"seq_len": 15}), ("assoc_recall", {"seq_len": 3}),
-                                       ("dyck1_next", {"p_open": 1.0})])
+                                       ("dyck1_next", {"p_open": 1.0}), ("mad_recall", {"seq_len": 31})])
 def test_bad_options_raise(name, opts):
     cls = TASKS.get(name)
     with pytest.raises(Exception, match="seq_len|p_open"):
         build_options(cls.Options, opts)
+
+
+@pytest.mark.parametrize("V,L", [(16, 64), (8, 20)])
+def test_mad_recall_labels_are_values_of_keys_seen_before(V, L):
+    task = make("mad_recall", vocab_size=V, seq_len=L)
+    assert task.vocab_size == V
+    data = task.make("train", seed(), num_examples=100)
+    assert data.inputs.shape == data.labels.shape == (100, L)
+    for x, y in zip(data.inputs.tolist(), data.labels.tolist()):
+        binding = {}
+        for t in range(0, L, 2):
+            k, v = x[t], x[t + 1]
+            assert 0 <= k < V // 2 <= v < V
+            assert y[t + 1] == -100
+            if k in binding:
+                assert v == binding[k], "one value per key within a sequence"
+                assert y[t] == v, "a repeated key is supervised with its value"
+            else:
+                assert y[t] == -100, "a first occurrence is not supervised"
+            binding[k] = v
+    supervised = (data.labels != -100).float().sum(1)
+    assert supervised.min() > 0

@@ -1,4 +1,6 @@
-"""Small-vocabulary recall and next-token Dyck-1, in the format of the memory-decay experiments of
+"""Small-vocabulary recall tasks and next-token Dyck-1.
+
+The first two follow the memory-decay experiments of
 Dadwal, "The Illusion of State: Sharp Memory-Decay Bounds in Linear State Space Models" (OpenReview
 8Kg8lL3L58): discrete associative recall over a vocabulary of 20 at lengths 10-60, and next-token
 prediction on balanced bracket words scored by exact sequence match.
@@ -25,6 +27,16 @@ each token (but the last) is the SET of legal next tokens: ``0`` when only '(' i
 is the paper's exact sequence match. It needs the depth (a counter) and, for the forced closes, the
 position. The existing ``dyck1`` task differs: its sequences are open prefixes, not balanced words,
 and it labels the depth itself (or "balanced"), not the next token.
+
+``mad_recall`` (ids ``[0, V)``): in-context recall in the style of the MAD synthetic suite (Poli et al.,
+"Mechanistic Design and Scaling of Hybrid Architectures", arXiv:2403.17844), used by the BD-LRU paper
+(arXiv:2602.12021). Each sequence draws its own random map from the ``V/2`` keys ``[0, V/2)`` to the
+values ``[V/2, V)`` and is a stream of ``L/2`` pairs ``k v`` with keys drawn uniformly with
+repetition; the same key always carries the same value within a sequence. The label at a key position
+is the value that follows it, supervised only when that key already occurred earlier in the sequence
+(its answer is in the context; a first occurrence cannot be predicted). Unlike MQAR, there is no
+separate query region: every repeated pair is a query, at every distance, and the map is dense (few
+keys, many repetitions).
 """
 from __future__ import annotations
 
@@ -131,4 +143,44 @@ class Dyck1Next(Task):
             if t < seq_len - 1:
                 nxt_open, nxt_close = self.legal_next(depth, seq_len - t - 1, o.max_depth)
                 labels[:, t] = torch.where(nxt_open & nxt_close, EITHER, torch.where(nxt_open, OPEN, CLOSE))
+        return TaskData(inputs, labels)
+
+
+@register_task
+class MADRecall(Task):
+    name = "mad_recall"
+    description = "MAD-style in-context recall: a stream of k v pairs from a per-sequence map; predict repeated keys' values"
+
+    @dataclass
+    class Options:
+        vocab_size: int = opt(16, "V: keys [0, V/2), values [V/2, V)")
+        seq_len: int = opt(64, "training sequence length L (even)")
+        num_train: int = opt(20_000, "training examples")
+        num_test: int = opt(1_000, "test examples")
+
+        def __post_init__(self):
+            if self.vocab_size < 4 or self.vocab_size % 2:
+                raise ValueError(f"mad_recall: vocab_size must be even and >= 4, got {self.vocab_size}")
+            if self.seq_len < 4 or self.seq_len % 2:
+                raise ValueError(f"mad_recall: seq_len must be even and >= 4 (pairs), got {self.seq_len}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.options.vocab_size
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        if seq_len < 4 or seq_len % 2:
+            raise ValueError(f"mad_recall: seq_len must be even and >= 4, got {seq_len}")
+        half, n = self.options.vocab_size // 2, seq_len // 2
+        table = torch.randint(half, (num_examples, half), generator=generator) + half
+        keys = torch.randint(half, (num_examples, n), generator=generator)
+        values = table.gather(1, keys)
+        inputs = torch.stack([keys, values], dim=2).flatten(1)
+        seen = torch.zeros(num_examples, half, dtype=torch.bool)
+        repeated = torch.empty(num_examples, n, dtype=torch.bool)
+        for i in range(n):
+            repeated[:, i] = seen.gather(1, keys[:, i:i + 1])[:, 0]
+            seen.scatter_(1, keys[:, i:i + 1], True)
+        labels = torch.full_like(inputs, IGNORE)
+        labels[:, 0::2] = torch.where(repeated, values, IGNORE)
         return TaskData(inputs, labels)
