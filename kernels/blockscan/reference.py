@@ -59,11 +59,21 @@ def block_scan_step(A_t: torch.Tensor, b_t: torch.Tensor, h: torch.Tensor) -> to
 
 def jordan_step(lam_t: torch.Tensor, c_t, b_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """One token: ``h <- lam_t h + c_t N h + b_t``; ``lam_t (B, N)``, ``c_t`` broadcastable to
-    ``(B, N)`` (a tensor or a float), ``b_t`` and ``h (B, N, m)``."""
+    ``(B, N)`` (a tensor or a float; the ``(1, 1, N)`` coupling of a scan is accepted too), ``b_t`` and
+    ``h (B, N, m)``."""
     dt = _cdt(lam_t, b_t, h, c_t)
     h = h.to(dt)
-    c_t = c_t.to(dt) if torch.is_tensor(c_t) else c_t
-    return lam_t.to(dt)[..., None] * h + (c_t * torch.ones_like(lam_t, dtype=dt))[..., None] * shift_up(h) + b_t.to(dt)
+    if torch.is_tensor(c_t):
+        while c_t.ndim > lam_t.ndim and c_t.shape[0] == 1:
+            c_t = c_t[0]
+        try:
+            c_t = torch.broadcast_to(c_t.to(dt), lam_t.shape)
+        except RuntimeError:
+            raise ValueError(f"jordan_step: c_t of shape {tuple(c_t.shape)} does not broadcast to lam_t's shape "
+                             f"(B, N) = {tuple(lam_t.shape)}; pass (N,), (1, N), (B, N) or a float") from None
+    else:
+        c_t = torch.full_like(lam_t, float(c_t), dtype=dt)
+    return lam_t.to(dt)[..., None] * h + c_t[..., None] * shift_up(h) + b_t.to(dt)
 
 
 def _layer_norm(x, weight, bias, eps):

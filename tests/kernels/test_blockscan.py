@@ -241,14 +241,14 @@ def test_prefix_then_step_and_continue_equals_full_scan(backend):
     lam, c, b, h0 = _jordan_inputs(B, T, N, m, "11N", dtype=torch.float64)
     full, full_last = jordan_scan(lam, c, b, h0, chunk_size=5, backend=backend)
     _, mid = jordan_scan(lam[:, :k], c, b[:, :k], h0, chunk_size=5, backend=backend)
-    assert_rel_close(jordan_step(lam[:, k], c[0], b[:, k], mid), full[:, k], 1e-12, "jordan prefix + step")
+    assert_rel_close(jordan_step(lam[:, k], c, b[:, k], mid), full[:, k], 1e-12, "jordan prefix + step")
     rest, rest_last = jordan_scan(lam[:, k:], c, b[:, k:], mid, chunk_size=5, backend=backend)
     assert_rel_close(rest, full[:, k:], 1e-12, "jordan prefix + continued scan")
 
     w, bi = torch.randn(N, m, dtype=torch.float64), torch.randn(N, m, dtype=torch.float64)
     full, _ = jordan_scan_normed(lam, c, b, w, bi, initial_state=h0, backend=backend)
     _, mid = jordan_scan_normed(lam[:, :k], c, b[:, :k], w, bi, initial_state=h0, backend=backend)
-    assert_rel_close(jordan_step_normed(lam[:, k], c[0], b[:, k], w, bi, mid), full[:, k], 1e-12,
+    assert_rel_close(jordan_step_normed(lam[:, k], c, b[:, k], w, bi, mid), full[:, k], 1e-12,
                      "normed prefix + step")
 
 
@@ -317,5 +317,37 @@ def test_bad_inputs_raise_clear_errors():
         jordan_scan(lam[:, :4], c, b)
     with pytest.raises(ValueError, match="weight"):
         jordan_scan_normed(lam, c, b, torch.ones(4), torch.zeros(3))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        jordan_step(lam[:, 0], torch.ones(3), b[:, 0], h0)
     with pytest.raises(ValueError, match="m >= 2"):
         jordan_scan_normed(lam, c, b[..., :1], torch.ones(1), torch.zeros(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [2, 4, 5])
+def test_triton_bf16_at_real_size_matches_chunked(m):
+    """On a GPU: bf16 inputs at a real size, the fused kernels against the chunked path in fp32."""
+    B, T, N = 2, 2048, 64
+    A, b, h0 = _dense_inputs(B, T, N, m)
+    tri = [x.bfloat16().requires_grad_() for x in (A, b, h0)]
+    ref = [x.bfloat16().float().requires_grad_() for x in (A, b, h0)]
+    h, last = block_scan(*tri[:2], tri[2], backend="triton")
+    h_r, last_r = block_scan(*ref[:2], ref[2], chunk_size=64, backend="torch")
+    assert h.dtype == torch.bfloat16
+    assert_rel_close(h.float(), h_r, 2e-2, "bf16 triton block_scan")
+    g = torch.randn_like(h_r)
+    (h.float() * g).sum().backward()
+    (h_r * g).sum().backward()
+    for x, r, name in zip(tri, ref, ("A", "b", "h0")):
+        assert_rel_close(x.grad.float(), r.grad, 3e-2, f"bf16 triton grad {name}")
+
+    lam, c, bj, hj = _jordan_inputs(B, T, N, m, "N")
+    w, bias = 1 + 0.3 * torch.randn(N, m, device=DEVICE), 0.3 * torch.randn(N, m, device=DEVICE)
+    h, _ = jordan_scan(lam.bfloat16(), c.bfloat16(), bj.bfloat16(), hj.bfloat16(), backend="triton")
+    h_r, _ = jordan_scan(lam.bfloat16().float(), c.bfloat16().float(), bj.bfloat16().float(),
+                         hj.bfloat16().float(), backend="torch")
+    assert_rel_close(h.float(), h_r, 2e-2, "bf16 triton jordan_scan")
+    h, _ = jordan_scan_normed(lam[:, :256], c, bj[:, :256], w, bias, initial_state=hj, backend="triton")
+    h_r, _ = jordan_scan_normed(lam[:, :256].double(), c.double(), bj[:, :256].double(), w.double(),
+                                bias.double(), initial_state=hj.double(), backend="reference")
+    assert_rel_close(h, h_r, 1e-4, "fp32 triton jordan_scan_normed")
