@@ -214,7 +214,7 @@ class _BlockScan(torch.autograd.Function):
                                HAS_INIT=h0c is not None, BM=_block_m(m), num_warps=1)
         ctx.save_for_backward(A, h0c, H)
         ctx.dtypes = (A.dtype, b.dtype, None if h0 is None else h0.dtype)
-        return H.to(b.dtype), H[:, -1].to(b.dtype)
+        return H.to(b.dtype), H[:, -1].to(b.dtype, copy=True)
 
     @staticmethod
     def backward(ctx, dh, dlast):
@@ -246,7 +246,7 @@ class _JordanScan(torch.autograd.Function):
         ctx.save_for_backward(lam, c, b if normed else None, h0c, H, weight, bias)
         ctx.eps = eps
         ctx.dtypes = (lam.dtype, c.dtype, b.dtype, None if h0 is None else h0.dtype)
-        return H.to(b.dtype), H[:, -1].to(b.dtype)
+        return H.to(b.dtype), H[:, -1].to(b.dtype, copy=True)
 
     @staticmethod
     def backward(ctx, dh, dlast):
