@@ -4,7 +4,7 @@ Importing this package registers every built-in mixer. Add a mixer: write ``mixe
 with a registered :class:`~mixers.base.Mixer` subclass and import it here.
 """
 from .base import MIXERS, STATE_MIXERS, Mixer, State, StateMixer, build_mixer, build_state_mixer, register_mixer, register_state_mixer
-from . import attention, deltaproduct, gka, gla, kronecker_slots, mamba2, mlp, ska  # noqa: F401  (registration side effects)
+from . import attention, bdlru, deltaproduct, gka, gla, jordan, kronecker_slots, mamba2, mlp, ska  # noqa: F401  (registration side effects)
 
 __all__ = ["MIXERS", "STATE_MIXERS", "Mixer", "State", "StateMixer", "build_mixer", "build_state_mixer",
            "register_mixer", "register_state_mixer"]

@@ -1,0 +1,192 @@
+"""Defective-Jordan SSM: a linear state-space layer whose transition is made of Jordan-like blocks.
+
+Dadwal, "The Illusion of State: Sharp Memory-Decay Bounds in Linear State Space Models" (OpenReview
+8Kg8lL3L58). The state is ``N`` blocks of size ``m``; per block, with ``N_m`` the nilpotent shift
+(ones on the superdiagonal, ``(N_m h)_i = h_{i+1}``):
+
+    A_t = lam_t I + c N_m                       (c = 1: the defective Jordan block J = lam I + N)
+    h_t = A_t h_{t-1} + B x_t,     y_t = C h_t            (B, C learned linear maps, as in the paper)
+
+``||A^k|| = Theta(k^{m-1} rho^k)``: a defective block keeps a ``k^{m-1}`` transient before the
+exponential decay (a longer memory), at the price of coupling the state's components.
+
+Options:
+
+* ``decay = fixed``: ``lam_t = rho`` (the paper's time-invariant setting, ``rho = 0.9``);
+  ``decay = selective``: ``lam_t = exp(g_t)`` per block, ``g_t`` the Mamba-2 log-decay gate
+  (:class:`mixers.layers.DecayGate`), the gated case of the paper's section 2.4.
+* ``init``: ``diagonal`` (``c = 0``: ``A = rho I``), ``defective`` (``c = 1``: ``A = rho I + N``) or
+  ``hippo``: a dense block ``A = I + (1 - rho) H / ||H||_2`` with the simplified HiPPO-LegS matrix
+  ``H_ij = -sqrt((2i+1)(2j+1))`` (i > j), ``H_ii = -(i+1)``, 0 above the diagonal (the paper's
+  appendix G.2; "normalised" read as unit spectral norm). ``hippo`` needs ``decay = fixed`` (the
+  paper's setting) and runs through the dense :func:`kernels.blockscan.block_scan`; its eigenvalues
+  are ``1 - (1 - rho)(i+1)/||H||_2``, distinct, so it is diagonalisable.
+* ``learn_transition``: learn the coupling ``c`` (one per block; ``diagonal``/``defective``) or the
+  whole dense block (``hippo``) by gradient descent; ``lam`` follows ``decay``.
+* ``state_norm``:
+  ``step`` — the paper's LayerNorm on the hidden state at every step, ``h_t = LN(A_t h_{t-1} + B x_t)``
+  with the norm over the ``m`` components of each block (:func:`kernels.blockscan.jordan_scan_normed`).
+  This is the setting that REPRODUCES the paper's "+ LayerNorm" models; it is nonlinear, so the scan
+  is sequential (the kernel's recurrent scan, not chunk-parallel), and it needs ``m >= 2``.
+  ``readout`` — the parallel alternative: the linear scan unchanged and ``y_t = C LN(h_t)``; it hides
+  large states from the output but does not stop them from growing.
+  ``none`` — no norm (``y_t = C h_t``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.blockscan import (block_scan, block_scan_step, jordan_scan, jordan_scan_normed, jordan_step,
+                               jordan_step_normed)
+from .base import Mixer, State, register_mixer
+from .layers import DecayGate, at_least_fp32
+from .options import opt
+
+
+def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
+    """The discretised simplified HiPPO-LegS block ``I + (1 - rho) H / ||H||_2`` of size ``m``."""
+    i = torch.arange(m, dtype=dtype)
+    H = -torch.sqrt((2 * i[:, None] + 1) * (2 * i[None, :] + 1)).tril(-1) - torch.diag(i + 1)
+    return torch.eye(m, dtype=dtype) + (1 - rho) * H / torch.linalg.matrix_norm(H, ord=2)
+
+
+@register_mixer
+class Jordan(Mixer):
+    name = "jordan"
+    description = "defective-Jordan SSM: blocks lam_t I + c N, fixed or selective decay, optional per-step LayerNorm"
+    state_formula = "n_blocks * block_size  (constant in T)"
+
+    @dataclass
+    class Options:
+        block_size: int = opt(4, "block size m of the Jordan blocks")
+        n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)")
+        decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), Mamba-2 gate",
+                         choices=("fixed", "selective"))
+        rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho)")
+        init: str = opt("defective", "transition at init: diagonal (c=0), defective (c=1), hippo (dense HiPPO-LegS block)",
+                        choices=("diagonal", "defective", "hippo"))
+        learn_transition: bool = opt(True, "learn the coupling c (or the dense HiPPO block)")
+        state_norm: str = opt("none", "LayerNorm of the state: 'step' (every step, sequential; the paper), "
+                                      "'readout' (y = C LN(h), parallel) or 'none'",
+                              choices=("none", "step", "readout"))
+        norm_eps: float = opt(1e-5, "LayerNorm epsilon")
+        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)")
+        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+
+        def __post_init__(self):
+            if self.block_size < 1:
+                raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+            if self.n_blocks is not None and self.n_blocks < 1:
+                raise ValueError(f"n_blocks must be >= 1 (or null for d_model // block_size), got {self.n_blocks}")
+            if not 0.0 < self.rho < 1.0:
+                raise ValueError(f"rho must be in (0, 1), got {self.rho}")
+            if self.chunk_size < 1:
+                raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+            if not self.norm_eps > 0:
+                raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+            if self.init == "hippo" and self.decay != "fixed":
+                raise ValueError("init=hippo is the paper's time-invariant block: set decay=fixed (or use "
+                                 "init=diagonal/defective with decay=selective)")
+            if self.init == "hippo" and self.state_norm == "step":
+                raise ValueError("state_norm=step runs the Jordan-structured normalised scan; init=hippo is a "
+                                 "dense block: use state_norm=none or readout with hippo")
+            if self.state_norm in ("step", "readout") and self.block_size < 2:
+                raise ValueError(f"state_norm={self.state_norm} normalises each block over its m components, "
+                                 f"which maps every state to the bias when block_size=1; use block_size >= 2 "
+                                 f"or state_norm=none")
+
+    contract_options = {"block_size": 4, "n_blocks": 4, "decay": "selective", "init": "defective", "chunk_size": 8}
+
+    def __init__(self, d_model: int, options: "Jordan.Options"):
+        super().__init__(d_model, options)
+        o = options
+        m = o.block_size
+        if o.n_blocks is None and d_model < m:
+            raise ValueError(f"jordan: block_size {m} exceeds d_model {d_model}; set n_blocks explicitly")
+        self.m = m
+        self.N = o.n_blocks if o.n_blocks is not None else d_model // m
+        self.in_proj = nn.Linear(d_model, self.N * m, bias=False)   # B
+        self.out_proj = nn.Linear(self.N * m, d_model, bias=False)  # C
+        if o.decay == "selective":
+            self.gate = DecayGate(d_model, self.N)
+        if o.init == "hippo":
+            A = hippo_legs_block(m, o.rho).float().expand(self.N, m, m).clone()
+            self._param_or_buffer("transition", A, o.learn_transition)
+        else:
+            c = torch.full((self.N,), 1.0 if o.init == "defective" else 0.0)
+            self._param_or_buffer("coupling", c, o.learn_transition)
+        if o.state_norm != "none":
+            self.norm_weight = nn.Parameter(torch.ones(self.N, m))
+            self.norm_bias = nn.Parameter(torch.zeros(self.N, m))
+
+    def _param_or_buffer(self, name, value, learn):
+        if learn:
+            setattr(self, name, nn.Parameter(value))
+        else:
+            self.register_buffer(name, value)
+
+    # --- pieces ---------------------------------------------------------------------------------
+    def decay(self, x: torch.Tensor) -> torch.Tensor:
+        """``lam (..., N)`` for inputs ``x (..., d_model)``, fp32 (fp64 stays)."""
+        if self.options.decay == "selective":
+            g, _ = self.gate(x)
+            return torch.exp(g)
+        return torch.full((*x.shape[:-1], self.N), self.options.rho, dtype=at_least_fp32(x).dtype, device=x.device)
+
+    def transition_matrix(self, x: torch.Tensor) -> torch.Tensor:
+        """The materialised ``A_t (..., N, m, m)`` for inputs ``x (..., d_model)`` (for checks)."""
+        lam = self.decay(x)
+        if self.options.init == "hippo":
+            return self.transition.to(lam.dtype).expand(*lam.shape, self.m, self.m)
+        eye = torch.eye(self.m, dtype=lam.dtype, device=lam.device)
+        shift = torch.diag(torch.ones(self.m - 1, dtype=lam.dtype, device=lam.device), 1)
+        return lam[..., None, None] * eye + self.coupling.to(lam.dtype)[:, None, None] * shift
+
+    def _layer_norm(self, h):
+        w, b = self.norm_weight.to(h.dtype), self.norm_bias.to(h.dtype)
+        return F.layer_norm(h, (self.m,), eps=self.options.norm_eps) * w + b
+
+    def _readout(self, h, dtype):
+        if self.options.state_norm == "readout":
+            h = self._layer_norm(h)
+        return self.out_proj(h.flatten(-2).to(dtype))
+
+    # --- contract -------------------------------------------------------------------------------
+    def prefill(self, x, mask=None):
+        o = self.options
+        lam = self.decay(x)
+        b = at_least_fp32(self.in_proj(x)).unflatten(-1, (self.N, self.m))
+        if o.init == "hippo":
+            A = self.transition.to(b.dtype).expand(*b.shape[:2], self.N, self.m, self.m)
+            h, h_last = block_scan(A, b, chunk_size=o.chunk_size, backend=o.backend)
+        elif o.state_norm == "step":
+            h, h_last = jordan_scan_normed(lam, self.coupling.to(b.dtype), b, self.norm_weight.to(b.dtype),
+                                           self.norm_bias.to(b.dtype), eps=o.norm_eps, backend=o.backend)
+        else:
+            h, h_last = jordan_scan(lam, self.coupling.to(b.dtype), b, chunk_size=o.chunk_size, backend=o.backend)
+        return self._readout(h, x.dtype), {"h": h_last.to(x.dtype)}
+
+    def init_state(self, batch_size, device=None, dtype=None) -> State:
+        return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=dtype)}
+
+    def step(self, x_t, state):
+        o = self.options
+        lam = self.decay(x_t)
+        b = at_least_fp32(self.in_proj(x_t)).unflatten(-1, (self.N, self.m))
+        if o.init == "hippo":
+            A = self.transition.to(b.dtype).expand(b.shape[0], self.N, self.m, self.m)
+            h = block_scan_step(A, b, state["h"])
+        elif o.state_norm == "step":
+            h = jordan_step_normed(lam, self.coupling.to(b.dtype), b, self.norm_weight.to(b.dtype),
+                                   self.norm_bias.to(b.dtype), state["h"], eps=o.norm_eps)
+        else:
+            h = jordan_step(lam, self.coupling.to(b.dtype), b, state["h"])
+        return self._readout(h, x_t.dtype), {"h": h.to(x_t.dtype)}
+
+    def state_size(self, seq_len: int) -> int:
+        return self.N * self.m

@@ -1,0 +1,160 @@
+"""The defective-Jordan SSM's own claims: c = 0 is a diagonal SSM, the init options give the
+documented transitions (rho I, rho I + N, the discretised HiPPO-LegS block), the paper's per-step
+LayerNorm mode is that recurrence, every mode's parallel form equals its recurrence, and a defective
+block's impulse response peaks near k_max = (m - 1) / -ln(rho) ("The Illusion of State", Theorem 2.1)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mixers import build_mixer
+
+
+def make(d_model=12, dtype=torch.float64, **options):
+    opts = {"chunk_size": int(torch.randint(1, 9, (1,))), **options}
+    return build_mixer("jordan", d_model, opts).to(dtype)
+
+
+def _ssm_loop(x, lam_fn, A_fn, B, C, norm=None):
+    """Independent recurrence: h_t = A(lam_t) h_{t-1} + B x_t (then LN per block if norm), y = C h."""
+    Bsz, T, _ = x.shape
+    h = None
+    ys = []
+    for t in range(T):
+        bx = (x[:, t] @ B.T).reshape(Bsz, -1, A_fn(lam_fn(x[:, t])).shape[-1])
+        A = A_fn(lam_fn(x[:, t]))
+        h = bx if h is None else torch.einsum("bnij,bnj->bni", A, h) + bx
+        if norm is not None:
+            w, b, eps = norm
+            h = F.layer_norm(h, h.shape[-1:], eps=eps) * w + b
+        ys.append(h.flatten(1) @ C.T)
+    return torch.stack(ys, 1)
+
+
+@pytest.mark.parametrize("decay", ["fixed", "selective"])
+def test_c0_equals_diagonal_ssm(decay):
+    d, N, m = 12, 3, 4
+    mixer = make(d, block_size=m, n_blocks=N, init="diagonal", decay=decay, rho=0.8)
+    x = torch.randn(2, 29, d, dtype=torch.float64)
+    with torch.no_grad():
+        y = mixer(x)
+    B, C = mixer.in_proj.weight, mixer.out_proj.weight
+    if decay == "fixed":
+        lam_fn = lambda xt: torch.full((xt.shape[0], N), 0.8, dtype=xt.dtype)
+    else:
+        gate = mixer.gate
+        lam_fn = lambda xt: torch.exp(-gate.A_log.exp() * F.softplus(xt @ gate.proj.weight.T + gate.dt_bias))
+    # diagonal: every channel decays on its own
+    ref = _ssm_loop(x, lam_fn, lambda lam: lam[..., None, None] * torch.eye(m, dtype=x.dtype), B, C).detach()
+    assert torch.allclose(y, ref, rtol=1e-10, atol=1e-12), (y - ref).abs().max()
+
+
+def _hippo_by_hand(m, rho):
+    H = torch.zeros(m, m, dtype=torch.float64)
+    for i in range(m):
+        for j in range(m):
+            if i > j:
+                H[i, j] = -math.sqrt((2 * i + 1) * (2 * j + 1))
+            elif i == j:
+                H[i, j] = -(i + 1)
+    s = torch.linalg.svdvals(H).max()
+    return torch.eye(m, dtype=torch.float64) + (1 - rho) * H / s
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_init_options_give_documented_transitions(m):
+    rho = 0.9
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    eye = torch.eye(m, dtype=torch.float64)
+    shift = torch.diag(torch.ones(m - 1, dtype=torch.float64), 1)
+    for init, expected in (("diagonal", rho * eye), ("defective", rho * eye + shift), ("hippo", _hippo_by_hand(m, rho))):
+        mixer = make(16, block_size=m, n_blocks=2, decay="fixed", rho=rho, init=init)
+        A = mixer.transition_matrix(x).detach()
+        assert A.shape == (2, 5, 2, m, m)
+        assert torch.allclose(A, expected.expand_as(A), atol=1e-6), init
+    hip = _hippo_by_hand(m, rho)
+    eig = torch.linalg.eigvals(hip)
+    # lower triangular: eigenvalues = diagonal, distinct (diagonalisable), spectral radius in [rho, 1)
+    assert torch.allclose(eig.real.sort().values, hip.diagonal().sort().values) and (eig.imag.abs() < 1e-12).all()
+    assert hip.diagonal().min() >= rho - 1e-12 and hip.diagonal().max() < 1
+    # selective decay: lam_t I + N, lam_t in (0, 1), varying with the input
+    sel = make(16, block_size=m, n_blocks=2, decay="selective", init="defective")
+    A = sel.transition_matrix(x).detach()
+    lam = A.diagonal(dim1=-2, dim2=-1)
+    assert ((lam > 0) & (lam < 1)).all() and torch.allclose(lam, lam[..., :1].expand_as(lam))
+    assert torch.equal(A - torch.diag_embed(lam), shift.expand_as(A))
+
+
+def test_step_norm_is_layernorm_of_the_state_every_step():
+    d, N, m, eps = 10, 2, 5, 1e-5
+    mixer = make(d, block_size=m, n_blocks=N, decay="selective", init="defective", state_norm="step", norm_eps=eps)
+    with torch.no_grad():
+        mixer.norm_weight.normal_(1, 0.3)
+        mixer.norm_bias.normal_(0, 0.3)
+        mixer.coupling.normal_(1, 0.3)
+    x = torch.randn(2, 17, d, dtype=torch.float64)
+    with torch.no_grad():
+        y = mixer(x)
+    gate = mixer.gate
+    lam_fn = lambda xt: torch.exp(-gate.A_log.exp() * F.softplus(xt @ gate.proj.weight.T + gate.dt_bias))
+    c = mixer.coupling.detach()
+    shift = torch.diag(torch.ones(m - 1, dtype=torch.float64), 1)
+    A_fn = lambda lam: lam[..., None, None] * torch.eye(m, dtype=torch.float64) + c[:, None, None] * shift
+    ref = _ssm_loop(x, lam_fn, A_fn, mixer.in_proj.weight, mixer.out_proj.weight,
+                    norm=(mixer.norm_weight, mixer.norm_bias, eps)).detach()
+    assert torch.allclose(y, ref, rtol=1e-9, atol=1e-11), (y - ref).abs().max()
+
+
+MODES = [
+    {"decay": "fixed", "init": "defective", "state_norm": "none"},
+    {"decay": "fixed", "init": "hippo", "state_norm": "readout"},
+    {"decay": "fixed", "init": "hippo", "state_norm": "none"},
+    {"decay": "selective", "init": "defective", "state_norm": "step"},
+    {"decay": "fixed", "init": "defective", "state_norm": "step"},
+    {"decay": "selective", "init": "diagonal", "state_norm": "readout"},
+]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("mode", MODES, ids=lambda o: "-".join(o.values()))
+def test_every_mode_parallel_equals_recurrent_and_decode(mode, dtype, tol):
+    mixer = make(12, dtype, block_size=3, n_blocks=3, **mode).eval()
+    x = torch.randn(2, 19, 12, dtype=dtype)
+    with torch.no_grad():
+        y = mixer(x)
+        y_rec, _ = mixer.forward_recurrent(x)
+        y_pre, state = mixer.prefill(x[:, :11])
+        ys = [y_pre]
+        for t in range(11, 19):
+            y_t, state = mixer.step(x[:, t], state)
+            ys.append(y_t[:, None])
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+    assert rel(y_rec, y) < tol and rel(torch.cat(ys, 1), y) < tol
+    assert y.dtype == dtype
+
+
+def test_defective_impulse_response_peaks_near_k_max():
+    # Theorem 2.1 / eq. (3): ||J^k e_m|| ~ k^{m-1} rho^k peaks near (m - 1) / -ln(rho); diagonal peaks at 0
+    m, rho, T = 4, 0.9, 120
+    k_max = (m - 1) / -math.log(rho)  # 28.5
+    peaks = {}
+    for init in ("defective", "diagonal"):
+        mixer = make(m, block_size=m, n_blocks=1, decay="fixed", rho=rho, init=init, learn_transition=False)
+        with torch.no_grad():
+            mixer.in_proj.weight.copy_(torch.eye(m, dtype=torch.float64).flip(0))  # x = e_1 -> b = e_m
+            x = torch.zeros(1, T, m, dtype=torch.float64)
+            x[0, 0, 0] = 1.0
+            norms = [mixer.prefill(x[:, :k + 1])[1]["h"].norm().item() for k in range(T)]
+        peaks[init] = max(range(T), key=norms.__getitem__)
+    assert peaks["diagonal"] == 0
+    assert abs(peaks["defective"] - k_max) <= 3, peaks
+
+
+@pytest.mark.parametrize("opts,match", [({"init": "hippo", "decay": "selective"}, "decay=fixed"),
+                                        ({"init": "hippo", "decay": "fixed", "state_norm": "step"}, "hippo"),
+                                        ({"block_size": 1, "state_norm": "step"}, "block_size"),
+                                        ({"rho": 1.0}, "rho")])
+def test_bad_options_raise(opts, match):
+    with pytest.raises(ValueError, match=match):
+        build_mixer("jordan", 8, opts)
