@@ -6,8 +6,13 @@
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
 - :func:`pad_time` / :func:`chunk_count`: pad the time axis (dim 1) to a multiple of the chunk length.
+- :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
+  autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
+  having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -130,3 +135,12 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
     if initial is None:
         initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
     return _ChunkScan.apply(a, X, initial.to(X.dtype))
+
+
+def full_precision(fn):
+    """Decorator: run ``fn`` with CPU and CUDA autocast disabled (it casts to :func:`compute_dtype` itself)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+            return fn(*args, **kwargs)
+    return wrapper

@@ -53,7 +53,8 @@ class DeltaProduct(Mixer):
         use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")
         use_short_conv: bool = opt(True, "causal depthwise conv + SiLU on q, k, v (else SiLU only)")
         conv_size: int = opt(4, "short convolution width")
-        chunk_size: int = opt(64, "chunk length of the chunked kernel (does not change the result)")
+        chunk_size: int = opt(32, "chunk length of the chunked kernel (does not change the result; 32 measured "
+                                  "fastest on a CPU)")
         norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm")
         backend: str = opt("auto", "kernel backend (fla: flash-linear-attention's chunked delta rule / product, "
                            "CUDA only)",

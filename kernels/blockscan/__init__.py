@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .reference import (
     block_scan_reference,
@@ -88,6 +89,7 @@ def _check_jordan(op, lam, b):
         raise ValueError(f"{op}: lam must be (B, T, N) = {tuple(b.shape[:3])}, got {tuple(lam.shape)}")
 
 
+@full_precision
 def block_scan(A, b, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
     """``h_t = A_t h_{t-1} + b_t`` per block. ``A (B, T, N, m, m)``, ``b (B, T, N, m)``,
     ``initial_state (B, N, m)`` or None. Returns ``(h (B, T, N, m), h_last (B, N, m))``, ``h`` the state
@@ -118,6 +120,7 @@ def jordan_transition(lam, c, m: int):
     return lam[..., None, None] * eye + torch.broadcast_to(c, lam.shape)[..., None, None] * shift
 
 
+@full_precision
 def jordan_scan(lam, c, b, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
     """``h_t = lam_t h_{t-1} + c_t N h_{t-1} + b_t`` per block, ``(N h)_i = h_{i+1}``.
 
@@ -143,6 +146,7 @@ def jordan_scan(lam, c, b, initial_state=None, chunk_size: int = 64, backend: st
     return jordan_scan_triton(lam, c, b, initial_state)
 
 
+@full_precision
 def jordan_scan_normed(lam, c, b, weight, bias, eps: float = 1e-5, initial_state=None, backend: str = "auto"):
     """``h_t = LN(lam_t h_{t-1} + c_t N h_{t-1} + b_t)`` with a LayerNorm after every step.
 

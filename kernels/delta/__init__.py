@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
@@ -28,6 +29,7 @@ __all__ = ["delta_product", "delta_rule", "delta_product_step", "householder_tra
 BACKENDS = ("reference", "torch", "triton", "fla")
 
 
+@full_precision
 def delta_product(
     q: torch.Tensor,
     k: torch.Tensor,

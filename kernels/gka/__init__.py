@@ -15,6 +15,7 @@ Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CP
 """
 from __future__ import annotations
 
+from ..common import full_precision
 from ..backend import BackendUnavailable, resolve_backend
 from .chebyshev import GRAD_MODES, SOLVERS, chebyshev_iterate, cg_iterate, iterative_solve
 from .chunked import gka_chunked
@@ -29,6 +30,7 @@ ALL_SOLVERS = SOLVERS + ("exact",)
 BACKENDS = ("reference", "torch", "triton")
 
 
+@full_precision
 def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
         solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
         initial_state=None, backend: str = "auto"):

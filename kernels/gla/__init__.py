@@ -9,6 +9,7 @@ Triton kernel of our own in this family, so on CUDA ``auto`` runs the chunked Py
 """
 from __future__ import annotations
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
@@ -18,6 +19,7 @@ __all__ = ["gla", "gla_chunked", "gla_reference", "gla_step"]
 BACKENDS = ("reference", "torch", "fla")
 
 
+@full_precision
 def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
     chosen = resolve_backend(backend, q, op="gla", available=BACKENDS)

@@ -24,6 +24,7 @@ Public functions:
 """
 from __future__ import annotations
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .chunked import ska_chunked, ska_final_state
 from .reference import (ska_chain_torch, ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step,
@@ -38,6 +39,7 @@ MODES = ("prefix", "chunk_causal", "recurrent")
 
 BACKENDS = ("reference", "torch", "triton")
 RECURRENT_BACKENDS = ("reference", "torch")  # the recurrent mode is a token loop: no Triton form
+@full_precision
 def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamma_max: float = 1.5,
         mode: str = "chunk_causal", chunk_size: int = 64, normalisation: str = "seq_max", power_iters: int = 6,
         backend: str = "auto"):

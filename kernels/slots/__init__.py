@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .addressing import kronecker_dense, kronecker_topk
 from .chunked import slot_memory_chunked
@@ -50,6 +51,7 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
         raise ValueError(f"slot_memory: K={write_idx.shape[-1]} exceeds num_slots={num_slots}")
 
 
+@full_precision
 def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
                 chunk_size: int = 16, initial_state=None, backend: str = "auto", layout: str = "auto"):
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``, state in the compute dtype.

@@ -6,6 +6,7 @@ the GLA chunked path), ``triton`` (chunked Triton kernels), ``mamba_ssm`` (the m
 """
 from __future__ import annotations
 
+from ..common import full_precision
 from ..backend import resolve_backend
 from .chunked import ssd_chunked
 from .reference import ssd_reference, ssd_step
@@ -15,6 +16,7 @@ __all__ = ["ssd", "ssd_chunked", "ssd_reference", "ssd_step"]
 BACKENDS = ("reference", "torch", "triton", "mamba_ssm")
 
 
+@full_precision
 def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``."""
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS)

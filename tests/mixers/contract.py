@@ -209,3 +209,18 @@ def check_test_time_knobs(name):
         m.train()
         assert m.knob(knob) == own
         m.restore_test_time(previous)
+
+
+def check_autocast(name):
+    """Inside a bf16 autocast region (mixed-precision training) the mixer runs, forward and backward, and
+    stays close to fp32: scans and solves must not mix bf16 matmuls with fp32 decays."""
+    m = make(name).train()
+    x = torch.randn(2, 12, D_MODEL)
+    with torch.no_grad():
+        ref = m(x)
+    xg = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(xg)
+    (y.float() * torch.randn_like(ref)).sum().backward()
+    assert torch.isfinite(y.float()).all() and torch.isfinite(xg.grad).all(), f"{name}: non-finite under autocast"
+    assert rel(y.float(), ref) < 0.1, f"{name}: bf16 autocast output far from fp32 ({rel(y.float(), ref):.2e})"

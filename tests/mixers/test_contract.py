@@ -16,7 +16,7 @@ from .contract import DEGENERATE, D_MODEL, make, rel
 
 NAMES = MIXERS.names()
 SIMPLE = ("declarations", "prefill_is_parallel", "causal", "state_size", "chunk_size", "mask_declaration",
-          "batch_independence", "test_time_knobs")
+          "batch_independence", "test_time_knobs", "autocast")
 BY_DTYPE = ("parallel_equals_recurrent", "prefill_then_decode", "dtype_round_trip")
 
 
