@@ -178,7 +178,13 @@ def cmd_bench(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import bench
-    parser = argparse.ArgumentParser(prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers")
+    parser = argparse.ArgumentParser(
+        prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every command takes key.path=value overrides after the recipe, before or after flags.\n"
+               "Several processes: torchrun --nproc_per_node N -m zoo train RECIPE --out DIR (DDP; rank 0 writes).\n"
+               "Many cells: zoo ablate RECIPE --executor ray [--address auto] (pip install -e \".[ray]\").\n"
+               "Every option of recipes, mixers, state mixers and tasks, with ranges: zoo list --options.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="show the registered mixers, state mixers and tasks")
     p.add_argument("--json", action="store_true", help="machine-readable output")

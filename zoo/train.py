@@ -115,8 +115,11 @@ def evaluate(model: HybridLM, data: TaskData, batch_size: int, device, precision
         correct, count = correct + hits.sum().item(), count + n
         exact += (hits == supervised).all(dim=1).sum().item()  # every supervised position right
     model.train(was_training)
-    return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1),
-            "sequence_accuracy": exact / max(len(data), 1)}
+    loss = total_loss / max(count, 1)
+    if not math.isfinite(loss):
+        # a diverged model: the argmax of NaN logits is no prediction, so its accuracy is not a number
+        return {"loss": loss, "accuracy": float("nan"), "sequence_accuracy": float("nan")}
+    return {"loss": loss, "accuracy": correct / max(count, 1), "sequence_accuracy": exact / max(len(data), 1)}
 
 
 def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision: str = "auto") -> dict:

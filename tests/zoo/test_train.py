@@ -198,3 +198,16 @@ def test_tracking_is_optional_and_named_when_missing(tmp_path):
         train(recipe, progress=False)
         assert list(tmp_path.glob("events.out.tfevents.*"))
     assert resolve(TINY, ["train.tracking=tensorboard"]).key == resolve(TINY).key  # bookkeeping only
+
+
+def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():
+    """The argmax of NaN logits is token 0: a diverged cell must not read as a (low) accuracy."""
+    from zoo.model import HybridLM
+    from zoo.train import build_task, evaluate
+    recipe = resolve(TINY)
+    task = build_task(recipe)
+    model = HybridLM.from_recipe(recipe, task.vocab_size)
+    with torch.no_grad():
+        model.norm.weight.fill_(float("nan"))
+    metrics = evaluate(model, task.make("test", recipe.seed), 64, torch.device("cpu"))
+    assert math.isnan(metrics["loss"]) and math.isnan(metrics["accuracy"]) and math.isnan(metrics["sequence_accuracy"])
