@@ -59,10 +59,10 @@ class AssocRecall(Task):
 
     @dataclass
     class Options:
-        vocab_size: int = opt(20, "symbols V for keys and values (the model sees V + 1 ids: + the query marker)")
-        seq_len: int = opt(40, "training sequence length L (>= 4)")
-        num_train: int = opt(20_000, "training examples")
-        num_test: int = opt(1_000, "test examples")
+        vocab_size: int = opt(20, "symbols V for keys and values (the model sees V + 1 ids: + the query marker)", at_least=2, at_most=1 << 24)
+        seq_len: int = opt(40, "training sequence length L (>= 4)", at_least=1, at_most=1 << 22)
+        num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
+        num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
 
         def __post_init__(self):
             if self.vocab_size < 2:
@@ -102,11 +102,11 @@ class Dyck1Next(Task):
 
     @dataclass
     class Options:
-        seq_len: int = opt(20, "training sequence length L (even: the words are balanced)")
-        num_train: int = opt(20_000, "training examples")
-        num_test: int = opt(1_000, "test examples")
-        p_open: float = opt(0.5, "probability of '(' when both brackets are legal")
-        max_depth: int = opt(16, "the depth never exceeds this")
+        seq_len: int = opt(20, "training sequence length L (even: the words are balanced)", at_least=1, at_most=1 << 22)
+        num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
+        num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
+        p_open: float = opt(0.5, "probability of '(' when both brackets are legal", at_least=0.0, at_most=1.0)
+        max_depth: int = opt(16, "the depth never exceeds this", at_least=1)
 
         def __post_init__(self):
             if self.seq_len < 2 or self.seq_len % 2:
@@ -153,10 +153,10 @@ class MADRecall(Task):
 
     @dataclass
     class Options:
-        vocab_size: int = opt(16, "V: keys [0, V/2), values [V/2, V)")
-        seq_len: int = opt(64, "training sequence length L (even)")
-        num_train: int = opt(20_000, "training examples")
-        num_test: int = opt(1_000, "test examples")
+        vocab_size: int = opt(16, "V: keys [0, V/2), values [V/2, V)", at_least=2, at_most=1 << 24)
+        seq_len: int = opt(64, "training sequence length L (even)", at_least=1, at_most=1 << 22)
+        num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
+        num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
 
         def __post_init__(self):
             if self.vocab_size < 4 or self.vocab_size % 2:

@@ -25,12 +25,12 @@ class MQAR(Task):
 
     @dataclass
     class Options:
-        vocab_size: int = opt(256, "vocabulary size V (keys from [1, V/2), values from [V/2, V))")
-        seq_len: int = opt(64, "training sequence length")
-        num_kv_pairs: int = opt(8, "key-value pairs per sequence")
-        num_train: int = opt(20_000, "training examples")
-        num_test: int = opt(1_000, "test examples")
-        power_a: float = opt(0.01, "power-law exponent a of the query gaps, p(g) ~ g^(a-1)")
+        vocab_size: int = opt(256, "vocabulary size V (keys from [1, V/2), values from [V/2, V))", at_least=2, at_most=1 << 24)
+        seq_len: int = opt(64, "training sequence length", at_least=1, at_most=1 << 22)
+        num_kv_pairs: int = opt(8, "key-value pairs per sequence", at_least=1)
+        num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
+        num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
+        power_a: float = opt(0.01, "power-law exponent a of the query gaps, p(g) ~ g^(a-1)", above=0.0)
         random_fill: bool = opt(True, "fill non-query positions with random tokens instead of 0")
 
         def __post_init__(self):

@@ -14,9 +14,9 @@ from .base import Task, TaskData, register_task
 
 @dataclass
 class _Common:
-    seq_len: int = opt(64, "training sequence length")
-    num_train: int = opt(20_000, "training examples")
-    num_test: int = opt(1_000, "test examples")
+    seq_len: int = opt(64, "training sequence length", at_least=1, at_most=1 << 22)
+    num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
+    num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
     supervise: str = opt("all", "label every position or only the last", choices=("all", "last"))
 
 
@@ -43,7 +43,7 @@ class Parity(_StateTask):
 
     @dataclass
     class Options(_Common):
-        p_one: float = opt(0.5, "probability of a 1 bit")
+        p_one: float = opt(0.5, "probability of a 1 bit", at_least=0.0, at_most=1.0)
 
 
 def _group_task(group: str, blurb: str):
@@ -72,6 +72,6 @@ class Dyck1(_StateTask):
 
     @dataclass
     class Options(_Common):
-        p_open: float = opt(0.5, "probability of '(' when both brackets are allowed")
-        max_depth: int = opt(16, "the depth never exceeds this")
+        p_open: float = opt(0.5, "probability of '(' when both brackets are allowed", at_least=0.0, at_most=1.0)
+        max_depth: int = opt(16, "the depth never exceeds this", at_least=1)
         label: str = opt("depth", "what to predict", choices=("depth", "balanced"))
