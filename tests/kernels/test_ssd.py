@@ -143,8 +143,23 @@ def test_triton_only_final_state_used():
     rs = [t.detach().double().requires_grad_() for t in (x, dt, A, B)]
     _, fin_r = ssd_reference(*rs[:4], C.detach().double())
     g_r = torch.autograd.grad(fin_r.square().sum(), rs)
-    for a, e in zip(g, g_r):
+    for a, e in zip(g[:2] + g[3:], g_r[:2] + g_r[3:]):  # x, dt, B
         assert_rel_close(a, e, 3e-5, "grad from final state")
+    # dA_h = sum_r dt_r dL/da_r is a sum over tokens whose terms can cancel, so its relative error is
+    # unbounded; bound the error by the size of the terms instead. With h_T = sum_s w_s u_s,
+    # w_s = exp(sum_{r>s} a_r), u_s = dt_s B_s x_s^T and G = dL/dh_T = 2 h_T:
+    # dL/da_r = sum_{s<r} w_s <G, u_s>. Each term is itself an fp32 sum over T * N * P products (~6e3
+    # here), so the bound is 1e-4 of the terms (seen: up to 3.9e-5 on one draw in a few hundred).
+    xd, dtd, Ad, Bd = (t.detach().double() for t in (x, dt, A, B))
+    a = dtd * Ad                                                         # (b, T, H)
+    w = (a.flip(1).cumsum(1).flip(1) - a).exp()                          # exp(sum_{r>s} a_r)
+    u = dtd[..., None, None] * Bd[..., None] * xd[..., None, :]          # (b, T, H, N, P)
+    inner = torch.einsum("bthnp,bhnp->bth", u, 2 * fin_r.detach()) * w   # w_s <G, u_s>
+    dLda = inner.cumsum(1) - inner                                       # sum over s < r
+    terms = (dtd * dLda).abs().sum((0, 1))                               # (H,)
+    err = (g[2].double() - g_r[2]).abs()
+    assert (err <= 1e-4 * terms).all(), f"dA error {err.tolist()} vs term scale {terms.tolist()}"
+    assert_rel_close(g_r[2], (dtd * dLda).sum((0, 1)), 1e-9, "dA decomposition")  # the scale is dA's own terms
     assert torch.count_nonzero(gC) == 0  # the final state does not depend on C
 
 
