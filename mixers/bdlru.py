@@ -42,22 +42,12 @@ class BDLRU(Mixer):
 
     @dataclass
     class Options:
-        n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)")
-        block_size: int = opt(4, "block size m (1 = diagonal recurrence with a convex gate)")
+        n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)", at_least=1)
+        block_size: int = opt(4, "block size m (1 = diagonal recurrence with a convex gate)", at_least=1)
         selective: bool = opt(True, "transition logits from the input (W_a x + b) instead of a learned constant")
-        init_std: float = opt(0.02, "std of the normal initialisation of every weight")
-        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)")
+        init_std: float = opt(0.02, "std of the normal initialisation of every weight", above=0.0)
+        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
         backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
-
-        def __post_init__(self):
-            if self.block_size < 1:
-                raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-            if self.n_blocks is not None and self.n_blocks < 1:
-                raise ValueError(f"n_blocks must be >= 1 (or null for d_model // block_size), got {self.n_blocks}")
-            if self.chunk_size < 1:
-                raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-            if not self.init_std > 0:
-                raise ValueError(f"init_std must be > 0, got {self.init_std}")
 
     contract_options = {"n_blocks": 4, "block_size": 3, "chunk_size": 8}
 

@@ -63,32 +63,24 @@ class Jordan(Mixer):
 
     @dataclass
     class Options:
-        block_size: int = opt(4, "block size m of the Jordan blocks")
-        n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)")
+        block_size: int = opt(4, "block size m of the Jordan blocks", at_least=1)
+        n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)", at_least=1)
         decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), Mamba-2 gate",
                          choices=("fixed", "selective"))
-        rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho)")
+        rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho), in (0, 1)")
         init: str = opt("defective", "transition at init: diagonal (c=0), defective (c=1), hippo (dense HiPPO-LegS block)",
                         choices=("diagonal", "defective", "hippo"))
         learn_transition: bool = opt(True, "learn the coupling c (or the dense HiPPO block)")
         state_norm: str = opt("none", "LayerNorm of the state: 'step' (every step, sequential; the paper), "
                                       "'readout' (y = C LN(h), parallel) or 'none'",
                               choices=("none", "step", "readout"))
-        norm_eps: float = opt(1e-5, "LayerNorm epsilon")
-        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)")
+        norm_eps: float = opt(1e-5, "LayerNorm epsilon", above=0.0)
+        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
         backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
 
         def __post_init__(self):
-            if self.block_size < 1:
-                raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-            if self.n_blocks is not None and self.n_blocks < 1:
-                raise ValueError(f"n_blocks must be >= 1 (or null for d_model // block_size), got {self.n_blocks}")
             if not 0.0 < self.rho < 1.0:
                 raise ValueError(f"rho must be in (0, 1), got {self.rho}")
-            if self.chunk_size < 1:
-                raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-            if not self.norm_eps > 0:
-                raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
             if self.init == "hippo" and self.decay != "fixed":
                 raise ValueError("init=hippo is the paper's time-invariant block: set decay=fixed (or use "
                                  "init=diagonal/defective with decay=selective)")
