@@ -16,6 +16,7 @@ resubmitted by the executor up to ``retries`` times; a cell that still fails com
 """
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 import platform
@@ -68,7 +69,7 @@ class Outcome:
     errors: list = field(default_factory=list)
 
 
-class Executor:
+class Executor(abc.ABC):
     """Runs cells; subclasses implement :meth:`submit` and :meth:`finished`."""
     name = "executor"
 
@@ -82,12 +83,13 @@ class Executor:
     def describe(self) -> str:
         return self.name
 
+    @abc.abstractmethod
     def submit(self, index: int, cell: Cell) -> None:
-        raise NotImplementedError
+        """Queue ``cell`` (``index`` is its place in the grid)."""
 
+    @abc.abstractmethod
     def finished(self) -> Iterator[Outcome]:
         """Every submitted cell once, as it finishes."""
-        raise NotImplementedError
 
     def close(self) -> None:
         pass
