@@ -1,5 +1,7 @@
 """The "gka" (Gated KalmaNet) and "gla" mixers. The generic contract (causality, recurrence, prefill,
 state size, degenerate inputs) is in test_contract.py; here: the GKA-specific claims."""
+import copy
+
 import pytest
 import torch
 
@@ -143,22 +145,29 @@ def test_backends_agree():
 
 @pytest.mark.skipif(not triton_importable(), reason="triton not installed")
 def test_triton_backend_mixer():
+    """The Triton and PyTorch backends, both in fp32, are each compared with the PyTorch backend in
+    fp64. Ten Chebyshev iterations on a badly conditioned Gram matrix amplify fp32 rounding (both
+    paths reach ~3e-5 from fp64 on some draws), so the Triton error is bounded by a small multiple
+    of the fp32 PyTorch error on the same draw rather than by a fixed tolerance."""
     if not triton_usable_for(torch.zeros(1)):
         pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
     x = torch.randn(1, 20, D)
     m_t = make("gka", torch.float32, n_heads=1, head_dim=16, chunk_size=16, num_iter=10, backend="triton")
     m_c = make("gka", torch.float32, n_heads=1, head_dim=16, chunk_size=16, num_iter=10, backend="torch")
     copy_weights(m_t, m_c)
-    y_t, y_c = m_t(x), m_c(x)
-    assert rel_err(y_t, y_c) < 1e-5
-    (y_t.square().sum()).backward()
-    (y_c.square().sum()).backward()
-    grads_t = [p.grad.flatten() for p in m_t.parameters()]
-    grads_c = [q.grad.flatten() for q in m_c.parameters()]
-    assert rel_err(torch.cat(grads_t), torch.cat(grads_c)) < 1e-4
-    # per tensor a little looser: a one-element bias gradient is a sum with cancellation (seen 1.05e-4)
-    for (n, _), g_t, g_c in zip(m_t.named_parameters(), grads_t, grads_c):
-        assert rel_err(g_t, g_c) < 1e-3, n
+    m_64 = copy.deepcopy(m_c).double()
+    y_t, y_c, y_64 = m_t(x), m_c(x), m_64(x.double())
+    err_t, err_c = rel_err(y_t.double(), y_64), rel_err(y_c.double(), y_64)
+    assert err_t < 3 * err_c + 3e-6, (err_t, err_c)
+    for m, y in ((m_t, y_t), (m_c, y_c), (m_64, y_64)):
+        y.square().sum().backward()
+    for (n, p_t), p_c, p_64 in zip(m_t.named_parameters(), m_c.parameters(), m_64.parameters()):
+        # fp32 gradients of a one-element bias are sums with cancellation: on some draws both fp32
+        # paths are 1e-3 from fp64, so the Triton path is held to a few times the PyTorch one
+        scale = p_64.grad.norm() + 1e-12
+        e_t = (p_t.grad.double() - p_64.grad).norm() / scale
+        e_c = (p_c.grad.double() - p_64.grad).norm() / scale
+        assert e_t < 6 * max(e_c.item(), 1e-4), (n, e_t.item(), e_c.item())
 
 
 @pytest.mark.parametrize("flags", [{"alpha_connection": False}, {"beta_gate": False}, {"forget_gate": False},
