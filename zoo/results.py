@@ -163,7 +163,7 @@ def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
                 line.append("")
             elif len(values) == 1:
                 line.append(_fmt(values[0]))
-            elif c in ("params", "state_size", "active_state_size") and len(set(values)) == 1:
+            elif c in ("params", "state_size", "active_state_size", "steps") and len(set(values)) == 1:
                 line.append(values[0])
             else:
                 mean, std = mean_std([float(v) for v in values])
