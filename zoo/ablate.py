@@ -1,8 +1,8 @@
 """Ablations: a base recipe plus a grid of overrides, run cell by cell, resumable.
 
 ``grid`` is either a mapping ``key.path -> [values]`` (the cartesian product) or a list of override
-mappings (explicit cells, each with an optional ``label``); :func:`zoo.recipes.resolve` validates every
-cell before anything runs. Every finished cell is appended to ``results.jsonl`` at once with its
+mappings (explicit cells, each with an optional ``label``); ``seeds: [0, 1, 2]`` runs every cell once
+per seed under the same label; :func:`zoo.recipes.resolve` validates every cell before anything runs. Every finished cell is appended to ``results.jsonl`` at once with its
 resolved recipe, its hash, metrics, parameter count, state size, wall time, library versions, device
 and seed.
 
@@ -70,18 +70,30 @@ def cells_of(recipe: Recipe) -> list[Cell]:
     return recipe.cells or [Cell("base", {}, recipe)]
 
 
+def row_seed(row: dict):
+    """The seed a row ran with (rows of one cell label differ only by it under a recipe's ``seeds``)."""
+    return row.get("seed", row.get("recipe", {}).get("seed"))
+
+
+def cell_name(cell: Cell, cells: list[Cell]) -> str:
+    """The cell's label, plus its seed when other cells share the label (a recipe's ``seeds``)."""
+    if sum(c.label == cell.label for c in cells) > 1:
+        return f"{cell.label} (seed {cell.recipe.seed})"
+    return cell.label
+
+
 def completed_rows(rows: list[dict], cells: list[Cell]) -> dict[str, dict]:
-    """Finished rows by recipe key; raise when a cell's label has a row from a different recipe."""
+    """Finished rows by recipe key; raise when a cell's label and seed have a row from a different recipe."""
     done = {row["recipe_key"]: row for row in rows if "recipe_key" in row}
     for cell in cells:
         if cell.recipe.key in done:
             continue
-        stale = [r for r in rows if r.get("label") == cell.label]
+        stale = [r for r in rows if r.get("label") == cell.label and row_seed(r) == cell.recipe.seed]
         if stale:
             old = stale[-1]
             diff = recipe_differences(old.get("recipe", {}), cell.recipe.plain)
             why = "; ".join(diff) if diff else "written by an older mixer-zoo without recipe hashes"
-            raise RecipeError(f"cell {cell.label!r} already has a finished row from a different recipe ({why}); "
+            raise RecipeError(f"cell {cell_name(cell, cells)!r} already has a finished row from a different recipe ({why}); "
                               f"its results would be mixed with the new ones: use another --out folder")
     return done
 
@@ -105,7 +117,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
     """
     cells = cells_of(recipe)
     results_path = out_dir / "results.jsonl"
-    where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell.label}" for i, cell in enumerate(cells)}
+    where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell_name(cell, cells)}" for i, cell in enumerate(cells)}
     with exclusive(out_dir):
         done = completed_rows(read_rows(results_path), cells)
         executor = executor or SequentialExecutor(progress=progress, echo=echo)

@@ -1,4 +1,4 @@
-"""The ``zoo`` command line: list, check, train, eval, ablate, table, bench.
+"""The ``zoo`` command line: list, check, train, eval, ablate, table, claims, bench.
 
 Every command reads its recipe through :func:`zoo.recipes.resolve` (extends -> overrides -> validation,
 once). Every recipe problem ends with exit code 2 and one line on stderr naming the place (file:line or
@@ -171,6 +171,24 @@ def cmd_table(args) -> int:
     return 0
 
 
+def cmd_claims(args) -> int:
+    from .claims import ClaimsError, check, write
+    try:
+        if args.check:
+            problems = check(args.root)
+            for problem in problems:
+                print(f"zoo claims: {problem}", file=sys.stderr)
+            if not problems:
+                print("zoo claims: CLAIMS.md and tables/README.md match the committed results")
+            return 1 if problems else 0
+        for rel in write(args.root):
+            print(f"wrote {Path(args.root) / rel}")
+    except ClaimsError as err:
+        print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench import run
     return run(args)
@@ -233,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(func=cmd_table)
+    p = sub.add_parser("claims", help="regenerate CLAIMS.md (the claims ledger) and tables/README.md from claims.yaml "
+                                      "and the committed tables/*/results.jsonl")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming the difference if the committed files are stale")
+    p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
+    p.set_defaults(func=cmd_claims)
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)

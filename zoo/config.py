@@ -1,7 +1,7 @@
 """Typed recipe configuration: one dataclass per section, and the resolved specs the builder consumes.
 
 A recipe has the sections ``model``, ``task``, ``train``, ``eval`` plus ``seed``, ``name``,
-``description``, ``imports`` and, for ablations, ``grid``. Every numeric field carries its valid range,
+``description``, ``imports`` and, for ablations, ``grid`` and ``seeds`` (every grid cell once per seed). Every numeric field carries its valid range,
 checked at validation time. :func:`zoo.recipes.resolve` turns a recipe into a :class:`Recipe` exactly
 once: the typed sections plus a :class:`LayerSpec` (mixer name + validated options) for every layer, the
 state mixer's and the task's validated options, the plain resolved dict and its stable hash.
@@ -107,6 +107,17 @@ class RecipeConfig:
     description: str = opt("", "what the recipe is for")
     grid: Any = opt(None, "ablation grid: a mapping key.path -> list of values (product), or a list of "
                           "override mappings (explicit cells, optional 'label'); never inherited through extends")
+    seeds: list[int] | None = opt(None, "run every grid cell once per seed, e.g. [0, 1, 2]: the same seeds for every "
+                                        "cell, each cell keeping its label (rows differ by their seed)",
+                                  at_least=0, at_most=2**31 - 1)
+
+    def __post_init__(self):
+        if self.seeds is not None:
+            if not self.seeds:
+                raise ValueError("seeds is empty; list the seeds every cell runs with, e.g. [0, 1, 2], or remove it")
+            repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            if repeated:
+                raise ValueError(f"seeds lists {repeated} more than once; give each seed once")
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ LayerSpec = Spec
 
 
 #: recipe keys that name or describe a run without changing what it computes (left out of the hash)
-COSMETIC_KEYS = ("name", "description", "grid")
+COSMETIC_KEYS = ("name", "description", "grid", "seeds")
 #: train options that never change what a run computes (left out of the hash, so e.g. a checkpoint
 #: interval may change between a killed run and its resumption)
 COSMETIC_TRAIN_KEYS = ("checkpoint_every", "tracking", "tracking_dir")

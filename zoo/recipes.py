@@ -361,6 +361,7 @@ def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Sp
     model["state_mixer_options"] = asdict(state_mixer.options)
     plain["task"] = {"name": task.name, **asdict(task.options)}
     plain.pop("grid", None)
+    plain.pop("seeds", None)  # like the grid, it says which cells run, not what one computes
     return json.loads(json.dumps(plain))
 
 
@@ -414,6 +415,23 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
     raise RecipeError("grid: expected a mapping of key.path -> list, or a list of override mappings")
 
 
+def cross_seeds(cells: list[tuple[str, dict]], seeds: list[int] | None) -> list[tuple[str, dict]]:
+    """Every cell once per seed (cell-major order), each keeping its label; ``cells`` unchanged without seeds.
+
+    A cell that sets ``seed`` itself cannot also be crossed with the recipe's ``seeds``: that would run
+    some cells with other seeds than the rest of the comparison.
+    """
+    if seeds is None:
+        return cells
+    out = []
+    for label, overrides in cells:
+        if "seed" in overrides:
+            raise RecipeError(f"grid cell {label!r} sets seed: {overrides['seed']!r}, but the recipe runs every cell "
+                              f"with seeds: {seeds}; remove the cell's seed (or the seeds list)")
+        out += [(label, {**overrides, "seed": seed}) for seed in seeds]
+    return out
+
+
 # --------------------------------------------------------------------------------------- the one pass
 def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     """The one way a recipe becomes a :class:`Recipe`: extends -> overrides -> validation.
@@ -421,6 +439,8 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     ``recipe`` is a YAML path or an already-loaded mapping; ``overrides`` is a list of ``key.path=value``
     strings or a mapping ``{key.path: value}``. A recipe with a ``grid`` also gets ``cells``: every cell
     resolved the same way (base + overrides + the cell's overrides), all validated before anything runs.
+    With ``seeds: [s, ...]`` every cell (or the recipe itself, without a grid) runs once per seed under
+    its own label.
     """
     if isinstance(recipe, Mapping):
         data, source, name = copy.deepcopy(dict(recipe)), Source(), "<recipe>"
@@ -444,8 +464,8 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     grid = data.pop("grid", None)
     base = _validate(data, places, name)
     base.config.grid, base.imports = grid, imports
-    if grid is not None:
-        for label, cell_overrides in expand_grid(grid):
+    if grid is not None or base.config.seeds is not None:
+        for label, cell_overrides in cross_seeds(expand_grid(grid), base.config.seeds):
             cell_data = copy.deepcopy(data)
             cell_paths = dict(override_paths)
             for key, value in cell_overrides.items():

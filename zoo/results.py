@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
+import re
 from pathlib import Path
 
 from tabulate import tabulate
@@ -120,8 +122,62 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
     return columns, body
 
 
+#: a ``seed=N`` word in a label: older tables named seed replicates "<cell> seed=1" instead of using ``seeds``
+_SEED_WORD = re.compile(r"(?<!\S)seed=\d+(?!\S)")
+
+
+def cell_of(label: str) -> str:
+    """The cell a row belongs to: its label without a ``seed=N`` word (rows of one cell differ by seed)."""
+    return " ".join(_SEED_WORD.sub(" ", str(label)).split())
+
+
+def group_by_cell(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by :func:`cell_of` of their label, in order of first appearance."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(cell_of(r["label"]), []).append(r)
+    return groups
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """One line per cell over its seeds: every metric column as mean ± sample std."""
+    per_seed_columns = table_columns(rows)
+    metrics = [c for c in per_seed_columns if c not in ("cell", "layers", "seed")]
+    columns = ["cell", "layers", "seeds", *metrics]
+    body = []
+    for cell, group in group_by_cell(rows).items():
+        seeds = sorted(r["recipe"]["seed"] for r in group)
+        line = [cell, "+".join(layer_label(e) for e in group[0]["recipe"]["model"]["layers"]),
+                f"{len(group)} ({', '.join(map(str, seeds))})"]
+        for c in metrics:
+            values = [r["metrics"][c] for r in group if isinstance(r["metrics"].get(c), (int, float))]
+            if not values:
+                line.append("")
+            elif len(values) == 1:
+                line.append(_fmt(values[0]))
+            elif c in ("params", "state_size", "active_state_size", "steps") and len(set(values)) == 1:
+                line.append(values[0])
+            else:
+                mean, std = mean_std([float(v) for v in values])
+                line.append(f"{_fmt(mean)} ± {_fmt(std)}" + (f" (n={len(values)})" if len(values) != len(group) else ""))
+        body.append(line)
+    return columns, body
+
+
 def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) -> str:
-    """Write results.md, results.csv and results.png; return the markdown table."""
+    """Write results.md, results.csv and results.png; return the markdown table.
+
+    When a cell has several seeds, results.md starts with one line per cell (mean ± sample standard
+    deviation over its seeds) and keeps the per-seed rows below it; results.csv holds the per-seed rows.
+    """
     columns, body = table_rows(rows)
     header = f"# {title}\n\n" if title else ""
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
@@ -130,7 +186,14 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
             "test-time knob set to k (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
             "training length (all layers); active_state_size: the part of it one decode step touches (shown when it differs); steps: optimizer steps taken (fewer than planned when a cell stopped early at "
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
-    table = write_table(out_dir, "results", columns, body, header + note)
+    if any(len(g) > 1 for g in group_by_cell(rows).values()):
+        agg_columns, agg_body = seed_table(rows)
+        summary = tabulate(agg_body, headers=agg_columns, tablefmt="github")
+        note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which):\n\n"
+                 f"{summary}\n\nPer seed:\n\n")
+        table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note)
+    else:
+        table = write_table(out_dir, "results", columns, body, header + note)
     if plot and rows:
         plot_rows(rows, out_dir / "results.png", title)
     return table

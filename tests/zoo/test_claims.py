@@ -1,0 +1,236 @@
+"""The claims ledger (zoo/claims.py, claims.yaml -> CLAIMS.md) and seeds in ablation recipes.
+
+The committed CLAIMS.md and tables/README.md must equal the regenerated text; rules are checked on synthetic
+results with fresh random numbers against verdicts and means worked out here by hand; bad definitions fail
+with a message naming the problem.
+"""
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from zoo import claims as ledger
+from zoo.ablate import completed_rows, run_ablation
+from zoo.cli import main
+from zoo.recipes import RecipeError, resolve
+from zoo.results import cell_of, read_rows, render
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
+
+
+def test_committed_ledger_equals_the_regenerated_one():
+    assert ledger.check(ROOT) == [], "run `zoo claims` and commit CLAIMS.md and tables/README.md"
+
+
+def test_check_names_a_hand_edit(tmp_path, capsys):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    ledger.write(root)
+    assert ledger.check(root) == []
+    path = root / "CLAIMS.md"
+    text = path.read_text()
+    path.write_text(text.replace("**reproduced**", "**partly**", 1))
+    problems = ledger.check(root)
+    assert len(problems) == 1 and "CLAIMS.md differs" in problems[0] and "partly" in problems[0]
+    assert main(["claims", "--check", "--root", str(root)]) == 1
+    assert "CLAIMS.md differs" in capsys.readouterr().err
+    assert main(["claims", "--root", str(root)]) == 0 and ledger.check(root) == []
+
+
+# --------------------------------------------------------------------------------------- synthetic tables
+def _values(n, centre, spread=0.02):
+    """n accuracies drawn around ``centre`` (fresh each run), clipped to [0, 1]."""
+    return [min(1.0, max(0.0, centre + spread * (2 * torch.rand(()).item() - 1))) for _ in range(n)]
+
+
+def _row(label, seed, acc, extra=None):
+    metrics = {"test_accuracy": acc, "test_accuracy@64": acc * 0.99, "steps": 10, "train_seconds": 2.0 * (1 + seed)}
+    metrics.update(extra or {})
+    return {"recipe_key": f"{label}-{seed}", "label": label, "seed": seed,
+            "recipe": {"seed": seed, "model": {"layers": [label]}}, "metrics": metrics}
+
+
+def _synthetic_root(tmp_path, cells, rule=None, claim=None):
+    """A repository root with one table ``t`` whose cells have the given per-seed accuracies."""
+    root = tmp_path / "repo"
+    (root / "tables" / "t").mkdir(parents=True)
+    (root / "recipes").mkdir()
+    grid = [{"label": label} for label in cells] + [{"label": "planned"}]
+    recipe = yaml.safe_load(TINY.read_text()) | {"grid": grid, "seeds": [0, 1, 2]}
+    (root / "recipes" / "t.yaml").write_text(yaml.safe_dump(recipe))
+    with open(root / "tables" / "t" / "results.jsonl", "w") as fh:
+        for label, accs in cells.items():
+            for seed, acc in enumerate(accs):
+                fh.write(json.dumps(_row(label, seed, acc)) + "\n")
+    spec = {"id": "c", "paper": "p", "claim": "a beats b", "paper_result": "1.0 vs 0.1", "table": "t",
+            "cells": {"a": "a", "b": "b"}, "show": ["a.test_accuracy"],
+            "rule": rule or {"reproduced": ["a.test_accuracy >= 0.9", "b.test_accuracy <= 0.2"],
+                             "partly": ["a.test_accuracy >= b.test_accuracy + 0.3"]}}
+    spec.update(claim or {})
+    data = {"papers": {"p": {"title": "A paper", "id": "arXiv 0000.00000"}},
+            "tables": {"t": {"recipe": "recipes/t.yaml", "measured": "1 s"}}, "claims": [spec]}
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return root
+
+
+def _verdict(root):
+    data = ledger.load(root)
+    return ledger.evaluate_claims(data, root)[0]
+
+
+@pytest.mark.parametrize("a, b, n, expect", [
+    (0.95, 0.10, 3, "reproduced"),
+    (0.70, 0.30, 3, "partly"),       # a below 0.9, but 0.3 or more above b
+    (0.50, 0.40, 3, "not reproduced"),
+    (0.95, 0.10, 2, "not tested (2 seeds; needs 3)"),
+    (0.95, 0.10, 1, "not tested (1 seed; needs 3)"),
+])
+def test_rule_gives_the_verdict(tmp_path, a, b, n, expect):
+    root = _synthetic_root(tmp_path, {"a": _values(n, a), "b": _values(3, b)})
+    assert _verdict(root).verdict == expect
+
+
+def test_a_planned_cell_without_rows_is_not_tested(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)},
+                           claim={"cells": {"a": "a", "b": "planned"}})
+    assert _verdict(root).verdict == "not tested (0 seeds; needs 3)"
+
+
+def test_mean_and_spread_over_seeds_match_a_hand_computation(tmp_path):
+    accs = _values(4, 0.6, spread=0.3)
+    root = _synthetic_root(tmp_path, {"a": accs, "b": _values(3, 0.1)})
+    claim = _verdict(root)
+    cell = claim.cells["a"]
+    assert cell.seeds == [0, 1, 2, 3] and cell.n == 4
+    assert cell.mean("test_accuracy") == pytest.approx(sum(accs) / 4, abs=1e-12)
+    expected = f"{statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f} (4 seeds)"
+    assert cell.summary("test_accuracy") == expected
+    assert expected in ledger.build(root)["CLAIMS.md"]
+    # @all: the training length and every test length, each compared with the threshold
+    cond = ledger.Condition.parse("a.test_accuracy@all >= 0.0", "test")
+    outcome = ledger.evaluate(cond, claim.cells)
+    assert outcome.holds and outcome.detail.count(">=") == 2
+
+
+def test_legacy_seed_labels_group_with_the_cell_and_nan_means_diverged(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(1, 0.95), "b": _values(3, 0.1)},
+                           rule={"reproduced": ["a.test_loss == nan"]})
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = read_rows(path)
+    rows[0]["metrics"]["test_loss"] = 1.0 + torch.rand(()).item()
+    rows += [_row(f"a seed={seed}", seed, 0.9, {"test_loss": 2.0}) for seed in (1, 2)]  # "<cell> seed=N" replicates
+    for r in rows:
+        r["recipe"]["model"]["layers"] = [cell_of(r["label"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    claim = _verdict(root)
+    assert claim.cells["a"].seeds == [0, 1, 2]
+    assert claim.verdict == "not reproduced"  # every loss finite
+    rows[-1]["metrics"]["test_loss"] = float("nan")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _verdict(root).verdict == "reproduced"  # the mean over seeds is nan: a seed diverged
+    assert cell_of("s3 seed=1 deltaproduct n_h=2 [-1,1]") == "s3 deltaproduct n_h=2 [-1,1]"
+    assert cell_of("m=1 no norm") == "m=1 no norm"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"cells": {"a": "nope", "b": "b"}}, "no cell 'nope' in tables/t/results.jsonl"),
+    ({"rule": {"reproduced": ["a.test_acuracy >= 0.9"]}}, "no metric 'test_acuracy'; did you mean 'test_accuracy'"),
+    ({"rule": {"reproduced": ["c.test_accuracy >= 0.9"]}}, "names cell 'c', which is not in cells"),
+    ({"rule": {"reproduced": ["a.test_accuracy => 0.9"]}}, "cannot read"),
+    ({"rule": {"partly": ["a.test_accuracy >= 0.9"]}}, "rule.reproduced must list"),
+    ({"table": "missing"}, "table 'missing' is not listed under tables"),
+    ({"paper": "q"}, "unknown paper 'q'"),
+    ({"unit_test": "tests/nothing.py::test_x"}, "names no test function"),
+])
+def test_bad_definitions_raise_a_clear_error(tmp_path, change, message):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)}, claim=change)
+    with pytest.raises(ledger.ClaimsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ledger.build(root)
+
+
+def test_missing_table_and_mixed_rows_raise(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    (root / "tables" / "t" / "results.jsonl").unlink()
+    with pytest.raises(ledger.ClaimsError, match=r"tables/t/results.jsonl: no such file"):
+        ledger.build(root)
+    root = _synthetic_root(tmp_path / "2", {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = read_rows(path)
+    rows[1]["recipe"]["model"]["layers"] = ["other"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ledger.ClaimsError, match="differ in more than the seed"):
+        ledger.build(root)
+    rows[1] = dict(rows[0])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ledger.ClaimsError, match="more than one row for seed 0"):
+        ledger.build(root)
+
+
+# --------------------------------------------------------------------------------------- seeds in recipes
+def _grid_recipe(tmp_path, extra):
+    data = yaml.safe_load(TINY.read_text()) | extra
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_seeds_cross_every_labelled_cell_and_keep_the_label(tmp_path):
+    seeds = sorted({int(s) for s in torch.randint(0, 1000, (3,))})
+    grid = [{"label": "attn", "model.layers": ["attention"]}, {"label": "m2", "model.layers": ["mamba2"]}]
+    recipe = resolve(_grid_recipe(tmp_path, {"grid": grid, "seeds": seeds}))
+    assert [(c.label, c.recipe.seed) for c in recipe.cells] == [(lab, s) for lab in ("attn", "m2") for s in seeds]
+    assert len({c.recipe.key for c in recipe.cells}) == len(recipe.cells)
+    # a cell of the seeded recipe has the same key as the same cell written with its seed by hand (old tables)
+    single = resolve(_grid_recipe(tmp_path, {"grid": [{"label": "attn", "model.layers": ["attention"],
+                                                        "seed": seeds[0]}]}))
+    assert single.cells[0].recipe.key == recipe.cells[0].recipe.key
+    product = resolve(_grid_recipe(tmp_path, {"grid": {"train.lr": [1e-3, 2e-3]}, "seeds": seeds}))
+    assert len(product.cells) == 2 * len(seeds)
+    alone = resolve(_grid_recipe(tmp_path, {"seeds": seeds}))
+    assert [(c.label, c.recipe.seed) for c in alone.cells] == [("base", s) for s in seeds]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"grid": [{"label": "x", "seed": 4}], "seeds": [0, 1]}, "sets seed: 4, but the recipe runs every cell with seeds"),
+    ({"grid": {"seed": [0, 1]}, "seeds": [0, 1]}, "sets seed"),
+    ({"grid": [{"label": "x"}], "seeds": [0, 0, 1]}, "more than once"),
+    ({"grid": [{"label": "x"}], "seeds": []}, "seeds is empty"),
+    ({"grid": [{"label": "x"}], "seeds": [-1]}, "out of range"),
+])
+def test_bad_seeds_are_refused(tmp_path, extra, message):
+    with pytest.raises(RecipeError, match=message):
+        resolve(_grid_recipe(tmp_path, extra))
+
+
+def test_completed_rows_tell_seeds_of_one_label_apart(tmp_path):
+    recipe = resolve(_grid_recipe(tmp_path, {"grid": [{"label": "x"}], "seeds": [0, 1]}))
+    row = {"recipe_key": recipe.cells[0].recipe.key, "label": "x", "seed": 0, "recipe": recipe.cells[0].recipe.plain}
+    assert set(completed_rows([row], recipe.cells)) == {row["recipe_key"]}  # seed 1 is simply not done yet
+    changed = resolve(_grid_recipe(tmp_path, {"grid": [{"label": "x", "train.lr": 0.01}], "seeds": [0, 1]}))
+    with pytest.raises(RecipeError, match=r"cell 'x \(seed 0\)' already has a finished row"):
+        completed_rows([row], changed.cells)
+
+
+def test_three_seed_ablation_renders_mean_and_spread(tmp_path):
+    recipe = resolve(_grid_recipe(tmp_path, {"grid": [{"label": "m2", "model.layers": ["mamba2"]}],
+                                             "seeds": [0, 1, 2]}), ["train.steps=2"])
+    out = tmp_path / "out"
+    rows = run_ablation(recipe, out, progress=False, plot=False, echo=lambda *a: None)
+    assert [r["seed"] for r in rows] == [0, 1, 2] and {r["label"] for r in rows} == {"m2"}
+    accs = [r["metrics"]["test_accuracy"] for r in rows]
+    md = (out / "results.md").read_text()
+    assert f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in md and "3 (0, 1, 2)" in md
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 3  # per-seed rows kept
+    again = run_ablation(recipe, out, progress=False, plot=False, echo=lambda *a: None)
+    assert [r["recipe_key"] for r in again] == [r["recipe_key"] for r in rows]
+    assert len(read_rows(out / "results.jsonl")) == 3
+
+
+def test_render_without_repeated_cells_has_no_summary(tmp_path):
+    rows = [dict(_row(lab, 0, 0.5), recipe={"seed": 0, "model": {"layers": [lab]}, "task": {"seq_len": 32}})
+            for lab in ("a", "b")]
+    render(rows, tmp_path, plot=False)
+    assert "Mean ± sample standard deviation" not in (tmp_path / "results.md").read_text()
