@@ -1,33 +1,40 @@
-"""Dense chunked slot memory in pure PyTorch (small ``M``); contract of
-:func:`kernels.slots.reference.slot_memory_reference`.
+"""Chunked slot memory in pure PyTorch (the CPU path); contract of
+:func:`kernels.slots.reference.slot_memory_reference` (Xiao et al., "RAM-Net", arXiv 2602.11958).
 
-With the write and read weights scattered to dense length-``M`` vectors ``w_t``, ``r_t`` (zero off the
-selected slots), the power-decay update is a gated linear recurrence over ``M`` key channels with a
-per-channel log decay ``a_t = gamma * log(1 - w_t)`` (zero on unwritten slots), i.e. gated linear
-attention with a diagonal (vector) decay, key ``w_t`` and value ``v_t``:
+The memory update is linear in the state: with the write weights scattered to a dense length-``M`` vector
+``w_t`` (zero off the ``K`` written slots) and the per-slot log decay ``a_t = gamma log(1 - w_t)`` (zero
+on unwritten slots), the memory with its normaliser as an extra value column, ``X = [S, z] (M, d_v + 1)``,
+follows the diagonal recurrence
 
-    S_t = diag(e^{a_t}) S_{t-1} + w_t v_t^T,        z_t = e^{a_t} * z_{t-1} + w_t
-    o_t = q_t^T S_t  with the query  q_t = r_t / (z_t + eps)
+    X_t = diag(e^{a_t}) X_{t-1} + w_t [v_t, 1]^T,      o_t = sum_j r_{t,j} S_t[R_{t,j}] / (z_t[R_{t,j}] + eps)
 
-The normaliser divides each slot before the sum over slots, so it cannot ride along as an extra value
-column (that would give ``sum_m r_m z_m``); ``z`` is first computed for every position by its own
-diagonal scan, then it fixes the query. Within chunk ``c`` (``A_t`` the inclusive cumulative log decay
-from the chunk start, ``S_0``, ``z_0`` the state entering the chunk, ``D[t, s, m] = e^{A_t[m] - A_s[m]}``
-for ``s <= t``):
+Within a chunk of ``C`` tokens (``A_t`` the inclusive cumulative log decay from the chunk start, dense
+``(C, M)``, ``X_0`` the state entering the chunk), the row ``m = R_{t,i}`` read by token ``t`` is
 
-    z_t = e^{A_t} z_0 + sum_{s<=t} D[t, s] w_s
-    o_t = sum_m q_t[m] e^{A_t[m]} S_0[m] + sum_{s<=t} (sum_m q_t[m] D[t, s, m] w_s[m]) v_s
-    S_next = e^{A_C} S_0 + sum_s e^{A_C - A_s} w_s v_s^T
+    X_t[m] = e^{A_t[m]} X_0[m] + sum_{s<=t} E[t,i,s] [v_s, 1],     E[t,i,s] = e^{A_t[m] - A_s[m]} w_s[m]
 
-Cost ``O(T C M (1 + d_v / C))`` time and ``O(T C M)`` memory per head (the decay tensor ``D``): linear in
-``T`` but proportional to ``M``, so this path is for small memories; the sparse path touches ``K`` rows.
+so the reads only need ``E``, ``(C, K, C)`` per chunk: the addresses are sparse, so the intra-chunk
+interactions are gathered at the ``K`` read slots instead of formed over all ``M`` (``O(T C K)``, not
+``O(T C M)``). With ``q_{t,i} = r_{t,i} / (z_t[R_{t,i}] + eps)`` the output is two matmuls,
+
+    o_t = sum_s P[t,s] v_s + sum_m Q[t,m] S_0[m],   P[t,s] = sum_i q_{t,i} E[t,i,s],
+                                                    Q[t,m] = sum_{i: R_{t,i}=m} q_{t,i} e^{A_t[m]}
+
+and the state passes to the next chunk as ``X_C = e^{A_C} X_0 + sum_s (e^{A_C - A_s} w_s) [v_s, 1]^T``
+(a loop over chunks). Every exponent is a difference ``A_t - A_s <= 0`` (never ``e^{A_t} / e^{A_s}``),
+so strong decays cannot overflow. The backward is written by hand (the same quantities in reverse, the
+chunk loop run backwards); it saves ``O(T C K + T M (d_v + 1) / C)`` per head.
+
+Cost per head ``O(T (C K (d_v + 1) + M (d_v + 1) + M C))`` time: linear in ``T``; the chunk-start states
+are ``M (d_v + 1)`` per chunk, so for very large ``M`` the sparse scan (:mod:`kernels.slots.sparse`) is
+the lighter path.
 """
 from __future__ import annotations
 
 import torch
 
-from ..common import causal_decay_mask, compute_dtype, pad_time
-from .reference import log_keep
+from ..common import compute_dtype, pad_time
+from .reference import W_MAX
 
 
 def densify(idx: torch.Tensor, weights: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -36,41 +43,146 @@ def densify(idx: torch.Tensor, weights: torch.Tensor, num_slots: int) -> torch.T
     return out.scatter(-1, idx, weights)
 
 
+def _anti_causal(C: int, K: int, device) -> torch.Tensor:
+    """``(C K, C)`` boolean, True where the writer ``s`` comes after the reader ``t`` (row ``t K + i``)."""
+    anti = torch.ones(C, C, dtype=torch.bool, device=device).triu(1)
+    return anti[:, None, :].expand(C, K, C).reshape(C * K, C)
+
+
+def _decays(wiT, w, gamma, num_slots):
+    """Dense slot-major cumulative log decays ``AdT (G, n, M, C)`` and write weights ``WdT`` of every chunk,
+    and ``log(1 - min(w, W_MAX))`` per written entry."""
+    G, n, C, K = w.shape
+    lk = torch.log1p(-w.clamp(max=W_MAX))
+    a = (gamma.view(G, 1, 1, 1) * lk).transpose(-1, -2)
+    AdT = w.new_zeros(G, n, num_slots, C).scatter_(2, wiT, a).cumsum(-1)
+    WdT = w.new_zeros(G, n, num_slots, C).scatter_(2, wiT, w.transpose(-1, -2))
+    return AdT, WdT, lk
+
+
+class _ChunkedSlots(torch.autograd.Function):
+    """Inputs in the chunked heads-first layout: ``wi, ri (G, n, C, K)`` int64, ``w, r (G, n, C, K)``,
+    ``V1 = [v, 1] (G, n, C, d_v + 1)``, ``gamma (G,)``, ``X0 (G, M, d_v + 1)``. Returns
+    ``(O1 (G, n, C, d_v + 1), X_T (G, M, d_v + 1))``; ``O1[..., :d_v]`` is the output (the last column
+    is scratch and receives no gradient)."""
+
+    @staticmethod
+    def forward(ctx, wi, w, ri, r, V1, gamma, X0, num_slots, eps):
+        G, n, C, K = wi.shape
+        M, dv1 = num_slots, V1.shape[-1]
+        wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)  # (G, n, K, C)
+        AdT, WdT, _ = _decays(wiT, w, gamma, M)
+        Ar = torch.gather(AdT, 2, riT).transpose(-1, -2)  # (G, n, C, K): A_t at the slots t reads
+        eAr = Ar.exp()
+        rows = ri.reshape(G, n, C * K, 1).expand(G, n, C * K, C)
+        # E[t, i, s] = exp(A_t[m] - A_s[m]) w_s[m], m = R_{t,i}, s <= t
+        Ex = torch.gather(AdT, 2, rows).neg_().add_(Ar.reshape(G, n, C * K, 1))
+        Ex.masked_fill_(_anti_causal(C, K, wi.device), float("-inf")).exp_()
+        E = torch.gather(WdT, 2, rows).mul_(Ex)
+        # chunk contributions to the state, and the state entering every chunk
+        to_end = (AdT[..., -1:] - AdT).exp_().mul_(WdT)  # (G, n, M, C)
+        U = torch.matmul(to_end, V1)  # (G, n, M, d_v + 1)
+        dec = AdT[..., -1].exp()  # (G, n, M)
+        starts = V1.new_empty(G, n, M, dv1)
+        X = V1.new_zeros(G, M, dv1) if X0 is None else X0
+        for c in range(n):
+            starts[:, c] = X
+            X = torch.addcmul(U[:, c], dec[:, c, :, None], X)
+        # reads: the normaliser at the read rows, then o = P v + Q S_0
+        z0r = torch.gather(starts[..., -1], 2, ri.reshape(G, n, C * K)).view(G, n, C, K)
+        E5 = E.view(G, n, C, K, C)
+        zr = E5.sum(-1).addcmul_(z0r, eAr).add_(eps)
+        q = (r / zr).contiguous()
+        P = torch.matmul(q.unsqueeze(-2), E5).squeeze(-2)  # (G, n, C, C)
+        Q = w.new_zeros(G, n, C, M).scatter_(-1, ri, q * eAr)
+        O1 = torch.matmul(P, V1).view(G * n, C, dv1).baddbmm_(Q.view(G * n, C, M), starts.view(G * n, M, dv1))
+        ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec)
+        ctx.num_slots, ctx.has_init = M, X0 is not None
+        return O1.view(G, n, C, dv1), X
+
+    @staticmethod
+    def backward(ctx, dO1, dX_T):
+        wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec = ctx.saved_tensors
+        G, n, C, K = wi.shape
+        M, dv1 = ctx.num_slots, V1.shape[-1]
+        wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)
+        dO = dO1.clone()
+        dO[..., -1] = 0  # the scratch column
+        # chunk-local gradients (given the state entering the chunk)
+        dP = torch.matmul(dO, V1.transpose(-1, -2))  # (G, n, C, C)
+        dV1 = torch.matmul(P.transpose(-1, -2), dO)  # (G, n, C, d_v + 1)
+        dQ = torch.matmul(dO, starts.transpose(-1, -2))  # (G, n, C, M)
+        dX_local = torch.matmul(Q.transpose(-1, -2), dO)  # (G, n, M, d_v + 1): last column 0
+        E5 = E.view(G, n, C, K, C)
+        dQr = torch.gather(dQ, -1, ri)  # (G, n, C, K)
+        dq = torch.matmul(E5, dP.unsqueeze(-1)).squeeze(-1).addcmul_(dQr, eAr)
+        dr = dq / zr
+        dzr = -dr * q
+        dX_local[..., -1].scatter_add_(2, ri.reshape(G, n, C * K), (dzr * eAr).reshape(G, n, C * K))
+        dAr = (dQr * q + dzr * z0r) * eAr
+        # dE[t, i, s] = q[t, i] dP[t, s] + dzr[t, i];  E = Ex * w_s[m]
+        dE = (q.unsqueeze(-1) * dP.unsqueeze(-2)).add_(dzr.unsqueeze(-1)).reshape(G, n, C * K, C)
+        dWcol = dE * Ex
+        dEE = dE.mul_(E)  # the gradient of the exponent A_t[m] - A_s[m]
+        dAr = dAr + dEE.view(G, n, C, K, C).sum(-1)
+        rows = ri.reshape(G, n, C * K, 1).expand(G, n, C * K, C)
+        dAdT = w.new_zeros(G, n, M, C).scatter_add_(2, rows, dEE.neg_())
+        dAdT.scatter_add_(2, riT, dAr.transpose(-1, -2))
+        dWdT = w.new_zeros(G, n, M, C).scatter_add_(2, rows, dWcol)
+        # the chunk loop, reversed: g = gradient of the state entering chunk c + 1
+        dU = torch.empty_like(starts)
+        g = V1.new_zeros(G, M, dv1) if dX_T is None else dX_T.clone()
+        for c in range(n - 1, -1, -1):
+            dU[:, c] = g
+            g = torch.addcmul(dX_local[:, c], dec[:, c, :, None], g)
+        ddec = (dU * starts).sum(-1)  # (G, n, M)
+        # U = to_end V1, dec = exp(A_C), to_end = exp(A_C - A_s) w_s
+        AdT, WdT, lk = _decays(wiT, w, gamma, M)
+        ete = (AdT[..., -1:] - AdT).exp_()
+        to_end = ete * WdT
+        dto_end = torch.matmul(dU, V1.transpose(-1, -2))  # (G, n, M, C)
+        dV1 = dV1.add_(torch.matmul(to_end.transpose(-1, -2), dU))
+        dWdT.addcmul_(dto_end, ete)
+        dY = dto_end.mul_(to_end)
+        dAdT.sub_(dY)
+        dAdT[..., -1] += dY.sum(-1) + ddec * dec
+        # A = cumsum(a): da_t = sum_{t' >= t} dA_t'
+        daT = dAdT.flip(-1).cumsum(-1).flip(-1)
+        da = torch.gather(daT, 2, wiT).transpose(-1, -2)  # (G, n, C, K)
+        dw = torch.gather(dWdT, 2, wiT).transpose(-1, -2)
+        g_ = gamma.view(G, 1, 1, 1)
+        dlog = torch.where(w <= W_MAX, -g_ / (1 - w.clamp(max=W_MAX)), torch.zeros_like(w))
+        dw = dw + da * dlog
+        dgamma = (da * lk).sum((1, 2, 3))
+        dV1[..., -1] = 0
+        return (None, dw, None, dr, dV1, dgamma, g if ctx.has_init else None, None, None)
+
+
 def slot_memory_chunked(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
-                        chunk_size: int = 16, initial_state=None):
+                        chunk_size: int = 32, initial_state=None):
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``."""
     dtype = v.dtype
     cd = compute_dtype(dtype)
     B, T, H, dv = v.shape
+    K = write_idx.shape[-1]
     M, C = num_slots, chunk_size
-    v, gamma = v.to(cd), gamma.to(cd)
-    w = densify(write_idx, write_w.to(cd), M)
-    r = densify(read_idx, read_w.to(cd), M)
-    a = log_keep(w, gamma[:, None])  # exactly 0 where nothing is written
-    w, r, a, v = (pad_time(x, C) for x in (w, r, a, v))
-    n = w.shape[1] // C
-    w, r, a = (x.reshape(B, n, C, H, M) for x in (w, r, a))
-    v = v.reshape(B, n, C, H, dv)
-    A = torch.cumsum(a, dim=2)
-    D = causal_decay_mask(A, dim=2)  # (B, n, t, s, H, M)
-    z_intra = torch.einsum("bntshm,bnshm->bnthm", D, w)
-    to_end = (A[:, :, -1:] - A).exp()  # (B, n, C, H, M)
-    S_chunk = torch.einsum("bnshm,bnshd->bnhmd", to_end * w, v)
-    chunk_decay = A[:, :, -1].exp()  # (B, n, H, M)
-    if initial_state is None:
-        S0, z0 = v.new_zeros(B, H, M, dv), v.new_zeros(B, H, M)
-    else:
-        S0, z0 = initial_state[0].to(cd), initial_state[1].to(cd)
-    S_starts, z_starts = [], []
-    for c in range(n):
-        S_starts.append(S0)
-        z_starts.append(z0)
-        S0 = chunk_decay[:, c, :, :, None] * S0 + S_chunk[:, c]
-        z0 = chunk_decay[:, c] * z0 + z_intra[:, c, -1]
-    S_in, z_in = torch.stack(S_starts, 1), torch.stack(z_starts, 1)  # (B, n, H, M, dv), (B, n, H, M)
-    z = A.exp() * z_in.unsqueeze(2) + z_intra
-    q = r / (z + eps)
-    inter = torch.einsum("bnthm,bnhmd->bnthd", q * A.exp(), S_in)
-    scores = torch.einsum("bnthm,bntshm,bnshm->bntsh", q, D, w)
-    o = inter + torch.einsum("bntsh,bnshd->bnthd", scores, v)
-    return o.reshape(B, n * C, H, dv)[:, :T].to(dtype), (S0, z0)
+    n = -(-T // C)
+    G = B * H
+    pad = n * C - T
+    if pad:
+        spare = torch.arange(K, device=v.device).expand(B, pad, H, K)  # distinct slots, zero weights
+        write_idx, read_idx = torch.cat([write_idx, spare], 1), torch.cat([read_idx, spare], 1)
+
+    def chunked(x):  # (B, T, H, ...) -> (G, n, C, ...)
+        x = pad_time(x, C)
+        return x.reshape(B, n, C, H, *x.shape[3:]).movedim(3, 1).reshape(G, n, C, *x.shape[3:])
+
+    V1 = torch.cat([chunked(v.to(cd)), v.new_ones(G, n, C, 1, dtype=cd)], -1)
+    X0 = None
+    if initial_state is not None:
+        X0 = torch.cat([initial_state[0].to(cd), initial_state[1].to(cd).unsqueeze(-1)], -1).reshape(G, M, dv + 1)
+    O1, X = _ChunkedSlots.apply(chunked(write_idx), chunked(write_w.to(cd)), chunked(read_idx),
+                                chunked(read_w.to(cd)), V1, gamma.to(cd).repeat(B), X0, M, eps)
+    o = O1[..., :dv].reshape(B, H, n * C, dv).transpose(1, 2)[:, :T]
+    X = X.view(B, H, M, dv + 1)
+    return o.to(dtype), (X[..., :dv], X[..., dv])
