@@ -22,7 +22,10 @@ interactions are gathered at the ``K`` read slots instead of formed over all ``M
 
 and the state passes to the next chunk as ``X_C = e^{A_C} X_0 + sum_s (e^{A_C - A_s} w_s) [v_s, 1]^T``
 (a loop over chunks). Every exponent is a difference ``A_t - A_s <= 0`` (never ``e^{A_t} / e^{A_s}``),
-so strong decays cannot overflow. The backward is written by hand (the same quantities in reverse, the
+so strong decays cannot overflow. The gradient of a log decay is a reverse cumulative sum over the chunk
+(as in every chunked gated linear attention): when a write nearly empties its slot (``w -> 1`` with a
+large ``gamma``) its true gradient is tiny next to the terms that cancel in that sum, so the fp32
+gradients of ``w`` and ``gamma`` then carry a larger relative error than the token scan's. The backward is written by hand (the same quantities in reverse, the
 chunk loop run backwards); it saves ``O(T C K + T M (d_v + 1) / C)`` per head.
 
 Cost per head ``O(T (C K (d_v + 1) + M (d_v + 1) + M C))`` time: linear in ``T``; the chunk-start states
