@@ -52,111 +52,134 @@ def _anti_causal(C: int, K: int, device) -> torch.Tensor:
     return anti[:, None, :].expand(C, K, C).reshape(C * K, C)
 
 
+def _triangle(C: int, like: torch.Tensor) -> torch.Tensor:
+    """``(C, C)`` with ones where ``s <= t`` (row ``s``, column ``t``): ``x @ it`` is a cumsum over ``x``'s last
+    axis, ``x @ it.T`` the reverse cumsum."""
+    return torch.ones(C, C, dtype=like.dtype, device=like.device).triu()
+
+
+def _flat_rows(idx: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Slot indices ``(n, G, C, K)`` -> row numbers ``(n G C K,)`` into a ``(n G M, ...)`` table (whole-row
+    copies with ``index_select`` / ``index_add_`` are much faster than an element-wise gather)."""
+    n, G = idx.shape[:2]
+    base = torch.arange(n * G, device=idx.device).view(n, G, 1, 1) * num_slots
+    return (idx + base).reshape(-1)
+
+
 def _decays(wiT, w, gamma, num_slots):
-    """Dense slot-major cumulative log decays ``AdT (G, n, M, C)`` and write weights ``WdT`` of every chunk,
+    """Dense slot-major cumulative log decays ``AdT (n, G, M, C)`` and write weights ``WdT`` of every chunk,
     and ``log(1 - min(w, W_MAX))`` per written entry."""
-    G, n, C, K = w.shape
+    n, G, C, K = w.shape
     lk = torch.log1p(-w.clamp(max=W_MAX))
-    a = (gamma.view(G, 1, 1, 1) * lk).transpose(-1, -2)
-    AdT = w.new_zeros(G, n, num_slots, C).scatter_(2, wiT, a).cumsum(-1)
-    WdT = w.new_zeros(G, n, num_slots, C).scatter_(2, wiT, w.transpose(-1, -2))
+    a = (gamma.view(1, G, 1, 1) * lk).transpose(-1, -2)
+    # an inclusive cumulative sum over the chunk as a matmul with a triangular ones matrix (a cumsum over
+    # a short last axis is several times slower on CPU)
+    AdT = torch.matmul(w.new_zeros(n, G, num_slots, C).scatter_(2, wiT, a), _triangle(C, w))
+    WdT = w.new_zeros(n, G, num_slots, C).scatter_(2, wiT, w.transpose(-1, -2))
     return AdT, WdT, lk
 
 
 class _ChunkedSlots(torch.autograd.Function):
-    """Inputs in the chunked heads-first layout: ``wi, ri (G, n, C, K)`` int64, ``w, r (G, n, C, K)``,
-    ``V1 = [v, 1] (G, n, C, d_v + 1)``, ``gamma (G,)``, ``X0 (G, M, d_v + 1)``. Returns
-    ``(O1 (G, n, C, d_v + 1), X_T (G, M, d_v + 1))``; ``O1[..., :d_v]`` is the output (the last column
+    """Inputs chunk-major, ``G = B H``: ``wi, ri (n, G, C, K)`` int64, ``w, r (n, G, C, K)``,
+    ``V1 = [v, 1] (n, G, C, d_v + 1)``, ``gamma (G,)``, ``X0 (G, M, d_v + 1)``. Returns
+    ``(O1 (n, G, C, d_v + 1), X_T (G, M, d_v + 1))``; ``O1[..., :d_v]`` is the output (the last column
     is scratch and receives no gradient)."""
 
     @staticmethod
     def forward(ctx, wi, w, ri, r, V1, gamma, X0, num_slots, eps):
-        G, n, C, K = wi.shape
+        n, G, C, K = wi.shape
         M, dv1 = num_slots, V1.shape[-1]
-        wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)  # (G, n, K, C)
-        AdT, WdT, _ = _decays(wiT, w, gamma, M)
-        Ar = torch.gather(AdT, 2, riT).transpose(-1, -2)  # (G, n, C, K): A_t at the slots t reads
+        wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)  # (n, G, K, C)
+        AdT, WdT, lk = _decays(wiT, w, gamma, M)
+        Ar = torch.gather(AdT, 2, riT).transpose(-1, -2)  # (n, G, C, K): A_t at the slots t reads
         eAr = Ar.exp()
-        rows = ri.reshape(G, n, C * K, 1).expand(G, n, C * K, C)
+        rows = _flat_rows(ri, M)
         # E[t, i, s] = exp(A_t[m] - A_s[m]) w_s[m], m = R_{t,i}, s <= t
-        Ex = torch.gather(AdT, 2, rows).neg_().add_(Ar.reshape(G, n, C * K, 1))
+        Ex = AdT.view(-1, C).index_select(0, rows).view(n, G, C * K, C).neg_().add_(Ar.reshape(n, G, C * K, 1))
         Ex.masked_fill_(_anti_causal(C, K, wi.device), float("-inf")).exp_()
-        E = torch.gather(WdT, 2, rows).mul_(Ex)
+        E = WdT.view(-1, C).index_select(0, rows).view(n, G, C * K, C).mul_(Ex)
         # chunk contributions to the state, and the state entering every chunk
-        to_end = (AdT[..., -1:] - AdT).exp_().mul_(WdT)  # (G, n, M, C)
-        U = torch.matmul(to_end, V1)  # (G, n, M, d_v + 1)
-        dec = AdT[..., -1].exp()  # (G, n, M)
-        starts = V1.new_empty(G, n, M, dv1)
-        X = V1.new_zeros(G, M, dv1) if X0 is None else X0
+        to_end = (AdT[..., -1:] - AdT).exp_().mul_(WdT)  # (n, G, M, C)
+        U = torch.matmul(to_end, V1)  # (n, G, M, d_v + 1)
+        dec = AdT[..., -1].exp()  # (n, G, M)
+        states = V1.new_empty(n + 1, G, M, dv1)
+        if X0 is None:
+            states[0] = 0
+        else:
+            states[0] = X0
         for c in range(n):
-            starts[:, c] = X
-            X = torch.addcmul(U[:, c], dec[:, c, :, None], X)
+            torch.addcmul(U[c], dec[c, :, :, None], states[c], out=states[c + 1])
+        starts, X = states[:n], states[n]
         # reads: the normaliser at the read rows, then o = P v + Q S_0
-        z0r = torch.gather(starts[..., -1], 2, ri.reshape(G, n, C * K)).view(G, n, C, K)
-        E5 = E.view(G, n, C, K, C)
+        z0r = torch.gather(starts[..., -1], 2, ri.reshape(n, G, C * K)).view(n, G, C, K)
+        E5 = E.view(n, G, C, K, C)
         zr = E5.sum(-1).addcmul_(z0r, eAr).add_(eps)
         q = (r / zr).contiguous()
-        P = torch.matmul(q.unsqueeze(-2), E5).squeeze(-2)  # (G, n, C, C)
-        Q = w.new_zeros(G, n, C, M).scatter_(-1, ri, q * eAr)
-        O1 = torch.matmul(P, V1).view(G * n, C, dv1).baddbmm_(Q.view(G * n, C, M), starts.view(G * n, M, dv1))
-        ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec)
+        P = torch.matmul(q.unsqueeze(-2), E5).squeeze(-2)  # (n, G, C, C)
+        Q = w.new_zeros(n, G, C, M).scatter_(-1, ri, q * eAr)
+        O1 = torch.matmul(P, V1).add_(torch.matmul(Q, starts))
+        ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk)
         ctx.num_slots, ctx.has_init = M, X0 is not None
-        return O1.view(G, n, C, dv1), X
+        return O1, X
 
     @staticmethod
     def backward(ctx, dO1, dX_T):
-        wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec = ctx.saved_tensors
-        G, n, C, K = wi.shape
+        wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk = ctx.saved_tensors
+        n, G, C, K = wi.shape
         M, dv1 = ctx.num_slots, V1.shape[-1]
         wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)
         dO = dO1.clone()
         dO[..., -1] = 0  # the scratch column
         # chunk-local gradients (given the state entering the chunk)
-        dP = torch.matmul(dO, V1.transpose(-1, -2))  # (G, n, C, C)
-        dV1 = torch.matmul(P.transpose(-1, -2), dO)  # (G, n, C, d_v + 1)
-        dQ = torch.matmul(dO, starts.transpose(-1, -2))  # (G, n, C, M)
-        dX_local = torch.matmul(Q.transpose(-1, -2), dO)  # (G, n, M, d_v + 1): last column 0
-        E5 = E.view(G, n, C, K, C)
-        dQr = torch.gather(dQ, -1, ri)  # (G, n, C, K)
+        dP = torch.matmul(dO, V1.transpose(-1, -2))  # (n, G, C, C)
+        dV1 = torch.matmul(P.transpose(-1, -2), dO)  # (n, G, C, d_v + 1)
+        dQ = torch.matmul(dO, starts.transpose(-1, -2))  # (n, G, C, M)
+        dX_local = torch.matmul(Q.transpose(-1, -2), dO)  # (n, G, M, d_v + 1): last column 0
+        E5 = E.view(n, G, C, K, C)
+        dQr = torch.gather(dQ, -1, ri)  # (n, G, C, K)
         dq = torch.matmul(E5, dP.unsqueeze(-1)).squeeze(-1).addcmul_(dQr, eAr)
         dr = dq / zr
         dzr = -dr * q
-        dX_local[..., -1].scatter_add_(2, ri.reshape(G, n, C * K), (dzr * eAr).reshape(G, n, C * K))
+        dX_local[..., -1].scatter_add_(2, ri.reshape(n, G, C * K), (dzr * eAr).reshape(n, G, C * K))
         dAr = (dQr * q + dzr * z0r) * eAr
         # dE[t, i, s] = q[t, i] dP[t, s] + dzr[t, i];  E = Ex * w_s[m]
-        dE = (q.unsqueeze(-1) * dP.unsqueeze(-2)).add_(dzr.unsqueeze(-1)).reshape(G, n, C * K, C)
+        dE = (q.unsqueeze(-1) * dP.unsqueeze(-2)).add_(dzr.unsqueeze(-1)).reshape(n, G, C * K, C)
         dWcol = dE * Ex
         dEE = dE.mul_(E)  # the gradient of the exponent A_t[m] - A_s[m]
-        dAr = dAr + dEE.view(G, n, C, K, C).sum(-1)
-        rows = ri.reshape(G, n, C * K, 1).expand(G, n, C * K, C)
-        dAdT = w.new_zeros(G, n, M, C).scatter_add_(2, rows, dEE.neg_())
+        dAr = dAr + dEE.view(n, G, C, K, C).sum(-1)
+        rows = _flat_rows(ri, M)
+        dAdT = w.new_zeros(n, G, M, C)
+        dAdT.view(-1, C).index_add_(0, rows, dEE.view(-1, C), alpha=-1)
         dAdT.scatter_add_(2, riT, dAr.transpose(-1, -2))
-        dWdT = w.new_zeros(G, n, M, C).scatter_add_(2, rows, dWcol)
+        dWdT = w.new_zeros(n, G, M, C)
+        dWdT.view(-1, C).index_add_(0, rows, dWcol.view(-1, C))
         # the chunk loop, reversed: g = gradient of the state entering chunk c + 1
-        dU = torch.empty_like(starts)
-        g = V1.new_zeros(G, M, dv1) if dX_T is None else dX_T.clone()
+        grads = V1.new_empty(n + 1, G, M, dv1)
+        if dX_T is None:
+            grads[n] = 0
+        else:
+            grads[n] = dX_T
         for c in range(n - 1, -1, -1):
-            dU[:, c] = g
-            g = torch.addcmul(dX_local[:, c], dec[:, c, :, None], g)
-        ddec = (dU * starts).sum(-1)  # (G, n, M)
+            torch.addcmul(dX_local[c], dec[c, :, :, None], grads[c + 1], out=grads[c])
+        dU, g = grads[1:], grads[0]
+        ddec = (dU * starts).sum(-1)  # (n, G, M)
         # U = to_end V1, dec = exp(A_C), to_end = exp(A_C - A_s) w_s
-        AdT, WdT, lk = _decays(wiT, w, gamma, M)
         ete = (AdT[..., -1:] - AdT).exp_()
         to_end = ete * WdT
-        dto_end = torch.matmul(dU, V1.transpose(-1, -2))  # (G, n, M, C)
+        dto_end = torch.matmul(dU, V1.transpose(-1, -2))  # (n, G, M, C)
         dV1 = dV1.add_(torch.matmul(to_end.transpose(-1, -2), dU))
         dWdT.addcmul_(dto_end, ete)
         dY = dto_end.mul_(to_end)
         dAdT.sub_(dY)
         dAdT[..., -1] += dY.sum(-1) + ddec * dec
         # A = cumsum(a): da_t = sum_{t' >= t} dA_t'
-        daT = dAdT.flip(-1).cumsum(-1).flip(-1)
-        da = torch.gather(daT, 2, wiT).transpose(-1, -2)  # (G, n, C, K)
+        daT = torch.matmul(dAdT, _triangle(C, dAdT).T)
+        da = torch.gather(daT, 2, wiT).transpose(-1, -2)  # (n, G, C, K)
         dw = torch.gather(dWdT, 2, wiT).transpose(-1, -2)
-        g_ = gamma.view(G, 1, 1, 1)
+        g_ = gamma.view(1, G, 1, 1)
         dlog = torch.where(w <= W_MAX, -g_ / (1 - w.clamp(max=W_MAX)), torch.zeros_like(w))
         dw = dw + da * dlog
-        dgamma = (da * lk).sum((1, 2, 3))
+        dgamma = (da * lk).sum((0, 2, 3))
         dV1[..., -1] = 0
         return (None, dw, None, dr, dV1, dgamma, g if ctx.has_init else None, None, None)
 
@@ -176,16 +199,17 @@ def slot_memory_chunked(write_idx, write_w, read_idx, read_w, v, gamma, num_slot
         spare = torch.arange(K, device=v.device).expand(B, pad, H, K)  # distinct slots, zero weights
         write_idx, read_idx = torch.cat([write_idx, spare], 1), torch.cat([read_idx, spare], 1)
 
-    def chunked(x):  # (B, T, H, ...) -> (G, n, C, ...)
+    def chunked(x):  # (B, T, H, ...) -> (n, G, C, ...), chunk-major: one chunk's states are contiguous
         x = pad_time(x, C)
-        return x.reshape(B, n, C, H, *x.shape[3:]).movedim(3, 1).reshape(G, n, C, *x.shape[3:])
+        x = x.reshape(B, n, C, H, *x.shape[3:])
+        return x.permute(1, 0, 3, 2, *range(4, x.ndim)).reshape(n, G, C, *x.shape[4:])
 
-    V1 = torch.cat([chunked(v.to(cd)), v.new_ones(G, n, C, 1, dtype=cd)], -1)
+    V1 = torch.cat([chunked(v.to(cd)), v.new_ones(n, G, C, 1, dtype=cd)], -1)
     X0 = None
     if initial_state is not None:
         X0 = torch.cat([initial_state[0].to(cd), initial_state[1].to(cd).unsqueeze(-1)], -1).reshape(G, M, dv + 1)
     O1, X = _ChunkedSlots.apply(chunked(write_idx), chunked(write_w.to(cd)), chunked(read_idx),
                                 chunked(read_w.to(cd)), V1, gamma.to(cd).repeat(B), X0, M, eps)
-    o = O1[..., :dv].reshape(B, H, n * C, dv).transpose(1, 2)[:, :T]
+    o = O1[..., :dv].reshape(n, B, H, C, dv).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, dv)[:, :T]
     X = X.view(B, H, M, dv + 1)
     return o.to(dtype), (X[..., :dv], X[..., dv])
