@@ -25,14 +25,17 @@ and the state passes to the next chunk as ``X_C = e^{A_C} X_0 + sum_s (e^{A_C - 
 so strong decays cannot overflow. The gradient of a log decay is a reverse cumulative sum over the chunk
 (as in every chunked gated linear attention): when a write nearly empties its slot (``w -> 1`` with a
 large ``gamma``) its true gradient is tiny next to the terms that cancel in that sum, so the fp32
-gradients of ``w`` and ``gamma`` then carry a larger relative error than the token scan's. The backward is written by hand (the same quantities in reverse, the
-chunk loop run backwards); it saves ``O(T C K + T M (d_v + 1) / C)`` per head.
+gradients of ``w`` and ``gamma`` then carry a larger relative error than the token scan's. Decays below
+``3e-38`` are taken as ``3e-38`` (see :func:`_exp_`). The backward is written by hand (the same
+quantities in reverse, the chunk loop run backwards); it saves ``O(T C K + T M (d_v + 1) / C)`` per head.
 
 Cost per head ``O(T (C K (d_v + 1) + M (d_v + 1) + M C))`` time: linear in ``T``; the chunk-start states
 are ``M (d_v + 1)`` per chunk, so for very large ``M`` the sparse scan (:mod:`kernels.slots.sparse`) is
 the lighter path.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -46,16 +49,27 @@ def densify(idx: torch.Tensor, weights: torch.Tensor, num_slots: int) -> torch.T
     return out.scatter(-1, idx, weights)
 
 
-def _anti_causal(C: int, K: int, device) -> torch.Tensor:
-    """``(C K, C)`` boolean, True where the writer ``s`` comes after the reader ``t`` (row ``t K + i``)."""
-    anti = torch.ones(C, C, dtype=torch.bool, device=device).triu(1)
-    return anti[:, None, :].expand(C, K, C).reshape(C * K, C)
+def _causal(C: int, K: int, like: torch.Tensor) -> torch.Tensor:
+    """``(C K, C)`` 0/1, 1 where the writer ``s`` is not after the reader ``t`` (row ``t K + i``)."""
+    keep = torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
+    return keep[:, None, :].expand(C, K, C).reshape(C * K, C)
 
 
 def _triangle(C: int, like: torch.Tensor) -> torch.Tensor:
     """``(C, C)`` with ones where ``s <= t`` (row ``s``, column ``t``): ``x @ it`` is a cumsum over ``x``'s last
     axis, ``x @ it.T`` the reverse cumsum."""
     return torch.ones(C, C, dtype=like.dtype, device=like.device).triu()
+
+
+def _exp_(x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """In place ``exp`` of log decays ``x <= 0``, times the 0/1 mask ``keep`` if given. Arguments are clamped
+    to ``[log(tiny) + 1, 0]`` first: CPU ``exp`` is many times slower on ``-inf`` (a causal mask) and on
+    arguments whose result is denormal (strong decays), so a decay below ``3e-38`` is taken as ``3e-38``
+    (it multiplies terms that are then ~30 orders of magnitude below the leading one); the upper clamp
+    only removes rounding of ``A_t - A_s`` above 0 and keeps masked-out entries finite."""
+    lo = math.log(torch.finfo(x.dtype).tiny) + 1.0
+    x.clamp_(min=lo, max=0.0).exp_()
+    return x if keep is None else x.mul_(keep)
 
 
 def _flat_rows(idx: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -92,16 +106,17 @@ class _ChunkedSlots(torch.autograd.Function):
         wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)  # (n, G, K, C)
         AdT, WdT, lk = _decays(wiT, w, gamma, M)
         Ar = torch.gather(AdT, 2, riT).transpose(-1, -2)  # (n, G, C, K): A_t at the slots t reads
-        eAr = Ar.exp()
+        eAr = _exp_(Ar.clone())
         rows = _flat_rows(ri, M)
         # E[t, i, s] = exp(A_t[m] - A_s[m]) w_s[m], m = R_{t,i}, s <= t
         Ex = AdT.view(-1, C).index_select(0, rows).view(n, G, C * K, C).neg_().add_(Ar.reshape(n, G, C * K, 1))
-        Ex.masked_fill_(_anti_causal(C, K, wi.device), float("-inf")).exp_()
+        _exp_(Ex, _causal(C, K, Ex))
         E = WdT.view(-1, C).index_select(0, rows).view(n, G, C * K, C).mul_(Ex)
         # chunk contributions to the state, and the state entering every chunk
-        to_end = (AdT[..., -1:] - AdT).exp_().mul_(WdT)  # (n, G, M, C)
+        ete = _exp_(AdT[..., -1:] - AdT)  # (n, G, M, C)
+        to_end = ete * WdT
         U = torch.matmul(to_end, V1)  # (n, G, M, d_v + 1)
-        dec = AdT[..., -1].exp()  # (n, G, M)
+        dec = _exp_(AdT[..., -1].clone())  # (n, G, M)
         states = V1.new_empty(n + 1, G, M, dv1)
         if X0 is None:
             states[0] = 0
@@ -118,13 +133,13 @@ class _ChunkedSlots(torch.autograd.Function):
         P = torch.matmul(q.unsqueeze(-2), E5).squeeze(-2)  # (n, G, C, C)
         Q = w.new_zeros(n, G, C, M).scatter_(-1, ri, q * eAr)
         O1 = torch.matmul(P, V1).add_(torch.matmul(Q, starts))
-        ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk)
+        ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk, ete)
         ctx.num_slots, ctx.has_init = M, X0 is not None
         return O1, X
 
     @staticmethod
     def backward(ctx, dO1, dX_T):
-        wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk = ctx.saved_tensors
+        wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk, ete = ctx.saved_tensors
         n, G, C, K = wi.shape
         M, dv1 = ctx.num_slots, V1.shape[-1]
         wiT, riT = wi.transpose(-1, -2), ri.transpose(-1, -2)
@@ -164,7 +179,6 @@ class _ChunkedSlots(torch.autograd.Function):
         dU, g = grads[1:], grads[0]
         ddec = (dU * starts).sum(-1)  # (n, G, M)
         # U = to_end V1, dec = exp(A_C), to_end = exp(A_C - A_s) w_s
-        ete = (AdT[..., -1:] - AdT).exp_()
         to_end = ete * WdT
         dto_end = torch.matmul(dU, V1.transpose(-1, -2))  # (n, G, M, C)
         dV1 = dV1.add_(torch.matmul(to_end.transpose(-1, -2), dU))
