@@ -28,8 +28,8 @@ __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "ini
 #: ``layout="auto"`` uses the dense chunked path up to this many slots. The chunked path costs
 #: O(T (C K d_v + M d_v)) per head (the chunk-start states are M x d_v per chunk of C tokens), the sparse
 #: scan O(T K d_v) in a Python loop over T. Measured on one CPU thread, fwd+bwd of the memory kernel at
-#: B = 1, T = 2048, H = 2, d_v = 64, K = 4, C = 32: chunked 89 / 335 / 1258 ms, sparse 271 / 259 / 263 ms
-#: at M = 256 / 1024 / 4096, so the crossover is near M = 512-768.
+#: B = 1, T = 2048, H = 2, d_v = 64, K = 4, C = 32: chunked 58 / 253 / 980 ms, sparse 259 / 255 / 269 ms
+#: at M = 256 / 1024 / 4096: equal near M = 1024, and the chunked path saves M (d_v + 1) / C per token.
 DENSE_MAX_SLOTS = 512
 
 LAYOUTS = ("auto", "dense", "sparse")
