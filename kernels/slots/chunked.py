@@ -43,12 +43,6 @@ from ..common import compute_dtype, pad_time
 from .reference import W_MAX
 
 
-def densify(idx: torch.Tensor, weights: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """``(B, T, H, K)`` indices and weights -> ``(B, T, H, M)`` dense weights (zero elsewhere)."""
-    out = weights.new_zeros(*weights.shape[:-1], num_slots)
-    return out.scatter(-1, idx, weights)
-
-
 def _causal(C: int, K: int, like: torch.Tensor) -> torch.Tensor:
     """``(C K, C)`` 0/1, 1 where the writer ``s`` is not after the reader ``t`` (row ``t K + i``)."""
     keep = torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
