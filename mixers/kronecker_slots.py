@@ -105,10 +105,10 @@ class KroneckerSlots(Mixer):
         tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
         shift_write_address: bool = opt(False, "the write address comes from the previous token's projection "
                                         "(key-then-value pairs: store v_t under the address of x_{t-1})")
-        chunk_size: int = opt(16, "chunk length of the dense chunked path")
-        backend: str = opt("auto", "memory kernel: dense (chunked, O(T M)), sparse (scan over K rows, O(T K)), "
+        chunk_size: int = opt(32, "chunk length of the dense chunked path")
+        backend: str = opt("auto", "memory kernel: dense (chunked, O(T (C K + M) d_v)), sparse (scan over K rows, O(T K d_v)), "
                            "triton (sparse scan kernels), reference (token loop), auto (triton on CUDA, else "
-                           "dense for M <= 16 and sparse above)",
+                           "dense for M <= 512 and sparse above)",
                            choices=("auto", "dense", "sparse", "triton", "reference"))
 
         def __post_init__(self):

@@ -6,9 +6,9 @@ arXiv 2602.11958).
     o_t = sum_m r_{t,m} S_t[m] / (z_t[m] + eps)                                    (slot_memory)
 
 Backends of :func:`slot_memory`: ``reference`` (token loop over the dense ``M x d_v`` memory, via the
-decode step :func:`slot_step`), ``torch`` (``layout="dense"``: chunked diagonal-decay linear attention over
-``M`` channels, for small ``M``; ``layout="sparse"``: a sequential scan that touches only ``K`` rows per
-token, for large ``M``; ``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), ``triton`` (the
+decode step :func:`slot_step`), ``torch`` (``layout="dense"``: chunked, the intra-chunk interactions gathered
+at the ``K`` read slots and a dense ``M x d_v`` state passed between chunks, for small and moderate ``M``;
+``layout="sparse"``: a sequential scan that touches only ``K`` rows per token, for large ``M``; ``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), ``triton`` (the
 sparse scan as Triton kernels, forward and backward). ``auto`` means Triton on CUDA, else torch.
 """
 from __future__ import annotations
@@ -25,11 +25,12 @@ from .sparse import slot_memory_sparse
 __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "init_slot_state",
            "slot_memory_reference", "slot_memory_chunked", "slot_memory_sparse", "DENSE_MAX_SLOTS"]
 
-#: ``layout="auto"`` uses the dense chunked path up to this many slots. The dense path costs O(T C M)
-#: per head against the sparse scan's O(T K d_v) (a Python loop over T); measured on one CPU thread at
-#: B = 64, T = 64, H = 2, d_v = 32, K = 4, fwd+bwd of the whole mixer: dense 0.28 s / sparse 0.14 s at
-#: M = 16, 1.6 s / 0.17 s at M = 64, so the sparse scan wins from small M on.
-DENSE_MAX_SLOTS = 16
+#: ``layout="auto"`` uses the dense chunked path up to this many slots. The chunked path costs
+#: O(T (C K d_v + M d_v)) per head (the chunk-start states are M x d_v per chunk of C tokens), the sparse
+#: scan O(T K d_v) in a Python loop over T. Measured on one CPU thread, fwd+bwd of the memory kernel at
+#: B = 1, T = 2048, H = 2, d_v = 64, K = 4, C = 32: chunked 58 / 253 / 980 ms, sparse 259 / 255 / 269 ms
+#: at M = 256 / 1024 / 4096: equal near M = 1024, and the chunked path saves M (d_v + 1) / C per token.
+DENSE_MAX_SLOTS = 512
 
 LAYOUTS = ("auto", "dense", "sparse")
 
@@ -53,7 +54,7 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
 
 @full_precision
 def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
-                chunk_size: int = 16, initial_state=None, backend: str = "auto", layout: str = "auto"):
+                chunk_size: int = 32, initial_state=None, backend: str = "auto", layout: str = "auto"):
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``, state in the compute dtype.
 
     ``write_idx, read_idx (B, T, H, K)`` int64 (distinct within a token), ``write_w, read_w (B, T, H, K)``,
