@@ -34,6 +34,43 @@ class GatedRMSNorm(RMSNorm):
         return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
+class _CausalDepthwiseConv(torch.autograd.Function):
+    """``y_t = act(bias + sum_j w_j * x_{t + j - (k - 1)})`` per channel (``x`` zero before the start) on
+    ``(B, T, C)`` inputs, with a hand-written backward.
+
+    Computed as ``k`` shifted multiply-adds in the time-major layout: no transposes to and from the
+    channels-first layout of ``conv1d`` (each a full copy, forward and backward), the SiLU and its
+    derivative fused into the same pass. Backward with ``dy = dL/d(pre-activation)``:
+    ``dx_s = sum_j w_j dy_{s + (k - 1) - j}``, ``dw_j = sum_t dy_t * x_{t + j - (k - 1)}``, ``dbias = sum_t dy_t``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, act: bool):
+        T, k = x.shape[1], weight.shape[1]
+        xp = F.pad(x, (0, 0, k - 1, 0))                                 # (B, T + k - 1, C), contiguous
+        wt = weight.t()                                                  # (k, C)
+        y = torch.addcmul(bias, xp[:, :T], wt[0])
+        for j in range(1, k):
+            y.addcmul_(xp[:, j:j + T], wt[j])
+        ctx.save_for_backward(xp, weight, y)
+        ctx.act = act
+        return F.silu(y) if act else y
+
+    @staticmethod
+    def backward(ctx, g):
+        xp, weight, y = ctx.saved_tensors
+        T, k = y.shape[1], weight.shape[1]
+        dy = torch.ops.aten.silu_backward(g, y) if ctx.act else g.contiguous()
+        dyp = F.pad(dy, (0, 0, 0, k - 1))
+        wt = weight.t()
+        dx = dyp[:, :T] * wt[k - 1]
+        for j in range(k - 1):
+            dx.addcmul_(dyp[:, k - 1 - j:k - 1 - j + T], wt[j])
+        dyf = dy.flatten(0, 1)
+        dw = torch.stack([(xp[:, j:j + T].flatten(0, 1) * dyf).sum(0) for j in range(k)], dim=1)
+        return dx, dw, dyf.sum(0), None
+
+
 class ShortConv(nn.Module):
     """Causal depthwise 1-D convolution over time (kernel ``k``), then SiLU (optional).
 
@@ -49,9 +86,10 @@ class ShortConv(nn.Module):
         return F.silu(y) if self.activation else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
-        y = self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)
-        return self._act(y)
+        if x.ndim != 3 or x.shape[-1] != self.channels:
+            raise ValueError(f"ShortConv: input must be (batch, time, {self.channels}), got {tuple(x.shape)}")
+        w = self.conv.weight.squeeze(1).to(x.dtype)                      # (C, k)
+        return _CausalDepthwiseConv.apply(x, w, self.conv.bias.to(x.dtype), self.activation)
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> torch.Tensor:
         return torch.zeros(batch_size, self.channels, self.kernel_size - 1, device=device, dtype=dtype)
