@@ -34,24 +34,31 @@ class GatedRMSNorm(RMSNorm):
         return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
+def _depthwise_valid(xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``out_t = bias + sum_j weight[:, j] * xp_{t + j}`` per channel, ``xp (B, T + k - 1, C)`` contiguous ->
+    ``(B, T, C)``. ``xp`` viewed as ``(B, C, 1, T + k - 1)`` is already channels-last, so the depthwise
+    ``conv2d`` runs on it in place (no transposes to a channels-first copy) and returns the same layout."""
+    C = xp.shape[-1]
+    out = F.conv2d(xp.transpose(1, 2).unsqueeze(2), weight[:, None, None, :], bias, groups=C)
+    return out.squeeze(2).transpose(1, 2)
+
+
 class _CausalDepthwiseConv(torch.autograd.Function):
     """``y_t = act(bias + sum_j w_j * x_{t + j - (k - 1)})`` per channel (``x`` zero before the start) on
     ``(B, T, C)`` inputs, with a hand-written backward.
 
-    Computed as ``k`` shifted multiply-adds in the time-major layout: no transposes to and from the
-    channels-first layout of ``conv1d`` (each a full copy, forward and backward), the SiLU and its
-    derivative fused into the same pass. Backward with ``dy = dL/d(pre-activation)``:
-    ``dx_s = sum_j w_j dy_{s + (k - 1) - j}``, ``dw_j = sum_t dy_t * x_{t + j - (k - 1)}``, ``dbias = sum_t dy_t``.
+    Forward and the input gradient are depthwise convolutions in the time-major (channels-last) layout;
+    the weight gradient is ``k`` shifted products. Backward with ``dy = dL/d(pre-activation)``:
+    ``dx_s = sum_j w_j dy_{s + (k - 1) - j}`` (the flipped kernel over ``dy`` padded at the end),
+    ``dw_j = sum_t dy_t * x_{t + j - (k - 1)}``, ``dbias = sum_t dy_t``. (``conv1d``'s own backward on a
+    CPU is several times slower than these, and its channels-first layout needs transposed copies.)
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, act: bool):
-        T, k = x.shape[1], weight.shape[1]
+        k = weight.shape[1]
         xp = F.pad(x, (0, 0, k - 1, 0))                                 # (B, T + k - 1, C), contiguous
-        wt = weight.t()                                                  # (k, C)
-        y = torch.addcmul(bias, xp[:, :T], wt[0])
-        for j in range(1, k):
-            y.addcmul_(xp[:, j:j + T], wt[j])
+        y = _depthwise_valid(xp, weight, bias)
         ctx.save_for_backward(xp, weight, y)
         ctx.act = act
         return F.silu(y) if act else y
@@ -60,12 +67,9 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     def backward(ctx, g):
         xp, weight, y = ctx.saved_tensors
         T, k = y.shape[1], weight.shape[1]
-        dy = torch.ops.aten.silu_backward(g, y) if ctx.act else g.contiguous()
-        dyp = F.pad(dy, (0, 0, 0, k - 1))
-        wt = weight.t()
-        dx = dyp[:, :T] * wt[k - 1]
-        for j in range(k - 1):
-            dx.addcmul_(dyp[:, k - 1 - j:k - 1 - j + T], wt[j])
+        dy = torch.ops.aten.silu_backward(g, y) if ctx.act else g
+        dy = dy.contiguous()
+        dx = _depthwise_valid(F.pad(dy, (0, 0, 0, k - 1)), weight.flip(-1), None)
         dyf = dy.flatten(0, 1)
         dw = torch.stack([(xp[:, j:j + T].flatten(0, 1) * dyf).sum(0) for j in range(k)], dim=1)
         return dx, dw, dyf.sum(0), None
