@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.blockscan import block_scan, block_scan_step
@@ -74,13 +75,21 @@ class BDLRU(Mixer):
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A (..., N, m, m), a0 (..., N, m))`` for inputs ``x (..., d_model)``, in fp32 (fp64 stays)."""
-        m = self.m
-        if self.options.selective:
-            logits = at_least_fp32(self.a_proj(x)).unflatten(-1, (self.N, m, m + 1))
-        else:
-            logits = at_least_fp32(self.a_logits.to(x.dtype)).expand(*x.shape[:-1], self.N, m, m + 1)
-        probs = torch.softmax(logits, dim=-1)
-        return probs[..., :m], probs[..., m]
+        m, N = self.m, self.N
+        if not self.options.selective:
+            probs = torch.softmax(at_least_fp32(self.a_logits.to(x.dtype)), dim=-1)
+            probs = probs.expand(*x.shape[:-1], N, m, m + 1)
+            return probs[..., :m], probs[..., m]
+        # The softmax runs over an outer axis: the projection's rows are taken in (column j, block, row i)
+        # order, so the logits come out as (..., m + 1, N * m) and the softmax over j is vectorised along
+        # the N * m contiguous entries (a softmax over a trailing axis of m + 1 entries runs ~20x slower
+        # on a CPU). Same parameters, same values; only the order of the output features changes.
+        W = self.a_proj.weight.unflatten(0, (N, m, m + 1)).permute(2, 0, 1, 3).flatten(0, 2)
+        bias = self.a_proj.bias.unflatten(0, (N, m, m + 1)).permute(2, 0, 1).flatten()
+        logits = at_least_fp32(F.linear(x, W, bias)).unflatten(-1, (m + 1, N * m))
+        A_cols, a0 = torch.softmax(logits, dim=-2).split([m, 1], dim=-2)
+        A = A_cols.unflatten(-1, (N, m)).movedim(-3, -1)               # (..., N, m_i, m_j)
+        return A, a0.squeeze(-2).unflatten(-1, (N, m))
 
     def _inputs(self, x):
         A, a0 = self.gates(x)

@@ -89,6 +89,69 @@ def gla_chunk_readout(Q, K, V, G, U0, M=None):
     return torch.addcmul(((Q @ K.transpose(-1, -2)) * M) @ V, G.exp().unsqueeze(-1), Q @ U0.transpose(-1, -2))
 
 
+class _SharedChunkReadout(torch.autograd.Function):
+    """The chunk readout when one query/key head is shared by all ``H`` value heads, in the time-major
+    layout: ``Q, K (b, n, C, dk)``, ``V (b, n, C, H, dv)``, ``G (b, n, C, H)``, ``U0 (b, n, H*dv, dk)``
+    (the heads' chunk-start states side by side); returns ``O (b, n, C, H, dv)``.
+
+    Same equations as :class:`_ChunkReadout`. The inter-chunk term ``Q U0^T`` is one matmul for all
+    heads at once, ``(C, dk) @ (dk, H*dv)`` per chunk, and comes out in the output's layout (per head
+    it would repeat ``Q`` for every head and run ``H`` times smaller products); ``Q K^T`` is formed once
+    per chunk, and in the backward ``dS = dP * M`` is summed over the heads before the products that
+    give ``dQ`` and ``dK``.
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, G, U0):
+        b, n, C, H, dv = V.shape
+        S = Q @ K.transpose(-1, -2)                                     # (b, n, C, C)
+        M = causal_decay_mask(G.transpose(-1, -2), dim=-1)              # (b, n, H, C, C)
+        P = M * S.unsqueeze(2)
+        Vh = V.transpose(2, 3).contiguous()                              # (b, n, H, C, dv), copied once
+        R = (Q @ U0.transpose(-1, -2)).unflatten(-1, (H, dv))           # (b, n, C, H, dv)
+        eG = G.exp().unsqueeze(-1)
+        O = R * eG
+        O += (P @ Vh).transpose(2, 3)
+        ctx.save_for_backward(Q, K, Vh, eG, U0, M, P, R)
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, Vh, eG, U0, M, P, R = ctx.saved_tensors
+        dO = dO.contiguous()
+        eGdO = eG * dO
+        eGdO_flat = eGdO.flatten(-2)                                     # (b, n, C, H*dv)
+        dU0 = eGdO_flat.transpose(-1, -2) @ Q
+        dQ = eGdO_flat @ U0
+        dG = (eGdO * R).sum(-1)                                          # (b, n, C, H)
+        dOh = dO.transpose(2, 3).contiguous()                            # (b, n, H, C, dv)
+        dP = dOh @ Vh.transpose(-1, -2)                                  # (b, n, H, C, C)
+        W = dP * P
+        dS = dP.mul_(M).sum(2)
+        dQ += dS @ K
+        dK = dS.transpose(-1, -2) @ Q
+        dV = (P.transpose(-1, -2) @ dOh).transpose(2, 3)
+        dG += (W.sum(-1) - W.sum(-2)).transpose(-1, -2)
+        return dQ, dK, dV, dG, dU0
+
+
+def _gla_chunked_shared(q, k, v, g, C, initial_state):
+    """:func:`gla_chunked` for ``q, k (B, T', 1, d_k)`` shared by the ``H`` heads of ``v (B, T', H, d_v)``,
+    ``T'`` a multiple of ``C``, already scaled and in the compute dtype; every tensor stays time-major."""
+    b, Tp, H, dv = v.shape
+    n, dk = Tp // C, q.shape[-1]
+    Q, K = q.reshape(b, n, C, dk), k.reshape(b, n, C, dk)
+    V = v.reshape(b, n, C, H, dv)
+    G = g.reshape(b, n, C, H).cumsum(2)
+    to_end = (G[:, :, -1:] - G).exp()                                    # e^{G_C - G_s}
+    Uc = (V * to_end.unsqueeze(-1)).flatten(-2).transpose(-1, -2) @ K    # (b, n, H*dv, dk)
+    # chunk_scan's chunk-start states come back as a (b, H, n, ...) view of (n, b, H, ...) storage, so
+    # for b = 1 the (b, n, H*dv, dk) layout of the readout is a view as well
+    U0, U = chunk_scan(G[:, :, -1].exp().transpose(1, 2), Uc.unflatten(2, (H, dv)).transpose(1, 2), initial_state)
+    o = _SharedChunkReadout.apply(Q, K, V, G, U0.transpose(1, 2).flatten(2, 3))
+    return o.reshape(b, Tp, H, dv), U
+
+
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
     """``q, k (B, T, H, d_k)`` (or ``(B, T, 1, d_k)``: one query/key head shared by all ``H`` value heads),
     ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
@@ -98,8 +161,12 @@ def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, in
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.to(cd)
+    if q.shape[2] == 1 and k.shape[2] == 1 and v.shape[2] > 1:
+        o, U = _gla_chunked_shared(q if scale == 1.0 else q * scale, k, v, g, C, h0)
+        return o[:, :T].to(dtype), U.to(dtype)
     Q, K, V = (heads_first(t, C) for t in (q if scale == 1.0 else q * scale, k, v))
     G = heads_first(g, C).cumsum(-1)                                    # (b, h, n, C)
-    U0, U = gla_chunk_states(K, V, G, None if initial_state is None else initial_state.to(cd))
+    U0, U = gla_chunk_states(K, V, G, h0)
     o = gla_chunk_readout(Q, K, V, G, U0)
     return time_first(o)[:, :T].to(dtype), U.to(dtype)

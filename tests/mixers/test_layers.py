@@ -1,0 +1,51 @@
+"""Shared layers: the causal short convolution (hand-written backward) against ``conv1d`` and its
+own decode step."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mixers.layers import ShortConv
+
+
+def _conv1d_reference(conv: ShortConv, x: torch.Tensor) -> torch.Tensor:
+    T = x.shape[1]
+    y = F.conv1d(x.transpose(1, 2), conv.conv.weight, conv.conv.bias, padding=conv.kernel_size - 1,
+                 groups=conv.channels)[..., :T].transpose(1, 2)
+    return F.silu(y) if conv.activation else y
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("T", [1, 3, 29])
+@pytest.mark.parametrize("activation", [True, False])
+def test_short_conv_matches_conv1d_with_gradients(k, T, activation):
+    conv = ShortConv(5, k, activation=activation).double()
+    with torch.no_grad():
+        conv.conv.bias.normal_()
+    # a strided input, as produced by splitting a projection
+    x = torch.randn(2, T, 9, dtype=torch.float64)[..., 2:7].requires_grad_()
+    g = torch.randn(2, T, 5, dtype=torch.float64)
+    params = (x, conv.conv.weight, conv.conv.bias)
+    y = conv(x)
+    got = torch.autograd.grad((y * g).sum(), params)
+    y_ref = _conv1d_reference(conv, x)
+    want = torch.autograd.grad((y_ref * g).sum(), params)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for name, a, b in zip(("x", "weight", "bias"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"d{name}: {m}")
+
+
+def test_short_conv_forward_equals_decode_steps():
+    conv = ShortConv(6, 4).double()
+    x = torch.randn(3, 11, 6, dtype=torch.float64)
+    state = conv.init_state(3, dtype=torch.float64)
+    ys = []
+    for t in range(x.shape[1]):
+        y_t, state = conv.step(x[:, t], state)
+        ys.append(y_t)
+    torch.testing.assert_close(conv(x), torch.stack(ys, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state, conv.final_state(x), rtol=0, atol=0)
+
+
+def test_short_conv_rejects_wrong_shape():
+    with pytest.raises(ValueError, match="batch, time, 6"):
+        ShortConv(6, 4)(torch.randn(2, 5, 7))
