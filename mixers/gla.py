@@ -22,6 +22,7 @@ from torch import nn
 
 from kernels.gla import gla, gla_step
 from .base import Mixer, State, register_mixer
+from .conv_time_first import short_conv_time_first
 from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
 from .options import opt
 
@@ -81,7 +82,7 @@ class GatedRegressionBlock(Mixer):
 
     def _forward(self, x):
         raw = self.in_proj(x)
-        q, k, v, g, alpha = self._heads(self.conv(raw), x)
+        q, k, v, g, alpha = self._heads(short_conv_time_first(self.conv, raw), x)  # = self.conv(raw)
         o, core_state = self._core(q, k, v, g, alpha, None)
         return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
 
