@@ -29,52 +29,58 @@ def _blocks(T: int, C: int):
 
 
 class _CausalConvTimeFirst(torch.autograd.Function):
+    # tap j reads x_{t-m} with m = k-1-j (the shift); rows t < m read the zero padding and are skipped
     @staticmethod
     def forward(ctx, x, w, b, activation: bool):
         # x (B, T, C), w (C, k), b (C) or None
         B, T, C = x.shape
         k = w.shape[1]
-        xp = F.pad(x, (0, 0, k - 1, 0))
+        w = w.t().contiguous()                                     # (k, C): each tap a contiguous row
         y = x.new_empty(B, T, C)
         out = x.new_empty(B, T, C) if activation else y
         for t0, t1 in _blocks(T, C):
             yb = y[:, t0:t1]
             if b is None:
-                torch.mul(xp[:, t0:t1], w[:, 0], out=yb)
+                torch.mul(x[:, t0:t1], w[k - 1], out=yb)
             else:
-                torch.addcmul(b, xp[:, t0:t1], w[:, 0], out=yb)
-            for j in range(1, k):
-                yb.addcmul_(xp[:, t0 + j:t1 + j], w[:, j])
+                torch.addcmul(b, x[:, t0:t1], w[k - 1], out=yb)
+            for j in range(k - 1):
+                m = k - 1 - j
+                lo = max(t0, m)
+                if lo < t1:
+                    y[:, lo:t1].addcmul_(x[:, lo - m:t1 - m], w[j])
             if activation:
                 torch.ops.aten.silu.out(yb, out=out[:, t0:t1])
         ctx.activation, ctx.has_bias = activation, b is not None
-        ctx.save_for_backward(xp, w, y)
+        ctx.save_for_backward(x, w, y)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        xp, w, y = ctx.saved_tensors
-        k = w.shape[1]
+        x, w, y = ctx.saved_tensors                                # w (k, C)
+        k = w.shape[0]
         B, T, C = y.shape
-        dyp = y.new_zeros(B, T + k - 1, C)                         # dy_t for t < T + k - 1 (0 past T)
-        dy = dyp[:, :T]
         if ctx.activation:
-            torch.ops.aten.silu_backward.grad_input(dout, y, grad_input=dy)
+            dy = torch.ops.aten.silu_backward(dout, y)
         else:
-            dy.copy_(dout)
+            dy = dout.contiguous()
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx = y.new_empty(B, T, C) if need_x else None
         dw = w.new_zeros(k, C) if need_w else None
         for t0, t1 in _blocks(T, C):
-            if need_x:
-                dxb = dx[:, t0:t1]
-                torch.mul(dyp[:, t0 + k - 1:t1 + k - 1], w[:, 0], out=dxb)
-                for j in range(1, k):
-                    dxb.addcmul_(dyp[:, t0 + k - 1 - j:t1 + k - 1 - j], w[:, j])
-            if need_w:
-                dyb = dy[:, t0:t1]
+            if need_x:                                             # dx_s = sum_j w_j dy_{s+m}, s + m < T
+                torch.mul(dy[:, t0:t1], w[k - 1], out=dx[:, t0:t1])
+                for j in range(k - 1):
+                    m = k - 1 - j
+                    hi = min(t1, T - m)
+                    if t0 < hi:
+                        dx[:, t0:hi].addcmul_(dy[:, t0 + m:hi + m], w[j])
+            if need_w:                                             # dw_j = sum_{t >= m} dy_t x_{t-m}
                 for j in range(k):
-                    dw[j] += (dyb * xp[:, t0 + j:t1 + j]).sum((0, 1))
+                    m = k - 1 - j
+                    lo = max(t0, m)
+                    if lo < t1:
+                        dw[j] += (dy[:, lo:t1] * x[:, lo - m:t1 - m]).sum((0, 1))
         db = dy.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, None if dw is None else dw.t(), db, None
 

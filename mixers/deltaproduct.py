@@ -32,6 +32,7 @@ from torch import nn
 from kernels.delta import delta_product, delta_product_step
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
+from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
 from .options import opt
 
@@ -107,8 +108,8 @@ class DeltaProduct(Mixer):
     def _heads(self, q, k, v, b):
         """Per-head q (..., H, K), k (..., n_h, H, K), v (..., n_h, H, V), beta (..., n_h, H)."""
         H, K, n = self.n_heads, self.head_dim, self.n_h
-        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1, eps=1e-6)
-        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1, eps=1e-6)
+        q = l2_normalize(q.unflatten(-1, (H, K)), eps=1e-6)               # = F.normalize(..., dim=-1)
+        k = l2_normalize(k.unflatten(-1, (n, H, K)), eps=1e-6)
         v = v.unflatten(-1, (n, H, K))
         beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (n, H))
         if self.options.allow_neg_eigval:
