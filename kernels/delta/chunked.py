@@ -65,12 +65,12 @@ class _ChunkRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, U, W, Kd, gC, S0):
         N = U.shape[0]
-        D = torch.empty_like(U)
+        D = U.clone()                                           # one copy, then D_c -= W_c S_c in place
         states = U.new_empty(N + 1, *S0.shape)                 # states[c] = S_c, states[N] = final
         states[0] = S0
         KdT = Kd.transpose(-1, -2)
         for c in range(N):
-            torch.baddbmm(U[c], W[c], states[c], alpha=-1.0, out=D[c])
+            D[c].baddbmm_(W[c], states[c], alpha=-1.0)
             torch.mul(states[c], gC[c, :, None, None], out=states[c + 1])
             states[c + 1].baddbmm_(KdT[c], D[c])
         ctx.save_for_backward(W, Kd, gC, states, D)
@@ -85,15 +85,13 @@ class _ChunkRecurrence(torch.autograd.Function):
             dS[N].zero_()
         else:
             dS[N].copy_(d_final)
-        dU = torch.empty_like(D)
+        # dLoss / dD_c in total: dD_c (contiguous copy) + Kd_c dS_{c+1}, accumulated in the loop
+        dU = torch.zeros_like(D) if dD is None else dD.clone(memory_format=torch.contiguous_format)
         WT = W.transpose(-1, -2)
         gCb = gC[:, :, None, None]
         for c in range(N - 1, -1, -1):
             g = dS[c + 1]
-            if dD is not None:
-                torch.baddbmm(dD[c], Kd[c], g, out=dU[c])                  # total dLoss / dD_c
-            else:
-                torch.bmm(Kd[c], g, out=dU[c])
+            dU[c].baddbmm_(Kd[c], g)
             if d_starts is not None:
                 torch.addcmul(d_starts[c], g, gCb[c], out=dS[c])
             else:
@@ -169,8 +167,9 @@ def chunk_gated_delta_rule_torch(
     # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
     bk = b_.unsqueeze(-1) * k_                                            # beta folded into the product:
     A = (bk @ k_.transpose(-1, -2)) * M                                   # one C x C pass less each way
-    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk if eG is None else eG.unsqueeze(-1) * bk], dim=-1)
-    UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    # two solves rather than one on [U | W]: no concatenation, split or copies, forward or backward
+    U = torch.linalg.solve_triangular(A, b_.unsqueeze(-1) * v_, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(A, bk if eG is None else eG.unsqueeze(-1) * bk, upper=False, unitriangular=True)
     if query_stride > 1:
         rows = slice(query_stride - 1, None, query_stride)
         q_ = chunks_first(q)[..., rows, :].contiguous()
@@ -190,7 +189,6 @@ def chunk_gated_delta_rule_torch(
         return x.reshape(N, B * H, *x.shape[3:])
 
     S0 = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dt).reshape(B * H, K, V)
-    U, W = (x.contiguous() for x in UW.split([V, K], dim=-1))         # split: its backward is one cat
     D, starts, S = _ChunkRecurrence.apply(flat(U), flat(W), flat(Kd), flat(gC), S0)
     D = D.view(N, B, H, C, V)
     starts = starts.view(N, B, H, K, V)
