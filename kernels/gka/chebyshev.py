@@ -173,7 +173,7 @@ class ChunkOp:
             torch.bmm(xi, Ktf, out=P).mul_(Mf)
             res.baddbmm_(P, Kf, alpha=-1.0)
             d.mul_(om - 1.0).addcmul_(flat(s) * om, res)
-            xi = xi + d
+            xi.add_(d)
         xi = xi.view(q.shape)
         return (xi, xi - d.view(q.shape)) if return_prev else xi
 
