@@ -31,6 +31,8 @@ from torch import nn
 
 from kernels.delta import delta_product, delta_product_step
 from .base import Mixer, State, register_mixer
+from .conv_time_first import short_conv_time_first
+from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
 from .options import opt
 
@@ -95,15 +97,19 @@ class DeltaProduct(Mixer):
     # --- pieces shared by the parallel and the recurrent form ---------------------------------
     def _log_gate(self, x):
         """g = -exp(A_log) softplus(W_a x + dt_bias) in (at least) fp32; (..., H)."""
-        dt = compute_dtype(x.dtype)
+        return self._log_gate_from(self.gate.proj(x))
+
+    def _log_gate_from(self, a):
+        """The log gate from the projection ``a = W_a x``."""
+        dt = compute_dtype(a.dtype)
         gt = self.gate
-        return -torch.exp(gt.A_log.to(dt)) * F.softplus(gt.proj(x).to(dt) + gt.dt_bias.to(dt))
+        return -torch.exp(gt.A_log.to(dt)) * F.softplus(a.to(dt) + gt.dt_bias.to(dt))
 
     def _heads(self, q, k, v, b):
         """Per-head q (..., H, K), k (..., n_h, H, K), v (..., n_h, H, V), beta (..., n_h, H)."""
         H, K, n = self.n_heads, self.head_dim, self.n_h
-        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1, eps=1e-6)
-        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1, eps=1e-6)
+        q = l2_normalize(q.unflatten(-1, (H, K)), eps=1e-6)               # = F.normalize(..., dim=-1)
+        k = l2_normalize(k.unflatten(-1, (n, H, K)), eps=1e-6)
         v = v.unflatten(-1, (n, H, K))
         beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (n, H))
         if self.options.allow_neg_eigval:
@@ -115,21 +121,30 @@ class DeltaProduct(Mixer):
         return self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
 
     def _forward(self, x, want_state: bool):
-        qr, kr, vr = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # one matmul for every input projection (q, k, v, beta, forget gate, output gate) and one pass of
+        # the short convolutions over the time-first q|k|v block; same function as the per-module form
+        # that ``step`` uses
+        H, K, n = self.n_heads, self.head_dim, self.n_h
+        sizes = [H * K, n * H * K, n * H * K]
+        qkv_raw = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0))
+        small = [self.b_proj, self.z_proj] + ([self.gate.proj] if self.gate is not None else [])
+        parts = F.linear(x, torch.cat([m.weight for m in small], dim=0)).split([m.out_features for m in small], -1)
         if self.options.use_short_conv:
-            q, k, v = self.q_conv(qr), self.k_conv(kr), self.v_conv(vr)
+            qkv = short_conv_time_first([self.q_conv, self.k_conv, self.v_conv], qkv_raw)
         else:
-            q, k, v = F.silu(qr), F.silu(kr), F.silu(vr)
-        q, k, v, beta = self._heads(q, k, v, self.b_proj(x))
-        g = self._log_gate(x) if self.gate is not None else None
-        n = self.n_h
+            qkv = F.silu(qkv_raw)
+        q, k, v = qkv.split(sizes, dim=-1)
+        q, k, v, beta = self._heads(q, k, v, parts[0])
+        g = self._log_gate_from(parts[2]) if self.gate is not None else None
         o, S = delta_product(q, k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2), g, n,
                              chunk_size=self.options.chunk_size, backend=self.options.backend)
-        y = self._finish(o, x)
+        z = parts[1].unflatten(-1, (H, K))
+        y = self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
         if not want_state:
             return y, None
         state = {"S": S}
         if self.options.use_short_conv:
+            qr, kr, vr = qkv_raw.split(sizes, dim=-1)
             state.update(conv_q=self.q_conv.final_state(qr), conv_k=self.k_conv.final_state(kr),
                          conv_v=self.v_conv.final_state(vr))
         return y, state

@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.gla import gla, gla_step
 from .base import Mixer, State, register_mixer
+from .conv_time_first import short_conv_time_first
+from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
 from .options import opt
 
@@ -63,8 +64,8 @@ class GatedRegressionBlock(Mixer):
         """``qkv`` after the conv, ``x`` the block input (``(..., D)``, any leading dims)."""
         h, d = self.n_heads, self.head_dim
         q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
-        q = F.normalize(q, dim=-1)
-        k = F.normalize(k, dim=-1)
+        q = l2_normalize(q)                                               # = F.normalize(q, dim=-1)
+        k = l2_normalize(k)
         if self.options.beta_gate:
             beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
             k, v = k * beta, v * beta
@@ -81,7 +82,7 @@ class GatedRegressionBlock(Mixer):
 
     def _forward(self, x):
         raw = self.in_proj(x)
-        q, k, v, g, alpha = self._heads(self.conv(raw), x)
+        q, k, v, g, alpha = self._heads(short_conv_time_first(self.conv, raw), x)  # = self.conv(raw)
         o, core_state = self._core(q, k, v, g, alpha, None)
         return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, heads_first, pad_time, time_first
+from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, pad_time
 from .reference import flatten_substeps
 
 
@@ -57,18 +57,20 @@ class _ChunkRecurrence(torch.autograd.Function):
     first so one chunk is a contiguous block. Returns ``D (N, BH, C, V)``, the chunk-start states
     ``(N, BH, K, V)`` and the final state. The loop runs outside autograd and the backward is the same
     loop reversed: autograd through per-chunk slices would allocate a full-size gradient for every
-    slice (quadratic in the sequence length).
+    slice (quadratic in the sequence length). The backward loop carries only ``dS`` (three small ops per
+    chunk); the gradients of ``W``, ``Kd`` and ``gC``, which need ``dS_{c+1}`` but feed nothing back
+    into the loop, are then batched over all chunks.
     """
 
     @staticmethod
     def forward(ctx, U, W, Kd, gC, S0):
         N = U.shape[0]
-        D = torch.empty_like(U)
+        D = U.clone()                                           # one copy, then D_c -= W_c S_c in place
         states = U.new_empty(N + 1, *S0.shape)                 # states[c] = S_c, states[N] = final
         states[0] = S0
         KdT = Kd.transpose(-1, -2)
         for c in range(N):
-            torch.baddbmm(U[c], W[c], states[c], alpha=-1.0, out=D[c])
+            D[c].baddbmm_(W[c], states[c], alpha=-1.0)
             torch.mul(states[c], gC[c, :, None, None], out=states[c + 1])
             states[c + 1].baddbmm_(KdT[c], D[c])
         ctx.save_for_backward(W, Kd, gC, states, D)
@@ -77,27 +79,42 @@ class _ChunkRecurrence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dD, d_starts, d_final):
         W, Kd, gC, states, D = ctx.saved_tensors
-        N, BH = W.shape[:2]
-        g = torch.zeros_like(states[0]) if d_final is None else d_final.clone()   # dLoss / dS_{c+1}
-        dU = torch.empty_like(D)
-        dW, dKd = torch.empty_like(W), torch.empty_like(Kd)
-        dgC = torch.empty_like(gC)
+        N = W.shape[0]
+        dS = torch.empty_like(states)                          # dS[c + 1] = dLoss / dS_{c+1} (total)
+        if d_final is None:
+            dS[N].zero_()
+        else:
+            dS[N].copy_(d_final)
+        # dLoss / dD_c in total: dD_c (contiguous copy) + Kd_c dS_{c+1}, accumulated in the loop
+        dU = torch.zeros_like(D) if dD is None else dD.clone(memory_format=torch.contiguous_format)
         WT = W.transpose(-1, -2)
-        flat = g.shape[-1] * g.shape[-2]
+        gCb = gC[:, :, None, None]
         for c in range(N - 1, -1, -1):
-            if dD is not None:
-                torch.baddbmm(dD[c], Kd[c], g, out=dU[c])                  # total dLoss / dD_c
-            else:
-                torch.bmm(Kd[c], g, out=dU[c])
-            dDc, Sc = dU[c], states[c]
-            torch.bmm(D[c], g.transpose(-1, -2), out=dKd[c])
-            torch.bmm(g.reshape(BH, 1, flat), Sc.reshape(BH, flat, 1), out=dgC[c].view(BH, 1, 1))
-            torch.bmm(dDc, Sc.transpose(-1, -2), out=dW[c])                # negated after the loop
-            g_prev = torch.baddbmm(g * gC[c, :, None, None], WT[c], dDc, alpha=-1.0)
+            g = dS[c + 1]
+            dU[c].baddbmm_(Kd[c], g)
             if d_starts is not None:
-                g_prev += d_starts[c]
-            g = g_prev
-        return dU, dW.neg_(), dKd, dgC, g
+                torch.addcmul(d_starts[c], g, gCb[c], out=dS[c])
+            else:
+                torch.mul(g, gCb[c], out=dS[c])
+            dS[c].baddbmm_(WT[c], dU[c], alpha=-1.0)
+        S, dSn = states[:N], dS[1:]                                        # S_c and dLoss / dS_{c+1}
+        dKd = D @ dSn.transpose(-1, -2)
+        dW = -(dU @ S.transpose(-1, -2))
+        dgC = (dSn * S).sum((-1, -2))
+        return dU, dW, dKd, dgC, dS[0].clone()
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous: the gradient of the time-first
+    output arrives as a permuted view, and CPU batched matmuls on such operands copy matrix by matrix."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return dx.contiguous()
 
 
 def chunk_gated_delta_rule_torch(
@@ -117,19 +134,29 @@ def chunk_gated_delta_rule_torch(
     (with ``chunk_size`` a multiple of ``s``): only the outputs at positions ``s-1, 2s-1, ...`` are
     computed and returned, ``(B, L / s, H, V)`` (the delta product's queries sit there; the other
     rows of ``q`` are zero).
+
+    Layout inside: chunk axis first, ``(N, B, H, C, D)`` (contiguous), so the batched products need no
+    copies of strided operands and one chunk of every tensor the recurrence reads is a contiguous block.
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
     C = int(chunk_size)
     if C <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if query_stride > 1 and (C % query_stride or L % query_stride):
+        raise ValueError(f"query_stride {query_stride} must divide chunk_size {C} and the length {L}")
     dt = compute_dtype(q, k, v, beta, gamma, initial_state)
     q, k, v, beta = (pad_time(x.to(dt), C) for x in (q, k, v, beta))
     N = q.shape[1] // C
-    q_, k_, v_ = heads_first(q, C), heads_first(k, C), heads_first(v, C)   # (B, H, N, C, D)
-    b_ = heads_first(beta, C)                                              # (B, H, N, C)
+
+    def chunks_first(x):  # (B, N*C, H, *rest) -> (N, B, H, C, *rest), contiguous
+        x = x.reshape(B, N, C, H, *x.shape[3:]).movedim(3, 2).movedim(0, 1)
+        return x.contiguous()
+
+    k_, v_ = chunks_first(k), chunks_first(v)                             # (N, B, H, C, D)
+    b_ = chunks_first(beta)                                               # (N, B, H, C)
     if gamma is not None:
-        G = heads_first(pad_time(gamma.to(dt), C), C).cumsum(-1)
+        G = chunks_first(pad_time(gamma.to(dt), C)).cumsum(-1)
         M = causal_decay_mask(G, dim=-1)                                  # e^{G_r - G_i}, i <= r
         eG = G.exp()
     else:
@@ -140,34 +167,34 @@ def chunk_gated_delta_rule_torch(
     # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
     bk = b_.unsqueeze(-1) * k_                                            # beta folded into the product:
     A = (bk @ k_.transpose(-1, -2)) * M                                   # one C x C pass less each way
-    rhs = torch.cat([b_.unsqueeze(-1) * v_, bk if eG is None else eG.unsqueeze(-1) * bk], dim=-1)
-    UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    # two solves rather than one on [U | W]: no concatenation, split or copies, forward or backward
+    U = torch.linalg.solve_triangular(A, b_.unsqueeze(-1) * v_, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(A, bk if eG is None else eG.unsqueeze(-1) * bk, upper=False, unitriangular=True)
     if query_stride > 1:
-        if C % query_stride or L % query_stride:
-            raise ValueError(f"query_stride {query_stride} must divide chunk_size {C} and the length {L}")
         rows = slice(query_stride - 1, None, query_stride)
-        q_, M_q = q_[..., rows, :], M[..., rows, :]
+        q_ = chunks_first(q)[..., rows, :].contiguous()
+        M_q = M[..., rows, :]
         eG_q = None if eG is None else eG[..., rows]
     else:
-        M_q, eG_q = M, eG
+        q_, M_q, eG_q = chunks_first(q), M, eG
     QKm = (q_ @ k_.transpose(-1, -2)) * M_q                               # masked by M (zero above)
     if G is None:
-        Qg, Kd, gC = q_, k_, torch.ones(B, H, N, dtype=dt, device=k.device)
+        Qg, Kd, gC = q_, k_, torch.ones(N, B, H, dtype=dt, device=k.device)
     else:
         Qg = eG_q.unsqueeze(-1) * q_
         Kd = torch.exp(G[..., -1:] - G).unsqueeze(-1) * k_                # e^{G_C - G_i} k_i
-        gC = eG[..., -1]                                                  # (B,H,N)
+        gC = eG[..., -1]                                                  # (N, B, H)
 
-    def chunk_major(x):  # (B, H, N, ...) -> (N, B*H, ...), contiguous
-        return x.movedim(2, 0).reshape(N, B * H, *x.shape[3:]).contiguous()
+    def flat(x):  # (N, B, H, ...) -> (N, B*H, ...)
+        return x.reshape(N, B * H, *x.shape[3:])
 
     S0 = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dt).reshape(B * H, K, V)
-    D, starts, S = _ChunkRecurrence.apply(chunk_major(UW[..., :V]), chunk_major(UW[..., V:]), chunk_major(Kd),
-                                          chunk_major(gC), S0)
-    D = D.view(N, B, H, C, V).movedim(0, 2)                               # (B, H, N, C, V)
-    starts = starts.view(N, B, H, K, V).movedim(0, 2)
-    o = Qg @ starts + QKm @ D
-    return time_first(o)[:, :L // query_stride], S.view(B, H, K, V)
+    D, starts, S = _ChunkRecurrence.apply(flat(U), flat(W), flat(Kd), flat(gC), S0)
+    D = D.view(N, B, H, C, V)
+    starts = starts.view(N, B, H, K, V)
+    o = _ContiguousGrad.apply(Qg @ starts + QKm @ D)                      # (N, B, H, C / s, V)
+    o = o.movedim(0, 1).movedim(2, 3).reshape(B, -1, H, V)                # time first
+    return o[:, :L // query_stride], S.view(B, H, K, V)
 
 
 def delta_product_chunked(

@@ -113,6 +113,70 @@ class ChunkOp:
         self.decay = decay  # e^{G} (b, h, n, C, 1), or None to compute it from G at every use
         self.kh = kh        # [K^T | H0^T] (b, h, n, d, C + d): one matmul gives Xi K^T and Xi H0^T
 
+    #: elements of one (C, max(C, d)) operand of a block of systems: every operand of a block's matvec
+    #: then stays in a core's L2 cache for the whole iteration (about 3x faster than streaming all
+    #: chunks through memory once per pass on a CPU)
+    BLOCK_ELEMENTS = 1 << 17
+
+    def blocks(self, params, q, mu, L):
+        """Split the solve over chunks into cache-sized blocks of independent systems.
+
+        Returns None when one block holds everything, else a list of ``(op, params, q, mu, L, rows)``
+        with every tensor flattened to ``(b*h*n, ...)`` and ``rows`` the block's slice of that axis.
+        """
+        H0, K, G, lam = params
+        C, d = K.shape[-2], K.shape[-1]
+        lead = K.shape[:-2]
+        n_sys = lead.numel()
+        size = max(1, self.BLOCK_ELEMENTS // (C * max(C, d)))
+        if n_sys <= size + size // 2:
+            return None
+        flat = lambda t: None if t is None else t.reshape(n_sys, *t.shape[len(lead):])  # noqa: E731
+        H0f, Kf, Gf, lamf, qf, muf, Lf = (flat(t) for t in (H0, K, G, lam, q, mu, L))
+        maskf, decayf, khf = flat(self.mask), flat(self.decay), flat(self.kh)
+        out = []
+        for i in range(0, n_sys, size):
+            r = slice(i, min(i + size, n_sys))
+            op = ChunkOp(maskf[r], None if decayf is None else decayf[r], None if khf is None else khf[r])
+            out.append((op, (H0f[r], Kf[r], Gf[r], lamf[r]), qf[r], muf[r], Lf[r], r))
+        return out
+
+    def chebyshev(self, params, q, mu, L, r: int, return_prev: bool = False):
+        """:func:`chebyshev_iterate` with this operator (no autograd), rearranged for fewer passes.
+
+        With ``d_i = xi_i - xi_{i-1}`` the step ``xi_{i+1} = xi_i + c_i (q - A xi_i) + (omega_i - 1) d_i``
+        (``c_i = s omega_i``) becomes ``d_{i+1} = (omega_i - 1) d_i + c_i res_i``, ``xi_{i+1} = xi_i + d_{i+1}``
+        with the residual ``res_i = q - lam xi_i - e^G (xi_i H0^T) - ((xi_i K^T) * M) K`` built in place
+        (the last term by one ``baddbmm``). Same iteration as :func:`chebyshev_iterate` up to rounding.
+        """
+        H0, K, G, lam = params
+        s = (2.0 / (L + mu)).unsqueeze(-1)
+        rho = (L - mu) / (L + mu)
+        neg_decay = -self._decay(G)
+        neg_lam = -lam.unsqueeze(-1)
+        Kt, H0t = K.transpose(-1, -2), H0.transpose(-1, -2)
+        lead = K.shape[:-2]
+        C, dk = K.shape[-2], K.shape[-1]
+        flat = lambda t: t.reshape(lead.numel(), *t.shape[len(lead):])  # noqa: E731  (bmm needs 3-d)
+        Kf, Mf = flat(K), flat(self.mask)
+        Ktf, H0tf = flat(Kt).contiguous(), flat(H0t).contiguous()          # bmm is slower on transposed views
+        xi = flat(s * q)
+        d = xi.clone()                                                     # xi_0 - xi_{-1}
+        qf, neg_decay, neg_lam = flat(q), flat(neg_decay), flat(neg_lam)
+        P = xi.new_empty(xi.shape[0], C, C)
+        res = torch.empty_like(xi)
+        for om in omega_schedule(rho, r):
+            om = flat(om.unsqueeze(-1))
+            torch.bmm(xi, H0tf, out=res)
+            torch.addcmul(qf, neg_decay, res, out=res)
+            res.addcmul_(neg_lam, xi)
+            torch.bmm(xi, Ktf, out=P).mul_(Mf)
+            res.baddbmm_(P, Kf, alpha=-1.0)
+            d.mul_(om - 1.0).addcmul_(flat(s) * om, res)
+            xi.add_(d)
+        xi = xi.view(q.shape)
+        return (xi, xi - d.view(q.shape)) if return_prev else xi
+
     @classmethod
     def for_params(cls, params) -> "ChunkOp":
         with torch.no_grad():
@@ -214,6 +278,33 @@ def cg_iterate(matvec, q, r: int):
     return x
 
 
+def _run_op(solver, op, params, q, mu, L, r, return_prev: bool = False):
+    """``_run`` with the operator ``op``; operators with ``blocks`` (:class:`ChunkOp`) are solved block
+    by block (independent systems, identical arithmetic). Not for autograd through the iterations."""
+    blocks = op.blocks(params, q, mu, L) if hasattr(op, "blocks") else None
+    if blocks is None:
+        if solver == "chebyshev" and hasattr(op, "chebyshev"):
+            return op.chebyshev(params, q, mu, L, r, return_prev=return_prev)
+        matvec = lambda v: op.matvec(params, v)  # noqa: E731
+        if return_prev:
+            return chebyshev_iterate(matvec, q, mu, L, r, return_prev=True)
+        return _run(solver, matvec, q, mu, L, r)
+    n_sys = blocks[-1][-1].stop
+    x = q.new_empty(n_sys, *q.shape[-2:])
+    x_prev = q.new_empty(n_sys, *q.shape[-2:]) if return_prev else None
+    for op_b, params_b, q_b, mu_b, L_b, rows in blocks:
+        if solver == "chebyshev":
+            out = op_b.chebyshev(params_b, q_b, mu_b, L_b, r, return_prev=return_prev)
+            if return_prev:
+                x[rows], x_prev[rows] = out
+            else:
+                x[rows] = out
+        else:
+            x[rows] = _run(solver, lambda v: op_b.matvec(params_b, v), q_b, mu_b, L_b, r)
+    x = x.view(q.shape)
+    return (x, x_prev.view(q.shape)) if return_prev else x
+
+
 def _run(solver, matvec, q, mu, L, r):
     if solver == "chebyshev":
         return chebyshev_iterate(matvec, q, mu, L, r)
@@ -270,11 +361,10 @@ class _IterativeSolve(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, solver, grad, r, q, mu, L, *params):
-        matvec = lambda v: op.matvec(params, v)  # noqa: E731
         if solver == "chebyshev":
-            x, x_prev = chebyshev_iterate(matvec, q, mu, L, r, return_prev=True)
+            x, x_prev = _run_op(solver, op, params, q, mu, L, r, return_prev=True)
         else:
-            x, x_prev = cg_iterate(matvec, q, r), None
+            x, x_prev = _run_op(solver, op, params, q, mu, L, r), None
         ctx.op, ctx.solver, ctx.grad, ctx.r = op, solver, grad, r
         if grad == "reverse_chebyshev":
             ctx.save_for_backward(q, mu, L, x, x_prev, *params)
@@ -290,7 +380,7 @@ class _IterativeSolve(torch.autograd.Function):
             dq, dparams = reverse_chebyshev_backward(op, params, q, mu, L, r, x, x_prev, dx)
         else:
             q, mu, L, x, *params = ctx.saved_tensors
-            z = _run(ctx.solver, lambda v: op.matvec(params, v), dx, mu, L, r)
+            z = _run_op(ctx.solver, op, params, dx, mu, L, r)
             dq = z
             dparams = op.vjp(params, x, -z)
         return (None, None, None, None, dq, None, None, *dparams)
@@ -311,8 +401,10 @@ def iterative_solve(op, params, q, mu, L, *, num_iter: int, solver: str = "cheby
         raise ValueError("grad='reverse_chebyshev' needs solver='chebyshev' (CG cannot be reversed stably); "
                          "use grad='implicit' or 'autograd' with CG")
     mu, L = mu.detach(), L.detach()
-    if grad == "autograd" or not (q.requires_grad or any(p.requires_grad for p in params)):
+    if grad == "autograd":
         return _run(solver, lambda v: op.matvec(params, v), q, mu, L, num_iter)
+    if not (q.requires_grad or any(p.requires_grad for p in params)):
+        return _run_op(solver, op, params, q, mu, L, num_iter)
     return _IterativeSolve.apply(op, solver, grad, num_iter, q, mu, L, *params)
 
 

@@ -234,6 +234,33 @@ def test_chunk_operator_vjp_matches_autograd():
         assert_rel_close(a, m, 1e-12, f"ChunkOp.vjp d{name}")
 
 
+@pytest.mark.parametrize("with_kh", [True, False])
+def test_chunk_operator_blocked_solves_match_the_plain_iterations(with_kh, monkeypatch):
+    """The cache-blocked, rearranged Chebyshev loop of ChunkOp (and the blocked CG) compute the same
+    iterates as chebyshev_iterate / cg_iterate with ChunkOp.matvec."""
+    from kernels.gka.chebyshev import _run_op
+    b, h, n, C, d = 1, 2, 7, 8, 4
+    K = F.normalize(torch.randn(b, h, n, C, d, dtype=torch.float64), dim=-1)
+    H0 = torch.randn(b, h, n, d, d, dtype=torch.float64)
+    H0 = H0 @ H0.transpose(-1, -2)
+    G = torch.cumsum(-torch.rand(b, h, n, C, dtype=torch.float64), -1)
+    lam, mu, L = ridge(frob_norm_sq(H0, K, G), A_RIDGE, 1e-6)
+    q = torch.randn(b, h, n, C, d, dtype=torch.float64)
+    params = (H0, K, G, lam)
+    kh = torch.cat([K.transpose(-1, -2), H0.transpose(-1, -2)], dim=-1) if with_kh else None
+    op = ChunkOp(decay_mask(G), G.exp().unsqueeze(-1), kh)
+    matvec = lambda v: op.matvec(params, v)  # noqa: E731
+    x_ref, xp_ref = chebyshev_iterate(matvec, q, mu, L, 9, return_prev=True)
+    monkeypatch.setattr(ChunkOp, "BLOCK_ELEMENTS", 3 * C * C)   # blocks of 3 systems: 14 = 3+3+3+3+2
+    assert op.blocks(params, q, mu, L) is not None
+    for x, want in zip(_run_op("chebyshev", op, params, q, mu, L, 9, return_prev=True), (x_ref, xp_ref)):
+        assert_rel_close(x, want, 1e-12, "blocked Chebyshev")
+    assert_rel_close(_run_op("cg", op, params, q, mu, L, 5), cg_iterate(matvec, q, 5), 1e-12, "blocked CG")
+    monkeypatch.setattr(ChunkOp, "BLOCK_ELEMENTS", 1 << 30)    # one block: the rearranged loop alone
+    assert op.blocks(params, q, mu, L) is None
+    assert_rel_close(_run_op("chebyshev", op, params, q, mu, L, 9), x_ref, 1e-12, "rearranged Chebyshev")
+
+
 # ---------------------------------------------------------------------------------------------------
 # chunked == reference
 # ---------------------------------------------------------------------------------------------------
