@@ -1,16 +1,14 @@
-"""The causal depthwise short convolution (+ SiLU) of :class:`mixers.layers.ShortConv`, computed in the
+"""The causal depthwise short convolution (+ SiLU) behind :class:`mixers.layers.ShortConv`, computed in the
 time-first layout ``(B, T, C)`` the projections produce.
 
-``ShortConv.forward`` transposes to ``(B, C, T)`` for ``conv1d`` and back, and on a CPU those strided
-copies (forward and backward) cost more than the convolution itself. Here the ``k``-tap causal filter is
+``conv1d`` wants ``(B, C, T)``; on a CPU the strided copies to that layout and back (forward and backward)
+cost more than the convolution itself, and its CPU backward is slow. Here the ``k``-tap causal filter is
 ``k`` shifted multiply-adds on the contiguous time-first tensor,
 
     y_t = b + sum_{j=0}^{k-1} w_j x_{t-(k-1)+j}      (x_s = 0 for s < 0),     out = SiLU(y) (optional),
 
 with a hand-written backward (``dx_s = sum_j w_j dy_{s+(k-1)-j}``, ``dw_j = sum_t dy_t x_{t-(k-1)+j}``,
-``db = sum_t dy_t``) so autograd does not materialise a full-size gradient per shifted slice. Same
-function and parameters as ``ShortConv.forward`` (same module, same state dict); decode keeps using
-``ShortConv.step``.
+``db = sum_t dy_t``) so autograd does not materialise a full-size gradient per shifted slice.
 """
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ from torch import nn
 
 from kernels.gla import gla, gla_step
 from .base import Mixer, State, register_mixer
-from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
 from .options import opt
@@ -82,7 +81,7 @@ class GatedRegressionBlock(Mixer):
 
     def _forward(self, x):
         raw = self.in_proj(x)
-        q, k, v, g, alpha = self._heads(short_conv_time_first(self.conv, raw), x)  # = self.conv(raw)
+        q, k, v, g, alpha = self._heads(self.conv(raw), x)
         o, core_state = self._core(q, k, v, g, alpha, None)
         return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
 

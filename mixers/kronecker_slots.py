@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.common import compute_dtype
+from kernels.common import at_least_fp32, compute_dtype, full_precision
 from kernels.slots import kronecker_topk, slot_memory, slot_step
 from .base import Mixer, State, register_mixer
 from .layers import GatedRMSNorm, ShortConv
@@ -165,13 +165,20 @@ class KroneckerSlots(Mixer):
             w = w + (torch.full_like(w, 1.0 / o.top_k) - w).detach()
         return idx, w
 
+    @full_precision
+    def _logits(self, proj, x):
+        """Address logits in at least fp32 even under autocast: top-K is a discrete choice, and bf16 logits
+        (8 mantissa bits) tie and flip selections that fp32 keeps apart."""
+        x = at_least_fp32(x)
+        return F.linear(x, proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype))
+
     def _raw(self, x, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
-        k = self.k_proj(x)
-        q = k if self.options.tie_addresses else self.q_proj(x)
+        k = self._logits(self.k_proj, x)
+        q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
         if self.options.shift_write_address:
             k = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1) if k_prev is None else k_prev
-        return torch.cat([k, q, self.v_proj(x)], dim=-1)
+        return torch.cat([k, q, self.v_proj(x).to(k.dtype)], dim=-1)
 
     def _split(self, mixed, x, start):
         """``(k logits, q logits, v (..., H, d_v))`` from the convolved projections."""
@@ -204,7 +211,7 @@ class KroneckerSlots(Mixer):
         start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype))
         raw = self._raw(x)
         kl, ql, v = self._split(self.conv(raw) if self.conv is not None else raw, x, start)
-        k_last = self.k_proj(x[:, -1]) if self.options.shift_write_address else None
+        k_last = self._logits(self.k_proj, x[:, -1]) if self.options.shift_write_address else None
         wi, w = self._address(kl)
         ri, r = self._address(ql)
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
@@ -227,7 +234,7 @@ class KroneckerSlots(Mixer):
         if self.options.pos_address:
             state["pos"] = torch.zeros(batch_size, 1, device=device, dtype=cd)
         if self.options.shift_write_address:
-            state["k_prev"] = torch.zeros(batch_size, self.addr_dim, device=device, dtype=dtype)
+            state["k_prev"] = torch.zeros(batch_size, self.addr_dim, device=device, dtype=cd)
         return state
 
     def step(self, x_t, state):
@@ -235,7 +242,7 @@ class KroneckerSlots(Mixer):
         raw = self._raw(x_t, state["k_prev"] if self.options.shift_write_address else None)
         new = {}
         if self.options.shift_write_address:
-            new["k_prev"] = self.k_proj(x_t)
+            new["k_prev"] = self._logits(self.k_proj, x_t)
         if self.conv is not None:
             raw, new["conv"] = self.conv.step(raw, state["conv"])
         kl, ql, v = self._split(raw, x_t, start)

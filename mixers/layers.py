@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
+from .conv_time_first import causal_conv_time_first
 
 
 class RMSNorm(nn.Module):
@@ -34,49 +35,10 @@ class GatedRMSNorm(RMSNorm):
         return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
-def _depthwise_valid(xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``out_t = bias + sum_j weight[:, j] * xp_{t + j}`` per channel, ``xp (B, T + k - 1, C)`` contiguous ->
-    ``(B, T, C)``. ``xp`` viewed as ``(B, C, 1, T + k - 1)`` is already channels-last, so the depthwise
-    ``conv2d`` runs on it in place (no transposes to a channels-first copy) and returns the same layout."""
-    C = xp.shape[-1]
-    out = F.conv2d(xp.transpose(1, 2).unsqueeze(2), weight[:, None, None, :], bias, groups=C)
-    return out.squeeze(2).transpose(1, 2)
-
-
-class _CausalDepthwiseConv(torch.autograd.Function):
-    """``y_t = act(bias + sum_j w_j * x_{t + j - (k - 1)})`` per channel (``x`` zero before the start) on
-    ``(B, T, C)`` inputs, with a hand-written backward.
-
-    Forward and the input gradient are depthwise convolutions in the time-major (channels-last) layout;
-    the weight gradient is ``k`` shifted products. Backward with ``dy = dL/d(pre-activation)``:
-    ``dx_s = sum_j w_j dy_{s + (k - 1) - j}`` (the flipped kernel over ``dy`` padded at the end),
-    ``dw_j = sum_t dy_t * x_{t + j - (k - 1)}``, ``dbias = sum_t dy_t``. (``conv1d``'s own backward on a
-    CPU is several times slower than these, and its channels-first layout needs transposed copies.)
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, act: bool):
-        k = weight.shape[1]
-        xp = F.pad(x, (0, 0, k - 1, 0))                                 # (B, T + k - 1, C), contiguous
-        y = _depthwise_valid(xp, weight, bias)
-        ctx.save_for_backward(xp, weight, y)
-        ctx.act = act
-        return F.silu(y) if act else y
-
-    @staticmethod
-    def backward(ctx, g):
-        xp, weight, y = ctx.saved_tensors
-        T, k = y.shape[1], weight.shape[1]
-        dy = torch.ops.aten.silu_backward(g, y) if ctx.act else g
-        dy = dy.contiguous()
-        dx = _depthwise_valid(F.pad(dy, (0, 0, 0, k - 1)), weight.flip(-1), None)
-        dyf = dy.flatten(0, 1)
-        dw = torch.stack([(xp[:, j:j + T].flatten(0, 1) * dyf).sum(0) for j in range(k)], dim=1)
-        return dx, dw, dyf.sum(0), None
-
-
 class ShortConv(nn.Module):
-    """Causal depthwise 1-D convolution over time (kernel ``k``), then SiLU (optional).
+    """Causal depthwise 1-D convolution over time (kernel ``k``), then SiLU (optional), computed in the
+    ``(batch, time, channels)`` layout of the projections (:mod:`mixers.conv_time_first`); the parameters
+    are an ``nn.Conv1d``'s.
 
     Decode state: the last ``k - 1`` inputs, shape ``(batch, channels, k - 1)``.
     """
@@ -93,7 +55,7 @@ class ShortConv(nn.Module):
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"ShortConv: input must be (batch, time, {self.channels}), got {tuple(x.shape)}")
         w = self.conv.weight.squeeze(1).to(x.dtype)                      # (C, k)
-        return _CausalDepthwiseConv.apply(x, w, self.conv.bias.to(x.dtype), self.activation)
+        return causal_conv_time_first(x, w, self.conv.bias.to(x.dtype), self.activation)
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> torch.Tensor:
         return torch.zeros(batch_size, self.channels, self.kernel_size - 1, device=device, dtype=dtype)

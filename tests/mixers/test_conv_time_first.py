@@ -1,6 +1,8 @@
-"""The time-first short convolution equals ShortConv.forward (values and gradients of input, weight, bias)."""
+"""The time-first short convolution (several ShortConv modules fused over channel blocks) equals
+torch's conv1d on each block (values and gradients of input, weight, bias)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mixers.conv_time_first import causal_conv_time_first, short_conv_time_first
 from mixers.layers import ShortConv
@@ -14,7 +16,10 @@ def test_matches_short_conv(T, activation, monkeypatch):
     convs = [ShortConv(c, 4, activation=activation).double() for c in (3, 5)]
     x = torch.randn(2, T, 8, dtype=torch.float64, requires_grad=True)
     params = [p for c in convs for p in (c.conv.weight, c.conv.bias)]
-    want = torch.cat([convs[0](x[..., :3]), convs[1](x[..., 3:])], dim=-1)
+    def conv1d(c, xi):  # the nn.Conv1d these modules hold, in its own channels-first layout
+        y = c.conv(xi.transpose(1, 2))[..., :T].transpose(1, 2)
+        return F.silu(y) if activation else y
+    want = torch.cat([conv1d(convs[0], x[..., :3]), conv1d(convs[1], x[..., 3:])], dim=-1)
     got = short_conv_time_first(convs, x)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     dy = torch.randn_like(want)
