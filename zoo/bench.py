@@ -13,6 +13,12 @@ raises or runs out of memory at some ``T`` gets its error recorded in that row a
 the previous length, quadratic for mixers whose state grows with T, linear otherwise), saying so in the
 row. ``bench.json`` is rewritten after every row, so an interrupted run keeps everything it finished.
 
+``--rounds R`` runs the whole sweep (every entry at every ``T``) ``R`` times, one round after the other,
+and reports for each row the median of all ``R x repeats`` timings: on a shared machine the load drifts
+over minutes, and measuring a mixer's two lengths seconds apart within one round would let that drift
+into the growth factor and the ratios; spreading every row's repetitions over the whole run lets every
+row see the same mix of quiet and busy spells. Memory is measured in the first round only.
+
 Outputs in ``--out``: ``bench.json`` (environment, configuration and every row), ``bench.md`` /
 ``bench.csv`` (each mixer's times also as a ratio to the baseline entry at the same T, and the growth of
 fwd+bwd time from the previous T) and ``bench.png``.
@@ -30,7 +36,7 @@ import torch
 import yaml
 
 from .environment import environment
-from .measure import error_text, free, measure
+from .measure import error_text, free, measure, merge_samples
 from .recipes import RecipeError, layer_label, resolve
 from .results import render_bench
 
@@ -86,6 +92,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                              "other work, 1 avoids thread-barrier stalls that dwarf small kernels")
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per measurement (median; default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the whole sweep this many times, interleaved, and pool every row's timings "
+                             "over the rounds (median of rounds x repeats; default 1)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="skip a length whose fwd+bwd is predicted to exceed this many seconds (the row says so)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode-step timing")
@@ -122,8 +131,9 @@ def _labels(entries: list) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (from :func:`configure_parser`); returns an exit code."""
-    if args.batch <= 0 or args.repeats <= 0 or args.warmup < 0 or (args.threads is not None and args.threads <= 0):
-        raise RecipeError("--batch, --repeats and --threads must be positive, --warmup >= 0")
+    if (args.batch <= 0 or args.repeats <= 0 or args.rounds <= 0 or args.warmup < 0
+            or (args.threads is not None and args.threads <= 0)):
+        raise RecipeError("--batch, --repeats, --rounds and --threads must be positive, --warmup >= 0")
     recipe = bench_recipe(args)
     labels = _labels(recipe.model.layer_entries())
     if args.baseline is not None and args.baseline not in labels:
@@ -167,18 +177,34 @@ def _run(args, device, recipe, labels) -> int:
         "machine": environment(device),
         "config": {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"], "overrides": args.overrides,
                    "seq_lens": args.seq_lens, "batch": args.batch, "d_model": d_model, "dtype": dtype_name,
-                   "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "decode": not args.no_decode,
+                   "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed, "decode": not args.no_decode,
                    "threads": torch.get_num_threads(), "time_limit": args.time_limit},
         "rows": [],
     }
     json_path = out / "bench.json"
-    jobs = [(i, T) for i in range(len(labels)) for T in args.seq_lens]
+    jobs = [(r, i, T) for r in range(args.rounds) for i in range(len(labels)) for T in args.seq_lens]
     bar = tqdm(jobs, desc="bench", disable=True if args.no_progress else None, file=sys.stderr)
     built: dict[int, object] = {}
     last: dict[int, dict] = {}
-    for i, T in bar:
+    rows: dict[tuple[int, int], dict] = {}
+    for rnd, i, T in bar:
         spec, label = recipe.layers[i], labels[i]
-        bar.set_postfix_str(f"{label} T={T}")
+        bar.set_postfix_str(f"{label} T={T}" + (f" round {rnd + 1}" if args.rounds > 1 else ""))
+        if rnd > 0:
+            row = rows[i, T]
+            if row.get("error"):
+                continue  # failed or skipped in the first round: not retried
+            t0 = time.perf_counter()
+            torch.manual_seed(args.seed + T)
+            again = measure(built[i], T, args.batch, device, dtype, args.warmup, args.repeats, not args.no_decode,
+                            memory=False)
+            merge_samples(row, again)
+            row["wall_s"] += time.perf_counter() - t0
+            row["rounds"] = rnd + 1
+            if again.get("error"):
+                row["error"] = f"round {rnd + 1}: {again['error']}"
+            _write_json(json_path, result)
+            continue
         row = {"mixer": spec.name, "label": label, "T": T, "batch": args.batch, "d_model": d_model,
                "dtype": dtype_name, "device": str(device)}
         t0 = time.perf_counter()
@@ -194,11 +220,13 @@ def _run(args, device, recipe, labels) -> int:
                 row["params"] = sum(p.numel() for p in mixer.parameters())
                 torch.manual_seed(args.seed + T)
                 row.update(measure(mixer, T, args.batch, device, dtype, args.warmup, args.repeats, not args.no_decode))
+                row["rounds"] = 1
                 last[i] = row
             except Exception as err:  # noqa: BLE001 - building failed: record it, go on
                 row["error"] = f"build: {error_text(err)}"
                 free(device)
         row["wall_s"] = time.perf_counter() - t0
+        rows[i, T] = row
         result["rows"].append(row)
         _write_json(json_path, result)  # every finished row is on disk at once
         if row.get("error"):

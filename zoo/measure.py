@@ -1,6 +1,8 @@
 """Measuring one mixer at one sequence length: forward, forward+backward, saved memory, decode.
 
 - ``fwd_ms``: median time of an inference forward (``torch.no_grad``) of a ``(batch, T, d_model)`` input;
+  every timing's individual repetitions are kept in ``<name>_samples`` (so that :func:`merge_samples`
+  can pool the repetitions of several rounds of a sweep into one median);
 - ``fwd_bwd_ms``: median time of a training step's mixer part (forward with autograd, then backward);
 - ``tok_s_fwd`` / ``tok_s_train``: ``batch * T`` divided by those times;
 - ``peak_mib``: on CUDA, ``torch.cuda.max_memory_allocated`` during one forward+backward minus what
@@ -30,7 +32,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
+def _times_ms(fn, device: torch.device, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()
     times = []
@@ -48,7 +50,29 @@ def _median_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+TIMES = ("fwd_ms", "fwd_bwd_ms", "decode_ms")
+
+
+def _set_time(row: dict, name: str, samples: list[float]) -> None:
+    row[name + "_samples"] = samples
+    row[name] = statistics.median(samples)
+
+
+def merge_samples(row: dict, again: dict) -> None:
+    """Pool the timing repetitions of ``again`` (a later measurement of the same mixer and ``T``) into
+    ``row`` and recompute its medians and throughputs."""
+    for name in TIMES:
+        if again.get(name + "_samples") and row.get(name + "_samples") is not None:
+            _set_time(row, name, row[name + "_samples"] + again[name + "_samples"])
+    n_tok = row["batch"] * row["T"] if "batch" in row else None
+    if n_tok:
+        if row.get("fwd_ms"):
+            row["tok_s_fwd"] = n_tok / (row["fwd_ms"] / 1e3)
+        if row.get("fwd_bwd_ms"):
+            row["tok_s_train"] = n_tok / (row["fwd_bwd_ms"] / 1e3)
 
 
 def _saved_bytes(mixer, x) -> int:
@@ -92,9 +116,10 @@ def free(device: torch.device) -> None:
 
 
 def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int,
-            decode: bool = True) -> dict:
+            decode: bool = True, memory: bool = True) -> dict:
     """All the numbers of one (mixer, T) row. Each group of measurements fails on its own: an error in
-    the backward still keeps the forward time."""
+    the backward still keeps the forward time. ``memory=False`` skips the (untimed) memory measurement,
+    for a repeated round whose memory numbers are already known."""
     row: dict = {}
     errors = []
     x = torch.randn(batch, T, mixer.d_model, device=device, dtype=dtype)
@@ -112,7 +137,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
             mixer(x)
 
     def do_fwd():
-        row["fwd_ms"] = _median_ms(fwd, device, warmup, repeats)
+        _set_time(row, "fwd_ms", _times_ms(fwd, device, warmup, repeats))
         row["tok_s_fwd"] = n_tok / (row["fwd_ms"] / 1e3)
 
     xg = x.detach().clone().requires_grad_()
@@ -123,7 +148,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
         mixer(xg).backward(grad_out)
 
     def do_fwd_bwd():
-        row["fwd_bwd_ms"] = _median_ms(fwd_bwd, device, warmup, repeats)
+        _set_time(row, "fwd_bwd_ms", _times_ms(fwd_bwd, device, warmup, repeats))
         row["tok_s_train"] = n_tok / (row["fwd_bwd_ms"] / 1e3)
         mixer.zero_grad(set_to_none=True)
 
@@ -145,13 +170,14 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
             _, state = mixer.prefill(x)
             row["state_bytes"] = _state_bytes(state)
             x_t = torch.randn(batch, mixer.d_model, device=device, dtype=dtype)
-            row["decode_ms"] = _median_ms(lambda: mixer.step(x_t, state), device, warmup, repeats)
+            _set_time(row, "decode_ms", _times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats))
         row["state_size"] = mixer.state_size(T)
         row["active_state_size"] = mixer.active_state_size(T)
 
     attempt("forward", do_fwd)
     attempt("forward+backward", do_fwd_bwd)
-    attempt("memory", do_memory)
+    if memory:
+        attempt("memory", do_memory)
     if decode:
         attempt("decode", do_decode)
     row["error"] = "; ".join(errors) if errors else None

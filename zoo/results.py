@@ -286,7 +286,9 @@ def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
     head = (f"# zoo bench\n\n"
             f"Device: {env['device_name']} ({env['device']}), torch {env['versions']['torch']}, "
             f"{c['threads']} threads; batch {c['batch']}, d_model {c['d_model']}, {c['dtype']}, median of "
-            f"{c['repeats']} after {c['warmup']} warm-up.\n"
+            + (f"{c['repeats']}" if c.get("rounds", 1) == 1 else
+               f"{c['rounds']} rounds x {c['repeats']} (the rounds interleaved over the whole sweep)")
+            + f" after {c['warmup']} warm-up.\n"
             f"fwd = inference forward (no_grad); fwd+bwd = forward with autograd + backward; growth = fwd+bwd "
             f"time over the same mixer's at the previous T (linear in T is the T ratio); decode = one step after "
             f"a prefill of T tokens; state = decode state after that prefill; saved = tensors kept for the "

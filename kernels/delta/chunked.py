@@ -68,11 +68,14 @@ class _ChunkRecurrence(torch.autograd.Function):
         D = U.clone()                                           # one copy, then D_c -= W_c S_c in place
         states = U.new_empty(N + 1, *S0.shape)                 # states[c] = S_c, states[N] = final
         states[0] = S0
-        KdT = Kd.transpose(-1, -2)
+        # per-chunk views taken once (unbind): indexing inside the loop costs more than the small matmuls
+        Dc, Wc, St = D.unbind(0), W.unbind(0), states.unbind(0)
+        KdTc = Kd.transpose(-1, -2).unbind(0)
+        gCc = gC[:, :, None, None].unbind(0)
         for c in range(N):
-            D[c].baddbmm_(W[c], states[c], alpha=-1.0)
-            torch.mul(states[c], gC[c, :, None, None], out=states[c + 1])
-            states[c + 1].baddbmm_(KdT[c], D[c])
+            Dc[c].baddbmm_(Wc[c], St[c], alpha=-1.0)
+            torch.mul(St[c], gCc[c], out=St[c + 1])
+            St[c + 1].baddbmm_(KdTc[c], Dc[c])
         ctx.save_for_backward(W, Kd, gC, states, D)
         return D, states[:N], states[N].clone()
 
@@ -87,19 +90,21 @@ class _ChunkRecurrence(torch.autograd.Function):
             dS[N].copy_(d_final)
         # dLoss / dD_c in total: dD_c (contiguous copy) + Kd_c dS_{c+1}, accumulated in the loop
         dU = torch.zeros_like(D) if dD is None else dD.clone(memory_format=torch.contiguous_format)
-        WT = W.transpose(-1, -2)
-        gCb = gC[:, :, None, None]
+        dUc, dSc, Kdc = dU.unbind(0), dS.unbind(0), Kd.unbind(0)
+        WTc = W.transpose(-1, -2).unbind(0)
+        gCc = gC[:, :, None, None].unbind(0)
+        starts_c = None if d_starts is None else d_starts.unbind(0)
         for c in range(N - 1, -1, -1):
-            g = dS[c + 1]
-            dU[c].baddbmm_(Kd[c], g)
-            if d_starts is not None:
-                torch.addcmul(d_starts[c], g, gCb[c], out=dS[c])
+            g = dSc[c + 1]
+            dUc[c].baddbmm_(Kdc[c], g)
+            if starts_c is not None:
+                torch.addcmul(starts_c[c], g, gCc[c], out=dSc[c])
             else:
-                torch.mul(g, gCb[c], out=dS[c])
-            dS[c].baddbmm_(WT[c], dU[c], alpha=-1.0)
+                torch.mul(g, gCc[c], out=dSc[c])
+            dSc[c].baddbmm_(WTc[c], dUc[c], alpha=-1.0)
         S, dSn = states[:N], dS[1:]                                        # S_c and dLoss / dS_{c+1}
         dKd = D @ dSn.transpose(-1, -2)
-        dW = -(dU @ S.transpose(-1, -2))
+        dW = torch.matmul(dU, S.transpose(-1, -2)).neg_()                 # in place: no second full-size tensor
         dgC = (dSn * S).sum((-1, -2))
         return dU, dW, dKd, dgC, dS[0].clone()
 

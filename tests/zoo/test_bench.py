@@ -129,3 +129,28 @@ def test_two_backends_of_one_mixer(tmp_path):
     rows = bench_with_ratios(json.loads((tmp_path / "bench.json").read_text())["rows"])
     assert [r["label"] for r in rows] == ["attention(backend=torch)", "attention(backend=reference)"]
     assert rows[0]["fwd_bwd_ms_vs_baseline"] == 1.0 and rows[1]["fwd_bwd_ms_vs_baseline"] > 0
+
+
+def test_rounds_pool_every_repetition(tmp_path):
+    """--rounds 3 --repeats 2: each row keeps 6 timings, reports their median, and is measured once for
+    memory; the rows stay one per (mixer, T), in sweep order."""
+    import statistics
+
+    code = bench.run(_args(tmp_path, "--rounds", "3", "--repeats", "2", "--no-plot"))
+    assert code == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["config"]["rounds"] == 3
+    rows = data["rows"]
+    assert [(r["mixer"], r["T"]) for r in rows] == [("attention", 16), ("attention", 32), ("mamba2", 16), ("mamba2", 32)]
+    for r in rows:
+        assert r["error"] is None and r["rounds"] == 3
+        for key in ("fwd_ms", "fwd_bwd_ms", "decode_ms"):
+            assert len(r[key + "_samples"]) == 6
+            assert r[key] == statistics.median(r[key + "_samples"])
+        assert r["tok_s_train"] == pytest.approx(r["T"] / (r["fwd_bwd_ms"] / 1e3))
+    assert "3 rounds x 2" in (tmp_path / "bench.md").read_text()
+
+
+def test_rounds_must_be_positive(tmp_path):
+    with pytest.raises(RecipeError, match="--rounds"):
+        bench.run(_args(tmp_path, "--rounds", "0"))
