@@ -109,6 +109,35 @@ class _ChunkRecurrence(torch.autograd.Function):
         return dU, dW, dKd, dgC, dS[0].clone()
 
 
+class _UnitLowerSolve(torch.autograd.Function):
+    """``(U, W) = L^{-1} [B1 | B2]`` with ``L = I + tril(A, -1)`` (unit lower triangular; the diagonal and the
+    upper part of ``A`` are ignored), for two right-hand sides at once.
+
+    ``torch.linalg.solve_triangular`` run twice with autograd copies each right-hand side into a fresh
+    output, and its backward solves, transposes and masks once per side. Here both sides share one
+    in-place solve forward and one backward: ``dB = L^{-T} [dU | dW]``, ``dA = -tril(dB [U | W]^T, -1)``.
+    """
+
+    @staticmethod
+    def forward(ctx, A, B1, B2):
+        V1 = B1.shape[-1]
+        X = torch.cat([B1, B2], dim=-1)
+        torch.linalg.solve_triangular(A, X, upper=False, unitriangular=True, out=X)
+        ctx.save_for_backward(A, X)
+        ctx.V1 = V1
+        return X[..., :V1], X[..., V1:]
+
+    @staticmethod
+    def backward(ctx, dU, dW):
+        A, X = ctx.saved_tensors
+        V1 = ctx.V1
+        dX = torch.cat([torch.zeros_like(X[..., :V1]) if dU is None else dU,
+                        torch.zeros_like(X[..., V1:]) if dW is None else dW], dim=-1)
+        torch.linalg.solve_triangular(A.mT, dX, upper=True, unitriangular=True, out=dX)
+        dA = torch.matmul(dX, X.mT).tril_(-1).neg_()
+        return dA, dX[..., :V1], dX[..., V1:]
+
+
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous: the gradient of the time-first
     output arrives as a permuted view, and CPU batched matmuls on such operands copy matrix by matrix."""
@@ -172,9 +201,7 @@ def chunk_gated_delta_rule_torch(
     # (unitriangular), so the diagonal and upper part of beta * M * KK need not be masked or replaced
     bk = b_.unsqueeze(-1) * k_                                            # beta folded into the product:
     A = (bk @ k_.transpose(-1, -2)) * M                                   # one C x C pass less each way
-    # two solves rather than one on [U | W]: no concatenation, split or copies, forward or backward
-    U = torch.linalg.solve_triangular(A, b_.unsqueeze(-1) * v_, upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(A, bk if eG is None else eG.unsqueeze(-1) * bk, upper=False, unitriangular=True)
+    U, W = _UnitLowerSolve.apply(A, b_.unsqueeze(-1) * v_, bk if eG is None else eG.unsqueeze(-1) * bk)
     if query_stride > 1:
         rows = slice(query_stride - 1, None, query_stride)
         q_ = chunks_first(q)[..., rows, :].contiguous()
