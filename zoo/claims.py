@@ -43,8 +43,6 @@ from .results import cell_of, group_by_cell, mean_std, read_rows
 MIN_SEEDS = 3
 #: a table whose recipe is estimated to train longer than this (seconds) is flagged in tables/README.md
 TABLE_BUDGET_S = 45 * 60
-#: metric names written by older versions of the trainer -> today's names
-LEGACY_METRICS = (("@iters=", "@num_iter="),)
 GENERATED = ("CLAIMS.md", "tables/README.md")
 
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
@@ -107,12 +105,7 @@ class CellStats:
 
 
 def _metrics(row: dict) -> dict:
-    out = {}
-    for key, value in row.get("metrics", {}).items():
-        for old, new in LEGACY_METRICS:
-            key = key.replace(old, new)
-        out[key] = value
-    return out
+    return dict(row.get("metrics", {}))
 
 
 def _num(x: float) -> str:
@@ -407,7 +400,7 @@ from the regenerated text.
 - A cell's number is its mean over seeds, written `mean ± sample standard deviation (n seeds)`; the
   details below also give the min-max and every seed's value.
 - A rule is a list of conditions on cell means, written next to the claim in `claims.yaml`, e.g.
-  `ska.test_accuracy@all >= 0.9` (`@all`: at the training length and at every test length of the cell).
+  `masked.test_accuracy@all >= 0.9` (`@all`: at the training length and at every test length of the cell).
   **reproduced**: every `reproduced` condition holds; **partly**: otherwise, every `partly` condition holds;
   **not reproduced**: otherwise.
 - A verdict needs at least {min_seeds} seeds in every cell its rule reads; with fewer it is
