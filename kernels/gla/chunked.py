@@ -152,9 +152,27 @@ def _gla_chunked_shared(q, k, v, g, C, initial_state):
     return o.reshape(b, Tp, H, dv), U
 
 
+#: time steps per segment: a longer sequence runs segment by segment with the state carried over, so
+#: every full-length intermediate (decay masks, chunk states, their gradients) is at most one segment
+#: long and stays in cache on a CPU; the result is the same (the segments are whole chunks)
+SEGMENT = 4096
+
+
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
     """``q, k (B, T, H, d_k)`` (or ``(B, T, 1, d_k)``: one query/key head shared by all ``H`` value heads),
     ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
+    T = q.shape[1]
+    segment = max(chunk_size, SEGMENT // chunk_size * chunk_size)
+    if T <= segment:
+        return _gla_chunked(q, k, v, g, scale, chunk_size, initial_state)
+    outs, U = [], initial_state
+    for qs, ks, vs, gs in zip(*(t.split(segment, dim=1) for t in (q, k, v, g))):
+        o, U = _gla_chunked(qs, ks, vs, gs, scale, chunk_size, U)
+        outs.append(o)
+    return torch.cat(outs, dim=1), U
+
+
+def _gla_chunked(q, k, v, g, scale, chunk_size, initial_state):
     dtype = q.dtype
     cd = compute_dtype(dtype)
     b, T, _, dk = q.shape

@@ -134,6 +134,29 @@ def test_chunked_one_group_of_B_C_shared_by_the_heads(dtype, tol):
                      tol=tol, grad_tol=5 * tol)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_chunked_in_segments_matches_reference(monkeypatch, shared):
+    """A sequence longer than the segment length runs segment by segment with the state carried over
+    (``kernels.gla.chunked.SEGMENT``, set here to 2 chunks; T = 83 leaves a ragged last segment): outputs,
+    final state and every gradient equal the token recurrence, per-head and shared-group B, C alike."""
+    import kernels.gla.chunked as gla_chunked_module
+
+    monkeypatch.setattr(gla_chunked_module, "SEGMENT", 16)
+    x, dt, A, B, C, h0 = _inputs(2, 83, 3, 8, 16, True, torch.float64, "cpu")
+    if shared:
+        B, C = B[:, :, :1], C[:, :, :1]
+
+    def run(fn, **kw):
+        def call(x, dt, A, B, C, h0):
+            if shared:
+                B, C = B.expand(-1, -1, 3, -1), C.expand(-1, -1, 3, -1)
+            return fn(x, dt, A, B, C, initial_state=h0, **kw)
+        return call
+
+    compare_backends(run(ssd_chunked, chunk_size=8), run(ssd_reference), [x, dt, A, B, C, h0], tol=1e-10,
+                     grad_tol=1e-9)
+
+
 def test_chunked_fp32_vs_fp64_reference_strong_decay():
     _compare_strong_decay(lambda *a, **k: ssd_chunked(*a, chunk_size=64, **k),
                           _inputs(1, 50, 2, 8, 8, True, device="cpu", strong_decay=True))
