@@ -24,13 +24,28 @@ class OptionError(ValueError):
 
 
 def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None,
-        at_least: float | None = None, above: float | None = None, at_most: float | None = None) -> Any:
+        at_least: float | None = None, above: float | None = None, at_most: float | None = None,
+        omit_at_default: bool = False) -> Any:
     """A dataclass field with a help text, optional allowed values and an optional numeric range
-    (``at_least`` <= value, ``above`` < value, value <= ``at_most``; for a list, every element)."""
-    meta = {"help": help, "choices": choices, "range": (at_least, above, at_most)}
+    (``at_least`` <= value, ``above`` < value, value <= ``at_most``; for a list, every element).
+
+    ``omit_at_default``: leave the option out of the resolved recipe while it holds its default (see
+    :func:`plain_options`); for an option added after results were recorded, so that the recipes of
+    those results keep their keys."""
+    meta = {"help": help, "choices": choices, "range": (at_least, above, at_most),
+            "omit_at_default": omit_at_default}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def plain_options(options) -> dict:
+    """``dataclasses.asdict(options)`` without the ``omit_at_default`` options that hold their default."""
+    out = dataclasses.asdict(options)
+    for f in dataclasses.fields(options):
+        if f.metadata.get("omit_at_default") and out[f.name] == f.default:
+            del out[f.name]
+    return out
 
 
 def nearest(name: str, candidates) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import yaml
 
 from mixers import MIXERS, STATE_MIXERS
-from mixers.options import OptionError, build_options, nearest
+from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .config import Cell, Recipe, RecipeConfig, Spec
 
@@ -357,9 +357,9 @@ def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Sp
     model = plain["model"]
     model["layers"] = config.model.layer_entries()
     model["pattern"] = model["n_layers"] = None
-    model["layer_options"] = [asdict(spec.options) for spec in layers]
-    model["state_mixer_options"] = asdict(state_mixer.options)
-    plain["task"] = {"name": task.name, **asdict(task.options)}
+    model["layer_options"] = [plain_options(spec.options) for spec in layers]
+    model["state_mixer_options"] = plain_options(state_mixer.options)
+    plain["task"] = {"name": task.name, **plain_options(task.options)}
     plain.pop("grid", None)
     plain.pop("seeds", None)  # like the grid, it says which cells run, not what one computes
     return json.loads(json.dumps(plain))

@@ -1,8 +1,14 @@
 """MQAR generator: checked against a plain Python decoding of every generated example."""
+from pathlib import Path
+
+import pytest
 import torch
 
 from mixers.options import build_options
+from zoo import resolve
 from zoo.tasks import TASKS
+
+ECHO_BASE = Path(__file__).resolve().parents[2] / "recipes" / "ablations" / "_echo_base.yaml"
 
 
 def make(**options):
@@ -10,13 +16,18 @@ def make(**options):
     return cls(build_options(cls.Options, options))
 
 
-def test_every_label_is_the_value_bound_to_the_queried_key():
+@pytest.mark.parametrize("gap", [0, 1, 3])
+def test_every_label_is_the_value_bound_to_the_queried_key(gap):
     V, T, pairs = 64, 48, 6
-    task = make(vocab_size=V, seq_len=T, num_kv_pairs=pairs, random_fill=False)
+    task = make(vocab_size=V, seq_len=T, num_kv_pairs=pairs, random_fill=False, value_gap=gap)
     data = task.make("train", seed=int(torch.randint(1000, (1,))), num_examples=50)
     assert data.inputs.shape == data.labels.shape == (50, T)
+    stride = 2 + gap
+    context = stride * pairs
     for x, y, m in zip(data.inputs.tolist(), data.labels.tolist(), data.mask.tolist()):
-        keys, values = x[0:2 * pairs:2], x[1:2 * pairs:2]
+        keys, values = x[0:context:stride], x[stride - 1:context:stride]
+        fillers = [x[t] for t in range(context) if t % stride not in (0, stride - 1)]
+        assert fillers == [0] * (gap * pairs)
         assert all(1 <= k < V // 2 for k in keys) and len(set(keys)) == pairs
         assert all(V // 2 <= v < V for v in values) and len(set(values)) == pairs
         binding = dict(zip(keys, values))
@@ -25,9 +36,18 @@ def test_every_label_is_the_value_bound_to_the_queried_key():
         queried = [x[t] for t in supervised]
         assert sorted(queried) == sorted(keys), "every key is queried exactly once"
         for t in supervised:
-            assert t >= 2 * pairs and y[t] == binding[x[t]]
-        assert all(x[t] == 0 for t in range(2 * pairs, T) if t not in supervised)
-        assert m == [1.0] * (2 * pairs) + [0.0] * (T - 2 * pairs)
+            assert t >= context and y[t] == binding[x[t]]
+        assert all(x[t] == 0 for t in range(context, T) if t not in supervised)
+        assert m == [1.0] * context + [0.0] * (T - context)
+
+
+def test_value_gap_needs_room_and_is_left_out_of_the_recipe_at_its_default():
+    with pytest.raises(ValueError, match=r"num_kv_pairs \* \(4 \+ value_gap \(2\)\) must be <= seq_len"):
+        make(vocab_size=64, seq_len=32, num_kv_pairs=6, value_gap=2)
+    make(vocab_size=64, seq_len=32, num_kv_pairs=5, value_gap=2)  # 5 * 6 = 30 fits
+    plain, explicit, gapped = (resolve(ECHO_BASE, extra) for extra in ([], ["task.value_gap=0"], ["task.value_gap=1"]))
+    assert "value_gap" not in plain.plain["task"] and plain.key == explicit.key
+    assert gapped.plain["task"]["value_gap"] == 1 and gapped.key != plain.key
 
 
 def test_random_fill_only_touches_non_query_positions():

@@ -6,6 +6,12 @@ query, at positions drawn without replacement with power-law probability ``p(g) 
 even offsets ``g`` of the query region (short gaps are likelier). The label at a query position is
 the value that followed that key; every other label is -100. Positions that are not queries hold 0,
 or random tokens when ``random_fill`` is on. The prefix mask marks the key-value context.
+
+``value_gap`` (default 0, Zoology's layout) puts that many filler positions between a key and its
+value in the context, ``k1 _ v1 k2 _ v2 ...`` for a gap of 1 (fillers are filled like every other
+non-query position); queries keep the ``key -> next token is its value`` form. It moves the value
+away from the position right after its key, which is what a lag-p readout such as SKA's power filter
+reaches (p = 1 reads one position on, p = 2 two).
 """
 from __future__ import annotations
 
@@ -32,10 +38,13 @@ class MQAR(Task):
         num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
         power_a: float = opt(0.01, "power-law exponent a of the query gaps, p(g) ~ g^(a-1)", above=0.0)
         random_fill: bool = opt(True, "fill non-query positions with random tokens instead of 0")
+        value_gap: int = opt(0, "filler positions between a key and its value in the context (0: k v k v ...)",
+                             at_least=0, at_most=1 << 10, omit_at_default=True)
 
         def __post_init__(self):
-            if self.num_kv_pairs * 4 > self.seq_len:
-                raise ValueError(f"num_kv_pairs * 4 must be <= seq_len (got {self.num_kv_pairs} pairs for "
+            if self.num_kv_pairs * (4 + self.value_gap) > self.seq_len:
+                gap = f" + value_gap ({self.value_gap})" if self.value_gap else ""
+                raise ValueError(f"num_kv_pairs * (4{gap}) must be <= seq_len (got {self.num_kv_pairs} pairs for "
                                  f"seq_len {self.seq_len}); lower num_kv_pairs or raise seq_len")
             if self.num_kv_pairs >= self.vocab_size // 2:
                 raise ValueError("vocab_size // 2 must exceed num_kv_pairs so keys can be distinct")
@@ -46,16 +55,18 @@ class MQAR(Task):
 
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
         o = self.options
-        if o.num_kv_pairs * 4 > seq_len:
-            raise ValueError(f"mqar: seq_len {seq_len} is too short for {o.num_kv_pairs} pairs (needs 4x)")
+        stride = 2 + o.value_gap  # context positions per pair
+        if o.num_kv_pairs * (stride + 2) > seq_len:
+            raise ValueError(f"mqar: seq_len {seq_len} is too short for {o.num_kv_pairs} pairs "
+                             f"(needs {stride + 2}x)")
         n, pairs, V = num_examples, o.num_kv_pairs, o.vocab_size
         half = V // 2
         # without-replacement draws: the first `pairs` entries of a random permutation per row
         keys = torch.argsort(torch.rand(n, half - 1, generator=generator), dim=1)[:, :pairs] + 1
         values = torch.argsort(torch.rand(n, V - half, generator=generator), dim=1)[:, :pairs] + half
-        context = 2 * pairs
-        kv = torch.empty(n, context, dtype=torch.long)
-        kv[:, 0::2], kv[:, 1::2] = keys, values
+        context = stride * pairs
+        kv = torch.zeros(n, context, dtype=torch.long)  # fillers stay 0 (random_fill replaces them)
+        kv[:, 0::stride], kv[:, stride - 1::stride] = keys, values
         space = (seq_len - context) // 2
         weights = o.power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (o.power_a - 1)
         gaps = torch.multinomial(weights.expand(n, space), pairs, replacement=False, generator=generator)
