@@ -226,3 +226,12 @@ def test_a_recipe_with_eval_tasks_trains_and_reports_task_metrics():
     for key in ("test_accuracy@task=sp", "test_accuracy@task=sp@48", "test_accuracy@task=hop",
                 "test_accuracy@task=hop@48", "test_accuracy@48"):
         assert 0.0 <= metrics[key] <= 1.0, key
+
+
+def test_claims_read_the_lengths_of_task_metrics():
+    from zoo.claims import CellStats
+    row = {"metrics": {"test_accuracy@task=niah": 0.5, "test_accuracy@task=niah@128": 0.4, "test_accuracy@128": 0.3},
+           "recipe": {"seed": 0}}
+    cell = CellStats("t", "c", [row])
+    assert cell.lengths("test_accuracy@task=niah") == ["test_accuracy@task=niah", "test_accuracy@task=niah@128"]
+    assert cell.lengths("test_accuracy") == ["test_accuracy", "test_accuracy@128"]
