@@ -90,8 +90,10 @@ class CellStats:
 
     def lengths(self, metric: str) -> list[str]:
         """``metric`` at the training length, then at every test length of the cell's rows."""
-        found = sorted({int(k.split("@")[1]) for k in self.metrics()
-                        if k.startswith(metric + "@") and k.split("@")[1].isdigit()})
+        # the length is what follows "<metric>@", so metrics with an "@" of their own (e.g.
+        # test_accuracy@task=<label>) have lengths too
+        found = sorted({int(k[len(metric) + 1:]) for k in self.metrics()
+                        if k.startswith(metric + "@") and k[len(metric) + 1:].isdigit()})
         return [metric] + [f"{metric}@{length}" for length in found]
 
     def summary(self, metric: str) -> str:

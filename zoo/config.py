@@ -94,6 +94,10 @@ class EvalConfig:
     test_time_sweep: dict[str, list] = opt(None, "also evaluate the trained model at each value of a test-time "
                                                  "knob, e.g. {<knob>: [0, 5, 10]} (columns "
                                                  "test_accuracy@<knob>=value)", default_factory=dict)
+    tasks: list[dict[str, Any]] = opt(None, "also evaluate the trained model zero-shot on other tasks: entries "
+                                            "{label: <short name>, name: <task>, <option>: value}; options left out "
+                                            "come from the training task where it has them (columns "
+                                            "test_accuracy@task=<label>, @task=<label>@<L>)", default_factory=list)
 
 
 @dataclass
@@ -151,6 +155,7 @@ class Recipe:
     source: str = ""
     cells: list = field(default_factory=list)  # [Cell] of the grid, each a resolved Recipe
     imports: tuple = ()  # the recipe's `imports`, for a process that runs it elsewhere (a Ray worker)
+    eval_tasks: list = field(default_factory=list)  # [(label, Spec)] of eval.tasks
 
     # the typed sections, for reading convenience
     @property

@@ -4,7 +4,8 @@ The checkpoint carries its resolved recipe; :func:`eval_recipe` re-resolves it w
 leave the trained model as it is:
 
 - ``eval.*``: other test lengths (``eval.seq_lens=[64,128]``), test-time knob values
-  (``eval.test_time={knob: v}``, ``eval.test_time_sweep``), the evaluation batch size;
+  (``eval.test_time={knob: v}``, ``eval.test_time_sweep``), other tasks with the same vocabulary
+  (``eval.tasks``, :mod:`zoo.eval_tasks`), the evaluation batch size;
 - ``task.<option>`` for options that keep the task's vocabulary (e.g. ``task.num_test``,
   ``task.seq_len``, ``task.num_kv_pairs``), never ``task.name``;
 - ``seed`` (it selects the test data here), ``train.device``, ``train.threads``,

@@ -36,6 +36,7 @@ from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .config import Cell, Recipe, RecipeConfig, Spec
+from .eval_tasks import plain_eval_tasks, resolve_eval_tasks
 
 #: the most values a recipe may expand to (YAML aliases can make a small file enormous)
 MAX_VALUES = 100_000
@@ -338,8 +339,10 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
     for knob, values in config.eval.test_time_sweep.items():
         if not isinstance(values, list) or not values:
             fail(f"eval.test_time_sweep.{knob}", f"expected a non-empty list of values, got {values!r}")
-    plain = _plain(config, layers, state_mixer, task)
-    return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name)
+    eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
+    plain = _plain(config, layers, state_mixer, task, eval_tasks)
+    return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
+                  eval_tasks=eval_tasks)
 
 
 def layer_label(entry) -> str:
@@ -351,7 +354,8 @@ def layer_label(entry) -> str:
     return f"{name}({inner})" if inner else name
 
 
-def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Spec) -> dict:
+def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Spec,
+           eval_tasks: list[tuple[str, Spec]]) -> dict:
     """The fully resolved recipe as JSON data: every default filled in, layers expanded, options per layer."""
     plain = asdict(config)
     model = plain["model"]
@@ -360,6 +364,10 @@ def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Sp
     model["layer_options"] = [plain_options(spec.options) for spec in layers]
     model["state_mixer_options"] = plain_options(state_mixer.options)
     plain["task"] = {"name": task.name, **plain_options(task.options)}
+    if eval_tasks:
+        plain["eval"]["tasks"] = plain_eval_tasks(eval_tasks)
+    else:  # absent, not [], so recipes without eval.tasks keep their hashes
+        plain["eval"].pop("tasks")
     plain.pop("grid", None)
     plain.pop("seeds", None)  # like the grid, it says which cells run, not what one computes
     return json.loads(json.dumps(plain))

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from . import distributed
 from .config import Recipe
+from .eval_tasks import eval_task_metrics
 from .model import HybridLM
 from .recipes import RecipeError
 from .tasks import TASKS, Task, TaskData
@@ -125,7 +126,8 @@ def evaluate(model: HybridLM, data: TaskData, batch_size: int, device, precision
 def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision: str = "auto") -> dict:
     """The end-of-run evaluation of a trained model (what ``zoo eval`` recomputes from a checkpoint):
     test loss/accuracy under ``eval.test_time``, each ``eval.seq_lens`` length, each value of
-    ``eval.test_time_sweep``, and the model's size and state."""
+    ``eval.test_time_sweep``, each ``eval.tasks`` entry (:mod:`zoo.eval_tasks`), and the model's size
+    and state."""
     metrics = {}
     bs = recipe.eval.batch_size
     test_data = task.make("test", recipe.seed)
@@ -145,6 +147,7 @@ def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision:
         for value in values:
             with model.test_time({**recipe.eval.test_time, knob: value}):
                 metrics[f"test_accuracy@{knob}={value}"] = evaluate(model, test_data, bs, device, precision)["accuracy"]
+    metrics.update(eval_task_metrics(model, recipe, device, precision))
     metrics["params"] = model.num_params()
     metrics["state_size"] = model.state_size(task.seq_len)
     metrics["active_state_size"] = model.active_state_size(task.seq_len)

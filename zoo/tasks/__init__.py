@@ -1,5 +1,6 @@
-"""Synthetic tasks, registered by name (``zoo list`` shows them): MQAR and the state-tracking family."""
+"""Synthetic tasks, registered by name (``zoo list`` shows them): MQAR, the state-tracking family and the
+transfer-retrieval tasks."""
 from .base import TASKS, Task, TaskData, register_task
-from . import memory_tasks, mqar, state_tasks  # noqa: F401  (registration)
+from . import memory_tasks, mqar, state_tasks, transfer_mix, transfer_tasks  # noqa: F401  (registration)
 
 __all__ = ["TASKS", "Task", "TaskData", "register_task"]

@@ -1,0 +1,174 @@
+"""Shared vocabulary, options and row assembly of the transfer-retrieval tasks.
+
+The transfer benchmark of Echo (Sridhar & Johansen, "Echo: KV-Cache-Free Associative Recall with
+Spectral Koopman Operators", arXiv 2605.06997, section 4.1 and Table 3) trains a model once on a mix of
+system-prompt and tool-trace sequences and evaluates it zero-shot on five retrieval tasks. Zero-shot
+evaluation only makes sense if every task speaks the same vocabulary, so all of them share one token
+layout (``V = vocab_size``, ``n = V - 4``)::
+
+    0 pad (unused)   1 Q (query marker)   2, 3 reserved
+    keys    [4, 4 + 3n/8)            names, variables, agents, tools
+    values  [4 + 3n/8, 4 + 6n/8)     what a fact binds a key to
+    filler  [4 + 6n/8, V)            distractor tokens (scratchpad, tool output, haystack)
+
+Every sequence has the same three parts: **facts** (the key-value bindings, where the task puts them),
+**distractors** (filler tokens filling the rest of the length) and **queries** at the end, each
+``Q <key ...> <answer>``. The label sits at the last key token of a query (the next token is the
+answer, fed in as input after it, as in ``?Agent:Tool=Result``); every other label is -100. The mask
+(``TaskData.mask``, SKA's prefix / action mask) is 1 exactly on the fact tokens, like MQAR's mask on
+its key-value context.
+
+The paper names the tasks and their fact/distractor/query structure but not their token layouts, the
+number of queries or the vocabulary; those are our choices, documented in each task's docstring and
+kept as options. Generation runs row by row with NumPy (the layouts vary per row), seeded from the
+torch generator that :meth:`Task.make` derives from the recipe seed, split and length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mixers.options import opt
+
+from .base import Task, TaskData
+
+IGNORE = -100
+QUERY = 1
+NUM_SPECIAL = 4
+
+
+@dataclass
+class Vocab:
+    """The id ranges of one vocabulary size (see the module docstring)."""
+    size: int
+
+    @property
+    def keys(self) -> tuple[int, int]:
+        n = self.size - NUM_SPECIAL
+        return NUM_SPECIAL, NUM_SPECIAL + 3 * n // 8
+
+    @property
+    def values(self) -> tuple[int, int]:
+        n = self.size - NUM_SPECIAL
+        return NUM_SPECIAL + 3 * n // 8, NUM_SPECIAL + 6 * n // 8
+
+    @property
+    def filler(self) -> tuple[int, int]:
+        return self.values[1], self.size
+
+
+@dataclass
+class TransferOptions:
+    """Options every transfer task has (a recipe's ``eval.tasks`` entry inherits them from the training
+    task when it leaves them out)."""
+    vocab_size: int = opt(128, "vocabulary size V shared by all transfer tasks (keys, values, filler; see "
+                               "zoo/tasks/transfer_base.py)", at_least=32, at_most=1 << 20)
+    seq_len: int = opt(64, "training sequence length", at_least=8, at_most=1 << 22)
+    num_kv_pairs: int = opt(4, "facts per sequence (the most, when min_kv_pairs is set)", at_least=1)
+    min_kv_pairs: int = opt(0, "if > 0, each sequence draws its number of facts uniformly from "
+                               "[min_kv_pairs, num_kv_pairs]; 0 = always num_kv_pairs", at_least=0)
+    num_queries: int = opt(2, "queries per sequence, each on a different fact (capped by the facts; "
+                              "0 = one per fact)", at_least=0)
+    num_train: int = opt(10_000, "training examples", at_least=1, at_most=10_000_000)
+    num_test: int = opt(300, "test examples", at_least=1, at_most=10_000_000)
+
+    def __post_init__(self):
+        if self.min_kv_pairs > self.num_kv_pairs:
+            raise ValueError(f"min_kv_pairs ({self.min_kv_pairs}) must be <= num_kv_pairs ({self.num_kv_pairs}); "
+                             f"lower min_kv_pairs or set it to 0 for a fixed count")
+        vocab = Vocab(self.vocab_size)
+        if self.keys_needed() > vocab.keys[1] - vocab.keys[0]:
+            raise ValueError(f"vocab_size {self.vocab_size} has {vocab.keys[1] - vocab.keys[0]} key ids but "
+                             f"{self.keys_needed()} distinct keys are needed; raise vocab_size or lower num_kv_pairs")
+        if self.values_needed() > vocab.values[1] - vocab.values[0]:
+            raise ValueError(f"vocab_size {self.vocab_size} has {vocab.values[1] - vocab.values[0]} value ids but "
+                             f"{self.values_needed()} distinct values are needed; raise vocab_size or lower "
+                             f"num_kv_pairs")
+        if self.min_seq_len() > self.seq_len:
+            raise ValueError(f"seq_len {self.seq_len} is shorter than the {self.min_seq_len()} tokens that "
+                             f"{self.num_kv_pairs} facts and their queries need; raise seq_len or lower "
+                             f"num_kv_pairs / num_queries")
+
+    def queries(self, pairs: int) -> int:
+        return pairs if self.num_queries == 0 else min(self.num_queries, pairs)
+
+    # per task: distinct ids and tokens that the most facts need
+    def keys_needed(self) -> int:
+        return self.num_kv_pairs
+
+    def values_needed(self) -> int:
+        return self.num_kv_pairs
+
+    def min_seq_len(self) -> int:
+        raise NotImplementedError
+
+
+class TransferTask(Task):
+    """A transfer task: :meth:`row` lays out one sequence; :meth:`generate` stacks rows."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.options.vocab_size
+
+    @property
+    def vocab(self) -> Vocab:
+        return Vocab(self.options.vocab_size)
+
+    def row(self, rng: np.random.Generator, pairs: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(inputs, labels, mask)`` of one sequence with ``pairs`` facts."""
+        raise NotImplementedError
+
+    def pair_counts(self, rng: np.random.Generator, num_examples: int) -> np.ndarray:
+        o = self.options
+        if o.min_kv_pairs:
+            return rng.integers(o.min_kv_pairs, o.num_kv_pairs + 1, size=num_examples)
+        return np.full(num_examples, o.num_kv_pairs)
+
+    def check_length(self, seq_len: int) -> None:
+        need = self.options.min_seq_len()
+        if seq_len < need:
+            raise ValueError(f"{self.name}: seq_len {seq_len} is too short for {self.options.num_kv_pairs} facts "
+                             f"and their queries (needs >= {need})")
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
+        rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
+        return stack([self.row(rng, int(p), seq_len) for p in self.pair_counts(rng, num_examples)])
+
+    # --- helpers for rows --------------------------------------------------------------------------
+    def draw(self, rng: np.random.Generator, which: str, count: int) -> np.ndarray:
+        """``count`` distinct ids of the ``keys`` or ``values`` range."""
+        lo, hi = getattr(self.vocab, which)
+        return rng.choice(np.arange(lo, hi), size=count, replace=False)
+
+    def filler(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        lo, hi = self.vocab.filler
+        return rng.integers(lo, hi, size=count)
+
+
+def queries_block(keys: list[np.ndarray], answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``Q <key tokens> <answer>`` per query; labels the last key token with the answer."""
+    tokens, labels = [], []
+    for key, answer in zip(keys, answers):
+        key = np.atleast_1d(key)
+        tokens += [QUERY, *key.tolist(), int(answer)]
+        labels += [IGNORE] * len(key) + [int(answer), IGNORE]
+    return np.array(tokens, dtype=np.int64), np.array(labels, dtype=np.int64)
+
+
+def assemble(body: np.ndarray, body_mask: np.ndarray, query_tokens: np.ndarray,
+             query_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Facts and distractors (``body``, its mask), then the queries: one full row."""
+    inputs = np.concatenate([body, query_tokens])
+    labels = np.concatenate([np.full(len(body), IGNORE, dtype=np.int64), query_labels])
+    mask = np.concatenate([body_mask, np.zeros(len(query_tokens))])
+    return inputs, labels, mask
+
+
+def stack(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> TaskData:
+    inputs = torch.from_numpy(np.stack([r[0] for r in rows])).long()
+    labels = torch.from_numpy(np.stack([r[1] for r in rows])).long()
+    mask = torch.from_numpy(np.stack([r[2] for r in rows])).float()
+    return TaskData(inputs, labels, mask)

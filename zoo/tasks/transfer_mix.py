@@ -1,0 +1,51 @@
+"""``transfer_mix``: the training curriculum of Echo's transfer benchmark (arXiv 2605.06997, section 4.1).
+
+Each sequence is a ``system_prompt`` sequence or, with probability ``tool_trace_fraction``, a
+``tool_trace`` sequence (both from :mod:`zoo.tasks.transfer_tasks`, same vocabulary, options and
+mask convention). The paper trains on "a mixed dataset of system-prompt and tool-trace examples"
+without giving the proportion; an even mix is our default.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from mixers.options import opt
+
+from .base import TaskData, register_task
+from .transfer_base import TransferOptions, TransferTask, stack
+from .transfer_tasks import SystemPrompt, ToolTrace
+
+
+@register_task
+class TransferMix(TransferTask):
+    name = "transfer_mix"
+    description = "transfer training mix: system_prompt and tool_trace sequences (tool_trace_fraction of them)"
+
+    @dataclass
+    class Options(TransferOptions):
+        num_agents: int = opt(3, "agents of the tool_trace sequences", at_least=1, at_most=64)
+        tool_trace_fraction: float = opt(0.5, "probability that a sequence is a tool_trace one (else system_prompt)",
+                                         at_least=0.0, at_most=1.0)
+
+        def keys_needed(self) -> int:
+            return self.num_kv_pairs + self.num_agents
+
+        def min_seq_len(self) -> int:
+            return 3 * self.num_kv_pairs + 4 * self.queries(self.num_kv_pairs)
+
+    def __init__(self, options):
+        super().__init__(options)
+        shared = {f.name: getattr(options, f.name) for f in fields(TransferOptions)}
+        self.parts = (SystemPrompt(SystemPrompt.Options(**shared)),
+                      ToolTrace(ToolTrace.Options(**shared, num_agents=options.num_agents)))
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
+        rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
+        pairs = self.pair_counts(rng, num_examples)
+        tool = rng.random(num_examples) < self.options.tool_trace_fraction
+        return stack([self.parts[int(t)].row(rng, int(p), seq_len) for p, t in zip(pairs, tool)])
+
