@@ -147,6 +147,14 @@ class TransferTask(Task):
         lo, hi = self.vocab.filler
         return rng.integers(lo, hi, size=count)
 
+    def facts_first(self, rng: np.random.Generator, facts: np.ndarray, query_tokens: np.ndarray,
+                    query_labels: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One row: the ``facts`` (masked in) open it, filler runs up to the queries at its end."""
+        gap = seq_len - len(facts) - len(query_tokens)
+        body = np.concatenate([facts, self.filler(rng, gap)])
+        mask = np.concatenate([np.ones(len(facts)), np.zeros(gap)])
+        return assemble(body, mask, query_tokens, query_labels)
+
 
 def queries_block(keys: list[np.ndarray], answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``Q <key tokens> <answer>`` per query; labels the last key token with the answer."""

@@ -51,10 +51,7 @@ class SystemPrompt(TransferTask):
         facts = np.stack([keys, values], axis=1).reshape(-1)
         asked = rng.choice(pairs, size=self.options.queries(pairs), replace=False)
         q_tokens, q_labels = queries_block(list(keys[asked]), values[asked])
-        gap = seq_len - len(facts) - len(q_tokens)
-        body = np.concatenate([facts, self.filler(rng, gap)])
-        mask = np.concatenate([np.ones(len(facts)), np.zeros(gap)])
-        return assemble(body, mask, q_tokens, q_labels)
+        return self.facts_first(rng, facts, q_tokens, q_labels, seq_len)
 
 
 @register_task
@@ -141,10 +138,7 @@ class MultiHop(TransferTask):
         facts = facts[rng.permutation(len(facts))].reshape(-1)
         asked = rng.choice(pairs, size=self.options.queries(pairs), replace=False)
         q_tokens, q_labels = queries_block(list(chains[asked, 0]), ends[asked])
-        gap = seq_len - len(facts) - len(q_tokens)
-        body = np.concatenate([facts, self.filler(rng, gap)])
-        mask = np.concatenate([np.ones(len(facts)), np.zeros(gap)])
-        return assemble(body, mask, q_tokens, q_labels)
+        return self.facts_first(rng, facts, q_tokens, q_labels, seq_len)
 
 
 @register_task
@@ -181,7 +175,4 @@ class CommonWord(TransferTask):
         pool = np.flatnonzero(values == words[0]) if o.query_common_only else np.arange(pairs)
         asked = rng.choice(pool, size=min(o.queries(pairs), len(pool)), replace=False)
         q_tokens, q_labels = queries_block(list(keys[asked]), values[asked])
-        gap = seq_len - len(facts) - len(q_tokens)
-        body = np.concatenate([facts, self.filler(rng, gap)])
-        mask = np.concatenate([np.ones(len(facts)), np.zeros(gap)])
-        return assemble(body, mask, q_tokens, q_labels)
+        return self.facts_first(rng, facts, q_tokens, q_labels, seq_len)
