@@ -25,16 +25,9 @@ class TransferMix(TransferTask):
     description = "transfer training mix: system_prompt and tool_trace sequences (tool_trace_fraction of them)"
 
     @dataclass
-    class Options(TransferOptions):
-        num_agents: int = opt(3, "agents of the tool_trace sequences", at_least=1, at_most=64)
+    class Options(ToolTrace.Options):  # the tool_trace options (num_agents and the length rules) plus the mix
         tool_trace_fraction: float = opt(0.5, "probability that a sequence is a tool_trace one (else system_prompt)",
                                          at_least=0.0, at_most=1.0)
-
-        def keys_needed(self) -> int:
-            return self.num_kv_pairs + self.num_agents
-
-        def min_seq_len(self) -> int:
-            return 3 * self.num_kv_pairs + 4 * self.queries(self.num_kv_pairs)
 
     def __init__(self, options):
         super().__init__(options)
