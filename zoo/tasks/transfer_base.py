@@ -102,7 +102,8 @@ class TransferOptions:
         return self.num_kv_pairs
 
     def min_seq_len(self) -> int:
-        raise NotImplementedError
+        """Tokens the most facts and their queries need; the default is ``k v`` facts and ``Q k v`` queries."""
+        return 2 * self.num_kv_pairs + 3 * self.queries(self.num_kv_pairs)
 
 
 class TransferTask(Task):

@@ -41,10 +41,7 @@ class SystemPrompt(TransferTask):
     name = "system_prompt"
     description = "transfer: system variables k v at the start, a filler scratchpad, then queries Q k v"
 
-    @dataclass
-    class Options(TransferOptions):
-        def min_seq_len(self) -> int:
-            return 2 * self.num_kv_pairs + 3 * self.queries(self.num_kv_pairs)
+    Options = TransferOptions  # k v facts, Q k v queries
 
     def row(self, rng, pairs, seq_len):
         keys, values = self.draw(rng, "keys", pairs), self.draw(rng, "values", pairs)
@@ -93,10 +90,7 @@ class NeedleInHaystack(TransferTask):
     name = "niah"
     description = "transfer: needles k v at random depths of a filler haystack, then queries Q k v"
 
-    @dataclass
-    class Options(TransferOptions):
-        def min_seq_len(self) -> int:
-            return 2 * self.num_kv_pairs + 3 * self.queries(self.num_kv_pairs)
+    Options = TransferOptions  # k v facts, Q k v queries
 
     def row(self, rng, pairs, seq_len):
         keys, values = self.draw(rng, "keys", pairs), self.draw(rng, "values", pairs)
@@ -159,9 +153,6 @@ class CommonWord(TransferTask):
 
         def values_needed(self) -> int:
             return self.num_kv_pairs - self.num_common + 1
-
-        def min_seq_len(self) -> int:
-            return 2 * self.num_kv_pairs + 3 * self.queries(self.num_kv_pairs)
 
     def row(self, rng, pairs, seq_len):
         o = self.options
