@@ -40,7 +40,7 @@ def test_shapes_vocab_and_labels_only_at_queries(name):
     lo, hi = Vocab(V).values
     for x, y in zip(data.inputs.tolist(), data.labels.tolist()):
         sup = supervised(y)
-        assert 1 <= len(sup) <= 3
+        assert len(sup) == 3, "num_queries=3 of 4 facts: three queries per sequence"
         for t in sup:
             assert lo <= y[t] < hi, "answers are value tokens"
             assert x[query_start(name, x, t)] == QUERY, "a label sits on the last key token of a query"
