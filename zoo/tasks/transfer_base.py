@@ -25,6 +25,7 @@ torch generator that :meth:`Task.make` derives from the recipe seed, split and l
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,7 +108,7 @@ class TransferOptions:
 
 
 class TransferTask(Task):
-    """A transfer task: :meth:`row` lays out one sequence; :meth:`generate` stacks rows."""
+    """A transfer task: :meth:`rows` lays out the sequences; :meth:`generate` seeds, sizes and stacks them."""
 
     @property
     def vocab_size(self) -> int:
@@ -117,9 +118,10 @@ class TransferTask(Task):
     def vocab(self) -> Vocab:
         return Vocab(self.options.vocab_size)
 
-    def row(self, rng: np.random.Generator, pairs: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(inputs, labels, mask)`` of one sequence with ``pairs`` facts."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def rows(self, rng: np.random.Generator, pairs: np.ndarray,
+             seq_len: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """One ``(inputs, labels, mask)`` row per entry of ``pairs`` (the number of facts of each sequence)."""
 
     def pair_counts(self, rng: np.random.Generator, num_examples: int) -> np.ndarray:
         o = self.options
@@ -136,7 +138,18 @@ class TransferTask(Task):
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
         self.check_length(seq_len)
         rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
-        return stack([self.row(rng, int(p), seq_len) for p in self.pair_counts(rng, num_examples)])
+        return stack(self.rows(rng, self.pair_counts(rng, num_examples), seq_len))
+
+
+class OneLayoutTask(TransferTask):
+    """A transfer task whose sequences all follow one layout, written by :meth:`row`."""
+
+    @abc.abstractmethod
+    def row(self, rng: np.random.Generator, pairs: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(inputs, labels, mask)`` of one sequence with ``pairs`` facts."""
+
+    def rows(self, rng, pairs, seq_len):
+        return [self.row(rng, int(p), seq_len) for p in pairs]
 
     # --- helpers for rows --------------------------------------------------------------------------
     def draw(self, rng: np.random.Generator, which: str, count: int) -> np.ndarray:

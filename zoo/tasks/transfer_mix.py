@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
-import torch
-
 from mixers.options import opt
 
-from .base import TaskData, register_task
-from .transfer_base import TransferOptions, TransferTask, stack
+from .base import register_task
+from .transfer_base import TransferOptions, TransferTask
 from .transfer_tasks import SystemPrompt, ToolTrace
 
 
@@ -35,10 +32,6 @@ class TransferMix(TransferTask):
         self.parts = (SystemPrompt(SystemPrompt.Options(**shared)),
                       ToolTrace(ToolTrace.Options(**shared, num_agents=options.num_agents)))
 
-    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
-        self.check_length(seq_len)
-        rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
-        pairs = self.pair_counts(rng, num_examples)
-        tool = rng.random(num_examples) < self.options.tool_trace_fraction
-        return stack([self.parts[int(t)].row(rng, int(p), seq_len) for p, t in zip(pairs, tool)])
-
+    def rows(self, rng, pairs, seq_len):
+        tool = rng.random(len(pairs)) < self.options.tool_trace_fraction
+        return [self.parts[int(t)].row(rng, int(p), seq_len) for p, t in zip(pairs, tool)]

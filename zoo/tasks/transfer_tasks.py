@@ -33,11 +33,11 @@ import numpy as np
 from mixers.options import opt
 
 from .base import register_task
-from .transfer_base import TransferOptions, TransferTask, assemble, queries_block
+from .transfer_base import OneLayoutTask, TransferOptions, assemble, queries_block
 
 
 @register_task
-class SystemPrompt(TransferTask):
+class SystemPrompt(OneLayoutTask):
     name = "system_prompt"
     description = "transfer: system variables k v at the start, a filler scratchpad, then queries Q k v"
 
@@ -52,7 +52,7 @@ class SystemPrompt(TransferTask):
 
 
 @register_task
-class ToolTrace(TransferTask):
+class ToolTrace(OneLayoutTask):
     name = "tool_trace"
     description = "transfer: tool calls 'agent tool result' each followed by filler output, then Q agent tool result"
 
@@ -86,7 +86,7 @@ class ToolTrace(TransferTask):
 
 
 @register_task
-class NeedleInHaystack(TransferTask):
+class NeedleInHaystack(OneLayoutTask):
     name = "niah"
     description = "transfer: needles k v at random depths of a filler haystack, then queries Q k v"
 
@@ -109,7 +109,7 @@ class NeedleInHaystack(TransferTask):
 
 
 @register_task
-class MultiHop(TransferTask):
+class MultiHop(OneLayoutTask):
     name = "multi_hop"
     description = "transfer: chains k0 -> k1 -> ... -> v as shuffled pair facts, then Q k0 v (answer = chain end)"
 
@@ -136,7 +136,7 @@ class MultiHop(TransferTask):
 
 
 @register_task
-class CommonWord(TransferTask):
+class CommonWord(OneLayoutTask):
     name = "common_word"
     description = "transfer: k v facts where one value (the common word) is bound to several keys; Q k -> it"
 
