@@ -43,8 +43,10 @@ def plain_options(options) -> dict:
     """``dataclasses.asdict(options)`` without the ``omit_at_default`` options that hold their default."""
     out = dataclasses.asdict(options)
     for f in dataclasses.fields(options):
-        if f.metadata.get("omit_at_default") and out[f.name] == f.default:
-            del out[f.name]
+        if f.metadata.get("omit_at_default"):
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            if out[f.name] == default:
+                del out[f.name]
     return out
 
 

@@ -68,10 +68,13 @@ class TrainConfig:
     checkpoint_every: int = opt(500, "with a checkpoint folder (zoo train --out, every zoo ablate cell), also "
                                      "save every N steps, so a killed run resumes there (0: only at the end)",
                                 at_least=0)
+    # precision and compile came after the first recorded results: left out of the resolved recipe
+    # (and so of its hash) while at their defaults
     precision: str = opt("auto", "autocast precision: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16 "
-                                 "(fp16 uses a gradient scaler)", choices=("auto", "fp32", "bf16", "fp16"))
+                                 "(fp16 uses a gradient scaler)", choices=("auto", "fp32", "bf16", "fp16"),
+                         omit_at_default=True)
     compile: bool = opt(False, "torch.compile the model for training (falls back to eager with a warning "
-                               "where compilation fails)")
+                               "where compilation fails)", omit_at_default=True)
     tracking: str = opt("none", "also log the training curve to tensorboard or wandb (pip install "
                                 "'mixer-zoo[tracking]'); results.jsonl stays the record",
                         choices=("none", "tensorboard", "wandb"))
@@ -97,7 +100,8 @@ class EvalConfig:
     tasks: list[dict[str, Any]] = opt(None, "also evaluate the trained model zero-shot on other tasks: entries "
                                             "{label: <short name>, name: <task>, <option>: value}; options left out "
                                             "come from the training task where it has them (columns "
-                                            "test_accuracy@task=<label>, @task=<label>@<L>)", default_factory=list)
+                                            "test_accuracy@task=<label>, @task=<label>@<L>)", default_factory=list,
+                                     omit_at_default=True)
 
 
 @dataclass
@@ -139,9 +143,6 @@ COSMETIC_KEYS = ("name", "description", "grid", "seeds")
 #: train options that never change what a run computes (left out of the hash, so e.g. a checkpoint
 #: interval may change between a killed run and its resumption)
 COSMETIC_TRAIN_KEYS = ("checkpoint_every", "tracking", "tracking_dir")
-#: train options added after recipe hashes were first recorded: hashed only when set away from these
-#: defaults, so earlier results keep their keys
-LATER_TRAIN_DEFAULTS = {"precision": "auto", "compile": False}
 
 
 @dataclass
@@ -183,8 +184,7 @@ class Recipe:
         """Stable hash of everything that changes what the recipe computes."""
         content = {k: v for k, v in self.plain.items() if k not in COSMETIC_KEYS}
         if isinstance(content.get("train"), dict):
-            content["train"] = {k: v for k, v in content["train"].items() if k not in COSMETIC_TRAIN_KEYS
-                                and not (k in LATER_TRAIN_DEFAULTS and v == LATER_TRAIN_DEFAULTS[k])}
+            content["train"] = {k: v for k, v in content["train"].items() if k not in COSMETIC_TRAIN_KEYS}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 

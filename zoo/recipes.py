@@ -364,10 +364,9 @@ def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Sp
     model["layer_options"] = [plain_options(spec.options) for spec in layers]
     model["state_mixer_options"] = plain_options(state_mixer.options)
     plain["task"] = {"name": task.name, **plain_options(task.options)}
-    if eval_tasks:
+    plain["train"], plain["eval"] = plain_options(config.train), plain_options(config.eval)
+    if eval_tasks:  # the entries as resolved, every option filled in
         plain["eval"]["tasks"] = plain_eval_tasks(eval_tasks)
-    else:  # absent, not [], so recipes without eval.tasks keep their hashes
-        plain["eval"].pop("tasks")
     plain.pop("grid", None)
     plain.pop("seeds", None)  # like the grid, it says which cells run, not what one computes
     return json.loads(json.dumps(plain))
