@@ -5,8 +5,8 @@ normalisation A = clamp(gamma, 1, gamma_max) A_w / max(sigma, 1) active?).
     zoo ablate recipes/ablations/echo_power.yaml --out /tmp/echo_power --no-progress
     python tables/echo_power/inspect_ska.py /tmp/echo_power
 
-Assumes masked prefix-mode SKA as the model's layer 1 (the echo recipes); sigma is computed from the
-same statistics as kernels/ska/reference.py (seq_max key scale over the masked tokens).
+Assumes masked prefix-mode SKA as the model's layer 1 (the echo recipes); the statistics and the
+whitening are the kernel's own (``ska_final_state``, ``whitened_operator``), with the seq_max key scale.
 """
 import glob
 import sys
@@ -14,22 +14,21 @@ from pathlib import Path
 
 import torch
 
+from kernels.ska.chunked import ska_final_state
+from kernels.ska.reference import whitened_operator
 from zoo.checkpoint import load
 from zoo.evaluation import eval_recipe, load_model
 from zoo.train import build_task
 
 
 def whitened_lag_sigma(k: torch.Tensor, w: torch.Tensor, ridge: float) -> torch.Tensor:
-    """Top singular value of L^-1 M L^-T per (sequence, head); k (B, T, H, r), w (B, T) 0/1 mask."""
-    w = w[..., None]
-    scale = (k.norm(dim=-1) * w).amax(dim=1).clamp_min(1e-6)
-    kn = k / scale[:, None, :, None]
-    G = torch.einsum("bth,bthr,bths->bhrs", w, kn, kn) + ridge * torch.eye(k.shape[-1])
-    M = torch.einsum("bth,bthr,bths->bhrs", w[:, 1:] * w[:, :-1], kn[:, 1:], kn[:, :-1])
-    L = torch.linalg.cholesky(G)
-    A = torch.linalg.solve_triangular(L, M, upper=False)
-    A = torch.linalg.solve_triangular(L, A.transpose(-1, -2), upper=False).transpose(-1, -2)
-    return torch.linalg.matrix_norm(A, ord=2)
+    """Top singular value (exact, not the kernel's power-iteration estimate) of ``A_w = L^-1 M L^-T`` per
+    (sequence, head), from the statistics a prefill of keys ``k`` (B, T, H, r) under mask ``w`` builds."""
+    state = ska_final_state(k, torch.zeros_like(k), w)
+    s2 = state["s"].clamp_min(1e-6)[..., None, None] ** 2  # seq_max key scale, squared
+    G = state["G"] / s2 + ridge * torch.eye(k.shape[-1])
+    _, A_w = whitened_operator(G, state["M"] / s2)
+    return torch.linalg.matrix_norm(A_w, ord=2)
 
 
 def main(folders):
