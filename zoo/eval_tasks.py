@@ -56,12 +56,11 @@ def resolve_eval_tasks(entries: list, train_task: Spec, seq_lens: list[int],
             spec = Spec(name, build_options(cls.Options, merged, ""))
         except OptionError as err:
             fail(at + (f".{err.path}" if err.path else ""), err.message)
-        vocab = cls(spec.options).vocab_size
-        if vocab != train_vocab:
-            fail(at, f"task {name!r} here has vocabulary size {vocab} but the model is trained with {train_vocab}; "
-                     f"set its options so the vocabularies match (e.g. vocab_size)")
         task = cls(spec.options)
-        for length in seq_lens if hasattr(task, "check_length") else ():
+        if task.vocab_size != train_vocab:
+            fail(at, f"task {name!r} here has vocabulary size {task.vocab_size} but the model is trained with "
+                     f"{train_vocab}; set its options so the vocabularies match (e.g. vocab_size)")
+        for length in seq_lens:
             try:
                 task.check_length(length)
             except ValueError as err:

@@ -213,9 +213,10 @@ def test_bad_eval_tasks_are_refused(tasks, words):
         resolve(recipe(tasks=tasks))
 
 
-def test_eval_tasks_length_checked_against_seq_lens():
-    with pytest.raises(RecipeError, match="eval.seq_lens asks for 16"):
-        resolve(recipe(seq_lens=[16], tasks=[{"name": "tool_trace"}]))
+@pytest.mark.parametrize("entry", [{"name": "tool_trace"}, {"name": "mqar", "vocab_size": 64, "num_kv_pairs": 5}])
+def test_eval_tasks_length_checked_against_seq_lens(entry):
+    with pytest.raises(RecipeError, match="too short.*eval.seq_lens asks for 16"):
+        resolve(recipe(seq_lens=[16], tasks=[entry]))
 
 
 def test_a_recipe_with_eval_tasks_trains_and_reports_task_metrics():

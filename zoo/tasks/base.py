@@ -55,6 +55,10 @@ class Task(abc.ABC):
     def num_examples(self, split: str) -> int:
         return self.options.num_train if split == "train" else self.options.num_test
 
+    def check_length(self, seq_len: int) -> None:
+        """Raise ValueError naming the problem if sequences of ``seq_len`` cannot be generated (a task
+        with a minimum length overrides this; it is checked when a recipe is validated)."""
+
     @abc.abstractmethod
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
         """``num_examples`` sequences of length ``seq_len`` drawn with ``generator``."""

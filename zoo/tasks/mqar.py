@@ -53,12 +53,16 @@ class MQAR(Task):
     def vocab_size(self) -> int:
         return self.options.vocab_size
 
+    def check_length(self, seq_len: int) -> None:
+        need = self.options.num_kv_pairs * (4 + self.options.value_gap)
+        if seq_len < need:
+            raise ValueError(f"mqar: seq_len {seq_len} is too short for {self.options.num_kv_pairs} pairs "
+                             f"(needs >= {need})")
+
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
         o = self.options
         stride = 2 + o.value_gap  # context positions per pair
-        if o.num_kv_pairs * (stride + 2) > seq_len:
-            raise ValueError(f"mqar: seq_len {seq_len} is too short for {o.num_kv_pairs} pairs "
-                             f"(needs {stride + 2}x)")
         n, pairs, V = num_examples, o.num_kv_pairs, o.vocab_size
         half = V // 2
         # without-replacement draws: the first `pairs` entries of a random permutation per row
