@@ -340,6 +340,11 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
         if not isinstance(values, list) or not values:
             fail(f"eval.test_time_sweep.{knob}", f"expected a non-empty list of values, got {values!r}")
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
+    for length in config.eval.seq_lens:  # the training task is tested at these lengths too
+        try:
+            task_cls(task.options).check_length(length)
+        except ValueError as err:
+            fail("eval.seq_lens", f"{err}; drop that length or lower the task's size")
     plain = _plain(config, layers, state_mixer, task, eval_tasks)
     return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
                   eval_tasks=eval_tasks)

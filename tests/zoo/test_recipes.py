@@ -133,6 +133,8 @@ def check_fails(capsys, *args) -> str:
     ("model.n_layers=-2", "model.n_layers: -2 is out of range"),
     ("eval.seq_lens=[0]", "eval.seq_lens.0: 0 is out of range"),
     ("model.d_model=-1", "model.d_model: -1 is out of range"),
+    # the training task (2 pairs) is also tested at every eval.seq_lens length; 6 cannot hold them
+    ("eval.seq_lens=[32,6]", "eval.seq_lens: mqar: seq_len 6 is too short for 2 pairs (needs >= 8)"),
 ])
 def test_bad_values_are_refused_at_check(capsys, override, expect):
     line = check_fails(capsys, TINY, override)
