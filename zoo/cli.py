@@ -167,7 +167,8 @@ def cmd_table(args) -> int:
     rows = read_rows(out / "results.jsonl")
     if not rows:
         raise RecipeError(f"{out / 'results.jsonl'}: no finished cells to render")
-    print(render(rows, out, title=args.title or out.name, plot=not args.no_plot))
+    title = args.title or rows[-1].get("recipe", {}).get("name") or out.name  # the title zoo ablate gave it
+    print(render(rows, out, title=title, plot=not args.no_plot))
     return 0
 
 

@@ -79,7 +79,7 @@ def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
         yield fig, axes
         if title:
             fig.suptitle(title)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 0.8, 1) if fig.legends else None)  # room for a legend beside the axes
         fig.savefig(path, dpi=120)
     finally:
         plt.close(fig)
@@ -200,31 +200,60 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
 
 
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
+    """Accuracy per cell (mean over its seeds, error bar = sample std) against test length, and, when the
+    cells' decode states differ, against decode-state size."""
+    cells = group_by_cell(rows)
     lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"]
                       if k.startswith("test_accuracy@") and "=" not in k})
-    with figure(path) as (fig, ax):
-        _plot_accuracy(ax, rows, lengths, title)
+    states = {r["metrics"].get("state_size") for r in rows} - {None}
+    ncols = 2 if len(states) > 1 else 1
+    with figure(path, ncols=ncols, size=(6 * ncols + 2.5, 4), title=title) as (fig, axes):
+        axes = list(axes) if ncols > 1 else [axes]
+        if len(cells) > 10:  # the default cycle repeats after 10 colours
+            import matplotlib
+            for ax in axes:
+                ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
+        _plot_accuracy(axes[0], cells, lengths)
+        if ncols > 1:
+            _plot_state(axes[1], cells)
+        handles, labels = axes[0].get_legend_handles_labels()
+        if handles:  # one legend beside the axes, however many cells
+            fig.legend(handles, labels, loc="center right", fontsize=7, ncol=1 + len(labels) // 24)
 
 
-def _plot_accuracy(ax, rows, lengths, title):
+def _mean_std_of(group: list[dict], key: str) -> tuple[float, float]:
+    return mean_std([r["metrics"][key] for r in group])
+
+
+def _plot_accuracy(ax, cells: dict[str, list[dict]], lengths: list[int]):
     if lengths:
-        for r in rows:
-            m = r["metrics"]
-            train_len = r["recipe"]["task"].get("seq_len")
+        for label, group in cells.items():
+            m = group[0]["metrics"]
+            train_len = group[0]["recipe"]["task"].get("seq_len")
             present = [L for L in lengths if f"test_accuracy@{L}" in m]  # cells of a mixed grid differ
-            xs = [train_len] + present
-            ys = [m["test_accuracy"]] + [m[f"test_accuracy@{L}"] for L in present]
-            ax.plot(xs, ys, marker="o", label=r["label"])
+            stats = [_mean_std_of(group, k) for k in ["test_accuracy"] + [f"test_accuracy@{L}" for L in present]]
+            ax.errorbar([train_len] + present, [s[0] for s in stats], yerr=[s[1] for s in stats],
+                        marker="o", capsize=3, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test sequence length")
-        ax.legend(fontsize=7)
     else:
-        labels = [r["label"] for r in rows]
-        ax.bar(range(len(rows)), [r["metrics"]["test_accuracy"] for r in rows])
-        ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("test accuracy")
+        stats = [_mean_std_of(group, "test_accuracy") for group in cells.values()]
+        ax.bar(range(len(cells)), [s[0] for s in stats], yerr=[s[1] for s in stats], capsize=3)
+        ax.set_xticks(range(len(cells)), list(cells), rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("test accuracy (mean ± std over seeds)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(title)
+
+
+def _plot_state(ax, cells: dict[str, list[dict]]):
+    for label, group in cells.items():
+        state = group[0]["metrics"].get("state_size")
+        if state:
+            mean, std = _mean_std_of(group, "test_accuracy")
+            ax.errorbar([state], [mean], yerr=[std], marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("decode state (elements per sequence, at the training length)")
+    ax.set_ylabel("test accuracy at the training length")
+    ax.set_ylim(0, 1.02)
 
 
 # --------------------------------------------------------------------------------------- zoo bench
