@@ -372,7 +372,9 @@ def _paper(data: dict, key: str, short: bool = False) -> str:
 
 
 def command(data: dict, table: str) -> str:
-    return f"zoo ablate {data['tables'][table]['recipe']} --out tables/{table} --no-progress"
+    spec = data["tables"][table]
+    ray = " --executor ray" if spec.get("ray_workers") else ""
+    return f"zoo ablate {spec['recipe']} --out tables/{table} --no-progress{ray}"
 
 
 def _our_number(claim: Claim) -> str:
@@ -492,10 +494,12 @@ table is re-run whole into a new folder.
 - **measured**: the wall time written in the table's README for the committed rows (training and evaluation,
   on 2 shared CPU cores), and the sum of `train_seconds` over the committed rows (training only).
 - **recipe now**: the cells of the recipe as written today (cells x seeds), and an estimate of its training
-  time from the committed rows: seconds per step of each cell's committed rows (their mean over seeds) times
-  the cell's step budget, for every cell and seed (an upper bound where a cell stops early; evaluation not
-  included). **missing** counts only the cells and seeds without a committed row of the same resolved
-  recipe: the cost of the next re-run. Cells with no committed row of their label have no estimate and are counted as unmeasured.
+  time (evaluation not included): for a cell and seed with a committed row of the same resolved recipe, the
+  `train_seconds` of that row; for one without, seconds per step of the cell's committed rows (their mean
+  over seeds) times the cell's step budget (an upper bound where a cell stops early). **missing** counts
+  only the cells and seeds without a committed row of the same resolved recipe: the cost of the next re-run. Cells with no committed row of their label have no estimate and are counted as unmeasured.
+  A table run with `--executor ray` (`ray_workers` in `claims.yaml`: runs of one thread side by side, one per
+  core) has both estimates divided by its number of workers.
 - Tables estimated above {budget} min are flagged.
 """
 
@@ -515,7 +519,8 @@ def table_estimates(root: Path, recipe_path: str, cells: dict[str, CellStats]) -
     total = missing = 0.0
     unmeasured = n_missing = 0
     recipe = recipe_cells(root, recipe_path)
-    keys = {r.get("recipe_key") for c in cells.values() for r in c.rows}
+    done = {r.get("recipe_key"): r for c in cells.values() for r in c.rows}
+    keys = set(done)
     # rows of a cell label and seed that the recipe now resolves differently (or that predate recipe
     # hashes): zoo ablate refuses to mix them with new rows, so the table must be re-run into a new folder
     stale = 0
@@ -529,6 +534,8 @@ def table_estimates(root: Path, recipe_path: str, cells: dict[str, CellStats]) -
             n_missing += not is_done
             continue
         seconds = per_step[label] * cell.recipe.train.steps
+        if is_done and done[cell.recipe.key]["metrics"].get("train_seconds") is not None:
+            seconds = done[cell.recipe.key]["metrics"]["train_seconds"]  # what this very run took
         total += seconds
         if not is_done:
             missing += seconds
@@ -548,6 +555,9 @@ def render_tables(data: dict, root: Path) -> str:
         seeds = [c.n for c in cells.values()]
         train = sum(r["metrics"].get("train_seconds", 0.0) for c in cells.values() for r in c.rows)
         est = table_estimates(root, spec["recipe"], cells)
+        workers = spec.get("ray_workers") or 1
+        est["total"], est["missing"] = est["total"] / workers, est["missing"] / workers
+        on = f" on {workers} Ray workers" if workers > 1 else ""
         flag = " **over budget**" if est["total"] > TABLE_BUDGET_S else ""
         unmeasured = f" + {est['unmeasured']} unmeasured" if est["unmeasured"] else ""
         stale = (f" ({est['stale']} committed rows come from an older recipe: re-run the whole table into a new "
@@ -556,7 +566,7 @@ def render_tables(data: dict, root: Path) -> str:
             f"| `tables/{table}` | `{command(data, table)}` | {_cell(spec.get('measured', ''))} | "
             f"{len(cells)} cells, {min(seeds)}-{max(seeds)} seeds, {_minutes(train)} | "
             f"{est['cells']} x {len(est['seeds'])} ({', '.join(map(str, est['seeds']))}) = {est['runs']} | "
-            f"{_minutes(est['total'])}{unmeasured}{flag} | {est['n_missing']}, {_minutes(est['missing'])}{stale} |")
+            f"{_minutes(est['total'])}{on}{unmeasured}{flag} | {est['n_missing']}, {_minutes(est['missing'])}{stale} |")
     for extra in data.get("other_tables") or []:
         lines.append(f"| `{extra['folder']}` | `{extra['command']}` | {_cell(extra.get('measured', ''))} | "
                      f"{_cell(extra.get('note', ''))} | | | |")
@@ -574,6 +584,10 @@ def build(root: Path | str = ".") -> dict[str, str]:
     for name, spec in data["tables"].items():
         if not isinstance(spec, dict) or not spec.get("recipe"):
             raise ClaimsError(f"claims.yaml: tables.{name}: give the recipe that produces the table")
+        workers = spec.get("ray_workers")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise ClaimsError(f"claims.yaml: tables.{name}.ray_workers: expected a whole number of workers >= 1 "
+                              f"(the runs --executor ray puts side by side), got {workers!r}")
     claims = evaluate_claims(data, root)
     return {"CLAIMS.md": render_claims(data, claims), "tables/README.md": render_tables(data, root)}
 

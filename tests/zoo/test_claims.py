@@ -234,3 +234,42 @@ def test_render_without_repeated_cells_has_no_summary(tmp_path):
             for lab in ("a", "b")]
     render(rows, tmp_path, plot=False)
     assert "Mean ± sample standard deviation" not in (tmp_path / "results.md").read_text()
+
+
+def test_a_ray_table_gets_the_ray_command_and_a_per_worker_estimate(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    serial = [line for line in ledger.build(root)["tables/README.md"].splitlines() if line.startswith("| `tables/t`")]
+    data = yaml.safe_load((root / "claims.yaml").read_text())
+    data["tables"]["t"]["ray_workers"] = 2
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    ray = [line for line in ledger.build(root)["tables/README.md"].splitlines() if line.startswith("| `tables/t`")]
+    minutes = lambda row, column: float(row[0].split(" | ")[column].split(" min")[0])  # noqa: E731
+    assert "--no-progress --executor ray`" in ray[0] and "--executor" not in serial[0]
+    # the recipe's cells a, b (3 seeds each) are measured; "planned" is not: the estimate is half the serial one
+    assert minutes(ray, 5) == pytest.approx(minutes(serial, 5) / 2, abs=0.051) and minutes(serial, 5) > 0
+    assert "on 2 Ray workers" in ray[0]
+    data["tables"]["t"]["ray_workers"] = 0
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ledger.ClaimsError, match=r"tables.t.ray_workers: expected a whole number of workers >= 1"):
+        ledger.build(root)
+
+
+def test_the_estimate_uses_a_committed_run_s_own_time_and_the_step_rate_otherwise(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    recipe = yaml.safe_load((root / "recipes" / "t.yaml").read_text())
+    for i, cell in enumerate(recipe["grid"]):  # three different recipes, so that each row can match one cell only
+        cell["train.lr"] = 1e-3 * (i + 1)
+    (root / "recipes" / "t.yaml").write_text(yaml.safe_dump(recipe))
+    keys = {(c.label, c.recipe.seed): c.recipe.key for c in ledger.recipe_cells(root, "recipes/t.yaml")}
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = read_rows(path)
+    for row in rows:  # cell a's rows are runs of the recipe as written; b's come from an older recipe
+        if row["label"] == "a":
+            row["recipe_key"] = keys[("a", row["seed"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    est = ledger.table_estimates(root, "recipes/t.yaml", ledger.table_cells(root, "t"))
+    steps = resolve(TINY).train.steps
+    rate = sum(2.0 * (1 + s) / 10 for s in range(3)) / 3  # b's mean seconds per step (10 steps per row)
+    assert est["total"] == pytest.approx((2.0 + 4.0 + 6.0) + 3 * rate * steps)
+    assert est["missing"] == pytest.approx(3 * rate * steps) and est["n_missing"] == 3 + 3  # b's and planned's
+    assert est["unmeasured"] == 3 and est["stale"] == 3
