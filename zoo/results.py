@@ -217,6 +217,8 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
         if ncols > 1:
             _plot_state(axes[1], cells)
         handles, labels = axes[0].get_legend_handles_labels()
+        if not handles:  # a bar chart carries its labels on the axis; the state panel still needs a legend
+            handles, labels = axes[-1].get_legend_handles_labels()
         if handles:  # one legend beside the axes, however many cells
             fig.legend(handles, labels, loc="center right", fontsize=7, ncol=1 + len(labels) // 24)
 
