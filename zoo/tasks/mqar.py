@@ -41,8 +41,13 @@ class MQAR(Task):
         value_gap: int = opt(0, "filler positions between a key and its value in the context (0: k v k v ...)",
                              at_least=0, at_most=1 << 10, omit_at_default=True)
 
+        def min_seq_len(self) -> int:
+            """The context (``2 + value_gap`` tokens a pair) and two query-region tokens a pair (queries
+            sit at even offsets)."""
+            return self.num_kv_pairs * (4 + self.value_gap)
+
         def __post_init__(self):
-            if self.num_kv_pairs * (4 + self.value_gap) > self.seq_len:
+            if self.min_seq_len() > self.seq_len:
                 gap = f" + value_gap ({self.value_gap})" if self.value_gap else ""
                 raise ValueError(f"num_kv_pairs * (4{gap}) must be <= seq_len (got {self.num_kv_pairs} pairs for "
                                  f"seq_len {self.seq_len}); lower num_kv_pairs or raise seq_len")
@@ -54,7 +59,7 @@ class MQAR(Task):
         return self.options.vocab_size
 
     def check_length(self, seq_len: int) -> None:
-        need = self.options.num_kv_pairs * (4 + self.options.value_gap)
+        need = self.options.min_seq_len()
         if seq_len < need:
             raise ValueError(f"mqar: seq_len {seq_len} is too short for {self.options.num_kv_pairs} pairs "
                              f"(needs >= {need})")
