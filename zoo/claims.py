@@ -519,14 +519,13 @@ def table_estimates(root: Path, recipe_path: str, cells: dict[str, CellStats]) -
     total = missing = 0.0
     unmeasured = n_missing = 0
     recipe = recipe_cells(root, recipe_path)
-    done = {r.get("recipe_key"): r for c in cells.values() for r in c.rows}
-    keys = set(done)
+    done = {r.get("recipe_key"): r for c in cells.values() for r in c.rows}  # committed runs by recipe key
     # rows of a cell label and seed that the recipe now resolves differently (or that predate recipe
     # hashes): zoo ablate refuses to mix them with new rows, so the table must be re-run into a new folder
     stale = 0
     for cell in recipe:
         label = cell_of(cell.label)
-        is_done = cell.recipe.key in keys
+        is_done = cell.recipe.key in done
         if not is_done and label in cells:
             stale += any(row_seed(r) == cell.recipe.seed for r in cells[label].rows)
         if label not in per_step:
