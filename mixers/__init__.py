@@ -1,10 +1,16 @@
 """Sequence mixers and state mixers behind one contract (:mod:`mixers.base`).
 
-Importing this package registers every built-in mixer. Add a mixer: write ``mixers/<name>.py``
-with a registered :class:`~mixers.base.Mixer` subclass and import it here.
+Importing this package imports every module in it, which registers every built-in mixer. Add a mixer:
+write ``mixers/<name>.py`` with a ``@register_mixer`` :class:`~mixers.base.Mixer` subclass; there is no
+list of modules to edit.
 """
+import importlib
+import pkgutil
+
 from .base import MIXERS, STATE_MIXERS, Mixer, State, StateMixer, build_mixer, build_state_mixer, register_mixer, register_state_mixer
-from . import attention, bdlru, deltaproduct, gka, gla, jordan, kronecker_slots, mamba2, mlp, ska  # noqa: F401  (registration side effects)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["MIXERS", "STATE_MIXERS", "Mixer", "State", "StateMixer", "build_mixer", "build_state_mixer",
            "register_mixer", "register_state_mixer"]

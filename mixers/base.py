@@ -163,6 +163,8 @@ class StateMixer(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class Registry:
+    """Named classes of one kind. The built-in entries are complete whenever the registry can be reached:
+    importing any module of a package first imports the package, which imports every module in it."""
     kind: str
     entries: dict[str, type]
 
@@ -177,14 +179,12 @@ class Registry:
         return cls
 
     def get(self, name: str, path: str = "") -> type:
-        _load_builtin()
         if name not in self.entries:
             raise OptionError(path, f"unknown {self.kind} {name!r}{nearest(name, self.entries)} "
                                     f"(registered: {', '.join(sorted(self.entries))})")
         return self.entries[name]
 
     def names(self) -> list[str]:
-        _load_builtin()
         return sorted(self.entries)
 
     def build(self, name: str, d_model: int, options: Mapping[str, Any] | None = None, path: str = ""):
@@ -221,8 +221,3 @@ def build_mixer(name: str, d_model: int, options: Mapping[str, Any] | None = Non
 
 def build_state_mixer(name: str, d_model: int, options: Mapping[str, Any] | None = None, path: str = "") -> StateMixer:
     return STATE_MIXERS.build(name, d_model, options, path)
-
-
-def _load_builtin() -> None:
-    # importing the package registers every built-in mixer exactly once
-    import mixers  # noqa: F401

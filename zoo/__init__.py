@@ -15,29 +15,40 @@ From Python (a notebook, a script)::
 - ``zoo.evaluate(result_or_checkpoint, overrides=())`` evaluates a trained model again (other lengths,
   test-time knobs, test data) without retraining; ``zoo.evaluate_checkpoint`` returns a full results
   row, ``zoo.load_checkpoint`` the raw checkpoint dict.
+- ``zoo.UserError``: every mistake a user can fix (a recipe typo, a missing file, a missing extra) is
+  raised as this one error, with a one-line message.
 - Out-of-tree mixers: decorate a :class:`mixers.Mixer` subclass with ``@mixers.register_mixer`` in
   your module and name the module in the recipe's ``imports: [my_pkg.my_mixer]``.
 
-``zoo.train`` here is the function; the module of the same name is reached with
-``from zoo.train import ...``.
+The rooms of the package: :mod:`zoo.recipes` and :mod:`zoo.config` (reading and validating recipes),
+:mod:`zoo.tasks` (data), :mod:`zoo.model` (the hybrid stack), :mod:`zoo.training` (training, evaluation,
+checkpoints), :mod:`zoo.experiments` (ablations, result rows and tables, the claims ledger),
+:mod:`zoo.benchmark` (``zoo bench``) and :mod:`zoo.cli` (the ``zoo`` command).
 """
 from __future__ import annotations
 
-from .checkpoint import load as _load_checkpoint_file
-from .checkpoint import path_in as _checkpoint_path
+import torch
+
 from .config import Recipe
-from .evaluation import evaluate, evaluate_checkpoint
-from .recipes import RecipeError, resolve
-from .train import TrainResult, build_task, train
+from .errors import UserError
+from .model import HybridLM
+from .recipes import resolve
+from .tasks import Task
+from .training.checkpoint import load as _load_checkpoint_file
+from .training.checkpoint import path_in as _checkpoint_path
+from .training.evaluation import evaluate, evaluate_checkpoint
+from .training.loop import TrainResult, train
 
 load = resolve
 
 
-def build_model(recipe: Recipe):
-    """The untrained model of ``recipe``, initialised exactly as training initialises it."""
-    import torch
+def build_task(recipe: Recipe) -> Task:
+    """The task of ``recipe``, built from its validated options."""
+    return Task.from_spec(recipe.task)
 
-    from .model import HybridLM
+
+def build_model(recipe: Recipe) -> HybridLM:
+    """The untrained model of ``recipe``, initialised exactly as training initialises it."""
     torch.manual_seed(recipe.seed)
     return HybridLM.from_recipe(recipe, build_task(recipe).vocab_size)
 
@@ -48,4 +59,4 @@ def load_checkpoint(location) -> dict:
 
 
 __all__ = ["load", "resolve", "build_model", "build_task", "train", "evaluate", "evaluate_checkpoint",
-           "load_checkpoint", "Recipe", "RecipeError", "TrainResult"]
+           "load_checkpoint", "Recipe", "UserError", "TrainResult"]

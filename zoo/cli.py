@@ -12,9 +12,26 @@ import json
 import sys
 from pathlib import Path
 
-from mixers.options import OptionError
+from tabulate import tabulate
 
-from .recipes import RecipeError, layer_label, resolve
+from mixers import MIXERS, STATE_MIXERS
+from mixers.options import OptionError, describe_options
+
+from .benchmark import runner as bench
+from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
+from .errors import UserError, one_line
+from .experiments import claims
+from .experiments.ablate import CellsFailed, run_ablation
+from .experiments.executors import make_executor
+from .experiments.results import render
+from .experiments.rows import append_row, make_row, read_rows
+from .model import HybridLM
+from .recipes import layer_label, resolve
+from .tasks import TASKS, Task
+from .training import distributed
+from .training.checkpoint import path_in
+from .training.evaluation import evaluate_checkpoint
+from .training.loop import train
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -29,18 +46,12 @@ def _layers(recipe) -> str:
 
 
 def cmd_list(args) -> int:
-    from mixers import MIXERS, STATE_MIXERS
-    from mixers.options import describe_options
-
-    from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
-    from .tasks import TASKS
     sections = {"recipe": RecipeConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
     data = {"mixers": MIXERS.describe(), "state_mixers": STATE_MIXERS.describe(), "tasks": TASKS.describe(),
             "recipe": {name: describe_options(cls) for name, cls in sections.items()}}
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
-    from tabulate import tabulate
     print("Sequence mixers (model.layers):")
     print(tabulate([[m["name"], m["description"], m["state_size"], ", ".join(m["test_time_knobs"])]
                     for m in data["mixers"]],
@@ -67,15 +78,13 @@ def cmd_list(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .model import HybridLM
-    from .train import build_task
     recipe = resolve(args.recipe, args.overrides)
     for r in [c.recipe for c in recipe.cells] + [recipe]:  # constructor checks (e.g. divisibility) run here
         try:
-            task = build_task(r)
+            task = Task.from_spec(r.task)
             model = HybridLM.from_recipe(r, task.vocab_size)
         except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
-            raise RecipeError(f"{args.recipe}: the model cannot be built ({type(err).__name__}: "
+            raise UserError(f"{args.recipe}: the model cannot be built ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}); check the model and task sizes") from None
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
@@ -84,10 +93,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .distributed import context
-    from .train import train
     recipe = resolve(args.recipe, args.overrides)
-    main = context().is_main  # under torchrun, rank 0 alone prints and writes
+    main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
               f"(run every cell with: zoo ablate {args.recipe})", file=sys.stderr)
@@ -104,14 +111,11 @@ def cmd_train(args) -> int:
 
 
 def _write_train_row(out: Path, recipe, result) -> None:
-    from .environment import environment
-    from .results import append_row, read_rows
     path = out / "results.jsonl"
     if any(r.get("recipe_key") == recipe.key and r.get("label") == "train" for r in read_rows(path)):
         return  # a finished run resumed again: its row is there already
-    append_row(path, {"recipe_key": recipe.key, "label": "train", "overrides": {}, "recipe": recipe.plain,
-                      "seed": recipe.seed, "metrics": result.metrics, "history": result.history,
-                      "checkpoint": str(out / "checkpoint.pt"), **environment(result.metrics.get("device"))})
+    append_row(path, make_row(recipe, "train", result.metrics, device=result.metrics.get("device"),
+                              history=result.history, checkpoint=str(out / "checkpoint.pt")))
 
 
 def _print_metrics(args, record: dict) -> None:
@@ -123,9 +127,6 @@ def _print_metrics(args, record: dict) -> None:
 
 
 def cmd_eval(args) -> int:
-    from .evaluation import evaluate_checkpoint
-    from .results import append_row
-    from .checkpoint import path_in
     path = path_in(args.checkpoint)
     row = evaluate_checkpoint(path, args.overrides)
     out = Path(args.out) if args.out else path.parent
@@ -140,8 +141,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_ablate(args) -> int:
-    from .ablate import CellsFailed, run_ablation
-    from .executors import make_executor
     recipe = resolve(args.recipe, args.overrides)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem
@@ -162,41 +161,37 @@ def cmd_ablate(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from .results import read_rows, render
     out = Path(args.dir)
     rows = read_rows(out / "results.jsonl")
     if not rows:
-        raise RecipeError(f"{out / 'results.jsonl'}: no finished cells to render")
+        raise UserError(f"{out / 'results.jsonl'}: no finished cells to render")
     title = args.title or rows[-1].get("recipe", {}).get("name") or out.name  # the title zoo ablate gave it
     print(render(rows, out, title=title, plot=not args.no_plot))
     return 0
 
 
 def cmd_claims(args) -> int:
-    from .claims import ClaimsError, check, write
     try:
         if args.check:
-            problems = check(args.root)
+            problems = claims.check(args.root)
             for problem in problems:
                 print(f"zoo claims: {problem}", file=sys.stderr)
             if not problems:
                 print("zoo claims: CLAIMS.md and tables/README.md match the committed results")
             return 1 if problems else 0
-        for rel in write(args.root):
+        for rel in claims.write(args.root):
             print(f"wrote {Path(args.root) / rel}")
-    except ClaimsError as err:
+    except claims.ClaimsError as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     return 0
 
 
 def cmd_bench(args) -> int:
-    from .bench import run
-    return run(args)
+    return bench.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench
     parser = argparse.ArgumentParser(
         prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -264,15 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: characters that end a line for a terminal or for str.splitlines(), written as escapes in an error
-_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
-
-
-def one_line(text: str) -> str:
-    """An error message on exactly one line (a recipe key or value may contain line breaks)."""
-    return text.strip().translate(_LINE_BREAKS)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -284,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args) or 0
-    except (RecipeError, OptionError) as err:
+    except (UserError, OptionError) as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -16,7 +16,7 @@ layer, the plain resolved dict and its stable hash.
   parsed as YAML (``train.lr=3e-3``, ``model.layers=[a,b]``), and integer segments index lists
   (``model.layers.1=<mixer>``, ``model.layers.1.<mixer>.<option>=value``).
 - Validation is strict: unknown keys, unknown mixers / state mixers / tasks, wrong types, values out
-  of range and missing fields raise :class:`RecipeError`, whose one-line message names the file and
+  of range and missing fields raise :class:`UserError`, whose one-line message names the file and
   line (or the override) and suggests the nearest valid names.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ import dataclasses
 import importlib
 import itertools
 import json
-from dataclasses import asdict
+import re
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -36,14 +37,13 @@ from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .config import Cell, Recipe, RecipeConfig, Spec
-from .eval_tasks import plain_eval_tasks, resolve_eval_tasks
+from .errors import UserError
+from .tasks import TASKS, Task
 
 #: the most values a recipe may expand to (YAML aliases can make a small file enormous)
 MAX_VALUES = 100_000
-
-
-class RecipeError(Exception):
-    """A recipe problem, reported to the user as one line (no traceback)."""
+#: an eval.tasks label names a metric column (test_accuracy@task=<label>)
+_EVAL_TASK_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 @dataclasses.dataclass
@@ -69,7 +69,7 @@ def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> Non
             path = prefix + (key_node.value,)
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 if (key_node.tag, key_node.value) in seen:  # YAML keeps the last silently: refuse instead
-                    raise RecipeError(f"{filename}:{key_node.start_mark.line + 1}: {key_node.value!r} appears twice "
+                    raise UserError(f"{filename}:{key_node.start_mark.line + 1}: {key_node.value!r} appears twice "
                                       f"in the same mapping; keep one")
                 seen.add((key_node.tag, key_node.value))
             out[path] = f"{filename}:{key_node.start_mark.line + 1}"
@@ -90,11 +90,11 @@ def _check_size(data: Any, where: str) -> None:
             continue
         count += 1
         if count > MAX_VALUES:
-            raise RecipeError(f"{where}: the recipe expands to more than {MAX_VALUES:,} values "
+            raise UserError(f"{where}: the recipe expands to more than {MAX_VALUES:,} values "
                               f"(YAML aliases repeated inside each other?)")
         if isinstance(node, (dict, list)):
             if id(node) in open_ids:
-                raise RecipeError(f"{where}: a YAML alias refers to itself (e.g. a: &a [*a]); write the value out")
+                raise UserError(f"{where}: a YAML alias refers to itself (e.g. a: &a [*a]); write the value out")
             open_ids.add(id(node))
             stack.append((node, True))
             children = node.values() if isinstance(node, dict) else node
@@ -105,13 +105,13 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
+        raise UserError(f"{path}: no such recipe file") from None
     except IsADirectoryError:
-        raise RecipeError(f"{path}: is a folder, not a recipe file") from None
+        raise UserError(f"{path}: is a folder, not a recipe file") from None
     except UnicodeDecodeError as err:
-        raise RecipeError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
     except OSError as err:
-        raise RecipeError(f"{path}: cannot read: {err.strerror}") from None
+        raise UserError(f"{path}: cannot read: {err.strerror}") from None
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -119,18 +119,18 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
         mark = err.problem_mark or err.context_mark
         line = f":{mark.line + 1}" if mark else ""
         problem = (err.problem or err.context or "invalid YAML").strip()
-        raise RecipeError(f"{path}{line}: YAML syntax error: {problem}") from None
+        raise UserError(f"{path}{line}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
+        raise UserError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
     except RecursionError:
-        raise RecipeError(f"{path}: YAML nested too deeply") from None
+        raise UserError(f"{path}: YAML nested too deeply") from None
     except ValueError as err:  # e.g. an integer with more digits than Python converts
-        raise RecipeError(f"{path}: unreadable value: {str(err).splitlines()[0]}") from None
+        raise UserError(f"{path}: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(data, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}:1: a recipe must be a mapping of sections (model, task, train, ...)")
+        raise UserError(f"{path}:1: a recipe must be a mapping of sections (model, task, train, ...)")
     marks: dict = {(): f"{path}:1"}
     _marks(node, (), str(path), marks)
     return data, marks
@@ -150,16 +150,16 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
     """Read a recipe and its ``extends`` chain into one dict, with the source of every key."""
     path = Path(path)
     if path.resolve() in _seen:
-        raise RecipeError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen + (path,))})")
+        raise UserError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen + (path,))})")
     data, marks = _read_yaml(path)
     base_name = data.pop("extends", None)
     source = Source()
     if base_name is not None:
         if not isinstance(base_name, str) or not base_name.strip():
-            raise RecipeError(f"{marks.get(('extends',), path)}: extends must be a file name")
+            raise UserError(f"{marks.get(('extends',), path)}: extends must be a file name")
         base_path = path.parent / base_name
         if not base_path.is_file():
-            raise RecipeError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
+            raise UserError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
         base, source = load_raw(base_path, _seen + (path.resolve(),))
         base.pop("grid", None)  # a grid belongs to the recipe that declares it
         data = _merge(base, data)
@@ -175,19 +175,19 @@ def _key_path(key: str) -> list:
 def parse_override(text: str) -> tuple[list, Any]:
     """``"a.b.1=value"`` -> ``(["a", "b", 1], parsed YAML value)``."""
     if "=" not in text:
-        raise RecipeError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=<mixer>")
+        raise UserError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=<mixer>")
     key, _, value_text = text.partition("=")
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise RecipeError(f"override {text!r}: empty key segment in {key!r}")
+        raise UserError(f"override {text!r}: empty key segment in {key!r}")
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
-        raise RecipeError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
+        raise UserError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
     except RecursionError:
-        raise RecipeError(f"override {text[:60]!r}...: the value is nested too deeply") from None
+        raise UserError(f"override {text[:60]!r}...: the value is nested too deeply") from None
     except ValueError as err:  # e.g. an integer with more digits than Python converts
-        raise RecipeError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
+        raise UserError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
     _check_size(value, f"override {text!r}")
     return _key_path(key), value
 
@@ -204,7 +204,7 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
         here = ".".join(map(str, path[: i + 1]))
         if isinstance(node, list):
             if not isinstance(part, int) or not -len(node) <= part < len(node):
-                raise RecipeError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+                raise UserError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
             if isinstance(node[part], str) and path[i + 1] == node[part]:
                 node[part] = {node[part]: {}}  # model.layers.1.<mixer>.<option>=v on a plain "<mixer>" layer
             node = node[part]
@@ -213,17 +213,17 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
                 node[part] = {}
             node = node[part]
         else:
-            raise RecipeError(f"{label}: {here} is a {type(node).__name__}, not a mapping or list")
+            raise UserError(f"{label}: {here} is a {type(node).__name__}, not a mapping or list")
     last = path[-1]
     if isinstance(node, list):
         if not isinstance(last, int) or not -len(node) <= last < len(node):
             where = ".".join(map(str, path))
-            raise RecipeError(f"{label}: {where}: index out of range (the list has {len(node)} items)")
+            raise UserError(f"{label}: {where}: index out of range (the list has {len(node)} items)")
         node[last] = value
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise RecipeError(f"{label}: {'.'.join(map(str, path[:-1]))} is not a mapping or list")
+        raise UserError(f"{label}: {'.'.join(map(str, path[:-1]))} is not a mapping or list")
 
 
 # --------------------------------------------------------------------------------------- validation
@@ -246,7 +246,7 @@ class _Places:
     def fail(self, path_str: str, message: str):
         where = self(path_str)
         place = ": ".join(p for p in (where, path_str) if p)
-        raise RecipeError(f"{place}: {message}" if place else message)
+        raise UserError(f"{place}: {message}" if place else message)
 
 
 def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
@@ -315,7 +315,6 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
         state_mixer = Spec(model.state_mixer, build_options(sm_cls.Options, model.state_mixer_options, ""))
     except OptionError as err:
         fail("model.state_mixer_options" + (f".{err.path}" if err.path else ""), err.message)
-    from .tasks import TASKS  # late: tasks import heavy modules
     task_values = dict(config.task)
     task_name = task_values.pop("name", None)
     if task_name is None:
@@ -350,6 +349,56 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
                   eval_tasks=eval_tasks)
 
 
+# --------------------------------------------------------------------------------------- eval.tasks
+def resolve_eval_tasks(entries: list, train_task: Spec, seq_lens: list[int],
+                       fail: Callable[[str, str], None]) -> list[tuple[str, Spec]]:
+    """``[(label, Spec)]`` of the ``eval.tasks`` entries, validated (also against the ``eval.seq_lens``
+    they will be generated at); ``fail(path, message)`` raises."""
+    train_vocab = Task.from_spec(train_task).vocab_size
+    inherited = {f.name: getattr(train_task.options, f.name) for f in fields(train_task.options)}
+    out, seen = [], set()
+    for i, entry in enumerate(entries):
+        at = f"eval.tasks.{i}"
+        values = dict(entry)
+        name = values.pop("name", None)
+        if not isinstance(name, str):
+            fail(f"{at}.name", f"expected a task name, got {name!r}; choose one of {', '.join(TASKS.names())}")
+        label = values.pop("label", name)
+        if not isinstance(label, str) or not _EVAL_TASK_LABEL.match(label):
+            fail(f"{at}.label", f"expected a short name of letters, digits and _.+- (it names the metric "
+                                f"test_accuracy@task=<label>), got {label!r}")
+        if label in seen:
+            fail(f"{at}.label", f"{label!r} is used by two eval.tasks entries; give each a distinct label")
+        seen.add(label)
+        try:
+            cls = TASKS.get(name)
+        except OptionError as err:
+            fail(f"{at}.name", err.message)
+        own = {f.name for f in fields(cls.Options)}
+        merged = {k: v for k, v in inherited.items() if k in own}
+        merged.update(values)
+        try:
+            spec = Spec(name, build_options(cls.Options, merged, ""))
+        except OptionError as err:
+            fail(at + (f".{err.path}" if err.path else ""), err.message)
+        task = cls(spec.options)
+        if task.vocab_size != train_vocab:
+            fail(at, f"task {name!r} here has vocabulary size {task.vocab_size} but the model is trained with "
+                     f"{train_vocab}; set its options so the vocabularies match (e.g. vocab_size)")
+        for length in seq_lens:
+            try:
+                task.check_length(length)
+            except ValueError as err:
+                fail(at, f"{err}; eval.seq_lens asks for {length}: drop that length or lower this entry's facts")
+        out.append((label, spec))
+    return out
+
+
+def plain_eval_tasks(eval_tasks: list[tuple[str, Spec]]) -> list[dict]:
+    """The resolved entries as JSON data, every option filled in."""
+    return [{"label": label, "name": spec.name, **plain_options(spec.options)} for label, spec in eval_tasks]
+
+
 def layer_label(entry) -> str:
     """``"name"`` or ``"name(option=value,...)"`` for a written layer entry."""
     if isinstance(entry, str):
@@ -377,6 +426,37 @@ def _plain(config: RecipeConfig, layers: list[Spec], state_mixer: Spec, task: Sp
     return json.loads(json.dumps(plain))
 
 
+# --------------------------------------------------------------------------------------- comparing and reloading
+def recipe_differences(old: dict, new: dict, prefix: str = "", limit: int = 4) -> list[str]:
+    """Up to ``limit`` ``"key.path: old -> new"`` lines where two plain recipes differ."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += recipe_differences(a, b, path + ".", limit - len(out))
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def recipe_mapping(plain: dict, imports: list[str] = ()) -> dict:
+    """A recipe mapping that :func:`resolve` turns back into the recipe of ``plain`` (same key): the
+    expanded layer entries stay, the derived per-layer option lists go."""
+    data = dict(plain)
+    model = dict(data["model"])
+    model.pop("layer_options", None)
+    for derived in ("pattern", "n_layers"):
+        if model.get(derived) is None:
+            model.pop(derived, None)
+    data["model"] = model
+    if imports:
+        data["imports"] = list(imports)
+    return data
+
+
 # --------------------------------------------------------------------------------------- grids
 def _short(value) -> str:
     if isinstance(value, list):
@@ -386,7 +466,7 @@ def _short(value) -> str:
 
 def _check_grid_key(key, where: str) -> None:
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-        raise RecipeError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
+        raise UserError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
 
 
 def expand_grid(grid) -> list[tuple[str, dict]]:
@@ -398,7 +478,7 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
         for key in keys:
             _check_grid_key(key, f"grid.{key}")
             if not isinstance(grid[key], list) or not grid[key]:
-                raise RecipeError(f"grid.{key}: expected a non-empty list of values to try")
+                raise UserError(f"grid.{key}: expected a non-empty list of values to try")
         cells = []
         for values in itertools.product(*(grid[k] for k in keys)):
             overrides = dict(zip(keys, values))
@@ -406,15 +486,15 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
         return cells
     if isinstance(grid, list):
         if not grid:
-            raise RecipeError("grid: the list of cells is empty")
+            raise UserError("grid: the list of cells is empty")
         cells = []
         for i, cell in enumerate(grid):
             if not isinstance(cell, dict):
-                raise RecipeError(f"grid.{i}: expected a mapping of key.path: value overrides")
+                raise UserError(f"grid.{i}: expected a mapping of key.path: value overrides")
             cell = dict(cell)
             label = cell.pop("label", None)
             if label is not None and not isinstance(label, (str, int, float)):
-                raise RecipeError(f"grid.{i}.label: expected a short name, got {label!r}")
+                raise UserError(f"grid.{i}.label: expected a short name, got {label!r}")
             for key in cell:
                 _check_grid_key(key, f"grid.{i}.{key}")
             label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
@@ -422,9 +502,9 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
         labels = [c[0] for c in cells]
         dupes = {x for x in labels if labels.count(x) > 1}
         if dupes:
-            raise RecipeError(f"grid: duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
+            raise UserError(f"grid: duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
         return cells
-    raise RecipeError("grid: expected a mapping of key.path -> list, or a list of override mappings")
+    raise UserError("grid: expected a mapping of key.path -> list, or a list of override mappings")
 
 
 def cross_seeds(cells: list[tuple[str, dict]], seeds: list[int] | None) -> list[tuple[str, dict]]:
@@ -438,7 +518,7 @@ def cross_seeds(cells: list[tuple[str, dict]], seeds: list[int] | None) -> list[
     out = []
     for label, overrides in cells:
         if "seed" in overrides:
-            raise RecipeError(f"grid cell {label!r} sets seed: {overrides['seed']!r}, but the recipe runs every cell "
+            raise UserError(f"grid cell {label!r} sets seed: {overrides['seed']!r}, but the recipe runs every cell "
                               f"with seeds: {seeds}; remove the cell's seed (or the seeds list)")
         out += [(label, {**overrides, "seed": seed}) for seed in seeds]
     return out

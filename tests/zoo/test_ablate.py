@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from zoo.recipes import RecipeError, expand_grid
-from zoo.results import append_row, read_rows
+from zoo.errors import UserError
+from zoo.recipes import expand_grid
+from zoo.experiments.rows import append_row, read_rows
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 
@@ -20,7 +21,7 @@ def test_grid_product_and_explicit_cells():
     assert len(cells) == 4 and len({c[0] for c in cells}) == 4
     cells = expand_grid([{"label": "a", "seed": 1}, {"seed": 2}])
     assert cells == [("a", {"seed": 1}), ("seed=2", {"seed": 2})]
-    with pytest.raises(RecipeError):
+    with pytest.raises(UserError):
         expand_grid([{"label": "x"}, {"label": "x"}])
 
 
@@ -204,7 +205,7 @@ def test_the_plot_shows_each_cell_once_at_its_mean_over_seeds(tmp_path, monkeypa
 
     import torch
 
-    from zoo import results
+    from zoo.experiments import results
 
     drawn = {}
     real_figure = results.figure

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from zoo import bench
-from zoo.recipes import RecipeError
-from zoo.results import bench_with_ratios
+from zoo.benchmark import runner as bench
+from zoo.errors import UserError
+from zoo.experiments.results import bench_with_ratios
 
 
 def _args(tmp_path, *extra):
@@ -96,13 +96,13 @@ def test_bad_arguments_are_one_line_recipe_errors(tmp_path):
     parser = argparse.ArgumentParser()
     bench.configure_parser(parser)
     args = parser.parse_intermixed_args(["--mixers", "atention", "--out", str(tmp_path), "--no-progress"])
-    with pytest.raises(RecipeError, match="did you mean 'attention'"):  # names the nearest valid mixer
+    with pytest.raises(UserError, match="did you mean 'attention'"):  # names the nearest valid mixer
         bench.run(args)
     args = parser.parse_intermixed_args(["--mixers", "mamba2", "model.mixer_options.mamba2.d_stat=8", "--out", str(tmp_path)])
-    with pytest.raises(RecipeError, match="did you mean 'd_state'"):  # the same overrides as every command
+    with pytest.raises(UserError, match="did you mean 'd_state'"):  # the same overrides as every command
         bench.run(args)
     args = parser.parse_intermixed_args(["--mixers", "[attention, attention]", "--out", str(tmp_path)])
-    with pytest.raises(RecipeError, match="twice"):
+    with pytest.raises(UserError, match="twice"):
         bench.run(args)
     out = subprocess.run([sys.executable, "-m", "zoo", "bench", "--mixers", "mamba2", "--out", str(tmp_path),
                           "model.mixer_options.mamba2.headdim=0"], capture_output=True, text=True)
@@ -152,5 +152,5 @@ def test_rounds_pool_every_repetition(tmp_path):
 
 
 def test_rounds_must_be_positive(tmp_path):
-    with pytest.raises(RecipeError, match="--rounds"):
+    with pytest.raises(UserError, match="--rounds"):
         bench.run(_args(tmp_path, "--rounds", "0"))

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.checkpoint import FILENAME, load, recipe_mapping
-from zoo.recipes import RecipeError, resolve
-from zoo.train import train
+from zoo.recipes import recipe_mapping
+from zoo.training.checkpoint import FILENAME, load
+from zoo.errors import UserError
+from zoo.recipes import resolve
+from zoo import train
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +80,7 @@ def test_in_process_resume_and_refusal_of_another_recipe(tmp_path):
     again = train(recipe, progress=False, checkpoint_dir=tmp_path)  # a finished checkpoint: no retraining
     assert again.metrics["test_loss"] == first.metrics["test_loss"]
     other = resolve(TINY, ["train.steps=13"])
-    with pytest.raises(RecipeError, match=r"train.steps: 12 -> 13"):
+    with pytest.raises(UserError, match=r"train.steps: 12 -> 13"):
         train(other, progress=False, checkpoint_dir=tmp_path)
     # the checkpoint interval is bookkeeping, not part of the recipe's identity
     assert resolve(TINY, ["train.steps=12", "train.checkpoint_every=3"]).key == recipe.key
@@ -93,5 +95,5 @@ def test_recipe_in_a_checkpoint_resolves_back_to_the_same_key():
 
 def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
     (tmp_path / FILENAME).write_bytes(b"not a checkpoint")
-    with pytest.raises(RecipeError, match="not a readable mixer-zoo checkpoint"):
+    with pytest.raises(UserError, match="not a readable mixer-zoo checkpoint"):
         load(tmp_path / FILENAME)

@@ -12,11 +12,13 @@ import pytest
 import torch
 import yaml
 
-from zoo import claims as ledger
-from zoo.ablate import completed_rows, run_ablation
+from zoo.experiments import claims as ledger
+from zoo.experiments.ablate import completed_rows, run_ablation
 from zoo.cli import main
-from zoo.recipes import RecipeError, resolve
-from zoo.results import cell_of, read_rows, render
+from zoo.errors import UserError
+from zoo.recipes import resolve
+from zoo.experiments.results import cell_of, render
+from zoo.experiments.rows import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -201,7 +203,7 @@ def test_seeds_cross_every_labelled_cell_and_keep_the_label(tmp_path):
     ({"grid": [{"label": "x"}], "seeds": [-1]}, "out of range"),
 ])
 def test_bad_seeds_are_refused(tmp_path, extra, message):
-    with pytest.raises(RecipeError, match=message):
+    with pytest.raises(UserError, match=message):
         resolve(_grid_recipe(tmp_path, extra))
 
 
@@ -210,7 +212,7 @@ def test_completed_rows_tell_seeds_of_one_label_apart(tmp_path):
     row = {"recipe_key": recipe.cells[0].recipe.key, "label": "x", "seed": 0, "recipe": recipe.cells[0].recipe.plain}
     assert set(completed_rows([row], recipe.cells)) == {row["recipe_key"]}  # seed 1 is simply not done yet
     changed = resolve(_grid_recipe(tmp_path, {"grid": [{"label": "x", "train.lr": 0.01}], "seeds": [0, 1]}))
-    with pytest.raises(RecipeError, match=r"cell 'x \(seed 0\)' already has a finished row"):
+    with pytest.raises(UserError, match=r"cell 'x \(seed 0\)' already has a finished row"):
         completed_rows([row], changed.cells)
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from zoo import build_model
-from zoo.checkpoint import FILENAME, load
-from zoo.distributed import DistContext, shard_size
+from zoo.training.checkpoint import FILENAME, load
+from zoo.training.distributed import DistContext, shard_size
 from zoo.recipes import resolve
-from zoo.train import train
+from zoo import train
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import zoo
-from zoo.recipes import RecipeError, resolve
-from zoo.train import build_task, evaluate, train
+from zoo.errors import UserError
+from zoo.recipes import resolve
+from zoo import build_task, train
+from zoo.training.evaluation import evaluate_data as evaluate
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +57,6 @@ def test_eval_refuses_overrides_that_change_the_model(tmp_path):
     for bad, why in [("train.lr=1e-2", "would change the trained model"),
                      ("task.name=parity", "would change the trained model"),
                      ("task.vocab_size=64", "vocabulary from 32 to 64")]:
-        with pytest.raises(RecipeError, match=why):
+        with pytest.raises(UserError, match=why):
             zoo.evaluate(tmp_path, [bad])
     assert not (tmp_path / "results.jsonl").exists()

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from zoo.model import HybridLM
-from zoo.recipes import RecipeError, resolve
-from zoo.train import train
+from zoo.errors import UserError
+from zoo.recipes import resolve
+from zoo import train
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 
@@ -67,7 +68,7 @@ def test_typo_in_a_per_layer_option_names_file_line_and_nearest_name(tmp_path):
 def test_malformed_layer_entries(tmp_path, layers, expect):
     path = tmp_path / "bad.yaml"
     path.write_text(PER_LAYER.replace("[{mamba2: {d_state: 4}}, attention, {mamba2: {d_state: 16, chunk_size: 4}}]", layers))
-    with pytest.raises(RecipeError, match=expect):
+    with pytest.raises(UserError, match=expect):
         resolve(path)
 
 

@@ -12,11 +12,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from zoo.ablate import CellsFailed, run_ablation  # noqa: E402
+from zoo.experiments.ablate import CellsFailed, run_ablation  # noqa: E402
 from zoo.cli import main  # noqa: E402
-from zoo.executors import RayExecutor  # noqa: E402
-from zoo.recipes import RecipeError, resolve  # noqa: E402
-from zoo.results import read_rows  # noqa: E402
+from zoo.experiments.executors import RayExecutor  # noqa: E402
+from zoo.errors import UserError
+from zoo.recipes import resolve  # noqa: E402
+from zoo.experiments.rows import read_rows  # noqa: E402
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 TIMES = ("train_seconds", "wall_seconds")
@@ -154,6 +155,6 @@ def test_cell_larger_than_any_node_is_refused(tmp_path, local_ray):
     executor = RayExecutor(cpus_per_cell=64)
     executor.started_here = True  # as when `zoo ablate` starts the local Ray itself
     executor.echo = lambda *a: None
-    with pytest.raises(RecipeError, match="asks for 64 CPUs and 0 GPUs, more than any Ray node has"):
+    with pytest.raises(UserError, match="asks for 64 CPUs and 0 GPUs, more than any Ray node has"):
         executor.submit(0, recipe.cells[0])
     assert not executor.pending

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from zoo.recipes import RecipeError, resolve
+from zoo.errors import UserError
+from zoo.recipes import resolve
 
 HERE = Path(__file__).parent / "recipes"
 TINY = HERE / "tiny.yaml"
@@ -97,7 +98,7 @@ def test_missing_file_and_extends_cycle(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text("extends: b.yaml\n")
     b.write_text("extends: a.yaml\n")
-    with pytest.raises(RecipeError, match="cycle"):
+    with pytest.raises(UserError, match="cycle"):
         resolve(a)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from zoo.recipes import resolve
-from zoo.train import lr_at, train
+from zoo import train
+from zoo.training.optim import lr_at
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 
@@ -53,7 +54,8 @@ def test_test_time_sweep_evaluates_one_trained_model_at_several_knob_values():
     assert {"test_accuracy@num_iter=0", "test_accuracy@num_iter=2", "test_accuracy@num_iter=30"} <= set(m)
     gka = result.model.blocks[0].mixer
     assert gka._test_time == {} and gka.options.num_iter == 30, "the sweep must restore the mixer's own setting"
-    from zoo.train import build_task, evaluate
+    from zoo import build_task
+    from zoo.training.evaluation import evaluate_data as evaluate
     data = build_task(recipe).make("test", recipe.seed)
     with result.model.test_time({"num_iter": 2}):
         assert evaluate(result.model, data, 128, torch.device("cpu"))["accuracy"] == m["test_accuracy@num_iter=2"]
@@ -165,9 +167,9 @@ def test_an_out_of_tree_mixer_named_by_imports_trains_and_evaluates_from_the_cli
 
 
 def test_precision_and_compile_options(monkeypatch):
-    from zoo.recipes import RecipeError
+    from zoo.errors import UserError
     import pytest
-    with pytest.raises(RecipeError, match="fp64"):
+    with pytest.raises(UserError, match="fp64"):
         resolve(TINY, ["train.precision=fp64"])
     base = train(resolve(TINY, ["train.steps=3"]), progress=False).metrics
     fp32 = train(resolve(TINY, ["train.steps=3", "train.precision=fp32"]), progress=False).metrics
@@ -189,10 +191,10 @@ def test_precision_and_compile_options(monkeypatch):
 def test_tracking_is_optional_and_named_when_missing(tmp_path):
     import importlib.util
     import pytest
-    from zoo.recipes import RecipeError
+    from zoo.errors import UserError
     recipe = resolve(TINY, ["train.steps=3", "train.tracking=tensorboard", f"train.tracking_dir={tmp_path}"])
     if importlib.util.find_spec("tensorboard") is None:
-        with pytest.raises(RecipeError, match=r"pip install 'mixer-zoo\[tracking\]'"):
+        with pytest.raises(UserError, match=r"pip install 'mixer-zoo\[tracking\]'"):
             train(recipe, progress=False)
     else:
         train(recipe, progress=False)
@@ -203,7 +205,8 @@ def test_tracking_is_optional_and_named_when_missing(tmp_path):
 def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():
     """The argmax of NaN logits is token 0: a diverged cell must not read as a (low) accuracy."""
     from zoo.model import HybridLM
-    from zoo.train import build_task, evaluate
+    from zoo import build_task
+    from zoo.training.evaluation import evaluate_data as evaluate
     recipe = resolve(TINY)
     task = build_task(recipe)
     model = HybridLM.from_recipe(recipe, task.vocab_size)

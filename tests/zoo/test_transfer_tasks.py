@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from mixers.options import OptionError, build_options
-from zoo.recipes import RecipeError, resolve
+from zoo.errors import UserError
+from zoo.recipes import resolve
 from zoo.tasks import TASKS
 from zoo.tasks.transfer_base import IGNORE, QUERY, Vocab
 
@@ -209,18 +210,18 @@ def test_bad_eval_tasks_are_refused(tasks, words):
     if words is None:  # a different task family is fine as long as the vocabulary matches
         assert resolve(recipe(tasks=tasks)).eval_tasks[0][1].name == "mqar"
         return
-    with pytest.raises(RecipeError, match=words):
+    with pytest.raises(UserError, match=words):
         resolve(recipe(tasks=tasks))
 
 
 @pytest.mark.parametrize("entry", [{"name": "tool_trace"}, {"name": "mqar", "vocab_size": 64, "num_kv_pairs": 5}])
 def test_eval_tasks_length_checked_against_seq_lens(entry):
-    with pytest.raises(RecipeError, match="too short.*eval.seq_lens asks for 16"):
+    with pytest.raises(UserError, match="too short.*eval.seq_lens asks for 16"):
         resolve(recipe(seq_lens=[16], tasks=[entry]))
 
 
 def test_a_recipe_with_eval_tasks_trains_and_reports_task_metrics():
-    from zoo.train import train
+    from zoo import train
     r = resolve(recipe(seq_lens=[48], tasks=[{"label": "sp", "name": "system_prompt"},
                                              {"label": "hop", "name": "multi_hop", "num_kv_pairs": 2}]))
     metrics = train(r, progress=False).metrics
@@ -230,7 +231,7 @@ def test_a_recipe_with_eval_tasks_trains_and_reports_task_metrics():
 
 
 def test_claims_read_the_lengths_of_task_metrics():
-    from zoo.claims import CellStats
+    from zoo.experiments.claims import CellStats
     row = {"metrics": {"test_accuracy@task=niah": 0.5, "test_accuracy@task=niah@128": 0.4, "test_accuracy@128": 0.3},
            "recipe": {"seed": 0}}
     cell = CellStats("t", "c", [row])

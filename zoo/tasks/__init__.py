@@ -1,6 +1,15 @@
-"""Synthetic tasks, registered by name (``zoo list`` shows them): MQAR, the state-tracking family and the
-transfer-retrieval tasks."""
+"""Synthetic tasks, registered by name (``zoo list`` shows them): MQAR, the state-tracking family, the
+memory tasks and the transfer-retrieval tasks.
+
+Importing this package imports every module in it, so a task is registered by writing its module here
+with a ``@register_task`` class; no list of modules to edit.
+"""
+import importlib
+import pkgutil
+
 from .base import TASKS, Task, TaskData, register_task
-from . import memory_tasks, mqar, state_tasks, transfer_mix, transfer_tasks  # noqa: F401  (registration)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["TASKS", "Task", "TaskData", "register_task"]

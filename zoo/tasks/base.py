@@ -43,6 +43,11 @@ class Task(abc.ABC):
     def __init__(self, options):
         self.options = options
 
+    @staticmethod
+    def from_spec(spec) -> "Task":
+        """The task a resolved spec (``recipe.task``, an ``eval.tasks`` entry) names, built from its options."""
+        return TASKS.get(spec.name)(spec.options)
+
     @property
     @abc.abstractmethod
     def vocab_size(self) -> int:

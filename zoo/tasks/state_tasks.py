@@ -4,6 +4,7 @@ generalisation.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from mixers.options import opt
@@ -21,25 +22,24 @@ class _Common:
 
 
 class _StateTask(Task):
-    generator_name = ""
+    #: the generator of :mod:`zoo.tasks.state_tracking` this task draws from
+    generator = staticmethod(st.parity)
 
     def _generator_options(self) -> dict:
         skip = {"seq_len", "num_train", "num_test"}
         return {k: v for k, v in vars(self.options).items() if k not in skip}
 
-    @property
-    def vocab_size(self) -> int:
-        return st.vocab_size(self.generator_name, **self._generator_options())
-
     def generate(self, num_examples, seq_len, generator) -> TaskData:
-        inputs, labels = st.GENERATORS[self.generator_name](num_examples, seq_len, generator, **self._generator_options())
+        inputs, labels = self.generator(num_examples, seq_len, generator, **self._generator_options())
         return TaskData(inputs, labels)
 
 
 @register_task
 class Parity(_StateTask):
-    name = generator_name = "parity"
+    name = "parity"
     description = "running parity of a bit string (needs negative eigenvalues / non-diagonal state)"
+    generator = staticmethod(st.parity)
+    vocab_size = 2
 
     @dataclass
     class Options(_Common):
@@ -49,8 +49,10 @@ class Parity(_StateTask):
 def _group_task(group: str, blurb: str):
     @register_task
     class WordProblem(_StateTask):
-        name = generator_name = group
+        name = group
         description = f"{group.upper()} word problem: inputs are group elements, label = running product ({blurb})"
+        generator = staticmethod(functools.partial(st.word_problem, group=group))
+        vocab_size = len(st.group_elements(group))
 
         @dataclass
         class Options(_Common):
@@ -67,11 +69,16 @@ A5 = _group_task("a5", "60 elements, simple")
 
 @register_task
 class Dyck1(_StateTask):
-    name = generator_name = "dyck1"
+    name = "dyck1"
     description = "Dyck-1 counting: label = nesting depth (or 'balanced') after each bracket"
+    generator = staticmethod(st.dyck1)
 
     @dataclass
     class Options(_Common):
         p_open: float = opt(0.5, "probability of '(' when both brackets are allowed", at_least=0.0, at_most=1.0)
         max_depth: int = opt(16, "the depth never exceeds this", at_least=1)
         label: str = opt("depth", "what to predict", choices=("depth", "balanced"))
+
+    @property
+    def vocab_size(self) -> int:
+        return st.dyck1_vocab_size(self.options.max_depth, self.options.label)

@@ -157,25 +157,6 @@ def dyck1(num_examples: int, seq_len: int, generator: torch.Generator, p_open: f
 # --------------------------------------------------------------------------------------------------
 # token spaces
 # --------------------------------------------------------------------------------------------------
-GENERATORS = {"parity": parity, "s3": s3, "s5": s5, "a5": a5, "dyck1": dyck1}
-
-#: token-space size (inputs and labels) with default options
-VOCAB = {"parity": 2, "s3": 6, "s5": 120, "a5": 60, "dyck1": 17}
-
-
-def vocab_size(task: str, **options) -> int:
-    """Token ids used by ``task``'s inputs and labels with these options (``max(input, label) + 1``)."""
-    if task == "dyck1":
-        if options.get("label", "depth") == "balanced":
-            return 2
-        return max(2, int(options.get("max_depth", 16)) + 1)
-    if task in ("parity", "s3", "s5", "a5"):
-        return VOCAB[task]
-    raise ValueError(f"unknown state-tracking task {task!r}; choose one of {', '.join(GENERATORS)}")
-
-
-def num_classes(task: str, **options) -> int:
-    """Distinct label values (for a classification head / chance level)."""
-    if task == "dyck1":
-        return 2 if options.get("label", "depth") == "balanced" else int(options.get("max_depth", 16)) + 1
-    return vocab_size(task, **options)
+def dyck1_vocab_size(max_depth: int = 16, label: str = "depth") -> int:
+    """Token ids of :func:`dyck1` with these options (``max(input, label) + 1``)."""
+    return 2 if label == "balanced" else max(2, max_depth + 1)

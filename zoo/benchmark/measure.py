@@ -21,6 +21,7 @@ Each group of measurements fails on its own: an error in the backward still keep
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -108,7 +109,6 @@ def error_text(err: BaseException) -> str:
 
 
 def free(device: torch.device) -> None:
-    import gc
 
     gc.collect()
     if device.type == "cuda":

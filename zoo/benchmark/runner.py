@@ -7,7 +7,7 @@ options take the usual ``key.path=value`` overrides (``model.d_model=256``,
 ``model.mixer_options.<mixer>.<option>=value``). A recipe may be given with ``--recipe`` to benchmark
 its mixer options. Times are also given as a ratio to the ``--baseline`` entry (default: the first).
 
-For every entry and every ``T`` it records the numbers of :func:`zoo.measure.measure`. A mixer that
+For every entry and every ``T`` it records the numbers of :func:`zoo.benchmark.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
 ``--time-limit`` skips lengths whose forward+backward is predicted to take longer than a limit (from
 the previous length, quadratic for mixers whose state grows with T, linear otherwise), saying so in the
@@ -34,11 +34,15 @@ from pathlib import Path
 
 import torch
 import yaml
+from tqdm import tqdm
 
-from .environment import environment
+from mixers import MIXERS
+
+from ..environment import environment
+from ..errors import UserError
+from ..experiments.results import render_bench
+from ..recipes import layer_label, load_raw, resolve
 from .measure import error_text, free, measure, merge_samples
-from .recipes import RecipeError, layer_label, resolve
-from .results import render_bench
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model section every benchmark starts from (any key can be overridden)
@@ -109,12 +113,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def bench_recipe(args):
     """Resolve the benchmark's layers through the one recipe pass: every entry is one layer."""
     if args.recipe:
-        from .recipes import load_raw
         data, _ = load_raw(args.recipe)
         data.pop("grid", None)
     else:
         data = json.loads(json.dumps(BASE))
-    from mixers import MIXERS
     data.setdefault("model", {})["layers"] = args.mixers if args.mixers is not None else MIXERS.names()
     data["model"].pop("pattern", None)
     data["model"].pop("n_layers", None)
@@ -125,7 +127,7 @@ def _labels(entries: list) -> list[str]:
     labels = [layer_label(e) for e in entries]
     twice = {x for x in labels if labels.count(x) > 1}
     if twice:
-        raise RecipeError(f"--mixers: {sorted(twice)} listed twice")
+        raise UserError(f"--mixers: {sorted(twice)} listed twice")
     return labels
 
 
@@ -133,15 +135,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (from :func:`configure_parser`); returns an exit code."""
     if (args.batch <= 0 or args.repeats <= 0 or args.rounds <= 0 or args.warmup < 0
             or (args.threads is not None and args.threads <= 0)):
-        raise RecipeError("--batch, --repeats, --rounds and --threads must be positive, --warmup >= 0")
+        raise UserError("--batch, --repeats, --rounds and --threads must be positive, --warmup >= 0")
     recipe = bench_recipe(args)
     labels = _labels(recipe.model.layer_entries())
     if args.baseline is not None and args.baseline not in labels:
-        raise RecipeError(f"--baseline {args.baseline!r} is not one of the entries: {', '.join(labels)}")
+        raise UserError(f"--baseline {args.baseline!r} is not one of the entries: {', '.join(labels)}")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RecipeError("--device cuda: no CUDA device is available")
+        raise UserError("--device cuda: no CUDA device is available")
     previous_threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -165,9 +167,6 @@ def _write_json(path: Path, result: dict) -> None:
 
 
 def _run(args, device, recipe, labels) -> int:
-    from mixers import MIXERS
-    from tqdm import tqdm
-
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[dtype_name]
     out = Path(args.out)

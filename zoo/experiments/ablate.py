@@ -12,7 +12,7 @@ command-line override is never answered with an old row. A folder holding a fini
 whose recipe has since changed is refused with the differences named (use another ``--out``). One
 process writes a folder at a time (a lock file); a second one is refused at once.
 
-Cells run on an executor (:mod:`zoo.executors`): one after another in this process, or as Ray tasks on
+Cells run on an executor (:mod:`zoo.experiments.executors`): one after another in this process, or as Ray tasks on
 one machine or a cluster. Either way this process is the only writer of ``results.jsonl``: it appends
 each row as its cell finishes. A cell that still fails after its retries is listed at the end with its
 error; the rows of the other cells are kept, and running the command again runs only what is missing.
@@ -24,25 +24,12 @@ import fcntl
 import os
 from pathlib import Path
 
-from .config import Cell, Recipe
+from ..config import Cell, Recipe
+from ..errors import UserError
+from ..recipes import recipe_differences
 from .executors import Executor, SequentialExecutor
-from .recipes import RecipeError
-from .results import append_row, read_rows, render
-
-
-def recipe_differences(old: dict, new: dict, prefix: str = "", limit: int = 4) -> list[str]:
-    """Up to ``limit`` ``"key.path: old -> new"`` lines where two plain recipes differ."""
-    out: list[str] = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
-        path = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += recipe_differences(a, b, path + ".", limit - len(out))
-        elif a != b:
-            out.append(f"{path}: {a!r} -> {b!r}")
-        if len(out) >= limit:
-            break
-    return out[:limit]
+from .results import render
+from .rows import append_row, read_rows
 
 
 @contextlib.contextmanager
@@ -56,7 +43,7 @@ def exclusive(out_dir: Path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            raise RecipeError(f"{out_dir}: another zoo ablate (pid {holder}) is writing here; wait for it to "
+            raise UserError(f"{out_dir}: another zoo ablate (pid {holder}) is writing here; wait for it to "
                               f"finish or choose another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -93,7 +80,7 @@ def completed_rows(rows: list[dict], cells: list[Cell]) -> dict[str, dict]:
             old = stale[-1]
             diff = recipe_differences(old.get("recipe", {}), cell.recipe.plain)
             why = "; ".join(diff) if diff else "written by an older mixer-zoo without recipe hashes"
-            raise RecipeError(f"cell {cell_name(cell, cells)!r} already has a finished row from a different recipe ({why}); "
+            raise UserError(f"cell {cell_name(cell, cells)!r} already has a finished row from a different recipe ({why}); "
                               f"its results would be mixed with the new ones: use another --out folder")
     return done
 

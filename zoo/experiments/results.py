@@ -1,53 +1,21 @@
-"""Result files and everything rendered from them: ablation tables and ``zoo bench`` tables.
+"""Everything rendered from result files: ablation tables and ``zoo bench`` tables.
 
-``results.jsonl`` holds one JSON object per finished ablation cell, appended (and fsynced) the moment
-the cell finishes. A line cut short by a kill is dropped on the next read, so the file stays valid JSON
-lines. Tables (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
+``results.jsonl`` (:mod:`zoo.experiments.rows`) holds one JSON object per finished ablation cell. Tables (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
 table writer (:func:`write_table`) and one figure helper (:func:`figure`) for both kinds of result.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
-import os
 import re
 from pathlib import Path
 
+import matplotlib
+from matplotlib.figure import Figure
 from tabulate import tabulate
 
-from .recipes import layer_label
-
-
-def read_rows(path: Path) -> list[dict]:
-    """All complete rows; a trailing partial line (a killed write) is cut off the file."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    rows, good_end = [], 0
-    for line in raw.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-        good_end += len(line)
-    if good_end != len(raw):
-        with open(path, "r+b") as fh:
-            fh.truncate(good_end)
-    return rows
-
-
-def append_row(path: Path, row: dict) -> None:
-    data = (json.dumps(row, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)  # one write: a kill leaves either the whole line or none
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from ..recipes import layer_label
 
 
 def _fmt(value):
@@ -69,20 +37,15 @@ def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], 
 
 @contextlib.contextmanager
 def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
-    """A matplotlib figure (headless Agg) with ``ncols`` axes, saved to ``path`` on exit."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, ncols, figsize=size)
-    try:
-        yield fig, axes
-        if title:
-            fig.suptitle(title)
-        fig.tight_layout(rect=(0, 0, 0.8, 1) if fig.legends else None)  # room for a legend beside the axes
-        fig.savefig(path, dpi=120)
-    finally:
-        plt.close(fig)
+    """A matplotlib figure with ``ncols`` axes, saved to ``path`` on exit. Drawn on a standalone
+    :class:`~matplotlib.figure.Figure` (Agg), so pyplot's global backend and figure list stay untouched."""
+    fig = Figure(figsize=size)
+    axes = fig.subplots(1, ncols)
+    yield fig, axes
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 0.8, 1) if fig.legends else None)  # room for a legend beside the axes
+    fig.savefig(path, dpi=120)
 
 
 def table_columns(rows: list[dict]) -> list[str]:
@@ -210,7 +173,6 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
     with figure(path, ncols=ncols, size=(6 * ncols + 2.5, 4), title=title) as (fig, axes):
         axes = list(axes) if ncols > 1 else [axes]
         if len(cells) > 10:  # the default cycle repeats after 10 colours
-            import matplotlib
             for ax in axes:
                 ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
         _plot_accuracy(axes[0], cells, lengths)

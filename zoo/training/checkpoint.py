@@ -3,7 +3,7 @@
 A checkpoint is ``<dir>/checkpoint.pt``, one ``torch.save`` of a dict holding the model weights, the
 optimizer state, the learning-rate schedule position, the gradient scaler (fp16), the step, the
 data-order state (current permutation, cursor and the order generator's state), the RNG states
-(torch CPU, CUDA if any, python ``random``, numpy's if numpy is loaded), the history and the running
+(torch CPU, CUDA if any, python ``random``, numpy's), the history and the running
 averages of the displayed loss and accuracy, elapsed training time, whether training finished, and
 the resolved recipe (plain dict, key, and the modules that define its out-of-tree components).
 
@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .recipes import RecipeError
+from mixers import MIXERS, STATE_MIXERS
+
+from ..errors import UserError
+from ..recipes import recipe_differences
+from ..tasks import TASKS
 
 FILENAME = "checkpoint.pt"
 FORMAT = 1
@@ -54,13 +58,13 @@ def save(path: Path, state: dict) -> None:
 
 def load(path: Path, map_location="cpu") -> dict:
     if not path.exists():
-        raise RecipeError(f"{path}: no checkpoint here (zoo train RECIPE --out DIR writes DIR/{FILENAME})")
+        raise UserError(f"{path}: no checkpoint here (zoo train RECIPE --out DIR writes DIR/{FILENAME})")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
-        raise RecipeError(f"{path}: not a readable mixer-zoo checkpoint ({type(err).__name__}: {err})") from None
+        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise RecipeError(f"{path}: not a mixer-zoo checkpoint of format {FORMAT}")
+        raise UserError(f"{path}: not a mixer-zoo checkpoint of format {FORMAT}")
     return state
 
 
@@ -68,9 +72,8 @@ def check_same_recipe(state: dict, recipe, path: Path) -> None:
     """Refuse to resume a checkpoint written for a different recipe, naming the differences."""
     if state["recipe_key"] == recipe.key:
         return
-    from .ablate import recipe_differences
     diff = "; ".join(recipe_differences(state["recipe"], recipe.plain)) or "recipe hashes differ"
-    raise RecipeError(f"{path} holds a checkpoint of recipe {state['recipe_key']}, not of this recipe {recipe.key} "
+    raise UserError(f"{path} holds a checkpoint of recipe {state['recipe_key']}, not of this recipe {recipe.key} "
                       f"({diff}); resume with the same recipe, or use another folder")
 
 
@@ -79,10 +82,8 @@ def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (name, keys.tolist(), pos, has_gauss, cached)
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (name, keys.tolist(), pos, has_gauss, cached)
     return state
 
 
@@ -93,7 +94,6 @@ def set_rng_state(state: dict) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
-        import numpy as np
         name, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
@@ -101,25 +101,7 @@ def set_rng_state(state: dict) -> None:
 # ------------------------------------------------------------------------------------------ recipes
 def imports_for(recipe) -> list[str]:
     """Modules outside this library that define the recipe's mixers, state mixer or task."""
-    from mixers import MIXERS, STATE_MIXERS
-
-    from .tasks import TASKS
     classes = [MIXERS.get(s.name) for s in recipe.layers] + [STATE_MIXERS.get(recipe.state_mixer.name),
                                                               TASKS.get(recipe.task.name)]
     ours = ("mixers", "zoo", "kernels", "__main__")
     return sorted({c.__module__ for c in classes if c.__module__.split(".")[0] not in ours})
-
-
-def recipe_mapping(plain: dict, imports: list[str] = ()) -> dict:
-    """A recipe mapping that :func:`zoo.recipes.resolve` turns back into the recipe of ``plain``
-    (same key): the expanded layer entries stay, the derived per-layer option lists go."""
-    data = {k: v for k, v in plain.items()}
-    model = dict(data["model"])
-    model.pop("layer_options", None)
-    for derived in ("pattern", "n_layers"):
-        if model.get(derived) is None:
-            model.pop(derived, None)
-    data["model"] = model
-    if imports:
-        data["imports"] = list(imports)
-    return data

@@ -3,7 +3,7 @@
 Both executors share one small interface — :meth:`Executor.submit` a cell, then iterate
 :meth:`Executor.finished` for :class:`Outcome` objects (the cell with its row, or its error) in
 completion order — and one function that turns a cell into a result row, :func:`run_cell`. The driver
-(:func:`zoo.ablate.run_ablation`) stays the only writer of ``results.jsonl``: executors return rows,
+(:func:`zoo.experiments.ablate.run_ablation`) stays the only writer of ``results.jsonl``: executors return rows,
 they never write them.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the Ray executor is chosen.
@@ -25,8 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .config import Cell
-from .recipes import RecipeError
+import torch
+
+from ..config import Cell
+from ..errors import UserError, error_summary
+from ..training import loop
+from .rows import make_row
 
 RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'
 
@@ -34,28 +38,15 @@ RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[
 def run_cell(cell: Cell, progress: bool = False, checkpoint_root: str | None = None) -> dict:
     """Train one cell and return its ``results.jsonl`` row (the same code for every executor). With
     ``checkpoint_root``, the cell checkpoints in ``<root>/<recipe key>`` and resumes a checkpoint there."""
-    import torch
-
-    from .environment import environment
-
-    # the module (the package may export a function of the same name); `train` is looked up at call
-    # time, so a module in a recipe's `imports` may wrap it
-    training = importlib.import_module(f"{__package__}.train")
-
     recipe = cell.recipe
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
-    result = training.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
-    return {"recipe_key": recipe.key, "label": cell.label, "overrides": cell.overrides, "recipe": recipe.plain,
-            "seed": recipe.seed, "metrics": result.metrics, "history": result.history, "host": platform.node(),
-            **environment()}  # after training: train.threads may have changed the thread count
-
-
-def one_line(err: BaseException) -> str:
-    """``"Type: first line of the message"`` for an error report."""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    # `loop.train` is looked up at call time, so a module in a recipe's `imports` may wrap it
+    result = loop.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
+    # made after training: train.threads may have changed the thread count the row records
+    return make_row(recipe, cell.label, result.metrics, overrides=cell.overrides, history=result.history,
+                    host=platform.node())
 
 
 @dataclass
@@ -75,7 +66,7 @@ class Executor(abc.ABC):
 
     def __init__(self, retries: int = 0):
         if retries < 0:
-            raise RecipeError(f"--retries {retries}: must be >= 0")
+            raise UserError(f"--retries {retries}: must be >= 0")
         self.retries = retries
         self.on_start = None  # called with a cell as it starts, where the executor knows (in-process)
         self.checkpoint_root = None  # set by the driver: cells checkpoint in <root>/<recipe key>
@@ -124,7 +115,7 @@ class SequentialExecutor(Executor):
                 try:
                     outcome.row = run_cell(cell, progress=self.progress, checkpoint_root=self.checkpoint_root)
                 except Exception as err:  # noqa: BLE001 - a failed cell is reported, the others still run
-                    outcome.error = one_line(err)
+                    outcome.error = error_summary(err)
                     outcome.errors.append(outcome.error)
                     if outcome.attempts <= self.retries:
                         self.echo(f"  {cell.label}: attempt {outcome.attempts} failed ({outcome.error}); retrying")
@@ -137,7 +128,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise RecipeError(RAY_MISSING) from None
+        raise UserError(RAY_MISSING) from None
     return ray
 
 
@@ -149,7 +140,7 @@ def _ray_task(cell: Cell, imports: tuple, progress: bool, checkpoint_root: str |
         return run_cell(cell, progress=progress, checkpoint_root=checkpoint_root)
     except Exception as err:
         # the driver gets a picklable error with the worker's traceback, whatever the original type
-        raise RuntimeError(f"{one_line(err)}\n{traceback.format_exc()}") from None
+        raise RuntimeError(f"{error_summary(err)}\n{traceback.format_exc()}") from None
 
 
 class RayExecutor(Executor):
@@ -160,9 +151,9 @@ class RayExecutor(Executor):
                  retries: int = 2, num_cpus: int | None = None, progress: bool = False, echo=print):
         super().__init__(retries)
         if cpus_per_cell is not None and cpus_per_cell <= 0:
-            raise RecipeError(f"--cpus-per-cell {cpus_per_cell}: must be > 0")
+            raise UserError(f"--cpus-per-cell {cpus_per_cell}: must be > 0")
         if gpus_per_cell is not None and gpus_per_cell < 0:
-            raise RecipeError(f"--gpus-per-cell {gpus_per_cell}: must be >= 0")
+            raise UserError(f"--gpus-per-cell {gpus_per_cell}: must be >= 0")
         self.ray = _import_ray()
         self.cpus_per_cell, self.gpus_per_cell = cpus_per_cell, gpus_per_cell
         self.progress, self.echo = progress, echo
@@ -182,8 +173,8 @@ class RayExecutor(Executor):
             except (ConnectionError, RuntimeError, ValueError, ImportError) as err:
                 hint = ('; ray:// addresses need pip install "ray[client]"' if isinstance(err, ImportError)
                         else " (start one with `ray start --head`)")
-                raise RecipeError(f"--address {self.address}: cannot connect to a Ray cluster: "
-                                  f"{one_line(err)}{hint}") from None
+                raise UserError(f"--address {self.address}: cannot connect to a Ray cluster: "
+                                  f"{error_summary(err)}{hint}") from None
             self.started_here = True
         self.remote = self.ray.remote(_ray_task)
 
@@ -217,7 +208,7 @@ class RayExecutor(Executor):
         text = (f"cell {cell.label!r} asks for {cpus:g} CPUs and {gpus:g} GPUs, more than any Ray node has "
                 f"(lower train.threads, or pass --cpus-per-cell / --gpus-per-cell)")
         if self.started_here:
-            raise RecipeError(text)
+            raise UserError(text)
         self.echo(f"warning: {text}; it waits until the cluster has such a node")
 
     def submit(self, index: int, cell: Cell) -> None:
@@ -233,14 +224,14 @@ class RayExecutor(Executor):
                 outcome.row, outcome.error = ray.get(ref), None
             except ray.exceptions.RayTaskError as err:  # the cell raised: our own retries
                 cause = getattr(err, "cause", None)
-                outcome.error = str(cause).splitlines()[0] if isinstance(cause, RuntimeError) else one_line(err)
+                outcome.error = str(cause).splitlines()[0] if isinstance(cause, RuntimeError) else error_summary(err)
                 outcome.errors.append(outcome.error)
                 if outcome.attempts <= self.retries:
                     self.echo(f"  {outcome.cell.label}: attempt {outcome.attempts} failed ({outcome.error}); retrying")
                     self._launch(outcome)
                     continue
             except ray.exceptions.RayError as err:  # worker or node lost beyond Ray's own retries
-                outcome.error = f"{one_line(err)} (after {self.retries} Ray retries)"
+                outcome.error = f"{error_summary(err)} (after {self.retries} Ray retries)"
                 outcome.errors.append(outcome.error)
             yield outcome
 
@@ -260,9 +251,9 @@ def make_executor(kind: str = "sequential", *, address: str | None = None, cpus_
         extra = [flag for flag, value in (("--address", address), ("--cpus-per-cell", cpus_per_cell),
                                           ("--gpus-per-cell", gpus_per_cell)) if value is not None]
         if extra:
-            raise RecipeError(f"{', '.join(extra)} only apply to --executor ray")
+            raise UserError(f"{', '.join(extra)} only apply to --executor ray")
         return SequentialExecutor(retries=retries or 0, progress=progress, echo=echo)
     if kind == "ray":
         return RayExecutor(address=address, cpus_per_cell=cpus_per_cell, gpus_per_cell=gpus_per_cell,
                            retries=2 if retries is None else retries, echo=echo)
-    raise RecipeError(f"--executor {kind!r}: choose sequential or ray")
+    raise UserError(f"--executor {kind!r}: choose sequential or ray")

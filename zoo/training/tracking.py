@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .recipes import RecipeError
+from ..errors import UserError
 
 
 class Tracker:
@@ -27,8 +27,8 @@ class TensorBoardTracker(Tracker):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise RecipeError("train.tracking=tensorboard needs the tensorboard package: "
-                              "pip install 'mixer-zoo[tracking]' (or pip install tensorboard)") from None
+            raise UserError("train.tracking=tensorboard needs the tensorboard package: "
+                            "pip install 'mixer-zoo[tracking]' (or pip install tensorboard)") from None
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
     def log(self, step, values):
@@ -46,8 +46,8 @@ class WandbTracker(Tracker):
         try:
             import wandb
         except ImportError:
-            raise RecipeError("train.tracking=wandb needs the wandb package: pip install 'mixer-zoo[tracking]' "
-                              "(or pip install wandb)") from None
+            raise UserError("train.tracking=wandb needs the wandb package: pip install 'mixer-zoo[tracking]' "
+                            "(or pip install wandb)") from None
         log_dir.mkdir(parents=True, exist_ok=True)
         self.wandb = wandb
         self.run = wandb.init(project="mixer-zoo", name=recipe.name or recipe.key, dir=str(log_dir),
@@ -77,4 +77,4 @@ def make_tracker(recipe, checkpoint_dir: Path | None = None, resume_step: int = 
         return TensorBoardTracker(log_dir)
     if kind == "wandb":
         return WandbTracker(log_dir, recipe, resume_step)
-    raise RecipeError(f"train.tracking={kind!r}: choose none, tensorboard or wandb")
+    raise UserError(f"train.tracking={kind!r}: choose none, tensorboard or wandb")

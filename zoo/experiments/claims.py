@@ -10,7 +10,7 @@ from the data.
 
 How a verdict is computed:
 
-- rows are grouped into cells by label (:func:`zoo.results.cell_of`: a ``seed=N`` word of an older label
+- rows are grouped into cells by label (:func:`zoo.experiments.results.cell_of`: a ``seed=N`` word of an older label
   is ignored); every row of a cell must have the same resolved recipe apart from its seed (checked);
 - a cell's number is the mean over its seeds, shown as mean ± sample standard deviation (n seeds), with
   the min-max and each seed's value in the claim's details;
@@ -27,7 +27,6 @@ How a verdict is computed:
 """
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -36,8 +35,13 @@ from typing import Any
 
 import yaml
 
-from .ablate import recipe_differences, row_seed
-from .results import cell_of, group_by_cell, mean_std, read_rows
+from mixers.options import nearest
+
+from ..errors import UserError
+from ..recipes import recipe_differences, resolve
+from .ablate import cells_of, row_seed
+from .results import cell_of, group_by_cell, mean_std
+from .rows import read_rows
 
 #: seeds every cell a verdict reads must have
 MIN_SEEDS = 3
@@ -80,7 +84,7 @@ class CellStats:
             m = _metrics(r)
             if metric not in m:
                 raise ClaimsError(f"tables/{self.table}: cell {self.label!r} (seed {row_seed(r)}) has no metric "
-                                  f"{metric!r}{_nearest(metric, m)} (its metrics: {', '.join(sorted(m))})")
+                                  f"{metric!r}{nearest(metric, m)} (its metrics: {', '.join(sorted(m))})")
             out.append(float("nan") if m[metric] is None else float(m[metric]))
         return out
 
@@ -114,11 +118,6 @@ def _num(x: float) -> str:
     return "nan" if x != x else f"{x:.3f}"
 
 
-def _nearest(name, candidates) -> str:
-    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=3, cutoff=0.5)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
 def _without_seed(recipe: dict) -> dict:
     return {k: v for k, v in recipe.items() if k != "seed"}
 
@@ -149,11 +148,9 @@ def table_cells(root: Path, table: str) -> dict[str, CellStats]:
 
 def recipe_cells(root: Path, recipe_path: str):
     """The cells (label, resolved recipe) of a table's recipe as written now."""
-    from .ablate import cells_of
-    from .recipes import RecipeError, resolve
     try:
         return cells_of(resolve(root / recipe_path))
-    except RecipeError as err:
+    except UserError as err:
         raise ClaimsError(f"{recipe_path}: {err}") from None
 
 
@@ -218,12 +215,12 @@ def _expand(term: Term, cells: dict[str, CellStats]) -> list[tuple[str, float]]:
 
 
 @dataclass
-class Outcome:
+class ConditionResult:
     holds: bool
     detail: str
 
 
-def evaluate(cond: Condition, cells: dict[str, CellStats]) -> Outcome:
+def evaluate(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
     left, right = _expand(cond.left, cells), _expand(cond.right, cells)
     if len(left) > 1 and len(right) > 1:
         lm = [m.rsplit("@", 1)[-1] if "@" in m else "T" for m, _ in left]
@@ -237,7 +234,7 @@ def evaluate(cond: Condition, cells: dict[str, CellStats]) -> Outcome:
         pairs = [(left[0], y) for y in right]
     results = [_OPS[cond.op](a, b) for (_, a), (_, b) in pairs]
     shown = ", ".join(f"{_num(a)} {cond.op} {_num(b)}" for (_, a), (_, b) in pairs)
-    return Outcome(all(results), shown)
+    return ConditionResult(all(results), shown)
 
 
 # --------------------------------------------------------------------------------------- the ledger
@@ -250,7 +247,7 @@ class Claim:
     cells: dict[str, CellStats] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     rule: dict[str, list[Condition]] = field(default_factory=dict)
-    outcomes: dict[str, list[Outcome]] = field(default_factory=dict)
+    outcomes: dict[str, list[ConditionResult]] = field(default_factory=dict)
     verdict: str = ""
 
 
@@ -283,7 +280,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             raise ClaimsError(f"{where}: the id {spec['id']!r} is used twice")
         ids.add(spec["id"])
         if spec["paper"] not in papers or not {"title", "id"} <= set(papers[spec["paper"]] or {}):
-            raise ClaimsError(f"{where}: unknown paper {spec['paper']!r}{_nearest(spec['paper'], papers)} "
+            raise ClaimsError(f"{where}: unknown paper {spec['paper']!r}{nearest(spec['paper'], papers)} "
                               f"(papers, each with a title and an id: {', '.join(papers)})")
         claim = Claim(spec)
         out.append(claim)
@@ -296,7 +293,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             continue
         table = spec.get("table")
         if table not in tables:
-            raise ClaimsError(f"{where}: table {table!r} is not listed under tables{_nearest(table, tables)} "
+            raise ClaimsError(f"{where}: table {table!r} is not listed under tables{nearest(table, tables)} "
                               f"(tables: {', '.join(tables)})")
         if table not in loaded:
             loaded[table] = table_cells(root, table)
@@ -314,7 +311,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             else:
                 known = sorted(set(present) | planned)
                 raise ClaimsError(f"{where}: cells.{alias}: no cell {label!r} in tables/{table}/results.jsonl or in "
-                                  f"{tables[table]['recipe']}{_nearest(label, known)}")
+                                  f"{tables[table]['recipe']}{nearest(label, known)}")
             claim.labels[alias] = label
         rule = spec.get("rule")
         if not isinstance(rule, dict) or not rule.get("reproduced"):
@@ -329,7 +326,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
                 for alias in c.aliases():
                     if alias not in claim.cells:
                         raise ClaimsError(f"{where}: rule condition {c.text!r} names cell {alias!r}, which is not "
-                                          f"in cells{_nearest(alias, claim.cells)} ({', '.join(claim.cells)})")
+                                          f"in cells{nearest(alias, claim.cells)} ({', '.join(claim.cells)})")
         for name in spec.get("show") or []:
             cond = parse_term(name, f"{where}: show")
             if cond.alias not in claim.cells:

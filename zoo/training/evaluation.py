@@ -1,0 +1,223 @@
+"""Evaluation of a model, in one place: devices and precision, per-split metrics, test-time knobs,
+``eval.tasks``, and ``zoo eval`` (evaluate a checkpoint again without retraining).
+
+Training calls into this module (the loss of a batch, the end-of-run metrics); this module never
+imports training.
+
+``zoo eval``: the checkpoint carries its resolved recipe; :func:`eval_recipe` re-resolves it with
+overrides that leave the trained model as it is:
+
+- ``eval.*``: other test lengths (``eval.seq_lens=[64,128]``), test-time knob values
+  (``eval.test_time={knob: v}``, ``eval.test_time_sweep``), other tasks with the same vocabulary
+  (``eval.tasks``), the evaluation batch size;
+- ``task.<option>`` for options that keep the task's vocabulary (e.g. ``task.num_test``,
+  ``task.seq_len``, ``task.num_kv_pairs``), never ``task.name``;
+- ``seed`` (it selects the test data here), ``train.device``, ``train.threads``,
+  ``train.precision``, ``name``, ``description``, ``imports``.
+
+Every other override (``model.*``, the rest of ``train.*``) describes how the checkpoint was trained,
+and is refused with a one-line error. Without overrides, evaluation repeats the end-of-training
+evaluation exactly (same data, same code path, same numbers on a CPU with the recipe's threads).
+Rows go to ``results.jsonl`` in the format of ablation rows.
+
+``eval.tasks`` entries are evaluated zero-shot on their test split at their own ``seq_len`` and at every
+``eval.seq_lens`` length, under ``eval.test_time``: metrics ``test_accuracy@task=<label>`` and
+``test_accuracy@task=<label>@<L>``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..config import Recipe
+from ..errors import UserError
+from ..experiments.rows import make_row
+from ..model import HybridLM
+from ..recipes import parse_override, recipe_mapping, resolve
+from ..tasks import Task, TaskData
+from . import checkpoint as ckpt
+
+ALLOWED_PREFIXES = ("eval", "task", "seed", "name", "description", "imports", "train.device", "train.threads",
+                    "train.precision")
+WHY = ("zoo eval may change only eval.*, task options that keep the vocabulary, seed (the test data), "
+       "train.device/threads/precision")
+
+
+# ------------------------------------------------------------------------------------------ device, precision
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but no CUDA device is available; use train.device=cpu (or auto)")
+    return torch.device(name)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` -> ``bf16`` on CUDA, ``fp32`` elsewhere."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def autocast(device: torch.device, precision: str = "auto"):
+    precision = resolve_precision(precision, device)
+    if precision == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+# ------------------------------------------------------------------------------------------ metrics
+def forward_loss(model, batch: TaskData, device, precision: str = "auto",
+                 reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, hits, supervised)``: cross-entropy over supervised positions (mean or sum), and
+    per-position boolean tensors of correct predictions and of supervised positions."""
+    with autocast(device, precision):
+        logits = model(batch.inputs, mask=batch.mask)
+    logits = logits.float()
+    loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100, reduction=reduction)
+    supervised = batch.labels != -100
+    return loss, (logits.argmax(-1) == batch.labels) & supervised, supervised
+
+
+@torch.no_grad()
+def evaluate_data(model: HybridLM, data: TaskData, batch_size: int, device, precision: str = "auto") -> dict:
+    """``{loss, accuracy, sequence_accuracy}`` of ``model`` on ``data`` (sequence accuracy: every
+    supervised position of an example right)."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct, count, exact = 0.0, 0, 0, 0
+    for start in range(0, len(data), batch_size):
+        batch = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
+        loss, hits, supervised = forward_loss(model, batch, device, precision)
+        n = supervised.sum().item()
+        total_loss += loss.item() * n
+        correct, count = correct + hits.sum().item(), count + n
+        exact += (hits == supervised).all(dim=1).sum().item()
+    model.train(was_training)
+    loss = total_loss / max(count, 1)
+    if not math.isfinite(loss):
+        # a diverged model: the argmax of NaN logits is no prediction, so its accuracy is not a number
+        return {"loss": loss, "accuracy": float("nan"), "sequence_accuracy": float("nan")}
+    return {"loss": loss, "accuracy": correct / max(count, 1), "sequence_accuracy": exact / max(len(data), 1)}
+
+
+def eval_task_metrics(model: HybridLM, recipe: Recipe, device, precision: str) -> dict:
+    """``test_accuracy@task=<label>`` (and ``@<L>`` for every ``eval.seq_lens`` length) per entry."""
+    metrics = {}
+    bs = recipe.eval.batch_size
+    with model.test_time(recipe.eval.test_time):
+        for label, spec in recipe.eval_tasks:
+            task = Task.from_spec(spec)
+            ev = evaluate_data(model, task.make("test", recipe.seed), bs, device, precision)
+            metrics[f"test_accuracy@task={label}"] = ev["accuracy"]
+            for seq_len in recipe.eval.seq_lens:
+                ev = evaluate_data(model, task.make("test", recipe.seed, seq_len=seq_len), bs, device, precision)
+                metrics[f"test_accuracy@task={label}@{seq_len}"] = ev["accuracy"]
+    return metrics
+
+
+def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision: str = "auto") -> dict:
+    """The end-of-run evaluation of a trained model (what ``zoo eval`` recomputes from a checkpoint):
+    test loss/accuracy under ``eval.test_time``, each ``eval.seq_lens`` length, each value of
+    ``eval.test_time_sweep``, each ``eval.tasks`` entry, and the model's size and state."""
+    metrics = {}
+    bs = recipe.eval.batch_size
+    test_data = task.make("test", recipe.seed)
+    with model.test_time(recipe.eval.test_time):
+        ev = evaluate_data(model, test_data, bs, device, precision)
+        metrics.update({"test_loss": ev["loss"], "test_accuracy": ev["accuracy"],
+                        "test_sequence_accuracy": ev["sequence_accuracy"]})
+        for seq_len in recipe.eval.seq_lens:
+            ev = evaluate_data(model, task.make("test", recipe.seed, seq_len=seq_len), bs, device, precision)
+            metrics[f"test_accuracy@{seq_len}"] = ev["accuracy"]
+            metrics[f"test_sequence_accuracy@{seq_len}"] = ev["sequence_accuracy"]
+    # one trained model, evaluated at each value of a test-time knob; cells of a grid whose mixers do
+    # not declare the knob leave these columns empty
+    for knob, values in recipe.eval.test_time_sweep.items():
+        if knob not in model.test_time_knobs():
+            continue
+        for value in values:
+            with model.test_time({**recipe.eval.test_time, knob: value}):
+                metrics[f"test_accuracy@{knob}={value}"] = evaluate_data(model, test_data, bs, device,
+                                                                          precision)["accuracy"]
+    metrics.update(eval_task_metrics(model, recipe, device, precision))
+    metrics["params"] = model.num_params()
+    metrics["state_size"] = model.state_size(task.seq_len)
+    metrics["active_state_size"] = model.active_state_size(task.seq_len)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------ zoo eval
+def _override_items(overrides) -> list[tuple[str, object, str]]:
+    if isinstance(overrides, Mapping):
+        return [(k, v, f"{k}={v!r}") for k, v in overrides.items()]
+    items = []
+    for text in overrides:
+        path, value = parse_override(text)
+        items.append((".".join(str(p) for p in path), value, text))
+    return items
+
+
+def eval_recipe(plain: dict, imports: list[str] = (), overrides=()) -> tuple[Recipe, Recipe]:
+    """``(trained, for_eval)``: the checkpoint's recipe and the one with the evaluation overrides,
+    after checking that no override changes the trained model."""
+    base = recipe_mapping(plain, imports)
+    for key, _value, text in _override_items(overrides):
+        if key == "task.name" or not any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES):
+            raise UserError(f"zoo eval: override {text!r} would change the trained model; {WHY}")
+    trained = resolve(base)
+    new = resolve(base, overrides)
+    if new.task.name != trained.task.name:
+        raise UserError(f"zoo eval: the task must stay {trained.task.name!r}; {WHY}")
+    old_vocab, new_vocab = Task.from_spec(trained.task).vocab_size, Task.from_spec(new.task).vocab_size
+    if old_vocab != new_vocab:
+        raise UserError(f"zoo eval: these task options change the vocabulary from {old_vocab} to {new_vocab}, "
+                        f"which the trained embedding cannot read; {WHY}")
+    return trained, new
+
+
+def load_model(state: dict, recipe: Recipe, device) -> HybridLM:
+    model = HybridLM.from_recipe(recipe, Task.from_spec(recipe.task).vocab_size)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval()
+
+
+def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> dict:
+    """Evaluate the checkpoint at ``location`` (a file or its folder); returns a results row
+    (``recipe_key``, ``label``, ``recipe``, ``metrics``, environment, ...)."""
+    path = ckpt.path_in(location)
+    state = ckpt.load(path)
+    trained, recipe = eval_recipe(state["recipe"], state.get("imports", []), overrides)
+    if trained.key != state["recipe_key"]:
+        raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
+                        f"({trained.key} != {state['recipe_key']}); a default changed since it was written")
+    t = recipe.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    model = load_model(state, trained, device)
+    metrics = {"steps": state["step"]}
+    metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
+                                resolve_precision(t.precision, device)))
+    metrics["device"] = str(device)
+    items = _override_items(overrides)
+    return make_row(recipe, label or " ".join(["eval"] + [text for _k, _v, text in items]), metrics,
+                    overrides={k: v for k, v, _t in items}, device=device, checkpoint=str(path),
+                    trained_recipe_key=state["recipe_key"], finished=state["finished"])
+
+
+def evaluate(source, overrides=()) -> dict:
+    """Metrics of a trained model: ``source`` is a :class:`zoo.training.loop.TrainResult` or a checkpoint path."""
+    if isinstance(source, (str, Path)):
+        return evaluate_checkpoint(source, overrides)["metrics"]
+    result = source
+    if result.recipe is None:
+        raise UserError("evaluate: this TrainResult carries no recipe; pass a checkpoint path instead")
+    _trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
+    device = next(result.model.parameters()).device
+    return test_metrics(result.model, recipe, Task.from_spec(recipe.task), device,
+                        resolve_precision(recipe.train.precision, device))

@@ -1,0 +1,227 @@
+"""Training of one recipe: AdamW (:mod:`zoo.training.optim`), gradient clipping, periodic evaluation,
+checkpoints, and the end-of-run evaluation (:mod:`zoo.training.evaluation`).
+
+Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast on CUDA; ``fp32``,
+``bf16`` and ``fp16`` (autocast plus a gradient scaler) choose explicitly. ``train.compile`` runs the
+training forward through ``torch.compile`` (evaluation stays eager). The same seed gives the same
+numbers on re-run on a CPU: the model init, the data and the batch order all derive from
+``recipe.seed``.
+
+With a checkpoint folder (``train(..., checkpoint_dir=DIR)``, ``zoo train RECIPE --out DIR``) the run
+saves a checkpoint (:mod:`zoo.training.checkpoint`: the recipe plus a :class:`TrainState`) every
+``train.checkpoint_every`` steps and at the end, and a run that finds a checkpoint of the same recipe
+there resumes from it, ending with exactly the numbers of an uninterrupted run on a CPU.
+
+Under ``torchrun`` (see :mod:`zoo.training.distributed`) the model is wrapped in
+DistributedDataParallel and each rank trains on its shard of the global batch; rank 0 alone prints,
+tracks and checkpoints.
+
+When stderr is not a terminal, progress is a plain line (step, loss, accuracy, elapsed) at least every
+``PLAIN_PROGRESS_SECONDS`` and at every periodic evaluation, so piped runs never sit silent.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import Recipe
+from ..errors import UserError
+from ..model import HybridLM
+from ..tasks import Task
+from . import checkpoint as ckpt
+from . import distributed
+from .evaluation import evaluate_data, forward_loss, resolve_device, resolve_precision, test_metrics
+from .state import TrainState
+from .tracking import Tracker, make_tracker
+
+PLAIN_PROGRESS_SECONDS = 30.0
+
+
+@dataclass
+class TrainResult:
+    metrics: dict
+    model: HybridLM = field(repr=False)
+    history: list = field(default_factory=list, repr=False)
+    recipe: Recipe | None = field(default=None, repr=False)
+
+
+class _Forward:
+    """The training forward: eager, DDP-wrapped and/or compiled; a compile that fails on the first
+    call falls back to eager with a warning."""
+
+    def __init__(self, model, ctx: distributed.DistContext, device, compile: bool):
+        self.eager = model
+        if ctx.enabled:
+            self.eager = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.net = self.eager
+        self.compiled = compile
+        if compile:
+            try:
+                self.net = torch.compile(self.eager)
+            except Exception as err:  # noqa: BLE001 - any backend failure means: run eagerly
+                self._fall_back(err)
+
+    def _fall_back(self, err):
+        warnings.warn(f"train.compile=true: torch.compile is unavailable here ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}); training eagerly", stacklevel=3)
+        self.net, self.compiled = self.eager, False
+
+    def __call__(self, inputs, mask=None):
+        if not self.compiled:
+            return self.net(inputs, mask=mask)
+        try:
+            out = self.net(inputs, mask=mask)
+        except Exception as err:  # noqa: BLE001
+            self._fall_back(err)
+            return self.net(inputs, mask=mask)
+        self.compiled = False  # compiled and working: no more guarding
+        return out
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Run:
+    """What one training process holds besides the :class:`TrainState`."""
+    recipe: Recipe
+    ctx: distributed.DistContext
+    device: torch.device
+    precision: str
+    task: Task
+    checkpoint_path: Path | None
+    tracker: Tracker | None = None
+
+    def checkpoint(self, state: TrainState, **extra) -> None:
+        if self.checkpoint_path is not None and self.ctx.is_main:
+            ckpt.save(self.checkpoint_path, {"recipe": self.recipe.plain, "recipe_key": self.recipe.key,
+                                             "imports": ckpt.imports_for(self.recipe),
+                                             "world_size": self.ctx.world_size, **state.state_dict(), **extra})
+
+
+def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
+    """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
+    t = recipe.train
+    ctx = distributed.context()
+    device = distributed.device_for(ctx, resolve_device(t.device))
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    try:
+        distributed.shard_size(t.batch_size, ctx.world_size)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    path = Path(checkpoint_dir) / ckpt.FILENAME if checkpoint_dir is not None else None
+    run = _Run(recipe, ctx, device, resolve_precision(t.precision, device), Task.from_spec(recipe.task), path)
+    train_data = run.task.make("train", recipe.seed)
+    torch.manual_seed(recipe.seed)
+    model = HybridLM.from_recipe(recipe, run.task.vocab_size).to(device)
+    state = TrainState.fresh(recipe, model, len(train_data), run.precision, device)
+    if path is not None and path.exists():
+        saved = ckpt.load(path)
+        ckpt.check_same_recipe(saved, recipe, path)
+        state.load_state_dict(saved)
+        if ctx.is_main:
+            _say(f"resuming from {path} at step {state.step}/{t.steps}" + (" (finished)" if state.finished else ""))
+    run.tracker = make_tracker(recipe, checkpoint_dir, resume_step=state.step) if ctx.is_main else None
+    return run, state, train_data
+
+
+def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[float, float]:
+    """One optimizer step on the next global batch; returns its loss and accuracy over all ranks."""
+    t = run.recipe.train
+    batch = train_data.batch(state.next_indices(t.batch_size)[run.ctx.shard(t.batch_size)]).to(run.device)
+    loss_sum, hits, supervised = forward_loss(forward, batch, run.device, run.precision, reduction="sum")
+    # one reduction gives the global token count (the loss's denominator) and the shown metrics
+    total, count, correct = run.ctx.all_sum([loss_sum.item(), supervised.sum().item(), hits.sum().item()],
+                                            run.device)
+    loss = loss_sum * (run.ctx.world_size / max(count, 1))  # DDP averages: x world size = full-batch mean
+    state.optimizer.zero_grad(set_to_none=True)
+    state.scaler.scale(loss).backward()
+    if t.grad_clip > 0:
+        state.scaler.unscale_(state.optimizer)
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.scheduler.step()
+    return total / max(count, 1), correct / max(count, 1)
+
+
+def _periodic_eval(run: _Run, state: TrainState, test_data) -> bool:
+    """Evaluate every ``train.eval_every`` steps (not at the last); stop early at ``train.early_stop_acc``."""
+    t = run.recipe.train
+    if not (t.eval_every and state.step % t.eval_every == 0 and state.step < t.steps):
+        return False
+    ev = evaluate_data(state.model, test_data, run.recipe.eval.batch_size, run.device, run.precision)
+    state.history.append({"step": state.step, "test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
+    if run.tracker is not None:
+        run.tracker.log(state.step, {"test/loss": ev["loss"], "test/accuracy": ev["accuracy"]})
+    if t.early_stop_acc and ev["accuracy"] >= t.early_stop_acc:
+        state.finished = True
+    return True
+
+
+class _Progress:
+    """A tqdm bar on a terminal, else a plain line every ``PLAIN_PROGRESS_SECONDS`` and at evaluations."""
+
+    def __init__(self, run: _Run, state: TrainState, show: bool, description: str):
+        self.description = description or "train"
+        self.bar = tqdm(total=run.recipe.train.steps, initial=state.step, desc=self.description,
+                        disable=None if show else True, dynamic_ncols=True, leave=False)  # None: off if no tty
+        self.plain, self.last = show and self.bar.disable, time.perf_counter()
+
+    def update(self, run: _Run, state: TrainState, loss: float, accuracy: float, evaluated: bool) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{state.loss_ema:.3f}", acc=f"{state.acc_ema:.3f}")
+        if run.tracker is not None:
+            run.tracker.log(state.step, {"train/loss": loss, "train/accuracy": accuracy,
+                                         "train/loss_ema": state.loss_ema,
+                                         "train/lr": state.scheduler.get_last_lr()[0]})
+        now = time.perf_counter()
+        if self.plain and (evaluated or now - self.last >= PLAIN_PROGRESS_SECONDS):
+            test = f" test_acc {state.history[-1]['test_accuracy']:.3f}" if evaluated else ""
+            _say(f"{self.description}: step {state.step}/{run.recipe.train.steps} loss {state.loss_ema:.4f} "
+                 f"acc {state.acc_ema:.3f}{test} elapsed {state.elapsed:.0f}s")
+            self.last = now
+
+
+def train(recipe: Recipe, progress: bool = True, description: str = "",
+          checkpoint_dir: str | Path | None = None) -> TrainResult:
+    """Train ``recipe`` and evaluate it; with ``checkpoint_dir``, checkpoint there and resume from
+    a checkpoint of the same recipe found there (a different recipe's checkpoint is refused)."""
+    t = recipe.train
+    run, state, train_data = _start(recipe, checkpoint_dir)
+    process_start = time.perf_counter()
+    forward = _Forward(state.model, run.ctx, run.device, t.compile)
+    test_data = run.task.make("test", recipe.seed)
+    shown = _Progress(run, state, progress and run.ctx.is_main, description)
+    state.model.train()
+    try:
+        while state.step < t.steps and not state.finished:
+            loss, accuracy = _step(run, state, forward, train_data)
+            state.record(loss, accuracy)
+            evaluated = _periodic_eval(run, state, test_data)
+            shown.update(run, state, loss, accuracy, evaluated)
+            if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
+                    and not state.finished:
+                run.checkpoint(state)
+        state.finished = True
+    finally:
+        shown.bar.close()
+    state.stop_clock()
+    metrics = state.summary()
+    metrics.update(test_metrics(state.model, recipe, run.task, run.device, run.precision))
+    metrics["device"] = str(run.device)
+    metrics["wall_seconds"] = time.perf_counter() - process_start
+    if run.tracker is not None:
+        run.tracker.log(state.step, {f"final/{k}": v for k, v in metrics.items() if k.startswith("test_")})
+        run.tracker.close()
+    run.checkpoint(state, metrics=metrics)
+    return TrainResult(metrics, state.model, state.history, recipe)

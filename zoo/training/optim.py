@@ -1,0 +1,41 @@
+"""The optimizer and its schedule: AdamW with declared weight decay, linear warm-up then cosine decay.
+
+Weight decay is declared where a parameter is created, not guessed from names or shapes: a parameter
+marked ``p._no_weight_decay = True`` (norm gains and biases, biases, recurrence parameters such as
+decay rates and transition logits, the embedding; see :func:`mixers.layers.no_weight_decay`) is never
+decayed, every other parameter gets ``train.weight_decay``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import Recipe
+
+
+def decays(param: torch.nn.Parameter) -> bool:
+    """Whether AdamW's weight decay applies to ``param`` (the declaration made where it was created)."""
+    return not getattr(param, "_no_weight_decay", False)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if decays(p)], "weight_decay": weight_decay},
+            {"params": [p for p in params if not decays(p)], "weight_decay": 0.0}]
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """The learning rate at ``step`` as a fraction of ``train.lr``."""
+    t = recipe.train
+    if step < t.warmup_steps:
+        return (step + 1) / t.warmup_steps
+    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_optimizer(model: torch.nn.Module, recipe: Recipe):
+    """``(optimizer, scheduler)`` for ``model`` under ``recipe.train``."""
+    t = recipe.train
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=tuple(t.betas))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, recipe))

@@ -1,0 +1,101 @@
+"""``TrainState``: everything that shapes a training trajectory, in one object with symmetric
+``state_dict`` / ``load_state_dict``.
+
+A checkpoint is a ``TrainState.state_dict()`` plus the recipe it belongs to, and resuming is
+``load_state_dict`` of that dict: adding a field means adding it here once. Restored exactly: the weights,
+the optimizer, the schedule position, the gradient scaler (fp16), the data order (current permutation,
+cursor and the order generator's state), every RNG state, the step, the history of periodic evaluations,
+the running averages shown as ``train_loss`` / ``train_accuracy``, elapsed training time and whether the
+run finished. So on a CPU a resumed run ends with exactly the numbers of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import Recipe
+from . import checkpoint as ckpt
+from .optim import make_optimizer
+
+#: the batch-order generator is seeded ``recipe.seed + ORDER_SEED_OFFSET``, apart from the model init
+#: (``recipe.seed``) and the data (:meth:`zoo.tasks.Task.make`)
+ORDER_SEED_OFFSET = 12345
+#: decay of the running averages of the training loss and accuracy that are shown and reported
+EMA_DECAY = 0.95
+
+
+@dataclass
+class TrainState:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    order: torch.Generator
+    perm: torch.Tensor
+    cursor: int = 0
+    step: int = 0
+    finished: bool = False
+    history: list = field(default_factory=list)
+    loss_ema: float | None = None
+    acc_ema: float | None = None
+    elapsed_before: float = 0.0  # training seconds of earlier processes of this run
+    started: float | None = field(default_factory=time.perf_counter)  # None: the clock is stopped
+
+    @classmethod
+    def fresh(cls, recipe: Recipe, model: torch.nn.Module, num_train: int, precision: str,
+              device: torch.device) -> "TrainState":
+        optimizer, scheduler = make_optimizer(model, recipe)
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        order = torch.Generator().manual_seed(recipe.seed + ORDER_SEED_OFFSET)
+        return cls(model, optimizer, scheduler, scaler, order, torch.randperm(num_train, generator=order))
+
+    @property
+    def elapsed(self) -> float:
+        """Training seconds so far, over every process that trained this run."""
+        if self.started is None:
+            return self.elapsed_before
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def stop_clock(self) -> None:
+        """Training is over: evaluation time does not count as training time."""
+        self.elapsed_before, self.started = self.elapsed, None
+
+    def next_indices(self, batch_size: int) -> torch.Tensor:
+        """The next ``batch_size`` example indices; a new permutation when the current one runs out."""
+        if self.cursor + batch_size > len(self.perm):
+            self.perm, self.cursor = torch.randperm(len(self.perm), generator=self.order), 0
+        self.cursor += batch_size
+        return self.perm[self.cursor - batch_size: self.cursor]
+
+    def record(self, loss: float, accuracy: float) -> None:
+        """One finished optimizer step with its batch loss and accuracy."""
+        self.step += 1
+        self.loss_ema = loss if self.loss_ema is None else EMA_DECAY * self.loss_ema + (1 - EMA_DECAY) * loss
+        self.acc_ema = accuracy if self.acc_ema is None else EMA_DECAY * self.acc_ema + (1 - EMA_DECAY) * accuracy
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "order": {"perm": self.perm, "cursor": self.cursor, "generator": self.order.get_state()},
+                "rng": ckpt.rng_state(), "step": self.step, "finished": self.finished, "history": self.history,
+                "loss_ema": self.loss_ema, "acc_ema": self.acc_ema, "elapsed": self.elapsed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.perm, self.cursor = state["order"]["perm"], state["order"]["cursor"]
+        self.order.set_state(state["order"]["generator"])
+        ckpt.set_rng_state(state["rng"])
+        self.step, self.finished, self.history = state["step"], state["finished"], state["history"]
+        self.loss_ema, self.acc_ema = state["loss_ema"], state["acc_ema"]
+        self.elapsed_before, self.started = state["elapsed"], time.perf_counter()
+
+    def summary(self) -> dict:
+        """The training part of a run's metrics."""
+        return {"steps": self.step, "train_loss": self.loss_ema, "train_accuracy": self.acc_ema,
+                "train_seconds": self.elapsed}
