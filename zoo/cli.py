@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "machine's CPUs")
     p.add_argument("--cpus-per-cell", type=float, default=None,
                    help="CPUs a Ray task asks for (default: the recipe's train.threads, at least 1)")
-    p.add_argument("--gpus-per-cell", type=float, default=None, help="GPUs a Ray task asks for (default: 1 if the recipe's train.device is cuda, or auto on a "
+    p.add_argument("--gpus-per-cell", type=float, default=None,
+                   help="GPUs a Ray task asks for (default: 1 if the recipe's train.device is cuda, or auto on a "
                         "cluster with GPUs; else 0)")
     p.add_argument("--retries", type=int, default=None,
                    help="attempts after the first for a cell that fails (worker lost or error raised); "

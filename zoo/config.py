@@ -1,9 +1,10 @@
 """Typed recipe configuration: one dataclass per section, and the resolved specs the builder consumes.
 
 A recipe has the sections ``model``, ``task``, ``train``, ``eval`` plus ``seed``, ``name``,
-``description``, ``imports`` and, for ablations, ``grid`` and ``seeds`` (every grid cell once per seed). Every numeric field carries its valid range,
+``description``, ``imports`` and, for ablations, ``grid`` and ``seeds`` (every grid cell once per seed).
+Every numeric field carries its valid range,
 checked at validation time. :func:`zoo.recipes.resolve` turns a recipe into a :class:`Recipe` exactly
-once: the typed sections plus a :class:`LayerSpec` (mixer name + validated options) for every layer, the
+once: the typed sections plus a :class:`Spec` (mixer name + validated options) for every layer, the
 state mixer's and the task's validated options, the plain resolved dict and its stable hash.
 
 Layers are written as a list of mixer names or one-key mappings with per-layer options, e.g.
@@ -134,8 +135,6 @@ class Spec:
     name: str
     options: Any
 
-
-LayerSpec = Spec
 
 
 #: recipe keys that name or describe a run without changing what it computes (left out of the hash)

@@ -183,7 +183,8 @@ def parse_override(text: str) -> tuple[list, Any]:
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else None
     except yaml.YAMLError:
-        raise UserError(f"override {text!r}: the value {value_text!r} is not valid YAML (quote strings with spaces)") from None
+        raise UserError(f"override {text!r}: the value {value_text!r} is not valid YAML "
+                        f"(quote strings with spaces)") from None
     except RecursionError:
         raise UserError(f"override {text[:60]!r}...: the value is nested too deeply") from None
     except ValueError as err:  # e.g. an integer with more digits than Python converts

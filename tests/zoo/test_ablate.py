@@ -1,6 +1,5 @@
 """Ablations: grids, results.jsonl rows, rendering, and resuming after SIGINT and SIGKILL."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from zoo.errors import UserError
-from zoo.recipes import expand_grid
 from zoo.experiments.rows import append_row, read_rows
+from zoo.recipes import expand_grid
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 

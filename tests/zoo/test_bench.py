@@ -98,7 +98,8 @@ def test_bad_arguments_are_one_line_recipe_errors(tmp_path):
     args = parser.parse_intermixed_args(["--mixers", "atention", "--out", str(tmp_path), "--no-progress"])
     with pytest.raises(UserError, match="did you mean 'attention'"):  # names the nearest valid mixer
         bench.run(args)
-    args = parser.parse_intermixed_args(["--mixers", "mamba2", "model.mixer_options.mamba2.d_stat=8", "--out", str(tmp_path)])
+    args = parser.parse_intermixed_args(["--mixers", "mamba2", "model.mixer_options.mamba2.d_stat=8",
+                                         "--out", str(tmp_path)])
     with pytest.raises(UserError, match="did you mean 'd_state'"):  # the same overrides as every command
         bench.run(args)
     args = parser.parse_intermixed_args(["--mixers", "[attention, attention]", "--out", str(tmp_path)])

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.recipes import recipe_mapping
-from zoo.training.checkpoint import FILENAME, load
-from zoo.errors import UserError
-from zoo.recipes import resolve
 from zoo import train
+from zoo.errors import UserError
+from zoo.recipes import recipe_mapping, resolve
+from zoo.training.checkpoint import FILENAME, load
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,13 +12,13 @@ import pytest
 import torch
 import yaml
 
-from zoo.experiments import claims as ledger
-from zoo.experiments.ablate import completed_rows, run_ablation
 from zoo.cli import main
 from zoo.errors import UserError
-from zoo.recipes import resolve
+from zoo.experiments import claims as ledger
+from zoo.experiments.ablate import completed_rows, run_ablation
 from zoo.experiments.results import cell_of, render
 from zoo.experiments.rows import read_rows
+from zoo.recipes import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

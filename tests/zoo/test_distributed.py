@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo import build_model
+from zoo import build_model, train
+from zoo.recipes import resolve
 from zoo.training.checkpoint import FILENAME, load
 from zoo.training.distributed import DistContext, shard_size
-from zoo.recipes import resolve
-from zoo import train
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

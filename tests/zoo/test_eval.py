@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import zoo
+from zoo import build_task, train
 from zoo.errors import UserError
 from zoo.recipes import resolve
-from zoo import build_task, train
 from zoo.training.evaluation import evaluate_data as evaluate
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

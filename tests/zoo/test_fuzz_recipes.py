@@ -179,7 +179,7 @@ def gen_wrong_type(rng):
     key = rng.choice(sorted(fields))
     kind, optional = base_kind(fields[key][0])
     if key in ("task", "grid") or kind is typing.Any:
-        key, kind, optional = "seed", int, False
+        key, kind = "seed", int
         where = ()
     if dataclasses.is_dataclass(kind):
         kind = dict
@@ -188,7 +188,6 @@ def gen_wrong_type(rng):
     else:
         choices = WRONG.get(kind, WRONG[int])
     if rng.random() < 0.25:  # YAML types no option takes: sets, bytes, dates
-        text = TINY.read_text() + ""
         data = put(BASE, where + (key,), "@@EXOTIC@@")
         body = dump(data).decode().replace("'@@EXOTIC@@'", rng.choice(EXOTIC))
         return Case(f"exotic YAML value at {dotted(where + (key,))}", {"recipe.yaml": body.encode()}, ())

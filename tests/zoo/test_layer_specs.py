@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from zoo.model import HybridLM
-from zoo.errors import UserError
-from zoo.recipes import resolve
 from zoo import train
+from zoo.errors import UserError
+from zoo.model import HybridLM
+from zoo.recipes import resolve
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 
@@ -51,7 +51,8 @@ def test_two_layers_of_one_type_get_their_own_options_and_train(tmp_path):
 def test_typo_in_a_per_layer_option_names_file_line_and_nearest_name(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text(PER_LAYER.replace("layers: [{mamba2: {d_state: 4}}, attention,",
-                                      "layers:\n    - {mamba2: {d_state: 4}}\n    - attention\n    - {mamba2: {d_stat: 16}}\n    #"))
+                                      "layers:\n    - {mamba2: {d_state: 4}}\n    - attention\n"
+                                      "    - {mamba2: {d_stat: 16}}\n    #"))
     line = next(i + 1 for i, text in enumerate(path.read_text().splitlines()) if "d_stat:" in text)
     out = subprocess.run([sys.executable, "-m", "zoo", "check", str(path)], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -44,7 +44,8 @@ def test_assoc_recall_answers_are_spread_over_the_vocabulary():
     assert counts.numel() == 20 and counts.min() > 0.5 * counts.mean()
 
 
-@pytest.mark.parametrize("name,opts", [("assoc_recall", {"seq_len": 30}), ("dyck1_next", {"seq_len": 20}), ("mad_recall", {"seq_len": 40})])
+@pytest.mark.parametrize("name,opts", [("assoc_recall", {"seq_len": 30}), ("dyck1_next", {"seq_len": 20}),
+                                       ("mad_recall", {"seq_len": 40})])
 def test_seeded_and_splits_differ(name, opts):
     task = make(name, **opts)
     s = seed()

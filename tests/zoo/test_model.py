@@ -28,7 +28,8 @@ def test_state_mixer_none_has_no_parameters_beyond_mixers():
 
 def test_prefill_then_step_equals_forward():
     m = build(d_model=32, layers=["mamba2", "attention"], state_mixer="koopman_mlp",
-              mixer_options={"mamba2": {"d_state": 8, "headdim": 16, "chunk_size": 4}, "attention": {"n_heads": 2}}).double().eval()
+              mixer_options={"mamba2": {"d_state": 8, "headdim": 16, "chunk_size": 4},
+                             "attention": {"n_heads": 2}}).double().eval()
     ids = torch.randint(50, (2, 13))
     full = m(ids)
     logits, states = m.prefill(ids[:, :8])

@@ -12,12 +12,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from zoo.experiments.ablate import CellsFailed, run_ablation  # noqa: E402
 from zoo.cli import main  # noqa: E402
+from zoo.errors import UserError  # noqa: E402
+from zoo.experiments.ablate import CellsFailed, run_ablation  # noqa: E402
 from zoo.experiments.executors import RayExecutor  # noqa: E402
-from zoo.errors import UserError
-from zoo.recipes import resolve  # noqa: E402
 from zoo.experiments.rows import read_rows  # noqa: E402
+from zoo.recipes import resolve  # noqa: E402
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 TIMES = ("train_seconds", "wall_seconds")
@@ -66,7 +66,8 @@ def check_results(out: Path, expected: dict) -> list[dict]:
     keys = [r["recipe_key"] for r in rows]
     assert len(keys) == len(set(keys)), "a cell was written twice"
     assert {k: comparable(r) for k, r in zip(keys, rows)} == expected
-    table = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| c") and not line.startswith("| cell")]
+    table = [line for line in (out / "results.md").read_text().splitlines()
+             if line.startswith("| c") and not line.startswith("| cell")]
     assert [line.split("|")[1].strip() for line in table] == ["c0", "c1", "c2", "c3"], "table not in grid order"
     return rows
 

@@ -34,7 +34,8 @@ def test_overrides_index_lists_and_parse_yaml_values():
 
 def test_pattern_expands_and_can_be_indexed(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text(TINY.read_text().replace("layers: [attention, mamba2]", "pattern: [mamba2, mamba2, attention]\n  n_layers: 5"))
+    path.write_text(TINY.read_text().replace("layers: [attention, mamba2]",
+                                             "pattern: [mamba2, mamba2, attention]\n  n_layers: 5"))
     plain = resolve(path).plain
     assert plain["model"]["layers"] == ["mamba2", "mamba2", "attention", "mamba2", "mamba2"]
     plain = resolve(path, ["model.layers.4=attention"]).plain

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from zoo.recipes import resolve
 from zoo import train
+from zoo.recipes import resolve
 from zoo.training.optim import lr_at
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -167,8 +167,9 @@ def test_an_out_of_tree_mixer_named_by_imports_trains_and_evaluates_from_the_cli
 
 
 def test_precision_and_compile_options(monkeypatch):
-    from zoo.errors import UserError
     import pytest
+
+    from zoo.errors import UserError
     with pytest.raises(UserError, match="fp64"):
         resolve(TINY, ["train.precision=fp64"])
     base = train(resolve(TINY, ["train.steps=3"]), progress=False).metrics
@@ -190,7 +191,9 @@ def test_precision_and_compile_options(monkeypatch):
 
 def test_tracking_is_optional_and_named_when_missing(tmp_path):
     import importlib.util
+
     import pytest
+
     from zoo.errors import UserError
     recipe = resolve(TINY, ["train.steps=3", "train.tracking=tensorboard", f"train.tracking_dir={tmp_path}"])
     if importlib.util.find_spec("tensorboard") is None:
@@ -204,8 +207,8 @@ def test_tracking_is_optional_and_named_when_missing(tmp_path):
 
 def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():
     """The argmax of NaN logits is token 0: a diverged cell must not read as a (low) accuracy."""
-    from zoo.model import HybridLM
     from zoo import build_task
+    from zoo.model import HybridLM
     from zoo.training.evaluation import evaluate_data as evaluate
     recipe = resolve(TINY)
     task = build_task(recipe)

@@ -52,7 +52,7 @@ def test_shapes_vocab_and_labels_only_at_queries(name):
 def _facts(x, m):
     """The masked (fact) tokens as runs of consecutive positions."""
     runs, run = [], []
-    for t, (tok, w) in enumerate(zip(x, m)):
+    for tok, w in zip(x, m):
         if w:
             run.append(tok)
         elif run:
@@ -119,7 +119,7 @@ def test_niah_needles_sit_at_varied_depths():
 def test_common_word_is_the_repeated_value():
     task = make("common_word", vocab_size=128, seq_len=64, num_kv_pairs=6, num_common=3, num_queries=2)
     data = task.make("train", 9, num_examples=40)
-    for x, y, m in zip(data.inputs.tolist(), data.labels.tolist(), data.mask.tolist()):
+    for x, y in zip(data.inputs.tolist(), data.labels.tolist()):
         values = x[1:12:2]
         common = max(set(values), key=values.count)
         assert values.count(common) == 3 and len(set(values)) == 4
@@ -127,7 +127,8 @@ def test_common_word_is_the_repeated_value():
 
 
 def test_kv_pairs_vary_per_sequence_and_queries_are_capped():
-    data = make("system_prompt", seq_len=64, num_kv_pairs=6, min_kv_pairs=2, num_queries=4).make("train", 0, num_examples=300)
+    data = make("system_prompt", seq_len=64, num_kv_pairs=6, min_kv_pairs=2,
+                num_queries=4).make("train", 0, num_examples=300)
     facts = data.mask.sum(dim=1) / 2
     assert set(facts.long().tolist()) == {2, 3, 4, 5, 6}
     queries = (data.labels != IGNORE).sum(dim=1)

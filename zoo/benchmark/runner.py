@@ -174,9 +174,11 @@ def _run(args, device, recipe, labels) -> int:
     d_model = recipe.model.d_model
     result = {
         "machine": environment(device),
-        "config": {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"], "overrides": args.overrides,
+        "config": {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"],
+                   "overrides": args.overrides,
                    "seq_lens": args.seq_lens, "batch": args.batch, "d_model": d_model, "dtype": dtype_name,
-                   "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed, "decode": not args.no_decode,
+                   "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed,
+                   "decode": not args.no_decode,
                    "threads": torch.get_num_threads(), "time_limit": args.time_limit},
         "rows": [],
     }

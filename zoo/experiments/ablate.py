@@ -2,7 +2,8 @@
 
 ``grid`` is either a mapping ``key.path -> [values]`` (the cartesian product) or a list of override
 mappings (explicit cells, each with an optional ``label``); ``seeds: [0, 1, 2]`` runs every cell once
-per seed under the same label; :func:`zoo.recipes.resolve` validates every cell before anything runs. Every finished cell is appended to ``results.jsonl`` at once with its
+per seed under the same label; :func:`zoo.recipes.resolve` validates every cell before anything runs.
+Every finished cell is appended to ``results.jsonl`` at once with its
 resolved recipe, its hash, metrics, parameter count, state size, wall time, library versions, device
 and seed.
 
@@ -114,7 +115,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
         executor.on_start = lambda cell: echo(f"{where[cell.recipe.key]}: training")
         with executor:
             todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
-            for i, cell in enumerate(cells):
+            for cell in cells:
                 if cell.recipe.key in done:
                     echo(f"{where[cell.recipe.key]}: done already, skipped")
             if todo:

@@ -52,7 +52,8 @@ GENERATED = ("CLAIMS.md", "tables/README.md")
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
         "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or a == b}
 _COND = re.compile(r"^\s*(?P<left>.+?)\s+(?P<op>>=|<=|==|>|<)\s+(?P<right>.+?)\s*$")
-_TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+?)(?:\s*(?P<sign>[+-])\s*(?P<offset>\S+))?|(?P<number>\S+))$")
+_TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+?)(?:\s*(?P<sign>[+-])\s*(?P<offset>\S+))?"
+                   r"|(?P<number>\S+))$")
 
 
 class ClaimsError(Exception):
@@ -264,6 +265,82 @@ def load(root: Path) -> dict:
     return data
 
 
+def _check_spec(spec, where: str, papers: dict, ids: set) -> None:
+    """The fields every claim has: a mapping with an unused id and a known paper."""
+    if not isinstance(spec, dict):
+        raise ClaimsError(f"{where}: a claim is a mapping (id, paper, claim, paper_result, ...)")
+    for key in REQUIRED:
+        if not spec.get(key):
+            raise ClaimsError(f"{where}: missing {key!r}")
+    if spec["id"] in ids:
+        raise ClaimsError(f"{where}: the id {spec['id']!r} is used twice")
+    ids.add(spec["id"])
+    if spec["paper"] not in papers or not {"title", "id"} <= set(papers[spec["paper"]] or {}):
+        raise ClaimsError(f"{where}: unknown paper {spec['paper']!r}{nearest(spec['paper'], papers)} "
+                          f"(papers, each with a title and an id: {', '.join(papers)})")
+
+
+def _bind_cells(claim: Claim, where: str, table: str, recipe_path: str, present: dict, planned: set) -> None:
+    """``claim.cells``: each alias's cell of the table (an empty one for a cell not run yet)."""
+    spec = claim.spec
+    if not isinstance(spec.get("cells"), dict) or not spec["cells"]:
+        raise ClaimsError(f"{where}: cells must map short names to cell labels of tables/{table}")
+    for alias, label in spec["cells"].items():
+        label = cell_of(str(label))
+        if label in present:
+            claim.cells[alias] = present[label]
+        elif label in planned:  # in the recipe, not run yet
+            claim.cells[alias] = CellStats(table, label, [])
+        else:
+            known = sorted(set(present) | planned)
+            raise ClaimsError(f"{where}: cells.{alias}: no cell {label!r} in tables/{table}/results.jsonl or in "
+                              f"{recipe_path}{nearest(label, known)}")
+        claim.labels[alias] = label
+
+
+def _parse_rule(claim: Claim, where: str) -> None:
+    """``claim.rule``: the parsed conditions of each verdict, every named cell and metric checked."""
+    rule = claim.spec.get("rule")
+    if not isinstance(rule, dict) or not rule.get("reproduced"):
+        raise ClaimsError(f"{where}: rule.reproduced must list the conditions of a reproduced claim")
+    unknown = set(rule) - {"reproduced", "partly"}
+    if unknown:
+        raise ClaimsError(f"{where}: rule has unknown keys {sorted(unknown)}; use reproduced and partly")
+    for kind in ("reproduced", "partly"):
+        conds = rule.get(kind) or []
+        claim.rule[kind] = [Condition.parse(c, f"{where}: rule.{kind}.{j}") for j, c in enumerate(conds)]
+        for c in claim.rule[kind]:
+            for alias in c.aliases():
+                if alias not in claim.cells:
+                    raise ClaimsError(f"{where}: rule condition {c.text!r} names cell {alias!r}, which is not "
+                                      f"in cells{nearest(alias, claim.cells)} ({', '.join(claim.cells)})")
+    for name in claim.spec.get("show") or []:
+        cond = parse_term(name, f"{where}: show")
+        if cond.alias not in claim.cells:
+            raise ClaimsError(f"{where}: show names cell {cond.alias!r}, which is not in cells")
+    for conds in claim.rule.values():  # every metric a rule names must exist (checked below 3 seeds too)
+        for c in conds:
+            for t in (c.left, c.right):
+                if t.alias is not None and claim.cells[t.alias].rows:
+                    _expand(t, claim.cells)
+
+
+def _judge(claim: Claim) -> None:
+    """``claim.outcomes`` and ``claim.verdict`` by the claim's rule."""
+    read = sorted({a for conds in claim.rule.values() for c in conds for a in c.aliases()})
+    fewest = min(claim.cells[a].n for a in read)
+    for kind, conds in claim.rule.items():
+        claim.outcomes[kind] = [evaluate(c, claim.cells) for c in conds] if fewest else []
+    if fewest < MIN_SEEDS:
+        claim.verdict = f"not tested ({fewest} seed{'s' * (fewest != 1)}; needs {MIN_SEEDS})"
+    elif all(o.holds for o in claim.outcomes["reproduced"]):
+        claim.verdict = "reproduced"
+    elif claim.outcomes["partly"] and all(o.holds for o in claim.outcomes["partly"]):
+        claim.verdict = "partly"
+    else:
+        claim.verdict = "not reproduced"
+
+
 def evaluate_claims(data: dict, root: Path) -> list[Claim]:
     papers, tables = data.get("papers") or {}, data.get("tables") or {}
     loaded: dict[str, dict[str, CellStats]] = {}
@@ -271,17 +348,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
     out, ids = [], set()
     for i, spec in enumerate(data["claims"]):
         where = f"claims.yaml: claims.{i}" + (f" ({spec.get('id')})" if isinstance(spec, dict) and spec.get("id") else "")
-        if not isinstance(spec, dict):
-            raise ClaimsError(f"{where}: a claim is a mapping (id, paper, claim, paper_result, ...)")
-        for key in REQUIRED:
-            if not spec.get(key):
-                raise ClaimsError(f"{where}: missing {key!r}")
-        if spec["id"] in ids:
-            raise ClaimsError(f"{where}: the id {spec['id']!r} is used twice")
-        ids.add(spec["id"])
-        if spec["paper"] not in papers or not {"title", "id"} <= set(papers[spec["paper"]] or {}):
-            raise ClaimsError(f"{where}: unknown paper {spec['paper']!r}{nearest(spec['paper'], papers)} "
-                              f"(papers, each with a title and an id: {', '.join(papers)})")
+        _check_spec(spec, where, papers, ids)
         claim = Claim(spec)
         out.append(claim)
         if spec.get("pending"):
@@ -298,56 +365,9 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
         if table not in loaded:
             loaded[table] = table_cells(root, table)
             recipes[table] = recipe_cells(root, tables[table]["recipe"])
-        present = loaded[table]
-        planned = {c.label for c in recipes[table]}
-        if not isinstance(spec.get("cells"), dict) or not spec["cells"]:
-            raise ClaimsError(f"{where}: cells must map short names to cell labels of tables/{table}")
-        for alias, label in spec["cells"].items():
-            label = cell_of(str(label))
-            if label in present:
-                claim.cells[alias] = present[label]
-            elif label in planned:  # in the recipe, not run yet
-                claim.cells[alias] = CellStats(table, label, [])
-            else:
-                known = sorted(set(present) | planned)
-                raise ClaimsError(f"{where}: cells.{alias}: no cell {label!r} in tables/{table}/results.jsonl or in "
-                                  f"{tables[table]['recipe']}{nearest(label, known)}")
-            claim.labels[alias] = label
-        rule = spec.get("rule")
-        if not isinstance(rule, dict) or not rule.get("reproduced"):
-            raise ClaimsError(f"{where}: rule.reproduced must list the conditions of a reproduced claim")
-        unknown = set(rule) - {"reproduced", "partly"}
-        if unknown:
-            raise ClaimsError(f"{where}: rule has unknown keys {sorted(unknown)}; use reproduced and partly")
-        for kind in ("reproduced", "partly"):
-            conds = rule.get(kind) or []
-            claim.rule[kind] = [Condition.parse(c, f"{where}: rule.{kind}.{j}") for j, c in enumerate(conds)]
-            for c in claim.rule[kind]:
-                for alias in c.aliases():
-                    if alias not in claim.cells:
-                        raise ClaimsError(f"{where}: rule condition {c.text!r} names cell {alias!r}, which is not "
-                                          f"in cells{nearest(alias, claim.cells)} ({', '.join(claim.cells)})")
-        for name in spec.get("show") or []:
-            cond = parse_term(name, f"{where}: show")
-            if cond.alias not in claim.cells:
-                raise ClaimsError(f"{where}: show names cell {cond.alias!r}, which is not in cells")
-        read = sorted({a for conds in claim.rule.values() for c in conds for a in c.aliases()})
-        for conds in claim.rule.values():  # every metric a rule names must exist (checked below 3 seeds too)
-            for c in conds:
-                for t in (c.left, c.right):
-                    if t.alias is not None and claim.cells[t.alias].rows:
-                        _expand(t, claim.cells)
-        fewest = min(claim.cells[a].n for a in read)
-        for kind, conds in claim.rule.items():
-            claim.outcomes[kind] = [evaluate(c, claim.cells) for c in conds] if fewest else []
-        if fewest < MIN_SEEDS:
-            claim.verdict = f"not tested ({fewest} seed{'s' * (fewest != 1)}; needs {MIN_SEEDS})"
-        elif all(o.holds for o in claim.outcomes["reproduced"]):
-            claim.verdict = "reproduced"
-        elif claim.outcomes["partly"] and all(o.holds for o in claim.outcomes["partly"]):
-            claim.verdict = "partly"
-        else:
-            claim.verdict = "not reproduced"
+        _bind_cells(claim, where, table, tables[table]["recipe"], loaded[table], {c.label for c in recipes[table]})
+        _parse_rule(claim, where)
+        _judge(claim)
     return out
 
 
@@ -422,7 +442,8 @@ def render_claims(data: dict, claims: list[Claim]) -> str:
         s = c.spec
         recipe = f"`{command(data, s['table'])}`" if s.get("table") and not s.get("pending") and not s.get("unit_test") \
             else (f"`pytest {s['unit_test']}`" if s.get("unit_test") else "-")
-        lines.append(f"| {i} | {_cell(_paper(data, s['paper'], short=True))} | {_cell(s['claim'])} | {_cell(s['paper_result'])} | "
+        lines.append(f"| {i} | {_cell(_paper(data, s['paper'], short=True))} | {_cell(s['claim'])} | "
+                     f"{_cell(s['paper_result'])} | "
                      f"{_cell(recipe)} | {_cell(_our_number(c))} | **{c.verdict}** |")
     lines.append("\n## Claims in detail\n")
     for i, c in enumerate(claims, 1):
@@ -494,7 +515,8 @@ table is re-run whole into a new folder.
   time (evaluation not included): for a cell and seed with a committed row of the same resolved recipe, the
   `train_seconds` of that row; for one without, seconds per step of the cell's committed rows (their mean
   over seeds) times the cell's step budget (an upper bound where a cell stops early). **missing** counts
-  only the cells and seeds without a committed row of the same resolved recipe: the cost of the next re-run. Cells with no committed row of their label have no estimate and are counted as unmeasured.
+  only the cells and seeds without a committed row of the same resolved recipe: the cost of the next re-run.
+  Cells with no committed row of their label have no estimate and are counted as unmeasured.
   A table run with `--executor ray` (`ray_workers` in `claims.yaml`: runs of one thread side by side, one per
   core) has both estimates divided by its number of workers.
 - Tables estimated above {budget} min are flagged.

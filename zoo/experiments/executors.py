@@ -10,7 +10,8 @@ Ray is an optional extra (``pip install -e ".[ray]"``), imported only when the R
 A cell is a Ray task that asks for ``cpus_per_cell`` CPUs (default: the recipe's ``train.threads``, at
 least 1) and ``gpus_per_cell`` GPUs (default: 1 when the recipe's ``train.device`` is ``cuda``, or ``auto``
 on a cluster with GPUs; else 0). Ray does not hide a node's GPUs from a task that asks for none, so a
-cell that trains on a GPU must ask for one, or cells would share GPUs behind the scheduler's back. A task whose worker process dies (killed, out of memory, node
+cell that trains on a GPU must ask for one, or cells would share GPUs behind the scheduler's back.
+A task whose worker process dies (killed, out of memory, node
 lost) is resubmitted by Ray up to ``retries`` times (``max_retries``); a task that raises is
 resubmitted by the executor up to ``retries`` times; a cell that still fails comes back as an error.
 """
@@ -82,7 +83,7 @@ class Executor(abc.ABC):
     def finished(self) -> Iterator[Outcome]:
         """Every submitted cell once, as it finishes."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most executors hold nothing to release
         pass
 
     def __enter__(self):
@@ -138,7 +139,7 @@ def _ray_task(cell: Cell, imports: tuple, progress: bool, checkpoint_root: str |
         importlib.import_module(name)
     try:
         return run_cell(cell, progress=progress, checkpoint_root=checkpoint_root)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - re-raised: any error of a cell reaches the driver
         # the driver gets a picklable error with the worker's traceback, whatever the original type
         raise RuntimeError(f"{error_summary(err)}\n{traceback.format_exc()}") from None
 

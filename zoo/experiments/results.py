@@ -1,6 +1,7 @@
 """Everything rendered from result files: ablation tables and ``zoo bench`` tables.
 
-``results.jsonl`` (:mod:`zoo.experiments.rows`) holds one JSON object per finished ablation cell. Tables (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
+``results.jsonl`` (:mod:`zoo.experiments.rows`) holds one JSON object per finished ablation cell. Tables
+(markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
 table writer (:func:`write_table`) and one figure helper (:func:`figure`) for both kinds of result.
 """
 from __future__ import annotations
@@ -146,8 +147,10 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
     note = ("test_accuracy: accuracy at the supervised positions of the test split at the training length; "
             "test_sequence_accuracy: fraction of test examples with every supervised position right; "
             "test_accuracy@L: the same at test length L; test_accuracy@knob=k: the same model evaluated with the "
-            "test-time knob set to k (test-time compute, no retraining); state_size: decode-state elements per sequence at the "
-            "training length (all layers); active_state_size: the part of it one decode step touches (shown when it differs); steps: optimizer steps taken (fewer than planned when a cell stopped early at "
+            "test-time knob set to k (test-time compute, no retraining); state_size: decode-state elements per "
+            "sequence at the training length (all layers); active_state_size: the part of it one decode step "
+            "touches (shown when it differs); steps: optimizer steps taken (fewer than planned when a cell "
+            "stopped early at "
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
     if any(len(g) > 1 for g in group_by_cell(rows).values()):
         agg_columns, agg_body = seed_table(rows)

@@ -60,7 +60,7 @@ class Task(abc.ABC):
     def num_examples(self, split: str) -> int:
         return self.options.num_train if split == "train" else self.options.num_test
 
-    def check_length(self, seq_len: int) -> None:
+    def check_length(self, seq_len: int) -> None:  # noqa: B027 - no minimum length unless a task has one
         """Raise ValueError naming the problem if sequences of ``seq_len`` cannot be generated (a task
         with a minimum length overrides this; it is checked when a recipe is validated)."""
 

@@ -59,7 +59,8 @@ class AssocRecall(Task):
 
     @dataclass
     class Options:
-        vocab_size: int = opt(20, "symbols V for keys and values (the model sees V + 1 ids: + the query marker)", at_least=2, at_most=1 << 24)
+        vocab_size: int = opt(20, "symbols V for keys and values (the model sees V + 1 ids: + the query marker)",
+                              at_least=2, at_most=1 << 24)
         seq_len: int = opt(40, "training sequence length L (>= 4)", at_least=1, at_most=1 << 22)
         num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
         num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)

@@ -31,7 +31,8 @@ class MQAR(Task):
 
     @dataclass
     class Options:
-        vocab_size: int = opt(256, "vocabulary size V (keys from [1, V/2), values from [V/2, V))", at_least=2, at_most=1 << 24)
+        vocab_size: int = opt(256, "vocabulary size V (keys from [1, V/2), values from [V/2, V))", at_least=2,
+                              at_most=1 << 24)
         seq_len: int = opt(64, "training sequence length", at_least=1, at_most=1 << 22)
         num_kv_pairs: int = opt(8, "key-value pairs per sequence", at_least=1)
         num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)

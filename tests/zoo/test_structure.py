@@ -1,0 +1,121 @@
+"""The shape of the ``zoo`` package, read from its source: no import cycle, imports at the top of a module
+(except optional extras, loaded only when asked for), short functions, and a short training loop."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "zoo"
+#: optional extras: imported inside the function that needs them, so the zoo imports without them
+OPTIONAL = {"ray", "wandb", "torch.utils.tensorboard", "datasets", "tokenizers", "transformers", "lm_eval"}
+MAX_FUNCTION_LINES = 80
+MAX_TRAIN_LINES = 60
+
+
+def _modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = ast.parse(path.read_text(), filename=str(path))
+    return out
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``name`` imports anywhere (at the top or inside a function)."""
+    is_package = (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(name, node, is_package)
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in known else target)
+    return out & known
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_import_graph_of_zoo_has_no_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, tree, set(modules)) - {name} for name, tree in modules.items()}
+    assert len(graph) > 20 and any(graph.values())  # the walk found the package and its imports
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_imports_stand_at_the_top_of_a_module_except_optional_extras():
+    late = []
+    for name, tree in _modules().items():
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    targets = [node.module or ""] if not node.level else ["." * node.level + (node.module or "")]
+                else:
+                    continue
+                late += [f"{name}.{fn.name}: {t}" for t in targets
+                         if not any(t == o or t.startswith(o + ".") for o in OPTIONAL)]
+    assert not late, "imports inside functions (move them to the top of the module): " + "; ".join(late)
+
+
+def test_no_function_in_zoo_is_long_and_train_is_short():
+    long = []
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name} ({lines} lines)")
+                if name == "zoo.training.loop" and node.name == "train":
+                    assert lines <= MAX_TRAIN_LINES, f"train() has {lines} lines"
+    assert not long, "functions over 80 lines: " + ", ".join(long)
+
+
+@pytest.mark.parametrize("extra", sorted(OPTIONAL))
+def test_optional_extras_are_not_needed_to_import_the_zoo(extra):
+    # every optional extra is either absent here or imported only inside the function that uses it
+    for tree in _modules().values():
+        for node in tree.body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not any(n == extra or n.startswith(extra + ".") for n in names)
