@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from kernels.backend import BackendUnavailable
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, describe_options
 
@@ -23,11 +24,11 @@ from .errors import UserError, one_line
 from .experiments import claims
 from .experiments.ablate import CellsFailed, run_ablation
 from .experiments.executors import make_executor
-from .experiments.results import render
+from .experiments.results import render_folder
 from .experiments.rows import append_row, make_row, read_rows
-from .model import HybridLM
+from .preflight import check_recipe
 from .recipes import layer_label, resolve
-from .tasks import TASKS, Task
+from .tasks import TASKS
 from .training import distributed
 from .training.checkpoint import path_in
 from .training.evaluation import evaluate_checkpoint
@@ -79,13 +80,7 @@ def cmd_list(args) -> int:
 
 def cmd_check(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
-    for r in [c.recipe for c in recipe.cells] + [recipe]:  # constructor checks (e.g. divisibility) run here
-        try:
-            task = Task.from_spec(r.task)
-            model = HybridLM.from_recipe(r, task.vocab_size)
-        except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
-            raise UserError(f"{args.recipe}: the model cannot be built ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); check the model and task sizes") from None
+    model, task = check_recipe(recipe)
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
           f"recipe {recipe.key}" + (f", {len(recipe.cells)} grid cells (each checked)" if recipe.cells else ""))
@@ -161,12 +156,10 @@ def cmd_ablate(args) -> int:
 
 
 def cmd_table(args) -> int:
-    out = Path(args.dir)
-    rows = read_rows(out / "results.jsonl")
-    if not rows:
-        raise UserError(f"{out / 'results.jsonl'}: no finished cells to render")
-    title = args.title or rows[-1].get("recipe", {}).get("name") or out.name  # the title zoo ablate gave it
-    print(render(rows, out, title=title, plot=not args.no_plot))
+    def report(damage):
+        print(f"zoo table: {damage.describe()}; not rendered (zoo ablate on this folder moves it aside and "
+              f"recomputes its cell)", file=sys.stderr)
+    print(render_folder(Path(args.dir), title=args.title or None, plot=not args.no_plot, report=report))
     return 0
 
 
@@ -271,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args) or 0
-    except (UserError, OptionError) as err:
+    except (UserError, OptionError, BackendUnavailable) as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -85,6 +85,9 @@ class TrainConfig:
     def __post_init__(self):
         if len(self.betas) != 2:
             raise ValueError(f"train.betas needs two values (beta1, beta2), got {self.betas}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"train.warmup_steps ({self.warmup_steps}) exceeds train.steps ({self.steps}): the "
+                             f"learning rate would never reach its peak; lower warmup_steps or raise steps")
 
 
 @dataclass

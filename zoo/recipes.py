@@ -280,6 +280,7 @@ def _import_modules(data: dict, places: _Places) -> tuple:
 
 def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
     fail = places.fail
+    recorded = data["model"].pop("layer_options", None) if isinstance(data.get("model"), dict) else None
     try:
         config = build_options(RecipeConfig, data)
     except OptionError as err:
@@ -330,15 +331,7 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
         task = Spec(task_name, build_options(task_cls.Options, task_values, ""))
     except OptionError as err:
         fail("task" + (f".{err.path}" if err.path else ""), err.message)
-    declared = sorted({k for n in MIXERS.names() for k in MIXERS.get(n).test_time_knobs})
-    for knob in list(config.eval.test_time) + list(config.eval.test_time_sweep):
-        if knob not in declared:
-            section = "eval.test_time" if knob in config.eval.test_time else "eval.test_time_sweep"
-            fail(f"{section}.{knob}", f"no registered mixer declares a test-time knob {knob!r}{nearest(knob, declared)} "
-                                      f"(declared: {', '.join(declared) or 'none'})")
-    for knob, values in config.eval.test_time_sweep.items():
-        if not isinstance(values, list) or not values:
-            fail(f"eval.test_time_sweep.{knob}", f"expected a non-empty list of values, got {values!r}")
+    _check_test_time(config.eval, layers, fail)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
     for length in config.eval.seq_lens:  # the training task is tested at these lengths too
         try:
@@ -346,6 +339,9 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
         except ValueError as err:
             fail("eval.seq_lens", f"{err}; drop that length or lower the task's size")
     plain = _plain(config, layers, state_mixer, task, eval_tasks)
+    if recorded is not None and recorded != plain["model"]["layer_options"]:  # a recorded recipe's derived copy
+        fail("model.layer_options", "disagrees with model.layers and model.mixer_options, from which it is derived; "
+                                    "remove model.layer_options (it is only a record)")
     return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
                   eval_tasks=eval_tasks)
 
@@ -398,6 +394,26 @@ def resolve_eval_tasks(entries: list, train_task: Spec, seq_lens: list[int],
 def plain_eval_tasks(eval_tasks: list[tuple[str, Spec]]) -> list[dict]:
     """The resolved entries as JSON data, every option filled in."""
     return [{"label": label, "name": spec.name, **plain_options(spec.options)} for label, spec in eval_tasks]
+
+
+def _check_test_time(ev, layers: list[Spec], fail) -> None:
+    """Every ``eval.test_time`` / ``eval.test_time_sweep`` knob is declared by some mixer, and every value is
+    valid for each layer that declares it (checked as the option it overrides)."""
+    declared = sorted({k for n in MIXERS.names() for k in MIXERS.get(n).test_time_knobs})
+    for section, values in (("eval.test_time", ev.test_time), ("eval.test_time_sweep", ev.test_time_sweep)):
+        for knob, value in values.items():
+            if knob not in declared:
+                fail(f"{section}.{knob}", f"no registered mixer declares a test-time knob {knob!r}"
+                                          f"{nearest(knob, declared)} (declared: {', '.join(declared) or 'none'})")
+            if section == "eval.test_time_sweep" and (not isinstance(value, list) or not value):
+                fail(f"{section}.{knob}", f"expected a non-empty list of values, got {value!r}")
+            for v in value if section == "eval.test_time_sweep" else [value]:
+                for spec in layers:
+                    if knob in MIXERS.get(spec.name).test_time_knobs:
+                        try:
+                            build_options(type(spec.options), {**plain_options(spec.options), knob: v}, "")
+                        except OptionError as err:
+                            fail(f"{section}.{knob}", f"{v!r} is not a valid {knob} for {spec.name}: {err.message}")
 
 
 def layer_label(entry) -> str:
@@ -569,4 +585,15 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
             cell = _validate(cell_data, _Places(source, cell_paths), name)
             cell.imports = imports
             base.cells.append(Cell(label, cell_overrides, cell))
+    _refuse_identical_cells(base.cells)
     return base
+
+
+def _refuse_identical_cells(cells: list[Cell]) -> None:
+    """Two grid cells that resolve to one recipe would train the same thing twice under two labels."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        twin = seen.setdefault(cell.recipe.key, cell)
+        if twin is not cell:
+            raise UserError(f"grid cells {twin.label!r} and {cell.label!r} resolve to the same recipe "
+                            f"(seed {cell.recipe.seed}); remove one of them or make them differ")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from zoo.errors import UserError
-from zoo.experiments.rows import append_row, read_rows
+from zoo.experiments.rows import read_rows
 from zoo.recipes import expand_grid
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -22,15 +22,6 @@ def test_grid_product_and_explicit_cells():
     assert cells == [("a", {"seed": 1}), ("seed=2", {"seed": 2})]
     with pytest.raises(UserError):
         expand_grid([{"label": "x"}, {"label": "x"}])
-
-
-def test_partial_line_is_dropped_and_file_repaired(tmp_path):
-    path = tmp_path / "results.jsonl"
-    append_row(path, {"a": 1})
-    with open(path, "ab") as fh:
-        fh.write(b'{"b": 2, "trunc')
-    assert read_rows(path) == [{"a": 1}]
-    assert path.read_text() == '{"a": 1}\n'
 
 
 def _recipe(tmp_path):

@@ -73,7 +73,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
 def test_in_process_resume_and_refusal_of_another_recipe(tmp_path):
     recipe = resolve(TINY, ["train.steps=12", "train.checkpoint_every=4"])
     first = train(recipe, progress=False, checkpoint_dir=tmp_path)
-    state = torch.load(tmp_path / FILENAME, weights_only=True)  # everything saved is weights_only-loadable
+    state = load(tmp_path / FILENAME)  # everything saved is weights_only-loadable (load uses weights_only=True)
     assert state["recipe_key"] == recipe.key and state["step"] == 12 and state["finished"]
     assert state["metrics"]["test_accuracy"] == first.metrics["test_accuracy"]
     again = train(recipe, progress=False, checkpoint_dir=tmp_path)  # a finished checkpoint: no retraining
@@ -96,3 +96,34 @@ def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
     (tmp_path / FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="not a readable mixer-zoo checkpoint"):
         load(tmp_path / FILENAME)
+
+
+def test_a_flipped_byte_inside_a_checkpoint_is_found_by_its_checksum(tmp_path):
+    recipe = resolve(TINY, ["train.steps=3"])
+    train(recipe, progress=False, checkpoint_dir=tmp_path)
+    path = tmp_path / FILENAME
+    assert load(path)["step"] == 3
+    raw = bytearray(path.read_bytes())
+    payload = torch.load(path, weights_only=True)["payload"].numpy().tobytes()  # the state, stored inside
+    start = bytes(raw).find(payload[:256])
+    assert start > 0
+    flipped = start + int(torch.randint(0, len(payload), (1,)))  # one byte anywhere in the stored state
+    raw[flipped] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match="checksum does not match"):
+        load(path)
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_the_run_starts_over(tmp_path, capsys):
+    recipe = resolve(TINY, ["train.steps=4", "train.threads=1"])
+    clean = train(recipe, progress=False).metrics
+    (tmp_path / FILENAME).write_bytes(b"\x00" * 100)  # a checkpoint torn by a disk fault
+    orphan = tmp_path / f".{FILENAME}.999999999.tmp"  # left by a writer killed mid-write (no such pid)
+    orphan.write_bytes(b"partial")
+    metrics = train(recipe, progress=False, checkpoint_dir=tmp_path).metrics
+    assert "moved it to" in capsys.readouterr().err
+    moved = list(tmp_path.glob(f"{FILENAME}.damaged-*"))
+    assert len(moved) == 1 and moved[0].read_bytes() == b"\x00" * 100
+    assert not orphan.exists()
+    assert load(tmp_path / FILENAME)["finished"]
+    assert {k: metrics[k] for k in COMPARED} == {k: clean[k] for k in COMPARED}

@@ -29,16 +29,40 @@ from ..config import Cell, Recipe
 from ..errors import UserError
 from ..recipes import recipe_differences
 from .executors import Executor, SequentialExecutor
-from .results import render
-from .rows import append_row, read_rows
+from .results import render_folder, write_layout
+from .rows import append_row, repair_rows
+
+#: files an ablation writes in its folder (each must be writable before the first cell trains)
+WRITTEN = ("results.jsonl", "results.md", "results.csv", "results.png", "cells.json", "results.damaged.jsonl")
+
+
+def check_writable(out_dir: Path) -> None:
+    """Refuse, in one line and before any training, a folder the run could not write its results into."""
+    for parent in [out_dir, *out_dir.parents]:
+        if parent.exists():
+            break
+    if not parent.is_dir():
+        raise UserError(f"--out {out_dir}: {parent} is a file, not a folder; choose another --out")
+    if parent == out_dir:
+        targets = [out_dir] + [out_dir / n for n in WRITTEN + ("checkpoints",) if (out_dir / n).exists()]
+    else:
+        targets = [parent]
+    for target in targets:
+        if not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
+            raise UserError(f"--out {out_dir}: {target} is not writable here; fix its permissions or choose "
+                            f"another --out")
 
 
 @contextlib.contextmanager
 def exclusive(out_dir: Path):
     """Hold ``out_dir/.lock`` for the run; refuse at once if another process holds it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    check_writable(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise UserError(f"--out {out_dir}: cannot write there ({err.strerror}); choose another --out") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -107,7 +131,12 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
     results_path = out_dir / "results.jsonl"
     where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell_name(cell, cells)}" for i, cell in enumerate(cells)}
     with exclusive(out_dir):
-        done = completed_rows(read_rows(results_path), cells)
+        rows, damaged = repair_rows(results_path)
+        for damage in damaged:
+            echo(f"{damage.describe()}: moved to {damage.path.with_name('results.damaged.jsonl')}; "
+                 f"its cell runs again")
+        write_layout(out_dir, title, cells)
+        done = completed_rows(rows, cells)
         executor = executor or SequentialExecutor(progress=progress, echo=echo)
         failures = []
         executor.echo = echo  # the driver says where messages go
@@ -135,7 +164,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
                 metrics = outcome.row["metrics"]
                 echo(f"{here}: test_accuracy={metrics['test_accuracy']:.4f} ({metrics['train_seconds']:.0f}s{retried})")
         rows = [done[cell.recipe.key] for cell in cells if cell.recipe.key in done]
-        table = render(rows, out_dir, title=title, plot=plot) if rows else ""
+        table = render_folder(out_dir, plot=plot) if rows else ""
     if table:
         echo(table)
     if failures:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -16,7 +18,12 @@ import matplotlib
 from matplotlib.figure import Figure
 from tabulate import tabulate
 
+from ..errors import UserError
 from ..recipes import layer_label
+from .rows import read_rows
+
+#: an ablation's grid order, labels and title, beside its results.jsonl
+LAYOUT_NAME = "cells.json"
 
 
 def _fmt(value):
@@ -163,6 +170,32 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
     if plot and rows:
         plot_rows(rows, out_dir / "results.png", title)
     return table
+
+
+def write_layout(out_dir: Path, title: str, cells: list) -> None:
+    """Record an ablation's grid in ``out_dir/cells.json``: its title and, in grid order, each cell's recipe
+    key and current label, so that every rendering of the folder orders and names the rows alike."""
+    layout = {"title": title, "cells": [{"key": c.recipe.key, "label": c.label} for c in cells]}
+    tmp = out_dir / f".{LAYOUT_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(layout, indent=1) + "\n")
+    os.replace(tmp, out_dir / LAYOUT_NAME)
+
+
+def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, report=None) -> str:
+    """Render ``out_dir/results.jsonl`` (read only; damaged lines go to ``report``): the grid's rows in grid
+    order under their current labels (``cells.json``), then any other rows in file order. ``zoo ablate``
+    and ``zoo table`` both render through this function, so they write the same tables."""
+    rows = read_rows(out_dir / "results.jsonl", report)
+    if not rows:
+        raise UserError(f"{out_dir / 'results.jsonl'}: no finished rows to render")
+    layout_path = out_dir / LAYOUT_NAME
+    layout = json.loads(layout_path.read_text()) if layout_path.exists() else {"title": "", "cells": []}
+    order = {cell["key"]: (i, cell["label"]) for i, cell in enumerate(layout["cells"])}
+    ranked = sorted(range(len(rows)), key=lambda i: (order.get(rows[i]["recipe_key"], (len(order), ""))[0], i))
+    shown = [{**rows[i], "label": order[rows[i]["recipe_key"]][1]} if rows[i]["recipe_key"] in order else rows[i]
+             for i in ranked]
+    title = title or layout["title"] or rows[-1]["recipe"].get("name") or out_dir.name
+    return render(shown, out_dir, title=title, plot=plot)
 
 
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:

@@ -1,18 +1,29 @@
-"""``results.jsonl`` rows: the one way a row is made, read and appended.
+"""``results.jsonl`` rows: the one way a row is made, read, repaired and appended.
 
 A row is one JSON object per finished run (an ablation cell, a ``zoo train --out`` run, a ``zoo eval``):
 the recipe key and label, the overrides that made the cell, the full resolved recipe, the seed, the
 metrics, and the environment it ran in (library versions, device, threads). Rows are appended (and
-fsynced) the moment a run finishes. A line cut short by a kill is dropped on the next read, so the file
-stays valid JSON lines.
+fsynced) in one write the moment a run finishes.
+
+Reading never deletes a valid row. A line that is not a complete UTF-8 JSON object with the fields every
+row has (a line cut short by a kill, NUL bytes left by a power loss, a blank or foreign line) is
+*damaged*: :func:`read_rows` skips it and reports it (file, line number, first bytes); only the driver of
+an ablation, which owns the folder, calls :func:`repair_rows` to move the damaged lines to
+``results.damaged.jsonl`` beside the file, so that their cells are recomputed and every valid row stays
+byte for byte. Rendering commands never write ``results.jsonl``.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..environment import environment
+
+#: what every row has, with its type
+REQUIRED_FIELDS = {"recipe_key": str, "label": str, "recipe": dict, "metrics": dict}
+DAMAGED_NAME = "results.damaged.jsonl"
 
 
 def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, device=None, **extra) -> dict:
@@ -21,31 +32,83 @@ def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, d
             "seed": recipe.seed, "metrics": metrics, **extra, **environment(device)}
 
 
-def read_rows(path: Path) -> list[dict]:
-    """All complete rows; a trailing partial line (a killed write) is cut off the file."""
+@dataclass
+class Damage:
+    """One damaged line of a rows file."""
+    path: Path
+    line_number: int
+    raw: bytes
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.path}: line {self.line_number} is not a results row ({self.why}; first bytes {self.raw[:40]!r})"
+
+
+def _parse(line: bytes) -> tuple[dict | None, str]:
+    """``(row, "")`` for a valid row line, else ``(None, why)``."""
+    if not line.endswith(b"\n"):
+        return None, "cut short: no line end (a write interrupted)"
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 at byte {err.start}"
+    except (json.JSONDecodeError, RecursionError) as err:
+        return None, f"not JSON ({str(err).splitlines()[0]})"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    missing = [k for k, kind in REQUIRED_FIELDS.items() if not isinstance(row.get(k), kind)]
+    if missing:
+        return None, f"missing or mistyped fields {missing}"
+    return row, ""
+
+
+def scan_rows(path: Path) -> tuple[list[tuple[dict, bytes]], list[Damage]]:
+    """Every valid row with its exact bytes, and every damaged line, of ``path`` (read only)."""
     if not path.exists():
-        return []
-    raw = path.read_bytes()
-    rows, good_end = [], 0
-    for line in raw.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-        good_end += len(line)
-    if good_end != len(raw):
-        with open(path, "r+b") as fh:
-            fh.truncate(good_end)
-    return rows
+        return [], []
+    good, damaged = [], []
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True), start=1):
+        row, why = _parse(line)
+        if row is None:
+            damaged.append(Damage(path, number, line, why))
+        else:
+            good.append((row, line))
+    return good, damaged
+
+
+def read_rows(path: Path, report=None) -> list[dict]:
+    """The valid rows of ``path``; each damaged line is passed to ``report`` (a callable) if given. Never writes."""
+    good, damaged = scan_rows(path)
+    for damage in damaged:
+        if report is not None:
+            report(damage)
+    return [row for row, _ in good]
+
+
+def repair_rows(path: Path) -> tuple[list[dict], list[Damage]]:
+    """Move the damaged lines of ``path`` to ``results.damaged.jsonl`` beside it and keep every valid row
+    byte for byte; returns the valid rows and what was moved. Call only while holding the folder's lock."""
+    good, damaged = scan_rows(path)
+    if damaged:
+        with open(path.with_name(DAMAGED_NAME), "ab") as fh:
+            for damage in damaged:
+                fh.write(damage.raw if damage.raw.endswith(b"\n") else damage.raw + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(line for _, line in good))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return [row for row, _ in good], damaged
 
 
 def append_row(path: Path, row: dict) -> None:
     data = (json.dumps(row, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)  # one write: a kill leaves either the whole line or none
+        os.write(fd, data)  # one write: a kill leaves either the whole line or a cut-off one (moved aside later)
         os.fsync(fd)
     finally:
         os.close(fd)

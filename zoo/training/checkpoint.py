@@ -15,12 +15,21 @@ with ``torch.load(..., weights_only=True)``: loading never runs code from the fi
 
 Writes are atomic: the dict goes to a temporary file in the same folder, is fsynced, then replaces
 the old checkpoint with ``os.replace``, so a kill at any moment leaves the previous checkpoint or the
-new one, never a torn file.
+new one, never a torn file (a temporary file a killed writer leaves is removed by the next run:
+:func:`remove_orphans`).
+
+Integrity: the state is serialised once more inside the file, next to its SHA-256 (format 2), so a flipped
+byte anywhere in it is found at load instead of giving silently different numbers. A checkpoint that does
+not load or fails its checksum is reported in one line; a run resuming in that folder moves it aside
+(:func:`move_aside`) and starts its training over. Format 1 checkpoints (no checksum) still load.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +42,8 @@ from ..recipes import recipe_differences
 from ..tasks import TASKS
 
 FILENAME = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 
 def path_in(location: str | Path) -> Path:
@@ -44,10 +54,14 @@ def path_in(location: str | Path) -> Path:
 
 def save(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    inner = io.BytesIO()
+    torch.save(state, inner)
+    payload = inner.getvalue()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
-            torch.save({"format": FORMAT, **state}, fh)
+            torch.save({"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
+                        "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -56,16 +70,58 @@ def save(path: Path, state: dict) -> None:
             tmp.unlink()
 
 
+def _torch_load(source, map_location, path: Path):
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({type(err).__name__}: {text[:200]})") from None
+
+
 def load(path: Path, map_location="cpu") -> dict:
     if not path.exists():
         raise UserError(f"{path}: no checkpoint here (zoo train RECIPE --out DIR writes DIR/{FILENAME})")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
-        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({type(err).__name__}: {err})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UserError(f"{path}: not a mixer-zoo checkpoint of format {FORMAT}")
+    outer = _torch_load(path, map_location, path)
+    if not isinstance(outer, dict) or outer.get("format") not in READABLE_FORMATS:
+        raise UserError(f"{path}: not a mixer-zoo checkpoint (formats {READABLE_FORMATS})")
+    if outer["format"] == 1:
+        return outer
+    payload = outer.get("payload")
+    data = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else b""
+    if hashlib.sha256(data).hexdigest() != outer.get("sha256"):
+        raise UserError(f"{path}: the checkpoint is damaged (its checksum does not match its contents)")
+    state = _torch_load(io.BytesIO(data), map_location, path)
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: not a mixer-zoo checkpoint (its contents are not a state dict)")
     return state
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to ``<name>.damaged-<unix time>`` beside it; returns the new path."""
+    target = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    os.replace(path, target)
+    return target
+
+
+def remove_orphans(folder: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes whose process is gone (killed mid-write)."""
+    removed = []
+    for tmp in folder.glob(f".{FILENAME}.*.tmp") if folder.is_dir() else []:
+        pid = tmp.name.split(".")[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def check_same_recipe(state: dict, recipe, path: Path) -> None:

@@ -191,7 +191,12 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     (``recipe_key``, ``label``, ``recipe``, ``metrics``, environment, ...)."""
     path = ckpt.path_in(location)
     state = ckpt.load(path)
-    trained, recipe = eval_recipe(state["recipe"], state.get("imports", []), overrides)
+    named = [v for k, v, _t in _override_items(overrides) if k == "imports"]
+    missing = sorted(set(state.get("imports", [])) - {m for value in named for m in (value or [])})
+    if missing:  # importing runs code: only what the user names, never what a file names
+        raise UserError(f"{path}: trained with components defined in {missing}; zoo eval imports no module "
+                        f"named only by a checkpoint: add imports=[{', '.join(missing)}] if you trust them")
+    trained, recipe = eval_recipe(state["recipe"], [m for value in named for m in (value or [])], overrides)
     if trained.key != state["recipe_key"]:
         raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
                         f"({trained.key} != {state['recipe_key']}); a default changed since it was written")

@@ -107,6 +107,24 @@ class _Run:
                                              "world_size": self.ctx.world_size, **state.state_dict(), **extra})
 
 
+def _saved_state(path: Path | None, main: bool) -> dict | None:
+    """The checkpoint at ``path`` to resume from; a damaged one is moved aside and the run starts over."""
+    if path is None:
+        return None
+    if main:
+        ckpt.remove_orphans(path.parent)
+    if not path.exists():
+        return None
+    try:
+        return ckpt.load(path)
+    except UserError as err:
+        if not main:
+            raise
+        moved = ckpt.move_aside(path)
+        _say(f"{err}; moved it to {moved} and training this run from the start")
+        return None
+
+
 def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
     t = recipe.train
@@ -124,8 +142,8 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, run.task.vocab_size).to(device)
     state = TrainState.fresh(recipe, model, len(train_data), run.precision, device)
-    if path is not None and path.exists():
-        saved = ckpt.load(path)
+    saved = _saved_state(path, ctx.is_main)
+    if saved is not None:
         ckpt.check_same_recipe(saved, recipe, path)
         state.load_state_dict(saved)
         if ctx.is_main:

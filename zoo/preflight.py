@@ -1,0 +1,58 @@
+"""Checks a resolved recipe must pass before anything trains (``zoo check``, and every cell of
+``zoo ablate`` before the first one starts): what option ranges cannot see.
+
+- the model builds (sizes that divide, heads that fit) and the task generates at every length;
+- the device exists here (``train.device=cuda`` on a machine without CUDA is one line, not a traceback);
+- every layer's kernel backend can run on that device: one forward pass of a few tokens, where a backend
+  that cannot run (Triton on a CPU without the interpreter, a CUDA-only outside library) says so in one
+  line.
+
+Each failure is a :class:`zoo.errors.UserError` naming the recipe and what to change.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.backend import BackendUnavailable
+
+from .config import Recipe
+from .errors import UserError
+from .model import HybridLM
+from .tasks import Task
+from .training.evaluation import resolve_device
+
+#: tokens in the trial forward pass: enough to reach every chunked code path once, cheap on any device
+TRIAL_TOKENS = 8
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
+    """The untrained model and the task of ``recipe`` on its device, after a trial forward pass."""
+    where = where or recipe.source or "recipe"
+    device = resolve_device(recipe.train.device)
+    try:
+        task = Task.from_spec(recipe.task)
+        model = HybridLM.from_recipe(recipe, task.vocab_size).to(device)
+    except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
+        raise UserError(f"{where}: the model cannot be built ({_first_line(err)}); check the model and "
+                        f"task sizes") from None
+    sample = task.generate(1, task.seq_len, torch.Generator().manual_seed(recipe.seed))
+    ids = sample.inputs[:, :TRIAL_TOKENS].to(device)
+    mask = None if sample.mask is None else sample.mask[:, :TRIAL_TOKENS].to(device)
+    try:
+        with torch.no_grad():
+            model(ids, mask=mask)
+    except BackendUnavailable as err:
+        raise UserError(f"{where}: {err}") from None
+    return model, task
+
+
+def check_recipe(recipe: Recipe) -> tuple[HybridLM, Task]:
+    """Check ``recipe`` and every cell of its grid; returns the base recipe's model and task."""
+    for cell in recipe.cells:
+        build_checked(cell.recipe, f"{recipe.source or 'recipe'}: grid cell {cell.label!r}")
+    return build_checked(recipe)
