@@ -63,11 +63,11 @@ def test_eval_refuses_overrides_that_change_the_model(tmp_path):
 
 
 def test_eval_imports_no_module_named_only_by_the_checkpoint(tmp_path):
-    recipe = resolve(TINY, ["train.steps=2", "imports=[tests.mixers.example_mixer]",
+    recipe = resolve(TINY, ["train.steps=2", "imports=[tests.zoo.out_of_tree_mixer]",
                             "model.layers=[cumulative_mean]"])
     train(recipe, progress=False, checkpoint_dir=tmp_path / "run")
     refused = _zoo("eval", tmp_path / "run")
-    assert refused.returncode == 2 and "imports=[tests.mixers.example_mixer]" in refused.stderr
+    assert refused.returncode == 2 and "imports=[tests.zoo.out_of_tree_mixer]" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    named = _zoo("eval", tmp_path / "run", "imports=[tests.mixers.example_mixer]", "--json")
+    named = _zoo("eval", tmp_path / "run", "imports=[tests.zoo.out_of_tree_mixer]", "--json")
     assert named.returncode == 0, named.stderr

@@ -156,7 +156,10 @@ def set_rng_state(state: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ recipes
 def imports_for(recipe) -> list[str]:
-    """Modules outside this library that define the recipe's mixers, state mixer or task."""
+    """Modules outside this library that define the recipe's mixers, state mixer or task: those its
+    ``imports:`` names, else the modules of the out-of-tree classes it uses."""
+    if recipe.imports:
+        return sorted(recipe.imports)
     classes = [MIXERS.get(s.name) for s in recipe.layers] + [STATE_MIXERS.get(recipe.state_mixer.name),
                                                               TASKS.get(recipe.task.name)]
     ours = ("mixers", "zoo", "kernels", "__main__")
