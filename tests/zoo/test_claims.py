@@ -60,7 +60,8 @@ def _synthetic_root(tmp_path, cells, rule=None, claim=None):
     root = tmp_path / "repo"
     (root / "tables" / "t").mkdir(parents=True)
     (root / "recipes").mkdir()
-    grid = [{"label": label} for label in cells] + [{"label": "planned"}]
+    # each cell its own learning rate: two cells of one recipe would be refused
+    grid = [{"label": label, "train.lr": 1e-3 * (i + 1)} for i, label in enumerate([*cells, "planned"])]
     recipe = yaml.safe_load(TINY.read_text()) | {"grid": grid, "seeds": [0, 1, 2]}
     (root / "recipes" / "t.yaml").write_text(yaml.safe_dump(recipe))
     with open(root / "tables" / "t" / "results.jsonl", "w") as fh:

@@ -22,6 +22,14 @@ How a verdict is computed:
 - every cell a rule reads needs at least :data:`MIN_SEEDS` seeds, else the verdict is
   "not tested (N seeds; needs 3)"; otherwise "reproduced" when every ``reproduced`` condition holds,
   "partly" when every ``partly`` condition holds, else "not reproduced";
+- a claim lists in ``learned`` the ``<cell>.<metric>`` terms that must have left the table's declared
+  no-learning level (``no_learning`` of the table: chance, or the level of an answer that ignores the
+  binding) by :data:`LEARNING_MARGIN`; when one has not, the verdict is "inconclusive (nothing learned)",
+  whatever the rule says: a baseline that never learned its training task cannot be beaten;
+- ``exploration`` conditions (other cells or settings than the paper's) are evaluated and shown, never a
+  verdict;
+- pre-registration is read from git (:mod:`zoo.experiments.preregistration`): a verdict whose rule took its
+  current form after the code of any row it judges is marked ", post hoc";
 - a claim with ``pending: <why>`` (no table yet) is "not tested (<why>)"; a claim that is an exact
   property rather than a training result names the unit test that checks it (``unit_test``).
 """
@@ -40,11 +48,18 @@ from mixers.options import nearest
 from ..errors import UserError
 from ..recipes import recipe_differences, resolve
 from .ablate import cells_of, row_seed
+from .preregistration import Registration, registration
 from .results import cell_of, group_by_cell, mean_std
 from .rows import read_rows
 
 #: seeds every cell a verdict reads must have
 MIN_SEEDS = 3
+#: a cell has learned its training task when its mean is above the table's no-learning level by this much
+LEARNING_MARGIN = 0.05
+#: a rule's lists of conditions: the two that bear the verdict, and exploration (other cells or settings than
+#: the paper's, evaluated and shown, never a verdict)
+RULE_KINDS = ("reproduced", "partly", "exploration")
+VERDICT_KINDS = ("reproduced", "partly")
 #: a table whose recipe is estimated to train longer than this (seconds) is flagged in tables/README.md
 TABLE_BUDGET_S = 45 * 60
 GENERATED = ("CLAIMS.md", "tables/README.md")
@@ -250,6 +265,8 @@ class Claim:
     rule: dict[str, list[Condition]] = field(default_factory=dict)
     outcomes: dict[str, list[ConditionResult]] = field(default_factory=dict)
     verdict: str = ""
+    registration: Registration | None = None
+    unlearned: list[str] = field(default_factory=list)  # "alias.metric mean <= level + margin" for cells at no-learning
 
 
 def load(root: Path) -> dict:
@@ -303,10 +320,10 @@ def _parse_rule(claim: Claim, where: str) -> None:
     rule = claim.spec.get("rule")
     if not isinstance(rule, dict) or not rule.get("reproduced"):
         raise ClaimsError(f"{where}: rule.reproduced must list the conditions of a reproduced claim")
-    unknown = set(rule) - {"reproduced", "partly"}
+    unknown = set(rule) - set(RULE_KINDS)
     if unknown:
-        raise ClaimsError(f"{where}: rule has unknown keys {sorted(unknown)}; use reproduced and partly")
-    for kind in ("reproduced", "partly"):
+        raise ClaimsError(f"{where}: rule has unknown keys {sorted(unknown)}; use {', '.join(RULE_KINDS)}")
+    for kind in RULE_KINDS:
         conds = rule.get(kind) or []
         claim.rule[kind] = [Condition.parse(c, f"{where}: rule.{kind}.{j}") for j, c in enumerate(conds)]
         for c in claim.rule[kind]:
@@ -325,14 +342,39 @@ def _parse_rule(claim: Claim, where: str) -> None:
                     _expand(t, claim.cells)
 
 
+def _unlearned(claim: Claim, table_spec: dict, where: str) -> list[str]:
+    """The claim's ``learned`` terms whose cell mean is not above its table's no-learning level by the margin.
+
+    A table declares ``no_learning: {<cell label or '*'>: {<metric>: level}}`` (chance, or the level of an
+    answer that ignores the binding); a claim lists in ``learned`` the ``<cell>.<metric>`` terms that must have
+    risen above it for its comparison to mean anything (a baseline that never learned its training task
+    cannot be beaten)."""
+    levels = table_spec.get("no_learning") or {}
+    out = []
+    for text in claim.spec.get("learned") or []:
+        term = parse_term(text, f"{where}: learned")
+        if term.alias not in claim.cells:
+            raise ClaimsError(f"{where}: learned names cell {term.alias!r}, which is not in cells")
+        cell = claim.cells[term.alias]
+        level = (levels.get(cell.label) or levels.get("*") or {}).get(term.metric)
+        if level is None:
+            raise ClaimsError(f"{where}: learned {text!r}: table {cell.table} declares no no_learning level of "
+                              f"{term.metric} for cell {cell.label!r} (or '*')")
+        if cell.rows and not cell.mean(term.metric) > level + LEARNING_MARGIN:
+            out.append(f"{text} = {_num(cell.mean(term.metric))} <= {_num(level)} + {LEARNING_MARGIN}")
+    return out
+
+
 def _judge(claim: Claim) -> None:
     """``claim.outcomes`` and ``claim.verdict`` by the claim's rule."""
-    read = sorted({a for conds in claim.rule.values() for c in conds for a in c.aliases()})
+    read = sorted({a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()})
     fewest = min(claim.cells[a].n for a in read)
     for kind, conds in claim.rule.items():
         claim.outcomes[kind] = [evaluate(c, claim.cells) for c in conds] if fewest else []
     if fewest < MIN_SEEDS:
         claim.verdict = f"not tested ({fewest} seed{'s' * (fewest != 1)}; needs {MIN_SEEDS})"
+    elif claim.unlearned:
+        claim.verdict = "inconclusive (nothing learned)"
     elif all(o.holds for o in claim.outcomes["reproduced"]):
         claim.verdict = "reproduced"
     elif claim.outcomes["partly"] and all(o.holds for o in claim.outcomes["partly"]):
@@ -367,7 +409,11 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             recipes[table] = recipe_cells(root, tables[table]["recipe"])
         _bind_cells(claim, where, table, tables[table]["recipe"], loaded[table], {c.label for c in recipes[table]})
         _parse_rule(claim, where)
+        claim.unlearned = _unlearned(claim, tables[table], where)
         _judge(claim)
+        claim.registration = registration(root, spec, [r for c in claim.cells.values() for r in c.rows])
+        if claim.registration.post_hoc and not claim.verdict.startswith("not tested"):
+            claim.verdict += ", post hoc"
     return out
 
 
@@ -423,7 +469,15 @@ from the regenerated text.
 - A rule is a list of conditions on cell means, written next to the claim in `claims.yaml`, e.g.
   `masked.test_accuracy@all >= 0.9` (`@all`: at the training length and at every test length of the cell).
   **reproduced**: every `reproduced` condition holds; **partly**: otherwise, every `partly` condition holds;
-  **not reproduced**: otherwise.
+  **not reproduced**: otherwise. `exploration` conditions (cells or settings other than the paper's) are
+  shown with their outcome and never give the verdict.
+- **inconclusive (nothing learned)**: a cell the comparison needs (the claim's `learned` list) did not rise
+  above its table's no-learning level (chance, or the level of an answer that ignores the binding) by
+  {margin}; a baseline that never learned its training task cannot be beaten, and a rule read on untrained
+  models says nothing.
+- **post hoc**: the rule took its current form (read from git: the oldest commit since which claims.yaml gives
+  it the same rule and cells) after the code of some row it judges (each row records its commit); such a
+  rule could have been chosen knowing the numbers. Each claim's details say which.
 - A verdict needs at least {min_seeds} seeds in every cell its rule reads; with fewer it is
   **not tested (N seeds; needs {min_seeds})**, whatever the numbers say. A claim with no table yet is
   **not tested** with the reason; an exact mathematical property is checked by a unit test instead.
@@ -435,7 +489,7 @@ from the regenerated text.
 
 
 def render_claims(data: dict, claims: list[Claim]) -> str:
-    lines = [HEADER.format(min_seeds=MIN_SEEDS)]
+    lines = [HEADER.format(min_seeds=MIN_SEEDS, margin=LEARNING_MARGIN)]
     lines.append("| # | paper | claim | paper's number (setting) | recipe | our number | verdict |")
     lines.append("|---|---|---|---|---|---|---|")
     for i, c in enumerate(claims, 1):
@@ -460,8 +514,11 @@ def render_claims(data: dict, claims: list[Claim]) -> str:
         else:
             lines.append(f"- Table: `tables/{s['table']}` (`{command(data, s['table'])}`)")
             lines.append(f"- Verdict: **{c.verdict}**")
+            lines.append(f"- Rule: {c.registration.text}")
+            if c.unlearned:
+                lines.append(f"- Nothing learned (no-learning level + {LEARNING_MARGIN}): {'; '.join(c.unlearned)}")
             lines.append("\nRule (conditions on the means over seeds; values as `left op right`):\n")
-            for kind in ("reproduced", "partly"):
+            for kind in RULE_KINDS:
                 for j, cond in enumerate(c.rule.get(kind, [])):
                     outcome = c.outcomes[kind][j] if c.outcomes.get(kind) else None
                     result = (f"{outcome.detail} -> {'holds' if outcome.holds else 'fails'}" if outcome
