@@ -398,7 +398,10 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             continue
         if spec.get("unit_test"):
             _check_unit_test(root, spec["unit_test"], where)
-            claim.verdict = "exact property: checked by a unit test, not by a table"
+            # a unit test asserts what is measured here; where that differs from the paper's number, say so
+            claim.verdict = ("partly: checked by a unit test that measures another number than the paper's"
+                             if spec.get("unit_test_differs") else
+                             "exact property: checked by a unit test, not by a table")
             continue
         table = spec.get("table")
         if table not in tables:
@@ -504,6 +507,10 @@ def render_claims(data: dict, claims: list[Claim]) -> str:
         s = c.spec
         lines.append(f"### {i}. `{s['id']}`: {s['claim']}\n")
         lines.append(f"- Paper: {_paper(data, s['paper'])}; {s['paper_result']}")
+        if s.get("source"):
+            lines.append(f"- Source: {' '.join(str(s['source']).split())}")
+        if s.get("unit_test_differs"):
+            lines.append(f"- Measured here: {' '.join(str(s['unit_test_differs']).split())}")
         if s.get("setting"):
             lines.append(f"- Here: {' '.join(str(s['setting']).split())}")
         if s.get("pending"):

@@ -63,6 +63,7 @@ def _group_task(group: str, blurb: str):
 
 
 S3 = _group_task("s3", "6 elements, solvable")
+S4 = _group_task("s4", "24 elements, solvable")
 S5 = _group_task("s5", "120 elements, not solvable")
 A5 = _group_task("a5", "60 elements, simple")
 
