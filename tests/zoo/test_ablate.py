@@ -146,7 +146,8 @@ def test_changed_override_or_base_recipe_is_never_answered_with_old_rows(tmp_pat
 
 
 def test_failing_cell_sequential_is_reported_others_kept(tmp_path, capsys):
-    recipe = _grid(tmp_path, ["{label: ok1, train.steps: 2}", "{label: bad, train.steps: 2, description: 'fail-always:'}",
+    recipe = _grid(tmp_path, ["{label: ok1, train.steps: 2}",
+                              "{label: bad, train.steps: 2, seed: 4, description: 'fail-always:'}",
                               "{label: ok2, train.steps: 3}"])
     out = tmp_path / "out"
     code = main(["ablate", str(recipe), "--out", str(out), "--no-plot", "--no-progress", "--retries", "1"])
@@ -172,7 +173,7 @@ def test_executor_flags_are_checked(tmp_path, capsys, monkeypatch):
 def test_two_processes_on_one_folder_neither_duplicate_nor_corrupt(tmp_path):
     release = tmp_path / "release"
     recipe = _grid(tmp_path, ["{label: quick, train.steps: 5}",
-                              f"{{label: held, train.steps: 5, description: 'wait-for:{release}'}}"])
+                              f"{{label: held, train.steps: 5, seed: 4, description: 'wait-for:{release}'}}"])
     out = tmp_path / "out"
     first = _start(recipe, out)
     _wait_for_rows(out / "results.jsonl", 1, first)  # the first process holds the lock, waiting inside cell 2

@@ -22,7 +22,7 @@ model:
     attention: {n_heads: 2}
     mamba2: {headdim: 16, chunk_size: 8}
 task: {name: mqar, vocab_size: 32, seq_len: 16, num_kv_pairs: 2, num_train: 128, num_test: 32}
-train: {steps: 3, batch_size: 16, threads: 1}
+train: {steps: 3, warmup_steps: 1, batch_size: 16, threads: 1}
 """
 
 
