@@ -21,7 +21,7 @@ from mixers.options import OptionError, describe_options
 from .benchmark import runner as bench
 from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
 from .errors import UserError, one_line
-from .experiments import claims
+from .experiments import claims, untrained, vouch
 from .experiments.ablate import CellsFailed, run_ablation
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
@@ -164,16 +164,29 @@ def cmd_table(args) -> int:
 
 
 def cmd_claims(args) -> int:
+    notes: list[str] = []
     try:
+        if args.vouch:
+            for table, outcomes in vouch.vouch(Path(args.root), args.vouch).items():
+                for label, outcome in outcomes.items():
+                    print(f"tables/{table} {label!r}: {outcome}")
+        for table in args.untrained or []:
+            labels = claims.claimed_cells(args.root, table)
+            print(f"step 0 of tables/{table} ({len(labels)} cells the ledger reads) ...")
+            print(f"wrote {untrained.write(Path(args.root), table, labels)}")
         if args.check:
-            problems = claims.check(args.root)
+            problems = claims.check(args.root, notes)
+            for line in notes:
+                print(f"zoo claims: flagged: {line}", file=sys.stderr)
             for problem in problems:
                 print(f"zoo claims: {problem}", file=sys.stderr)
             if not problems:
                 print("zoo claims: CLAIMS.md and tables/README.md match the committed results")
             return 1 if problems else 0
-        for rel in claims.write(args.root):
+        for rel in claims.write(args.root, notes):
             print(f"wrote {Path(args.root) / rel}")
+        for line in notes:
+            print(f"flagged: {line}")
     except claims.ClaimsError as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
@@ -246,6 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 naming the difference if the committed files are stale")
     p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
+    p.add_argument("--untrained", nargs="+", metavar="TABLE",
+                   help="first evaluate the untrained models of the cells the ledger reads in these tables (rows "
+                        "made before rows recorded it) into tables/<TABLE>/untrained.json")
+    p.add_argument("--vouch", nargs="+", metavar="TABLE",
+                   help="first check whether the code changes since the rows of these tables' stale cells keep their "
+                        "numbers (the untrained models at the rows' commit and now) and record it in "
+                        "tables/<TABLE>/code_changes.json")
     p.set_defaults(func=cmd_claims)
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)

@@ -9,7 +9,7 @@ import yaml
 
 from zoo.experiments import claims as ledger
 
-from .test_claims import _synthetic_root, _values
+from .test_claims import TINY, _synthetic_root, _values
 
 
 def _git(root: Path, *args) -> str:
@@ -125,3 +125,160 @@ def test_exploration_conditions_are_shown_but_never_give_the_verdict(tmp_path):
     assert claim.verdict == "not reproduced" and claim.outcomes["exploration"][0].holds
     ledger.write(root)
     assert "- exploration: `a.test_accuracy >= 0.3`" in (root / "CLAIMS.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- step 0
+def _untrained(root: Path, values: dict) -> None:
+    cells = {label: {str(seed): {"test_accuracy": acc, "test_accuracy@64": acc} for seed, acc in enumerate(accs)}
+             for label, accs in values.items()}
+    (root / "tables" / "t" / "untrained.json").write_text(json.dumps({"commit": "x", "cells": cells}))
+
+
+EQUAL_RULE = {"reproduced": ["a.test_accuracy >= b.test_accuracy - 0.05"]}
+
+
+def test_a_condition_that_holds_on_the_untrained_models_is_flagged_and_fails_the_check(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.93)}, rule=EQUAL_RULE)
+    _untrained(root, {"a": _values(3, 0.1, 0.01), "b": _values(3, 0.1, 0.01)})  # both guess at step 0
+    claim = _claim(root)
+    assert claim.verdict == "reproduced"
+    assert claim.vacuous == ["every reproduced condition holds at step 0"]
+    assert "a.test_accuracy >= b.test_accuracy - 0.05" in claim.step0_holds[0]
+    ledger.write(root)
+    assert "**Vacuous at step 0**" in (root / "CLAIMS.md").read_text()
+    problems = ledger.check(root)
+    assert any("vacuous at step 0" in p for p in problems), problems
+    # a rule whose conditions fail at step 0 is not flagged
+    _untrained(root, {"a": _values(3, 0.1, 0.01), "b": _values(3, 0.9, 0.01)})
+    assert _claim(root).vacuous == [] and _claim(root).step0_holds == []
+    # one condition holding at step 0 is listed, but the verdict is vacuous only when all of them hold
+    data = yaml.safe_load((root / "claims.yaml").read_text())
+    data["claims"][0]["rule"]["reproduced"] = ["a.test_accuracy >= 0.9", "b.test_accuracy <= 0.95"]
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    claim = _claim(root)
+    assert claim.vacuous == [] and len(claim.step0_holds) == 1 and "b.test_accuracy <= 0.95" in claim.step0_holds[0]
+
+
+def test_a_step0_condition_is_accepted_when_its_cells_must_have_learned_or_the_claim_says_why(tmp_path):
+    for extra in ({"learned": ["a.test_accuracy", "b.test_accuracy"]},
+                  {"step0_ok": {"a.test_accuracy >= b.test_accuracy - 0.05": "equal at step 0 by construction"}}):
+        root = _synthetic_root(tmp_path / str(len(extra)) / next(iter(extra)), {"a": _values(3, 0.95),
+                               "b": _values(3, 0.93)}, rule=EQUAL_RULE, claim=extra)
+        data = yaml.safe_load((root / "claims.yaml").read_text())
+        data["tables"]["t"]["no_learning"] = {"*": {"test_accuracy": 0.1}}
+        (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        _untrained(root, {"a": _values(3, 0.1, 0.01), "b": _values(3, 0.1, 0.01)})
+        claim = _claim(root)
+        assert claim.vacuous == [] and claim.verdict == "reproduced", claim.vacuous
+
+
+def test_rows_record_their_step0_metrics_and_a_cell_without_them_is_reported(tmp_path):
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    claim = _claim(root)
+    assert claim.step0_missing == ["a", "b"]
+    assert any("no step-0 evaluation of a, b" in p for p in ledger.check(root))
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "step0_metrics": {"test_accuracy": 0.1, "test_accuracy@64": 0.1}})
+                            + "\n" for r in rows))
+    claim = _claim(root)
+    assert claim.step0_missing == [] and claim.vacuous == []  # a at 0.1 fails a >= 0.9 at step 0
+    assert len(claim.step0_holds) == 1 and "b.test_accuracy <= 0.2" in claim.step0_holds[0]
+
+
+def test_an_ablation_row_records_the_untrained_models_metrics(tmp_path):
+    from zoo.cli import main
+    from zoo.experiments.rows import read_rows
+    from zoo.experiments.untrained import untrained_metrics
+    from zoo.recipes import resolve
+    recipe = tmp_path / "grid.yaml"
+    recipe.write_text(f"extends: {TINY}\ngrid: [{{label: a, train.steps: 30}}]\n")
+    assert main(["ablate", str(recipe), "--out", str(tmp_path / "out"), "--no-plot", "--no-progress"]) == 0
+    row = read_rows(tmp_path / "out" / "results.jsonl")[0]
+    step0 = row["step0_metrics"]
+    assert step0 == untrained_metrics(resolve(TINY, ["train.steps=30"]))  # the same model, rebuilt from the seed
+    assert step0["params"] == row["metrics"]["params"] and step0["test_loss"] > row["metrics"]["test_loss"] + 0.1
+
+
+# ------------------------------------------------------------------------------------------- stale by code
+ATTENTION = Path(__file__).resolve().parents[2] / "mixers" / "attention.py"
+
+
+def _code_repo(tmp_path) -> tuple[Path, str]:
+    """A repository whose table rows ran the attention mixer of its own ``mixers/attention.py``."""
+    from zoo.recipes import resolve
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    (root / "mixers").mkdir()
+    (root / "mixers" / "attention.py").write_text(ATTENTION.read_text())
+    _git(root, "init", "-q")
+    code = _commit(root, "code")
+    path = root / "tables" / "t" / "results.jsonl"
+    plain = resolve(TINY, ["model.layers=[attention]"]).plain
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "recipe": {**plain, "seed": r["seed"]}, "versions": {"git": code},
+                                        "step0_metrics": {"test_accuracy": 0.1, "test_accuracy@64": 0.1}}) + "\n"
+                            for r in rows))
+    _commit(root, "rows")
+    return root, code
+
+
+def test_a_table_whose_mixer_code_changed_after_its_rows_is_stale_by_code(tmp_path):
+    root, _ = _code_repo(tmp_path)
+    assert _claim(root).stale == [] and _claim(root).verdict == "reproduced"
+    source = root / "mixers" / "attention.py"
+    # wording, comments and import order are not code
+    text = source.read_text()
+    source.write_text(text.replace('"""', '"""Reworded. ', 1) + "\n# a comment\n")
+    _commit(root, "docs only")
+    assert _claim(root).stale == []
+    source.write_text(source.read_text() + "\nSCALE_FIX = 2.0\n")
+    change = _commit(root, "a change of code")
+    claim = _claim(root)
+    assert claim.verdict == "reproduced, stale by code"
+    assert [s.label for s in claim.stale] == ["a", "b"] and change in claim.stale[0].text()
+    assert "mixers/attention.py" in claim.stale[0].text()
+    notes = []
+    ledger.write(root, notes)
+    assert notes and notes[0].startswith("c: stale by code: a: " + change)
+    assert "Stale by code" in (root / "CLAIMS.md").read_text()
+    # a change the table vouches for, with its reason, does not stale it
+    data = yaml.safe_load((root / "claims.yaml").read_text())
+    data["tables"]["t"]["code_changes"] = {change: "adds an unused constant"}
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert _claim(root).stale == [] and _claim(root).verdict == "reproduced"
+
+
+def _copy_of_the_code(tmp_path) -> tuple[Path, str]:
+    """A repository holding a copy of this code, with table t's rows computed at its first commit."""
+    import shutil
+    root, _ = _code_repo(tmp_path)
+    source = Path(__file__).resolve().parents[2]
+    for package in ("kernels", "mixers", "zoo"):
+        shutil.rmtree(root / package, ignore_errors=True)
+        shutil.copytree(source / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = _commit(root, "the code")
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "versions": {"git": code}}) + "\n" for r in rows))
+    _commit(root, "rows")
+    return root, code
+
+
+def test_vouching_probes_the_rows_commit_against_now_and_finds_a_change_of_numbers(tmp_path):
+    from zoo.experiments import vouch
+    root, _ = _copy_of_the_code(tmp_path)
+    attention = root / "mixers" / "attention.py"
+    # a refactor: the same numbers
+    attention.write_text(attention.read_text() + "\n\ndef unused_helper():\n    return 1\n")
+    _commit(root, "a refactor")
+    assert [s.label for s in _claim(root).stale] == ["a", "b"]
+    assert vouch.vouch(root, ["t"]) == {"t": {"a": "keeps", "b": "keeps"}}
+    assert _claim(root).stale == [] and _claim(root).verdict == "reproduced"
+    # a change of numbers: the embedding scaled in the hybrid stack
+    (root / "zoo" / "model.py").write_text((root / "zoo" / "model.py").read_text().replace(
+        "x = self.embed(ids)", "x = self.embed(ids) * 1.5", 1))
+    _commit(root, "a change of numbers")
+    assert [s.label for s in _claim(root).stale] == ["a", "b"]
+    outcomes = vouch.vouch(root, ["t"])["t"]
+    assert all("differs" in o for o in outcomes.values()), outcomes
+    assert _claim(root).verdict == "reproduced, stale by code"

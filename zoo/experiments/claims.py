@@ -48,9 +48,12 @@ from mixers.options import nearest
 from ..errors import UserError
 from ..recipes import recipe_differences, resolve
 from .ablate import cells_of, row_seed
+from .freshness import Staleness, cell_staleness, in_git_checkout
 from .preregistration import Registration, registration
 from .results import cell_of, group_by_cell, mean_std
 from .rows import read_rows
+from .untrained import load as load_untrained
+from .vouch import load as load_vouches
 
 #: seeds every cell a verdict reads must have
 MIN_SEEDS = 3
@@ -62,7 +65,7 @@ RULE_KINDS = ("reproduced", "partly", "exploration")
 VERDICT_KINDS = ("reproduced", "partly")
 #: a table whose recipe is estimated to train longer than this (seconds) is flagged in tables/README.md
 TABLE_BUDGET_S = 45 * 60
-GENERATED = ("CLAIMS.md", "tables/README.md")
+GENERATED = ("CLAIMS.md", "tables/README.md", "README.md")  # README.md: its results table only
 
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
         "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or a == b}
@@ -267,6 +270,10 @@ class Claim:
     verdict: str = ""
     registration: Registration | None = None
     unlearned: list[str] = field(default_factory=list)  # "alias.metric mean <= level + margin" for cells at no-learning
+    stale: list[Staleness] = field(default_factory=list)  # verdict cells whose code changed since their rows
+    step0_holds: list[str] = field(default_factory=list)  # verdict conditions that hold on the untrained models
+    vacuous: list[str] = field(default_factory=list)  # verdicts the untrained models would get
+    step0_missing: list[str] = field(default_factory=list)  # verdict cells with no step-0 evaluation
 
 
 def load(root: Path) -> dict:
@@ -387,6 +394,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
     papers, tables = data.get("papers") or {}, data.get("tables") or {}
     loaded: dict[str, dict[str, CellStats]] = {}
     recipes: dict[str, list] = {}
+    step0: dict[str, dict] = {}
     out, ids = [], set()
     for i, spec in enumerate(data["claims"]):
         where = f"claims.yaml: claims.{i}" + (f" ({spec.get('id')})" if isinstance(spec, dict) and spec.get("id") else "")
@@ -414,10 +422,80 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
         _parse_rule(claim, where)
         claim.unlearned = _unlearned(claim, tables[table], where)
         _judge(claim)
+        if table not in step0:
+            step0[table] = load_untrained(root, table)
+        _check_step0(claim, step0[table], where)
         claim.registration = registration(root, spec, [r for c in claim.cells.values() for r in c.rows])
         if claim.registration.post_hoc and not claim.verdict.startswith("not tested"):
             claim.verdict += ", post hoc"
+        claim.stale = _stale_cells(root, claim, tables[table], where)
+        if claim.stale and not claim.verdict.startswith("not tested"):
+            claim.verdict += ", stale by code"
     return out
+
+
+def _check_step0(claim: Claim, untrained: dict[str, dict[int, dict]], where: str) -> None:
+    """``claim.step0_holds``: the verdict conditions that already hold on the untrained models of their cells;
+    ``claim.vacuous``: the verdicts (reproduced, partly) that the untrained models would already get.
+
+    A verdict is not vacuous when one of its conditions reads only cells that must have learned (the claim's
+    ``learned``: untrained models then give "inconclusive"), or when the claim says why a condition is meant
+    to hold at step 0 (``step0_ok: {<condition>: <why>}``)."""
+    ok = claim.spec.get("step0_ok") or {}
+    if not isinstance(ok, dict) or not all(isinstance(v, str) and v.strip() for v in ok.values()):
+        raise ClaimsError(f"{where}: step0_ok must map a rule condition to why it may hold at step 0")
+    guarded = {parse_term(t, f"{where}: learned").alias for t in claim.spec.get("learned") or []}
+    cells = {}
+    for alias, cell in claim.cells.items():
+        seeds = untrained.get(cell.label, {})
+        rows = [{"seed": s, "metrics": m, "recipe": {"seed": s}} for s, m in sorted(seeds.items())]
+        if cell.rows and {row_seed(r) for r in cell.rows} - set(seeds):
+            claim.step0_missing.append(cell.label)
+        cells[alias] = CellStats(cell.table, cell.label, rows)
+    claim.step0_missing = sorted(set(claim.step0_missing))
+    if claim.step0_missing:
+        return
+    for kind in VERDICT_KINDS:
+        conds = [c for c in claim.rule[kind] if all(cells[a].rows for a in c.aliases())]
+        outcomes = [evaluate(c, cells) for c in conds]
+        claim.step0_holds += [f"{kind}: `{c.text}` ({o.detail})" for c, o in zip(conds, outcomes) if o.holds]
+        accounted = any(set(c.aliases()) <= guarded or c.text in ok for c in conds)
+        if conds and len(conds) == len(claim.rule[kind]) and all(o.holds for o in outcomes) and not accounted:
+            claim.vacuous.append(f"every {kind} condition holds at step 0")
+
+
+def _vouched(table_spec: dict, where: str) -> dict:
+    vouched = table_spec.get("code_changes") or {}
+    if not isinstance(vouched, dict) or not all(isinstance(v, str) and v.strip() for v in vouched.values()):
+        raise ClaimsError(f"{where}: its table's code_changes must map commits to the reason each change keeps the "
+                          f"table's numbers")
+    return vouched
+
+
+def _stale_cells(root: Path, claim: Claim, table_spec: dict, where: str) -> list[Staleness]:
+    """The cells the verdict reads whose code changed since their rows, in a change the table does not vouch for."""
+    if not in_git_checkout(root):
+        return []
+    vouched = _vouched(table_spec, where)
+    probed = load_vouches(root, claim.spec["table"])
+    read = sorted({a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()})
+    out = []
+    for alias in read:
+        cell = claim.cells[alias]
+        if cell.rows:
+            found = cell_staleness(root, cell.label, cell.rows, vouched, probed)
+            if found.stale:
+                out.append(found)
+    return out
+
+
+def claimed_cells(root: Path | str, table: str) -> set[str]:
+    """The labels of ``table``'s cells that some claim reads."""
+    data = load(Path(root))
+    if table not in (data.get("tables") or {}):
+        raise ClaimsError(f"claims.yaml: no table {table!r}{nearest(table, data.get('tables') or {})}")
+    return {cell_of(str(label)) for spec in data["claims"] if isinstance(spec, dict) and spec.get("table") == table
+            and not spec.get("pending") for label in (spec.get("cells") or {}).values()}
 
 
 def _check_unit_test(root: Path, ref: str, where: str) -> None:
@@ -481,6 +559,16 @@ from the regenerated text.
 - **post hoc**: the rule took its current form (read from git: the oldest commit since which claims.yaml gives
   it the same rule and cells) after the code of some row it judges (each row records its commit); such a
   rule could have been chosen knowing the numbers. Each claim's details say which.
+- **step 0**: every verdict condition is also evaluated on the untrained models of its cells (each row
+  records their metrics; older tables keep them in `tables/<name>/untrained.json`, written by
+  `zoo claims --untrained <table>`), and the conditions that already hold there are listed. A verdict
+  that the untrained models would already get is **vacuous** and fails `zoo claims --check`, unless one of
+  its conditions reads only cells that must have learned (`learned`) or the claim says why a condition is
+  meant to hold at step 0 (`step0_ok`).
+- **stale by code**: a cell the verdict reads was computed at a commit older than a change to the code of
+  its mixers, kernels or task (compared as syntax trees, so wording, comments and import order do not count;
+  `zoo.experiments.freshness`), and its table does not vouch for that change in `claims.yaml`
+  (`code_changes`: the commit and why it keeps the numbers). Re-running the cell clears it.
 - A verdict needs at least {min_seeds} seeds in every cell its rule reads; with fewer it is
   **not tested (N seeds; needs {min_seeds})**, whatever the numbers say. A claim with no table yet is
   **not tested** with the reason; an exact mathematical property is checked by a unit test instead.
@@ -524,6 +612,22 @@ def render_claims(data: dict, claims: list[Claim]) -> str:
             lines.append(f"- Rule: {c.registration.text}")
             if c.unlearned:
                 lines.append(f"- Nothing learned (no-learning level + {LEARNING_MARGIN}): {'; '.join(c.unlearned)}")
+            if c.step0_missing:
+                lines.append(f"- Step 0: not evaluated for {', '.join(c.step0_missing)} (run `zoo claims --untrained "
+                             f"{s['table']}`)")
+            elif c.vacuous:
+                lines.append(f"- **Vacuous at step 0**: {'; '.join(c.vacuous)}: {'; '.join(c.step0_holds)}")
+            elif c.step0_holds:
+                lines.append(f"- Step 0: the untrained models would not get the verdict; conditions that hold on them: "
+                             f"{'; '.join(c.step0_holds)}")
+            else:
+                lines.append("- Step 0: no verdict condition holds on the untrained models")
+            for text, why in (s.get("step0_ok") or {}).items():
+                lines.append(f"- `{text}` may hold at step 0: {' '.join(why.split())}")
+            if c.stale:
+                lines.append(f"- Stale by code (commits that changed the code of these cells after their rows; re-run "
+                             f"the cells, or vouch for a change in claims.yaml `tables.{s['table']}.code_changes`): "
+                             + "; ".join(x.text() for x in c.stale))
             lines.append("\nRule (conditions on the means over seeds; values as `left op right`):\n")
             for kind in RULE_KINDS:
                 for j, cond in enumerate(c.rule.get(kind, [])):
@@ -655,9 +759,41 @@ def render_tables(data: dict, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_BEGIN = "<!-- results table: generated by zoo claims from claims.yaml and the ledger; do not edit -->"
+README_END = "<!-- end of the generated results table -->"
+
+
+def render_readme_results(data: dict, claims: list[Claim]) -> str:
+    """The README's table of results: each table's question and the ledger's verdicts on it, so the two
+    cannot disagree."""
+    lines = [README_BEGIN, "| table | question | the ledger's verdicts (our numbers: mean over seeds) |", "|---|---|---|"]
+    for table, spec in (data.get("tables") or {}).items():
+        judged = [c for c in claims if c.spec.get("table") == table and not c.spec.get("pending")]
+        answer = "<br>".join(f"`{c.spec['id']}` **{c.verdict}**" + (f": {_our_number(c)}" if _our_number(c) != "-"
+                                                                   else "") for c in judged)
+        lines.append(f"| `tables/{table}` | {_cell(spec.get('question', ''))} | "
+                     f"{_cell(answer) if judged else 'no claim judged here (an exploration): readings in its README'} |")
+    for extra in data.get("other_tables") or []:
+        lines.append(f"| `{extra['folder']}` | {_cell(extra.get('question', ''))} | {_cell(extra.get('note', ''))} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def _readme_with_results(root: Path, data: dict, claims: list[Claim]) -> dict[str, str]:
+    """``{"README.md": text}`` with the generated results table in place, when the README has its markers."""
+    path = root / "README.md"
+    text = path.read_text() if path.is_file() else ""
+    if README_BEGIN not in text or README_END not in text:
+        return {}
+    head, rest = text.split(README_BEGIN, 1)
+    return {"README.md": head + render_readme_results(data, claims) + rest.split(README_END, 1)[1]}
+
+
 # --------------------------------------------------------------------------------------- entry points
-def build(root: Path | str = ".") -> dict[str, str]:
-    """``{relative path: text}`` of every generated file, from claims.yaml and the committed results."""
+def build(root: Path | str = ".", notes: list[str] | None = None,
+          problems: list[str] | None = None) -> dict[str, str]:
+    """``{relative path: text}`` of every generated file, from claims.yaml and the committed results; ``notes``
+    (when given) receives one line per claim whose verdict reads cells that are stale by code."""
     root = Path(root)
     data = load(root)
     for key in ("papers", "tables"):
@@ -671,7 +807,15 @@ def build(root: Path | str = ".") -> dict[str, str]:
             raise ClaimsError(f"claims.yaml: tables.{name}.ray_workers: expected a whole number of workers >= 1 "
                               f"(the runs --executor ray puts side by side), got {workers!r}")
     claims = evaluate_claims(data, root)
-    return {"CLAIMS.md": render_claims(data, claims), "tables/README.md": render_tables(data, root)}
+    if notes is not None:
+        notes.extend(f"{c.spec['id']}: stale by code: {'; '.join(x.text() for x in c.stale)}" for c in claims if c.stale)
+    if problems is not None:
+        problems.extend(f"claims.yaml: {c.spec['id']}: vacuous at step 0: {'; '.join(c.vacuous)}; tighten the rule, "
+                        f"list its cells in learned, or say why in step0_ok" for c in claims if c.vacuous)
+        problems.extend(f"claims.yaml: {c.spec['id']}: no step-0 evaluation of {', '.join(c.step0_missing)}; run "
+                        f"zoo claims --untrained {c.spec['table']}" for c in claims if c.step0_missing)
+    return {"CLAIMS.md": render_claims(data, claims), "tables/README.md": render_tables(data, root),
+            **_readme_with_results(root, data, claims)}
 
 
 def first_difference(old: str, new: str) -> str:
@@ -683,11 +827,11 @@ def first_difference(old: str, new: str) -> str:
     return f"line {min(len(a), len(b)) + 1}: the committed file has {len(a)} lines, the regenerated {len(b)}"
 
 
-def check(root: Path | str = ".") -> list[str]:
+def check(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:
     """One message per generated file that differs from the committed one (empty when all match)."""
     root = Path(root)
-    problems = []
-    for rel, text in build(root).items():
+    problems: list[str] = []
+    for rel, text in build(root, notes, problems).items():
         path = root / rel
         if not path.is_file():
             problems.append(f"{rel}: missing; run zoo claims")
@@ -697,10 +841,10 @@ def check(root: Path | str = ".") -> list[str]:
     return problems
 
 
-def write(root: Path | str = ".") -> list[str]:
+def write(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:
     root = Path(root)
     written = []
-    for rel, text in build(root).items():
+    for rel, text in build(root, notes).items():
         (root / rel).write_text(text)
         written.append(rel)
     return written

@@ -32,6 +32,7 @@ from ..config import Cell
 from ..errors import UserError, error_summary
 from ..training import loop
 from .rows import make_row
+from .untrained import untrained_metrics
 
 RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'
 
@@ -45,9 +46,11 @@ def run_cell(cell: Cell, progress: bool = False, checkpoint_root: str | None = N
     checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
     # `loop.train` is looked up at call time, so a module in a recipe's `imports` may wrap it
     result = loop.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
+    # the untrained model's numbers, so that the ledger can tell a rule that holds before any training
+    step0 = untrained_metrics(recipe)
     # made after training: train.threads may have changed the thread count the row records
     return make_row(recipe, cell.label, result.metrics, overrides=cell.overrides, history=result.history,
-                    host=platform.node())
+                    host=platform.node(), step0_metrics=step0)
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""The numbers a commit's code gives for a table cell, before any training: run inside a checkout of that commit.
+
+Read by :mod:`zoo.experiments.vouch`, which runs this file with the checkout first on ``sys.path`` (so it
+imports that commit's ``zoo``, ``mixers`` and ``kernels``) and compares two commits. For each resolved recipe
+given on stdin (a JSON list) it prints, as JSON: a hash of the task's first training and test sequences, the
+model's loss on them at its seed, the gradient norm of every parameter, the names of the parameters that the
+commit's optimizer decays, and the learning-rate schedule at a few steps. It uses only names that every commit
+since recipes were resolved from mappings has (``zoo.recipes.resolve``, ``zoo.model.HybridLM``) and looks the
+others up in both layouts.
+"""
+import hashlib
+import json
+import sys
+
+import torch
+
+
+def _mapping(plain: dict) -> dict:
+    """A row's resolved recipe as a recipe mapping: per-layer options back inside the layer list."""
+    plain = json.loads(json.dumps(plain))
+    model = plain["model"]
+    options = model.pop("layer_options", None)
+    if options is not None:
+        model["layers"] = [{name: opts} if opts else name for name, opts in zip(model["layers"], options)]
+    return plain
+
+
+def _task(recipe):
+    try:
+        from zoo.tasks import Task
+        return Task.from_spec(recipe.task)
+    except (ImportError, AttributeError):
+        from zoo.train import build_task
+        return build_task(recipe)
+
+
+def _decayed(model, recipe) -> list[str]:
+    try:
+        from zoo.training.optim import param_groups
+    except ImportError:
+        from zoo.train import _param_groups as param_groups
+    decayed = {id(p) for g in param_groups(model, 0.1) if g["weight_decay"] > 0 for p in g["params"]}
+    return sorted(name for name, p in model.named_parameters() if id(p) in decayed)
+
+
+def _schedule(recipe) -> list[float]:
+    try:
+        from zoo.training.optim import lr_at
+    except ImportError:
+        from zoo.train import lr_at
+    steps = recipe.train.steps
+    return [round(lr_at(s, recipe), 12) for s in sorted({0, 1, steps // 4, steps // 2, steps - 1, steps})]
+
+
+def probe(plain: dict) -> dict:
+    from zoo.model import HybridLM
+    from zoo.recipes import resolve
+    recipe = resolve(_mapping(plain))
+    task = _task(recipe)
+    train, test = task.make("train", recipe.seed), task.make("test", recipe.seed)
+    batch = train.batch(torch.arange(min(8, len(train))))
+    digest = hashlib.sha256()
+    for data in (batch, test.batch(torch.arange(min(8, len(test))))):
+        for tensor in (data.inputs, data.labels, data.mask):
+            if tensor is not None:
+                digest.update(tensor.numpy().tobytes())
+    torch.manual_seed(recipe.seed)
+    model = HybridLM.from_recipe(recipe, task.vocab_size)
+    logits = model(batch.inputs, mask=batch.mask)
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1),
+                                             ignore_index=-100)
+    loss.backward()
+    grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
+    return {"data": digest.hexdigest(), "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
+            "schedule": _schedule(recipe)}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    out = []
+    for plain in json.load(sys.stdin):
+        try:
+            out.append(probe(plain))
+        except Exception as err:  # noqa: BLE001 - an older commit may not know a recipe field: reported, compared as such
+            out.append({"error": f"{type(err).__name__}: {err}"[:300]})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

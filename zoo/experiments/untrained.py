@@ -1,0 +1,83 @@
+"""Step-0 evaluation: the metrics of a table cell's model before its first optimizer step.
+
+A rule that already holds on untrained models says nothing about training: "GKA is within 0.02 of GLA" is
+true of two models that both guess. The ledger evaluates every verdict condition on these numbers too and
+flags a condition that holds at step 0 (:mod:`zoo.experiments.claims`).
+
+The untrained model of a row is built exactly as training builds it (``torch.manual_seed(seed)``, then the
+model from the row's resolved recipe) and evaluated by the end-of-run evaluation
+(:func:`zoo.training.evaluation.test_metrics`) on the same test data. The numbers are stored per table in
+``tables/<name>/untrained.json`` (``{"commit": ..., "cells": {label: {seed: metrics}}}``), written by
+``zoo claims --untrained <table>``.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ..config import Recipe
+from ..model import HybridLM
+from ..recipes import recipe_mapping, resolve
+from ..tasks import Task
+from ..training.evaluation import resolve_device, test_metrics
+from .results import group_by_cell
+from .rows import read_rows
+
+FILENAME = "untrained.json"
+
+
+def untrained_metrics(recipe: Recipe | dict) -> dict:
+    """The end-of-run metrics of the recipe's model at step 0, in fp32 (a row's plain recipe is resolved)."""
+    if isinstance(recipe, dict):
+        recipe = resolve(recipe_mapping(recipe))
+    task = Task.from_spec(recipe.task)
+    device = resolve_device(recipe.train.device)
+    torch.manual_seed(recipe.seed)
+    model = HybridLM.from_recipe(recipe, task.vocab_size).to(device)
+    return test_metrics(model, recipe, task, device, "fp32")
+
+
+def row_metrics(row: dict) -> dict | None:
+    """The step-0 metrics a row recorded (rows of this version record them; older rows do not)."""
+    return row.get("step0_metrics")
+
+
+def path_of(root: Path, table: str) -> Path:
+    return root / "tables" / table / FILENAME
+
+
+def load(root: Path, table: str) -> dict[str, dict[int, dict]]:
+    """``{label: {seed: metrics}}`` of a table's step-0 evaluation: what its rows recorded, else what
+    ``untrained.json`` holds for the older rows (empty when neither has any)."""
+    path = path_of(root, table)
+    cells = json.loads(path.read_text()).get("cells") or {} if path.is_file() else {}
+    out = {label: {int(seed): m for seed, m in seeds.items()} for label, seeds in cells.items()}
+    rows = root / "tables" / table / "results.jsonl"
+    for label, cell_rows in (group_by_cell(read_rows(rows)) if rows.is_file() else {}).items():
+        for row in cell_rows:
+            if row_metrics(row) is not None:
+                out.setdefault(label, {})[int(row["recipe"]["seed"])] = row_metrics(row)
+    return out
+
+
+def write(root: Path, table: str, labels: set[str] | None = None, threads: int = 1) -> Path:
+    """Evaluate the untrained model of every row of ``table`` (of the cells ``labels``, if given) and write
+    ``untrained.json``; cells already evaluated are kept."""
+    torch.set_num_threads(threads)
+    found = load(root, table)
+    for label, rows in group_by_cell(read_rows(root / "tables" / table / "results.jsonl")).items():
+        if labels is not None and label not in labels:
+            continue
+        for row in rows:
+            seed = int(row["recipe"]["seed"])
+            if seed not in found.get(label, {}):
+                found.setdefault(label, {})[seed] = untrained_metrics(row["recipe"])
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    path = path_of(root, table)
+    cells = {label: {str(s): found[label][s] for s in sorted(found[label])} for label in sorted(found)}
+    path.write_text(json.dumps({"commit": commit, "cells": cells}, indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,129 @@
+"""Evidence that a code change keeps a table's numbers, so that it does not make the table stale by code.
+
+``zoo claims --vouch <table>`` checks out the commit of each stale cell's rows (``git worktree``) and runs
+:mod:`zoo.experiments.probe` there and in the current checkout (committed, clean) on one row of the cell.
+The code changes in between keep the cell's numbers when both generate the same task data (the same bytes),
+decay the same parameters, follow the same learning-rate schedule, and give the untrained model the same
+loss (within :data:`LOSS_RTOL`) and the same gradient norm for every parameter (within :data:`GRAD_RTOL`) on
+that data: they are then refactors up to fp32 rounding. Rounding differences can still move a training run a
+little, so a re-run may differ from the committed row in its last digits; no bit-equality is claimed.
+
+The outcome is written to ``tables/<name>/code_changes.json``
+(``{cell label: {row commit: {"until": commit, "outcome": "keeps" or why not}}}``) and read by
+:mod:`zoo.experiments.freshness`: a cell's changes up to ``until`` are vouched for when the outcome is "keeps".
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+from .freshness import CODE_PATHS, cell_staleness
+from .results import group_by_cell
+from .rows import read_rows
+
+FILENAME = "code_changes.json"
+LOSS_RTOL = 1e-6
+GRAD_RTOL = 1e-5
+KEEPS = "keeps"
+PROBE = Path(__file__).with_name("probe.py")
+
+
+def path_of(root: Path, table: str) -> Path:
+    return root / "tables" / table / FILENAME
+
+
+def load(root: Path, table: str) -> dict[str, dict[str, str]]:
+    path = path_of(root, table)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _run_probe(checkout: Path, recipes: list[dict]) -> list[dict]:
+    done = subprocess.run([sys.executable, "-c", PROBE.read_text()], input=json.dumps(recipes), cwd=checkout,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"})
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [{"error": f"the probe failed at this commit: {tail}"}] * len(recipes)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _close(a: float, b: float, rtol: float) -> bool:
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-12)
+
+
+def compare(before: dict, after: dict) -> str:
+    """``"keeps"``, or the first difference between two probes of one cell."""
+    for name, probe in (("parent", before), ("commit", after)):
+        if "error" in probe:
+            return f"not comparable ({name}: {probe['error']})"
+    if before["data"] != after["data"]:
+        return "the task data differ"
+    if before.get("schedule") != after.get("schedule"):
+        return "the learning-rate schedule differs"
+    if before["decayed"] != after["decayed"]:
+        changed = sorted(set(before["decayed"]) ^ set(after["decayed"]))
+        return f"weight decay differs for {', '.join(changed[:3])}"
+    if not _close(before["loss"], after["loss"], LOSS_RTOL):
+        return f"the loss differs ({before['loss']!r} vs {after['loss']!r})"
+    if set(before["grads"]) != set(after["grads"]):
+        return "the parameters differ"
+    for name, g in before["grads"].items():
+        if not _close(g, after["grads"][name], GRAD_RTOL):
+            return f"the gradient of {name} differs ({g:.6g} vs {after['grads'][name]:.6g})"
+    return KEEPS
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, dict]]:
+    """``{row commit: {label: one row}}`` of the table's stale cells."""
+    out: dict[str, dict[str, dict]] = {}
+    for label, rows in group_by_cell(read_rows(root / "tables" / table / "results.jsonl")).items():
+        if cell_staleness(root, label, rows, {}, recorded).stale:
+            for row in rows:
+                commit = (row.get("versions") or {}).get("git") or ""
+                out.setdefault(commit, {}).setdefault(label, row)
+    return out
+
+
+def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
+    """Probe every stale cell of ``tables`` at its rows' commit and at the checkout, record the outcomes in
+    each table's ``code_changes.json`` and return ``{table: {label: outcome}}``."""
+    head = _git(root, "rev-parse", "HEAD")
+    if _git(root, "status", "--porcelain", "--", *CODE_PATHS):
+        raise UserError("zoo claims --vouch: the code has uncommitted changes; commit them first, so that what is "
+                        "vouched for is a commit")
+    work = Path(tempfile.mkdtemp(prefix="zoo-vouch-"))
+    found: dict[str, dict[str, str]] = {}
+    try:
+        todo = {t: _stale_rows(root, t, load(root, t)) for t in tables}
+        for commit in sorted({c for rows in todo.values() for c in rows}):
+            jobs = [(t, label, row) for t, rows in todo.items() for label, row in rows.get(commit, {}).items()]
+            recipes = [row["recipe"] for _, _, row in jobs]
+            checkout = work / commit
+            try:
+                _git(root, "worktree", "add", "--detach", "--quiet", str(checkout), commit)
+                before = _run_probe(checkout, recipes)
+            except subprocess.CalledProcessError:
+                before = [{"error": f"commit {commit} is not in this history"}] * len(jobs)
+            after = _run_probe(root, recipes)
+            full = _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}") if "error" not in before[0] else commit
+            for (table, label, _), b, a in zip(jobs, before, after):
+                outcome = compare(b, a)
+                found.setdefault(table, {})[label] = outcome
+                record = load(root, table)
+                record.setdefault(label, {})[full] = {"until": head, "outcome": outcome}
+                path_of(root, table).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        return found
+    finally:
+        for checkout in work.iterdir():
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(checkout)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
