@@ -10,6 +10,7 @@ others up in both layouts.
 """
 import hashlib
 import json
+import os
 import sys
 
 import torch
@@ -76,7 +77,18 @@ def probe(plain: dict) -> dict:
             "schedule": _schedule(recipe)}
 
 
+def _only_this_checkout() -> None:
+    """Import nothing of the zoo from anywhere but the checkout in the working folder: an editable install's
+    import hook would otherwise fill a module this commit lacks (e.g. a later layout's) from another tree."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+    import zoo
+    here = os.path.realpath(os.getcwd())
+    if not os.path.realpath(zoo.__file__).startswith(here + os.sep):
+        raise SystemExit(f"the probe imported zoo from {zoo.__file__}, not from the checkout {here}")
+
+
 def main() -> None:
+    _only_this_checkout()
     torch.set_num_threads(1)
     out = []
     for plain in json.load(sys.stdin):
