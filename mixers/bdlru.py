@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.blockscan import block_scan, block_scan_step
+
 from .base import Mixer, State, register_mixer
-from .layers import at_least_fp32
+from .layers import at_least_fp32, no_weight_decay
 from .options import opt
 
 
@@ -65,8 +66,12 @@ class BDLRU(Mixer):
         if o.selective:
             self.a_proj = nn.Linear(d_model, self.N * m * (m + 1), bias=True)
             nn.init.zeros_(self.a_proj.bias)
+            no_weight_decay(self.a_proj, "bias")
         else:
             self.a_logits = nn.Parameter(torch.empty(self.N, m, m + 1))
+            # the input-independent transition is the selective variant's bias (W_a = 0), undecayed like it:
+            # decay would pull every row towards the uniform average 1/(m+1), not towards a smaller function
+            no_weight_decay(self, "a_logits")
         self.out_proj = nn.Linear(self.N * m, d_model, bias=False)
         with torch.no_grad():
             for p in self.parameters():

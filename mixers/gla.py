@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from kernels.gla import gla, gla_step
+
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay
 from .options import opt
 
 
@@ -50,10 +51,12 @@ class GatedRegressionBlock(Mixer):
         self.conv = ShortConv(self.qkv_dim, o.conv_size)
         if o.beta_gate:
             self.beta_proj = nn.Linear(d_model, h, bias=True)
+            no_weight_decay(self.beta_proj, "bias")
         if o.forget_gate:
             self.gate = DecayGate(d_model, h)
         if self.has_alpha and o.alpha_connection:
             self.alpha_proj = nn.Linear(d_model, h, bias=True)
+            no_weight_decay(self.alpha_proj, "bias")
         self.z_proj = nn.Linear(d_model, h * d, bias=False)
         self.norm = GatedRMSNorm(d)
         self.out_proj = nn.Linear(h * d, d_model, bias=False)

@@ -34,17 +34,16 @@ Options:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.blockscan import (block_scan, block_scan_step, jordan_scan, jordan_scan_normed, jordan_step,
-                               jordan_step_normed)
+from kernels.blockscan import block_scan, block_scan_step, jordan_scan, jordan_scan_normed, jordan_step, jordan_step_normed
+
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, at_least_fp32
+from .layers import DecayGate, at_least_fp32, no_weight_decay
 from .options import opt
 
 
@@ -65,7 +64,8 @@ class Jordan(Mixer):
     class Options:
         block_size: int = opt(4, "block size m of the Jordan blocks", at_least=1)
         n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)", at_least=1)
-        decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), Mamba-2 gate",
+        decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), "
+                                      "Mamba-2 gate",
                          choices=("fixed", "selective"))
         rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho), in (0, 1)")
         init: str = opt("defective", "transition at init: diagonal (c=0), defective (c=1), hippo (dense HiPPO-LegS block)",
@@ -115,12 +115,16 @@ class Jordan(Mixer):
         if o.state_norm != "none":
             self.norm_weight = nn.Parameter(torch.ones(self.N, m))
             self.norm_bias = nn.Parameter(torch.zeros(self.N, m))
+            no_weight_decay(self, "norm_weight", "norm_bias")  # LayerNorm gain and bias, one per block
 
     def _param_or_buffer(self, name, value, learn):
         if learn:
             setattr(self, name, nn.Parameter(value))
         else:
             self.register_buffer(name, value)
+        # the coupling c and the dense HiPPO block are the transition under study: decay would pull them
+        # towards c = 0 (diagonal) or A = 0 (no memory), i.e. towards another model, not a smaller one
+        no_weight_decay(self, name)
 
     # --- pieces ---------------------------------------------------------------------------------
     def decay(self, x: torch.Tensor) -> torch.Tensor:

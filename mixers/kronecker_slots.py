@@ -63,8 +63,9 @@ from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype, full_precision
 from kernels.slots import kronecker_topk, slot_memory, slot_step
+
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv
+from .layers import GatedRMSNorm, ShortConv, no_weight_decay
 from .options import opt
 
 _POS_FEATURES = 16
@@ -83,7 +84,8 @@ def _positions(start, T, device, dtype):
 class KroneckerSlots(Mixer):
     name = "kronecker_slots"
     description = "Kronecker-addressed sparse slot memory (RAM-Net): top-K of M = d_p^U slots, power-decay EMA"
-    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads [+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
+    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads "
+                     "[+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
                      "(constant in T; per token 2 top_k (d_v + 1) per head + conv touched)")
 
     @dataclass
@@ -149,6 +151,7 @@ class KroneckerSlots(Mixer):
             self.pos_proj = nn.Linear(_POS_FEATURES, 2 * a, bias=False)
             nn.init.zeros_(self.pos_proj.weight)
         self.gamma_raw = nn.Parameter(torch.full((h,), math.log(math.expm1(o.gamma_init))))
+        no_weight_decay(self, "gamma_raw")  # the forgetting power of the slot EMA (a decay rate)
         self.norm = GatedRMSNorm(dv)
         self.out_proj = nn.Linear(h * dv, d_model, bias=False)
 

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from kernels.ssd import ssd, ssd_step
+
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
 from .options import opt
 
 
@@ -57,6 +58,7 @@ class Mamba2(Mixer):
         self.gate = DecayGate(d_model, self.n_heads)  # the dt part of the input projection
         self.conv = ShortConv(self.conv_dim, o.d_conv)
         self.D = nn.Parameter(torch.ones(self.n_heads))
+        no_weight_decay(self, "D")  # the skip gain, undecayed as in mamba-ssm (A_log, dt_bias: DecayGate)
         self.norm = GatedRMSNorm(self.d_inner)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import StateMixer, register_state_mixer
+from .layers import no_weight_decay
 from .options import opt
 
 
@@ -48,7 +49,8 @@ class SwiGLU(StateMixer):
 @register_state_mixer
 class KoopmanMLP(StateMixer):
     name = "koopman_mlp"
-    description = "Spectral Koopman MLP (Echo): lift, SiLU, per-pair complex eigenvalue rotation-scale (|lambda|<=1), readout"
+    description = ("Spectral Koopman MLP (Echo): lift, SiLU, per-pair complex eigenvalue rotation-scale "
+                   "(|lambda|<=1), readout")
 
     @dataclass
     class Options:
@@ -67,6 +69,11 @@ class KoopmanMLP(StateMixer):
         # eigenvalues start near the unit circle with spread frequencies
         self.log_modulus = nn.Parameter(torch.full((pairs,), -0.05))
         self.theta = nn.Parameter(torch.linspace(0, math.pi, pairs))
+        if options.layer_norm:
+            no_weight_decay(self.norm, "weight", "bias")
+        no_weight_decay(self.lift, "bias")
+        # the eigenvalues rho e^{i theta}: decay would pull |lambda| to 1 and every frequency to 0
+        no_weight_decay(self, "log_modulus", "theta")
 
     def forward(self, x):
         h = F.silu(self.lift(self.norm(x)))

@@ -48,8 +48,9 @@ import torch
 from torch import nn
 
 from kernels.ska import ska, ska_final_state, ska_init_state, ska_step
+
 from .base import Mixer, State, register_mixer
-from .layers import compute_dtype
+from .layers import compute_dtype, no_weight_decay
 from .options import opt
 
 
@@ -112,6 +113,9 @@ class SKA(Mixer):
         self.o_proj = nn.Linear(H * self.P, d_model, bias=False)
         self.gamma = nn.Parameter(torch.ones(H))
         self.eta = nn.Parameter(torch.tensor(float(o.eta_init)))
+        # gains: gamma scales the spectrum of the operator (clamped to [1, gamma_max]) and eta the output;
+        # decay would pull them towards 0, outside gamma's clamp and towards a silent layer
+        no_weight_decay(self, "gamma", "eta")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
