@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.blockscan import block_scan, block_scan_step
+from kernels.blockscan import BACKENDS, block_scan, block_scan_step
 
 from .base import Mixer, State, register_mixer
 from .layers import at_least_fp32, no_weight_decay
-from .options import opt
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -49,7 +49,7 @@ class BDLRU(Mixer):
         selective: bool = opt(True, "transition logits from the input (W_a x + b) instead of a learned constant")
         init_std: float = opt(0.02, "std of the normal initialisation of every weight", above=0.0)
         chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+        backend: str = backend_opt(BACKENDS)
 
     contract_options = {"n_blocks": 4, "block_size": 3, "chunk_size": 8}
 

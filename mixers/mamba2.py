@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.ssd import ssd, ssd_step
+from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
-from .options import opt
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -30,18 +30,14 @@ class Mamba2(Mixer):
 
     @dataclass
     class Options:
-        d_state: int = opt(64, "state size N per head")
-        headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)")
-        expand: int = opt(2, "inner width = expand * d_model")
-        d_conv: int = opt(4, "short causal convolution width")
-        chunk_size: int = opt(32, "chunk length of the chunked scan (32 measured fastest on a CPU; 64-256 on a GPU)")
-        backend: str = opt("auto", "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, CUDA only)",
-                           choices=("auto", "reference", "torch", "triton", "mamba_ssm"))
-
-        def __post_init__(self):
-            for field in ("d_state", "headdim", "expand", "d_conv", "chunk_size"):
-                if getattr(self, field) <= 0:
-                    raise ValueError(f"{field} must be positive")
+        d_state: int = opt(64, "state size N per head", at_least=1)
+        headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)", at_least=1)
+        expand: int = opt(2, "inner width = expand * d_model", at_least=1)
+        d_conv: int = opt(4, "short causal convolution width", at_least=1)
+        chunk_size: int = opt(32, "chunk length of the chunked scan (32 measured fastest on a CPU; 64-256 on a GPU)",
+                              at_least=1)
+        backend: str = backend_opt(BACKENDS, "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, "
+                                             "CUDA only)")
 
     contract_options = {"d_state": 8, "headdim": 16, "chunk_size": 8}
 

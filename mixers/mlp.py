@@ -32,8 +32,8 @@ class SwiGLU(StateMixer):
 
     @dataclass
     class Options:
-        mult: float = opt(8 / 3, "hidden width as a multiple of d_model")
-        multiple_of: int = opt(16, "round the hidden width up to a multiple of this")
+        mult: float = opt(8 / 3, "hidden width as a multiple of d_model", above=0.0)
+        multiple_of: int = opt(16, "round the hidden width up to a multiple of this", at_least=1)
 
     def __init__(self, d_model, options):
         super().__init__(d_model, options)
@@ -54,8 +54,8 @@ class KoopmanMLP(StateMixer):
 
     @dataclass
     class Options:
-        mult: float = opt(2.67, "lifted width d_k as a multiple of d_model")
-        multiple_of: int = opt(64, "round d_k up to a multiple of this (even)")
+        mult: float = opt(2.67, "lifted width d_k as a multiple of d_model", above=0.0)
+        multiple_of: int = opt(64, "round d_k up to a multiple of this (then up to even)", at_least=1)
         layer_norm: bool = opt(True, "apply the MLP's own LayerNorm before the lift")
 
     def __init__(self, d_model, options):
