@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attention import attention
+from kernels.attention import BACKENDS, attention
+
 from .base import Mixer, State, register_mixer
 from .layers import compute_dtype
-from .options import opt
+from .options import backend_opt, opt
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -38,14 +39,10 @@ class Attention(Mixer):
 
     @dataclass
     class Options:
-        n_heads: int = opt(4, "number of heads")
-        head_dim: int | None = opt(None, "per-head dimension (default d_model / n_heads)")
-        rope_base: float = opt(10000.0, "RoPE base frequency")
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton", "flash_attn"))
-
-        def __post_init__(self):
-            if self.n_heads <= 0:
-                raise ValueError("n_heads must be positive")
+        n_heads: int = opt(4, "number of heads", at_least=1)
+        head_dim: int | None = opt(None, "per-head dimension, even (default d_model / n_heads)", at_least=2)
+        rope_base: float = opt(10000.0, "RoPE base frequency", above=0.0)
+        backend: str = backend_opt(BACKENDS)
 
     state_grows_with_seq_len = True  # the KV cache
     contract_options = {"n_heads": 2}

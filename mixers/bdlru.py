@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.blockscan import block_scan, block_scan_step
+from kernels.blockscan import BACKENDS, block_scan, block_scan_step
+
 from .base import Mixer, State, register_mixer
-from .layers import at_least_fp32
-from .options import opt
+from .layers import at_least_fp32, no_weight_decay
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -48,7 +49,7 @@ class BDLRU(Mixer):
         selective: bool = opt(True, "transition logits from the input (W_a x + b) instead of a learned constant")
         init_std: float = opt(0.02, "std of the normal initialisation of every weight", above=0.0)
         chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+        backend: str = backend_opt(BACKENDS)
 
     contract_options = {"n_blocks": 4, "block_size": 3, "chunk_size": 8}
 
@@ -65,8 +66,12 @@ class BDLRU(Mixer):
         if o.selective:
             self.a_proj = nn.Linear(d_model, self.N * m * (m + 1), bias=True)
             nn.init.zeros_(self.a_proj.bias)
+            no_weight_decay(self.a_proj, "bias")
         else:
             self.a_logits = nn.Parameter(torch.empty(self.N, m, m + 1))
+            # the input-independent transition is the selective variant's bias (W_a = 0), undecayed like it:
+            # decay would pull every row towards the uniform average 1/(m+1), not towards a smaller function
+            no_weight_decay(self, "a_logits")
         self.out_proj = nn.Linear(self.N * m, d_model, bias=False)
         with torch.no_grad():
             for p in self.parameters():

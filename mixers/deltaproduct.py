@@ -29,12 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.delta import delta_product, delta_product_step
+from kernels.delta import BACKENDS, delta_product, delta_product_step
+
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
-from .options import opt
+from .options import backend_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
                   "  (constant in T)")
@@ -48,26 +49,18 @@ class DeltaProduct(Mixer):
 
     @dataclass
     class Options:
-        n_heads: int = opt(4, "number of heads")
-        head_dim: int | None = opt(None, "key = value dimension per head (default d_model / n_heads)")
-        num_householder: int = opt(2, "Householder steps n_h per token (1 = DeltaNet)")
+        n_heads: int = opt(4, "number of heads", at_least=1)
+        head_dim: int | None = opt(None, "key = value dimension per head (default d_model / n_heads)", at_least=1)
+        num_householder: int = opt(2, "Householder steps n_h per token (1 = DeltaNet)", at_least=1)
         allow_neg_eigval: bool = opt(True, "beta in (0, 2) instead of (0, 1): eigenvalues of I - beta k k^T in (-1, 1)")
         use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")
         use_short_conv: bool = opt(True, "causal depthwise conv + SiLU on q, k, v (else SiLU only)")
-        conv_size: int = opt(4, "short convolution width")
+        conv_size: int = opt(4, "short convolution width", at_least=1)
         chunk_size: int = opt(32, "chunk length of the chunked kernel (does not change the result; 32 measured "
-                                  "fastest on a CPU)")
-        norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm")
-        backend: str = opt("auto", "kernel backend (fla: flash-linear-attention's chunked delta rule / product, "
-                           "CUDA only)",
-                           choices=("auto", "reference", "torch", "triton", "fla"))
-
-        def __post_init__(self):
-            for field in ("n_heads", "num_householder", "conv_size", "chunk_size"):
-                if getattr(self, field) <= 0:
-                    raise ValueError(f"{field} must be a positive integer, got {getattr(self, field)}")
-            if self.head_dim is not None and self.head_dim <= 0:
-                raise ValueError(f"head_dim must be positive (or null for d_model / n_heads), got {self.head_dim}")
+                                  "fastest on a CPU)", at_least=1)
+        norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm", above=0.0)
+        backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunked delta rule / "
+                                             "product, CUDA only)")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 
@@ -196,7 +189,7 @@ class DeltaNet(DeltaProduct):
 
     @dataclass
     class Options(DeltaProduct.Options):
-        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)")
+        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)", at_least=1)
         use_forget_gate: bool = opt(False, "Mamba-2 style per-head log forget gate applied once per token")
 
 
@@ -207,5 +200,5 @@ class GatedDeltaNet(DeltaProduct):
 
     @dataclass
     class Options(DeltaProduct.Options):
-        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)")
+        num_householder: int = opt(1, "Householder steps n_h per token (1 = DeltaNet)", at_least=1)
         use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")

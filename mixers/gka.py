@@ -12,7 +12,8 @@
 
 "Gated KalmaNet" (GKA, arXiv 2511.21016; Fig. 4, Sec. 4 and Appendix D). ``num_iter = 0`` skips the solve
 (``x = q``) and is exactly :mod:`mixers.gla` with the same weights. ``num_iter`` is a declared test-time knob:
-evaluation may run a trained model with another iteration count (accuracy vs r without retraining). ``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
+evaluation may run a trained model with another iteration count (accuracy vs r without retraining).
+``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
 steps; its inner products make it fragile in low precision) or an exact solve (materialises every
 ``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the paper's exact
 reverse-Chebyshev Algorithm 2, or autograd through the unrolled iterations). The core is
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.gka import gka, gka_step
+from kernels.gka import BACKENDS, gka, gka_step
+
 from .base import register_mixer
 from .gla import GatedRegressionBlock
-from .options import opt
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -40,37 +42,29 @@ class GKA(GatedRegressionBlock):
 
     @dataclass
     class Options:
-        n_heads: int = opt(4, "number of heads")
-        head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)")
-        ridge_a: float = opt(0.02, "adaptive ridge lambda_t = ridge_a * ||H_t||_F + ridge_eps")
-        ridge_eps: float = opt(1e-6, "absolute ridge floor (keeps the system solvable when H_t = 0)")
+        n_heads: int = opt(4, "number of heads", at_least=1)
+        head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)", at_least=1)
+        ridge_a: float = opt(0.02, "adaptive ridge lambda_t = ridge_a * ||H_t||_F + ridge_eps", at_least=0.0)
+        ridge_eps: float = opt(1e-6, "absolute ridge floor (keeps the system solvable when H_t = 0)", at_least=0.0)
         num_iter: int = opt(30, "solver iterations (0 = no solve: gated linear attention); a test-time knob: "
-                                "evaluation may use another count without retraining")
+                                "evaluation may use another count without retraining", at_least=0)
         alpha_connection: bool = opt(True, "q~ = q + alpha (x - q) with a sigmoid gate (off: q~ = x)")
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t shared by H and U (off: g = 0)")
-        conv_size: int = opt(4, "causal short-convolution width on q, k, v")
-        chunk_size: int = opt(32, "chunk length of the chunked form (32 measured fastest on a CPU)")
+        conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
+        chunk_size: int = opt(32, "chunk length of the chunked form (32 measured fastest on a CPU)", at_least=1)
         solver: str = opt("chebyshev", "linear solver: chebyshev (paper), cg (conjugate gradients, "
                                        "MesaNet-style) or exact (torch.linalg.solve on materialised H_t)",
                           choices=("chebyshev", "cg", "exact"))
         grad: str = opt("implicit", "backward through the solve: implicit differentiation, the paper's exact "
                                     "reverse Chebyshev (Algorithm 2), or autograd through the iterations",
                         choices=("implicit", "reverse_chebyshev", "autograd"))
-        backend: str = opt("auto", "kernel backend (triton: Chebyshev solver only)",
-                           choices=("auto", "reference", "torch", "triton"))
+        backend: str = backend_opt(BACKENDS, "kernel backend (triton: Chebyshev solver only)")
 
         def __post_init__(self):
-            for f in ("n_heads", "conv_size", "chunk_size"):
-                if getattr(self, f) <= 0:
-                    raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
-            if self.head_dim is not None and self.head_dim <= 0:
-                raise ValueError(f"head_dim must be positive or None, got {self.head_dim}")
-            if self.num_iter < 0:
-                raise ValueError(f"num_iter must be >= 0 (0 = gated linear attention), got {self.num_iter}")
-            if self.ridge_a < 0 or self.ridge_eps < 0 or (self.ridge_a == 0 and self.ridge_eps == 0):
-                raise ValueError("the ridge must make H + lambda I positive definite: use ridge_a >= 0 and "
-                                 "ridge_eps >= 0, not both 0 (default ridge_a=0.02, ridge_eps=1e-6)")
+            if self.ridge_a == 0 and self.ridge_eps == 0:
+                raise ValueError("the ridge must make H + lambda I positive definite: ridge_a and ridge_eps "
+                                 "cannot both be 0 (default ridge_a=0.02, ridge_eps=1e-6)")
             if self.grad == "reverse_chebyshev" and self.solver != "chebyshev":
                 raise ValueError(f"grad='reverse_chebyshev' reverses the Chebyshev iteration; with solver="
                                  f"{self.solver!r} use grad='implicit' or grad='autograd'")

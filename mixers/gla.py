@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.gla import gla, gla_step
+from kernels.gla import BACKENDS, gla, gla_step
+
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype
-from .options import opt
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay
+from .options import backend_opt, opt
 
 
 class GatedRegressionBlock(Mixer):
@@ -50,10 +51,12 @@ class GatedRegressionBlock(Mixer):
         self.conv = ShortConv(self.qkv_dim, o.conv_size)
         if o.beta_gate:
             self.beta_proj = nn.Linear(d_model, h, bias=True)
+            no_weight_decay(self.beta_proj, "bias")
         if o.forget_gate:
             self.gate = DecayGate(d_model, h)
         if self.has_alpha and o.alpha_connection:
             self.alpha_proj = nn.Linear(d_model, h, bias=True)
+            no_weight_decay(self.alpha_proj, "bias")
         self.z_proj = nn.Linear(d_model, h * d, bias=False)
         self.norm = GatedRMSNorm(d)
         self.out_proj = nn.Linear(h * d, d_model, bias=False)
@@ -115,24 +118,14 @@ class GLA(GatedRegressionBlock):
 
     @dataclass
     class Options:
-        n_heads: int = opt(4, "number of heads")
-        head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)")
+        n_heads: int = opt(4, "number of heads", at_least=1)
+        head_dim: int | None = opt(None, "key/value dimension per head (None: d_model // n_heads)", at_least=1)
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
-        conv_size: int = opt(4, "causal short-convolution width on q, k, v")
-        chunk_size: int = opt(64, "chunk length of the chunked form")
-        backend: str = opt("auto", "kernel backend (gla has reference, torch and fla: flash-linear-attention's "
-                           "chunk_simple_gla, CUDA only; triton is not implemented)",
-                           choices=("auto", "reference", "torch", "triton", "fla"))
-
-        def __post_init__(self):
-            for f in ("n_heads", "conv_size", "chunk_size"):
-                if getattr(self, f) <= 0:
-                    raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
-            if self.head_dim is not None and self.head_dim <= 0:
-                raise ValueError(f"head_dim must be positive or None, got {self.head_dim}")
-            if self.backend == "triton":
-                raise ValueError("gla has no Triton kernel; use backend='auto' or 'torch' (chunked PyTorch)")
+        conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
+        chunk_size: int = opt(64, "chunk length of the chunked form", at_least=1)
+        backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunk_simple_gla, "
+                                             "CUDA only; no Triton kernel of its own: auto runs torch on CUDA)")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 

@@ -34,18 +34,26 @@ Options:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.blockscan import (block_scan, block_scan_step, jordan_scan, jordan_scan_normed, jordan_step,
-                               jordan_step_normed)
+from kernels.blockscan import (
+    BACKENDS,
+    block_scan,
+    block_scan_step,
+    jordan_scan,
+    jordan_scan_normed,
+    jordan_step,
+    jordan_step_normed,
+    jordan_transition,
+)
+
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, at_least_fp32
-from .options import opt
+from .layers import DecayGate, at_least_fp32, no_weight_decay
+from .options import backend_opt, opt
 
 
 def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
@@ -65,9 +73,10 @@ class Jordan(Mixer):
     class Options:
         block_size: int = opt(4, "block size m of the Jordan blocks", at_least=1)
         n_blocks: int | None = opt(None, "number of blocks N (default d_model // block_size)", at_least=1)
-        decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), Mamba-2 gate",
+        decay: str = opt("selective", "lam_t: 'fixed' = rho (time-invariant, the paper) or 'selective' = exp(g_t), "
+                                      "Mamba-2 gate",
                          choices=("fixed", "selective"))
-        rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho), in (0, 1)")
+        rho: float = opt(0.9, "the fixed decay lam (decay=fixed) and the HiPPO step (1 - rho)", above=0.0, below=1.0)
         init: str = opt("defective", "transition at init: diagonal (c=0), defective (c=1), hippo (dense HiPPO-LegS block)",
                         choices=("diagonal", "defective", "hippo"))
         learn_transition: bool = opt(True, "learn the coupling c (or the dense HiPPO block)")
@@ -76,11 +85,9 @@ class Jordan(Mixer):
                               choices=("none", "step", "readout"))
         norm_eps: float = opt(1e-5, "LayerNorm epsilon", above=0.0)
         chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
+        backend: str = backend_opt(BACKENDS)
 
         def __post_init__(self):
-            if not 0.0 < self.rho < 1.0:
-                raise ValueError(f"rho must be in (0, 1), got {self.rho}")
             if self.init == "hippo" and self.decay != "fixed":
                 raise ValueError("init=hippo is the paper's time-invariant block: set decay=fixed (or use "
                                  "init=diagonal/defective with decay=selective)")
@@ -115,12 +122,16 @@ class Jordan(Mixer):
         if o.state_norm != "none":
             self.norm_weight = nn.Parameter(torch.ones(self.N, m))
             self.norm_bias = nn.Parameter(torch.zeros(self.N, m))
+            no_weight_decay(self, "norm_weight", "norm_bias")  # LayerNorm gain and bias, one per block
 
     def _param_or_buffer(self, name, value, learn):
         if learn:
             setattr(self, name, nn.Parameter(value))
         else:
             self.register_buffer(name, value)
+        # the coupling c and the dense HiPPO block are the transition under study: decay would pull them
+        # towards c = 0 (diagonal) or A = 0 (no memory), i.e. towards another model, not a smaller one
+        no_weight_decay(self, name)
 
     # --- pieces ---------------------------------------------------------------------------------
     def decay(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,9 +146,7 @@ class Jordan(Mixer):
         lam = self.decay(x)
         if self.options.init == "hippo":
             return self.transition.to(lam.dtype).expand(*lam.shape, self.m, self.m)
-        eye = torch.eye(self.m, dtype=lam.dtype, device=lam.device)
-        shift = torch.diag(torch.ones(self.m - 1, dtype=lam.dtype, device=lam.device), 1)
-        return lam[..., None, None] * eye + self.coupling.to(lam.dtype)[:, None, None] * shift
+        return jordan_transition(lam, self.coupling.to(lam.dtype), self.m)
 
     def _layer_norm(self, h):
         w, b = self.norm_weight.to(h.dtype), self.norm_bias.to(h.dtype)

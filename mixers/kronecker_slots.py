@@ -62,12 +62,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype, full_precision
-from kernels.slots import kronecker_topk, slot_memory, slot_step
+from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
+
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv
-from .options import opt
+from .layers import GatedRMSNorm, ShortConv, no_weight_decay
+from .options import backend_opt, opt
 
 _POS_FEATURES = 16
+#: the spellings of ``backend`` from before ``memory_layout`` was its own option, still accepted (the
+#: committed CPU benchmark of the slot memory names them): ``backend=dense`` is ``backend=torch`` with
+#: ``memory_layout=dense``
+_LAYOUT_BACKENDS = ("dense", "sparse")
 
 
 def _positions(start, T, device, dtype):
@@ -83,48 +88,51 @@ def _positions(start, T, device, dtype):
 class KroneckerSlots(Mixer):
     name = "kronecker_slots"
     description = "Kronecker-addressed sparse slot memory (RAM-Net): top-K of M = d_p^U slots, power-decay EMA"
-    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads [+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
+    state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads "
+                     "[+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
                      "(constant in T; per token 2 top_k (d_v + 1) per head + conv touched)")
 
     @dataclass
     class Options:
-        n_heads: int = opt(2, "number of heads (each has its own memory)")
-        d_v: int | None = opt(None, "value dimension per head (None: d_model // n_heads)")
-        d_p: int = opt(4, "logits per address factor; M = d_p^U slots")
-        U: int = opt(3, "number of address factors; M = d_p^U slots")
-        top_k: int = opt(4, "slots written and read per token per head (K)")
-        tau: float = opt(1.0, "softmax temperature of every address factor")
+        n_heads: int = opt(2, "number of heads (each has its own memory)", at_least=1)
+        d_v: int | None = opt(None, "value dimension per head (None: d_model // n_heads)", at_least=1)
+        d_p: int = opt(4, "logits per address factor (a softmax over one logit is constant); M = d_p^U slots",
+                       at_least=2)
+        U: int = opt(3, "number of address factors; M = d_p^U slots", at_least=1)
+        top_k: int = opt(4, "slots written and read per token per head (K)", at_least=1)
+        tau: float = opt(1.0, "softmax temperature of every address factor", above=0.0)
         renormalize: bool = opt(True, "divide the K selected weights by their sum (write strength independent of M)")
         topk_grad: str = opt("soft", "soft: gradient through the selected probabilities; straight_through: hard "
                              "1/K weights forward, soft gradient backward", choices=("soft", "straight_through"))
         pos_address: bool = opt(False, "add a learned (zero-init) map of sinusoidal position features to the "
                                 "address logits")
-        gamma_init: float = opt(1.0, "initial decay power gamma (learnable, positive)")
-        eps: float = opt(1e-6, "added to the slot normaliser z before dividing")
-        conv_size: int = opt(4, "causal short-convolution width on the address logits and values (1: none)")
+        gamma_init: float = opt(1.0, "initial decay power gamma (learnable, positive)", above=0.0)
+        eps: float = opt(1e-6, "added to the slot normaliser z before dividing", above=0.0)
+        conv_size: int = opt(4, "causal short-convolution width on the address logits and values (1: none)",
+                             at_least=1)
         tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
         shift_write_address: bool = opt(False, "the write address comes from the previous token's projection "
                                         "(key-then-value pairs: store v_t under the address of x_{t-1})")
-        chunk_size: int = opt(32, "chunk length of the dense chunked path")
-        backend: str = opt("auto", "memory kernel: dense (chunked, O(T (C K + M) d_v)), sparse (scan over K rows, O(T K d_v)), "
-                           "triton (sparse scan kernels), reference (token loop), auto (triton on CUDA, else "
-                           "dense for M <= 512 and sparse above)",
-                           choices=("auto", "dense", "sparse", "triton", "reference"))
+        chunk_size: int = opt(32, "chunk length of the dense chunked path", at_least=1)
+        backend: str = backend_opt(BACKENDS + _LAYOUT_BACKENDS,
+                                   "memory kernel: torch (in the memory_layout), triton (sparse scan kernels), "
+                                   "reference (token loop), auto (triton on CUDA, else torch); dense / sparse: "
+                                   "torch in that layout (older spelling)")
+        memory_layout: str = opt("auto", "layout of the torch memory kernel: dense (chunked, O(T (C K + M) d_v)), "
+                                 "sparse (scan over K rows, O(T K d_v)), auto (dense for M <= 512, else sparse)",
+                                 choices=LAYOUTS, omit_at_default=True)
 
         def __post_init__(self):
-            for f in ("n_heads", "d_p", "U", "top_k", "chunk_size", "conv_size"):
-                if getattr(self, f) <= 0:
-                    raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
-            if self.d_v is not None and self.d_v <= 0:
-                raise ValueError(f"d_v must be positive or None, got {self.d_v}")
-            if self.d_p < 2:
-                raise ValueError(f"d_p must be at least 2 (a softmax over one logit is constant), got {self.d_p}")
             if self.top_k > self.d_p ** self.U:
                 raise ValueError(f"top_k={self.top_k} exceeds the number of slots d_p^U = {self.d_p ** self.U}; "
                                  f"lower top_k or raise d_p / U")
-            for f in ("tau", "gamma_init", "eps"):
-                if getattr(self, f) <= 0:
-                    raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+            if self.memory_layout != "auto" and self.backend in ("reference", "triton"):
+                raise ValueError(f"memory_layout={self.memory_layout!r} chooses between the torch backend's paths; "
+                                 f"backend={self.backend!r} has one layout: use backend='torch' or "
+                                 f"memory_layout='auto'")
+            if self.backend in _LAYOUT_BACKENDS and self.memory_layout not in ("auto", self.backend):
+                raise ValueError(f"backend={self.backend!r} is backend='torch' with memory_layout={self.backend!r}, "
+                                 f"which contradicts memory_layout={self.memory_layout!r}: set backend='torch'")
 
     contract_options = {"n_heads": 2, "d_v": 8, "d_p": 4, "U": 2, "top_k": 3, "chunk_size": 8}
 
@@ -149,6 +157,7 @@ class KroneckerSlots(Mixer):
             self.pos_proj = nn.Linear(_POS_FEATURES, 2 * a, bias=False)
             nn.init.zeros_(self.pos_proj.weight)
         self.gamma_raw = nn.Parameter(torch.full((h,), math.log(math.expm1(o.gamma_init))))
+        no_weight_decay(self, "gamma_raw")  # the forgetting power of the slot EMA (a decay rate)
         self.norm = GatedRMSNorm(dv)
         self.out_proj = nn.Linear(h * dv, d_model, bias=False)
 
@@ -201,9 +210,9 @@ class KroneckerSlots(Mixer):
 
     def _kernel_args(self):
         b = self.options.backend
-        if b in ("dense", "sparse"):
+        if b in _LAYOUT_BACKENDS:
             return {"backend": "torch", "layout": b}
-        return {"backend": b, "layout": "auto"}
+        return {"backend": b, "layout": self.options.memory_layout}
 
     # --- the Mixer contract ------------------------------------------------------------------------
     def prefill(self, x, mask=None):

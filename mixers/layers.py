@@ -1,7 +1,9 @@
 """Building blocks shared by several mixers: RMSNorm, gated RMSNorm, causal short convolution with a
-decode state, and the Mamba-2 log-decay gate.
+decode state, the Mamba-2 log-decay gate, and the weight-decay declaration every module makes where it
+creates a parameter (:func:`no_weight_decay`, read by :func:`split_weight_decay`).
 
-Log-decay gate (the Mamba-2 parameterisation; Dao & Gu, arXiv 2405.21060): ``g_t = -exp(A_log) * softplus(W_a x_t + dt_bias)``, ``A ~ U(1, 16)``,
+Log-decay gate (the Mamba-2 parameterisation; Dao & Gu, arXiv 2405.21060):
+``g_t = -exp(A_log) * softplus(W_a x_t + dt_bias)``, ``A ~ U(1, 16)``,
 ``dt_bias = softplus^{-1}(dt)``, ``dt ~ logU(1e-3, 1e-1)`` floored at 1e-4.
 """
 from __future__ import annotations
@@ -13,7 +15,54 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
+
 from .conv_time_first import causal_conv_time_first
+
+#: module attribute holding the names of the module's own parameters declared undecayed
+_UNDECAYED = "_no_weight_decay_names"
+
+
+def no_weight_decay(module: nn.Module, *names: str) -> None:
+    """Declare that the parameters ``names`` of ``module`` (its own, not its children's) are not decayed.
+
+    Decayed are the weights of projections and convolutions; not decayed are norm
+    gains and biases, biases, and the parameters of a recurrence (decay rates, step sizes, skip gains,
+    transition logits, eigenvalues), which weight decay would pull towards a different dynamical system
+    rather than towards a smaller function (mamba-ssm and flash-linear-attention do the same for
+    ``A_log``, ``dt_bias`` and ``D``).
+
+    The declaration is kept twice: ``p._no_weight_decay = True`` on each parameter (the mamba-ssm /
+    flash-linear-attention convention that outside optimizers read), and the names on the module, which
+    survive what rebuilds ``Parameter`` objects and drops their attributes (``copy.deepcopy``,
+    ``load_state_dict(..., assign=True)``, ``to_empty``, swapped dtype conversion). A name that is a
+    buffer (a frozen transition) or a parameter registered as ``None`` (an absent bias) is accepted and
+    has nothing to declare.
+    """
+    for name in names:
+        if name in module._parameters:
+            if module._parameters[name] is not None:
+                module._parameters[name]._no_weight_decay = True
+        elif name not in module._buffers:
+            raise ValueError(f"{type(module).__name__} has no parameter {name!r} to exclude from weight decay")
+    setattr(module, _UNDECAYED, frozenset(getattr(module, _UNDECAYED, ())) | set(names))
+
+
+def split_weight_decay(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, nn.Parameter]]:
+    """``(decayed, undecayed)``: the trainable parameters of ``model`` by name, split by their declarations
+    (:func:`no_weight_decay`, or the bare ``p._no_weight_decay = True`` mark). A parameter shared by two
+    modules (a tied embedding) is listed once, undecayed if either declares it."""
+    undecayed_ids = set()
+    for module in model.modules():
+        for name in getattr(module, _UNDECAYED, ()):
+            p = module._parameters.get(name)
+            if p is not None:
+                undecayed_ids.add(id(p))
+    decayed, undecayed = {}, {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            declared = id(p) in undecayed_ids or getattr(p, "_no_weight_decay", False)
+            (undecayed if declared else decayed)[name] = p
+    return decayed, undecayed
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +70,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        no_weight_decay(self, "weight")  # a gain: decay would pull it to 0, not to the identity 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = at_least_fp32(x)
@@ -47,6 +97,7 @@ class ShortConv(nn.Module):
         super().__init__()
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=True)
+        no_weight_decay(self.conv, "bias")  # the filter taps decay, the bias does not
 
     def _act(self, y: torch.Tensor) -> torch.Tensor:
         return F.silu(y) if self.activation else y
@@ -85,6 +136,8 @@ class DecayGate(nn.Module):
         dt = torch.exp(torch.rand(n_heads) * (math.log(dt_range[1]) - math.log(dt_range[0])) + math.log(dt_range[0]))
         dt = dt.clamp(min=dt_floor)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+        # the decay rate and the step-size bias set the memory length: decaying them shortens it
+        no_weight_decay(self, "A_log", "dt_bias")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raw = at_least_fp32(self.proj(x))

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.ssd import ssd, ssd_step
+from kernels.ssd import BACKENDS, ssd, ssd_step
+
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32
-from .options import opt
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -29,18 +30,14 @@ class Mamba2(Mixer):
 
     @dataclass
     class Options:
-        d_state: int = opt(64, "state size N per head")
-        headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)")
-        expand: int = opt(2, "inner width = expand * d_model")
-        d_conv: int = opt(4, "short causal convolution width")
-        chunk_size: int = opt(32, "chunk length of the chunked scan (32 measured fastest on a CPU; 64-256 on a GPU)")
-        backend: str = opt("auto", "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, CUDA only)",
-                           choices=("auto", "reference", "torch", "triton", "mamba_ssm"))
-
-        def __post_init__(self):
-            for field in ("d_state", "headdim", "expand", "d_conv", "chunk_size"):
-                if getattr(self, field) <= 0:
-                    raise ValueError(f"{field} must be positive")
+        d_state: int = opt(64, "state size N per head", at_least=1)
+        headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)", at_least=1)
+        expand: int = opt(2, "inner width = expand * d_model", at_least=1)
+        d_conv: int = opt(4, "short causal convolution width", at_least=1)
+        chunk_size: int = opt(32, "chunk length of the chunked scan (32 measured fastest on a CPU; 64-256 on a GPU)",
+                              at_least=1)
+        backend: str = backend_opt(BACKENDS, "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, "
+                                             "CUDA only)")
 
     contract_options = {"d_state": 8, "headdim": 16, "chunk_size": 8}
 
@@ -57,6 +54,7 @@ class Mamba2(Mixer):
         self.gate = DecayGate(d_model, self.n_heads)  # the dt part of the input projection
         self.conv = ShortConv(self.conv_dim, o.d_conv)
         self.D = nn.Parameter(torch.ones(self.n_heads))
+        no_weight_decay(self, "D")  # the skip gain, undecayed as in mamba-ssm (A_log, dt_bias: DecayGate)
         self.norm = GatedRMSNorm(self.d_inner)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 

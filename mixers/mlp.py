@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import StateMixer, register_state_mixer
+from .layers import no_weight_decay
 from .options import opt
 
 
@@ -31,8 +32,8 @@ class SwiGLU(StateMixer):
 
     @dataclass
     class Options:
-        mult: float = opt(8 / 3, "hidden width as a multiple of d_model")
-        multiple_of: int = opt(16, "round the hidden width up to a multiple of this")
+        mult: float = opt(8 / 3, "hidden width as a multiple of d_model", above=0.0)
+        multiple_of: int = opt(16, "round the hidden width up to a multiple of this", at_least=1)
 
     def __init__(self, d_model, options):
         super().__init__(d_model, options)
@@ -48,12 +49,13 @@ class SwiGLU(StateMixer):
 @register_state_mixer
 class KoopmanMLP(StateMixer):
     name = "koopman_mlp"
-    description = "Spectral Koopman MLP (Echo): lift, SiLU, per-pair complex eigenvalue rotation-scale (|lambda|<=1), readout"
+    description = ("Spectral Koopman MLP (Echo): lift, SiLU, per-pair complex eigenvalue rotation-scale "
+                   "(|lambda|<=1), readout")
 
     @dataclass
     class Options:
-        mult: float = opt(2.67, "lifted width d_k as a multiple of d_model")
-        multiple_of: int = opt(64, "round d_k up to a multiple of this (even)")
+        mult: float = opt(2.67, "lifted width d_k as a multiple of d_model", above=0.0)
+        multiple_of: int = opt(64, "round d_k up to a multiple of this (then up to even)", at_least=1)
         layer_norm: bool = opt(True, "apply the MLP's own LayerNorm before the lift")
 
     def __init__(self, d_model, options):
@@ -67,6 +69,11 @@ class KoopmanMLP(StateMixer):
         # eigenvalues start near the unit circle with spread frequencies
         self.log_modulus = nn.Parameter(torch.full((pairs,), -0.05))
         self.theta = nn.Parameter(torch.linspace(0, math.pi, pairs))
+        if options.layer_norm:
+            no_weight_decay(self.norm, "weight", "bias")
+        no_weight_decay(self.lift, "bias")
+        # the eigenvalues rho e^{i theta}: decay would pull |lambda| to 1 and every frequency to 0
+        no_weight_decay(self, "log_modulus", "theta")
 
     def forward(self, x):
         h = F.silu(self.lift(self.norm(x)))

@@ -25,18 +25,26 @@ class OptionError(ValueError):
 
 def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None,
         at_least: float | None = None, above: float | None = None, at_most: float | None = None,
-        omit_at_default: bool = False) -> Any:
+        below: float | None = None, omit_at_default: bool = False) -> Any:
     """A dataclass field with a help text, optional allowed values and an optional numeric range
-    (``at_least`` <= value, ``above`` < value, value <= ``at_most``; for a list, every element).
+    (``at_least`` <= value, ``above`` < value, value <= ``at_most``, value < ``below``; for a list, every
+    element). A single field's range is declared here, never checked in ``__post_init__``: it is then
+    validated with the key path and shown by ``zoo list --options``.
 
     ``omit_at_default``: leave the option out of the resolved recipe while it holds its default (see
     :func:`plain_options`); for an option added after results were recorded, so that the recipes of
     those results keep their keys."""
-    meta = {"help": help, "choices": choices, "range": (at_least, above, at_most),
+    meta = {"help": help, "choices": choices, "range": (at_least, above, at_most, below),
             "omit_at_default": omit_at_default}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def backend_opt(backends: tuple, help: str = "kernel backend") -> Any:
+    """The ``backend`` option of a mixer: ``auto`` or one of its kernel family's ``BACKENDS``, so the
+    choices are listed once, by the family that implements them."""
+    return opt("auto", help, choices=("auto", *backends))
 
 
 def plain_options(options) -> dict:
@@ -144,28 +152,37 @@ def check_plain(value: Any, path: str) -> Any:
     return value
 
 
+def _bounds(bounds) -> tuple:
+    """``(at_least, above, at_most, below)`` from a field's declared range (None: unbounded)."""
+    return tuple(bounds or ()) + (None,) * (4 - len(bounds or ()))
+
+
+def has_range(field: dataclasses.Field) -> bool:
+    """Whether ``field`` declares at least one numeric bound."""
+    return any(b is not None for b in _bounds(field.metadata.get("range")))
+
+
 def range_text(bounds) -> str:
-    """``'>= 1'``, ``'> 0 and <= 1'``... for a field's ``(at_least, above, at_most)``; empty if unbounded."""
-    at_least, above, at_most = bounds or (None, None, None)
+    """``'>= 1'``, ``'> 0 and < 1'``... for a field's ``(at_least, above, at_most, below)``; empty if
+    unbounded."""
     show = lambda b: str(b) if isinstance(b, int) else f"{b:g}"  # noqa: E731 - ints in full, not 1.04858e+06
-    parts = ([f">= {show(at_least)}"] if at_least is not None else []) + ([f"> {show(above)}"] if above is not None else [])
-    parts += [f"<= {show(at_most)}"] if at_most is not None else []
-    return " and ".join(parts)
+    signs = (">=", ">", "<=", "<")
+    return " and ".join(f"{sign} {show(b)}" for sign, b in zip(signs, _bounds(bounds)) if b is not None)
 
 
 def check_range(value: Any, bounds, path: str) -> None:
     """Raise OptionError when a number (or a number in a list) is outside ``bounds``."""
     if not bounds or all(b is None for b in bounds):
         return
+    at_least, above, at_most, below = _bounds(bounds)
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             check_range(item, bounds, f"{path}.{i}")
         return
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    at_least, above, at_most = bounds
     if value != value or (at_least is not None and value < at_least) or (above is not None and value <= above) \
-            or (at_most is not None and value > at_most):
+            or (at_most is not None and value > at_most) or (below is not None and value >= below):
         raise OptionError(path, f"{value!r} is out of range: must be {range_text(bounds)}")
 
 

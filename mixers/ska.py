@@ -47,10 +47,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.ska import ska, ska_final_state, ska_init_state, ska_step
+from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
+
 from .base import Mixer, State, register_mixer
-from .layers import compute_dtype
-from .options import opt
+from .layers import compute_dtype, no_weight_decay
+from .options import backend_opt, opt
 
 
 @register_mixer
@@ -70,33 +71,20 @@ class SKA(Mixer):
 
     @dataclass
     class Options:
-        n_heads: int = opt(4, "number of heads H")
-        rank: int = opt(32, "key/query rank r (Koopman rank) per head")
-        value_dim: int = opt(0, "value dim P per head; 0 = d_model // n_heads")
-        ridge: float = opt(1e-3, "ridge lambda added to the Gram matrix")
-        power: int = opt(2, "power-filter order p (0 = plain ridge regression readout)")
-        chunk_size: int = opt(64, "chunk length in chunk_causal mode (1 = exact per-token recurrence)")
+        n_heads: int = opt(4, "number of heads H", at_least=1)
+        rank: int = opt(32, "key/query rank r (Koopman rank) per head", at_least=1)
+        value_dim: int = opt(0, "value dim P per head; 0 = d_model // n_heads", at_least=0)
+        ridge: float = opt(1e-3, "ridge lambda added to the Gram matrix (keeps it invertible)", above=0.0)
+        power: int = opt(2, "power-filter order p (0 = plain ridge regression readout)", at_least=0)
+        chunk_size: int = opt(64, "chunk length in chunk_causal mode (1 = exact per-token recurrence)", at_least=1)
         mode: str = opt("chunk_causal", "which statistics a position reads",
                         choices=("chunk_causal", "prefix"))
         normalisation: str = opt("seq_max", "key scale: seq_max (paper, non-causal) or running_max (causal)",
                                  choices=("seq_max", "running_max"))
-        gamma_max: float = opt(1.5, "upper clamp of the learnable spectral gain gamma (lower clamp 1)")
-        power_iters: int = opt(6, "power-iteration steps for the spectral normalisation")
-        eta_init: float = opt(1.5, "initial value of the learnable output scale eta")
-        backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton"))
-
-        def __post_init__(self):
-            for field in ("n_heads", "rank", "chunk_size", "power_iters"):
-                if getattr(self, field) < 1:
-                    raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
-            if self.value_dim < 0:
-                raise ValueError(f"value_dim must be >= 0 (0 = d_model // n_heads), got {self.value_dim}")
-            if self.power < 0:
-                raise ValueError(f"power must be >= 0 (0 = ridge regression readout), got {self.power}")
-            if not self.ridge > 0:
-                raise ValueError(f"ridge must be > 0 (it keeps the Gram matrix invertible), got {self.ridge}")
-            if not self.gamma_max >= 1.0:
-                raise ValueError(f"gamma_max must be >= 1 (gamma is clamped to [1, gamma_max]), got {self.gamma_max}")
+        gamma_max: float = opt(1.5, "upper clamp of the learnable spectral gain gamma (lower clamp 1)", at_least=1.0)
+        power_iters: int = opt(6, "power-iteration steps for the spectral normalisation", at_least=1)
+        eta_init: float = opt(1.5, "initial value of the learnable output scale eta (its sign is W_o's)", above=0.0)
+        backend: str = backend_opt(BACKENDS)
 
     def __init__(self, d_model: int, options: "SKA.Options"):
         super().__init__(d_model, options)
@@ -112,6 +100,9 @@ class SKA(Mixer):
         self.o_proj = nn.Linear(H * self.P, d_model, bias=False)
         self.gamma = nn.Parameter(torch.ones(H))
         self.eta = nn.Parameter(torch.tensor(float(o.eta_init)))
+        # gains: gamma scales the spectrum of the operator (clamped to [1, gamma_max]) and eta the output;
+        # decay would pull them towards 0, outside gamma's clamp and towards a silent layer
+        no_weight_decay(self, "gamma", "eta")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mixers import MIXERS, STATE_MIXERS
-from mixers.layers import RMSNorm
+from mixers.layers import RMSNorm, no_weight_decay
 from mixers.options import OptionError
 
 from .config import Recipe, Spec
@@ -75,7 +75,7 @@ class HybridLM(nn.Module):
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.embed.weight._no_weight_decay = True  # the (tied) embedding is not decayed
+        no_weight_decay(self.embed, "weight")  # the (tied) embedding is not decayed
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, vocab_size: int) -> "HybridLM":

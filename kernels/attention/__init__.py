@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from ..backend import package_importable, resolve_backend
 from .reference import attention_reference
 
-__all__ = ["attention", "attention_reference", "flash_attn_available"]
+__all__ = ["BACKENDS", "attention", "attention_reference", "flash_attn_available"]
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "flash_attn")
 
 

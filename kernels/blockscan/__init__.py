@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .reference import (
     block_scan_reference,
     block_scan_step,
@@ -39,6 +39,7 @@ from .reference import (
 )
 
 __all__ = [
+    "BACKENDS",
     "block_scan",
     "block_scan_step",
     "jordan_scan",
@@ -48,7 +49,8 @@ __all__ = [
     "jordan_transition",
 ]
 
-_AVAILABLE = ("reference", "torch", "triton")
+#: the backends every op of this family implements (``auto`` picks among them); mixers offer these
+BACKENDS = ("reference", "torch", "triton")
 
 
 def _check_common(op, b, initial_state):
@@ -99,7 +101,7 @@ def block_scan(A, b, initial_state=None, chunk_size: int = 64, backend: str = "a
     _check_chunk(op, chunk_size)
     if A.shape != b.shape + b.shape[-1:]:
         raise ValueError(f"{op}: A must be (B, T, N, m, m) = {tuple(b.shape + b.shape[-1:])}, got {tuple(A.shape)}")
-    which = resolve_backend(backend, b, op=op, available=_AVAILABLE)
+    which = resolve_backend(backend, b, op=op, available=BACKENDS)
     if which == "reference":
         return block_scan_reference(A, b, initial_state)
     if which == "torch":
@@ -134,7 +136,7 @@ def jordan_scan(lam, c, b, initial_state=None, chunk_size: int = 64, backend: st
     _check_chunk(op, chunk_size)
     _check_jordan(op, lam, b)
     c = _broadcast_c(op, c, lam)
-    which = resolve_backend(backend, b, op=op, available=_AVAILABLE)
+    which = resolve_backend(backend, b, op=op, available=BACKENDS)
     if which == "reference":
         return jordan_scan_reference(lam, c, b, initial_state)
     if which == "torch":
@@ -181,7 +183,7 @@ def jordan_scan_normed(lam, c, b, weight, bias, eps: float = 1e-5, initial_state
             raise ValueError(f"{op}: {name} of shape {tuple(p.shape)} must broadcast to (N, m) = {(N, m)}")
     if not eps > 0:
         raise ValueError(f"{op}: eps must be > 0, got {eps}")
-    which = resolve_backend(backend, b, op=op, available=_AVAILABLE)
+    which = resolve_backend(backend, b, op=op, available=BACKENDS)
     if which in ("reference", "torch"):
         return jordan_scan_normed_reference(lam, c, b, weight, bias, eps=eps, initial_state=initial_state)
     from .triton import jordan_scan_normed_triton

@@ -39,11 +39,8 @@ __all__ = [
 
 
 def _cdt(*xs):
-    dt = xs[0].dtype
-    for x in xs[1:]:
-        if torch.is_tensor(x):
-            dt = torch.promote_types(dt, x.dtype)
-    return compute_dtype(dt)
+    """The compute dtype of the tensors among ``xs`` (a coupling ``c`` may be a float)."""
+    return compute_dtype(*(x for x in xs if torch.is_tensor(x)))
 
 
 def shift_up(h: torch.Tensor) -> torch.Tensor:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import torch
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
 
-__all__ = ["delta_product", "delta_rule", "delta_product_step", "householder_transition"]
+__all__ = ["BACKENDS", "delta_product", "delta_rule", "delta_product_step", "householder_transition"]
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "fla")
 
 

@@ -15,18 +15,19 @@ Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CP
 """
 from __future__ import annotations
 
-from ..common import full_precision
 from ..backend import BackendUnavailable, resolve_backend
-from .chebyshev import GRAD_MODES, SOLVERS, chebyshev_iterate, cg_iterate, iterative_solve
+from ..common import full_precision
+from .chebyshev import GRAD_MODES, SOLVERS, cg_iterate, chebyshev_iterate, iterative_solve
 from .chunked import gka_chunked
 from .reference import gka_reference, gka_step
 
-__all__ = ["gka", "gka_chunked", "gka_reference", "gka_step", "chebyshev_iterate", "cg_iterate",
+__all__ = ["BACKENDS", "gka", "gka_chunked", "gka_reference", "gka_step", "chebyshev_iterate", "cg_iterate",
            "iterative_solve", "SOLVERS", "GRAD_MODES", "ALL_SOLVERS"]
 
 ALL_SOLVERS = SOLVERS + ("exact",)
 
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton")
 
 

@@ -1,10 +1,11 @@
 """Iterative solvers for the GKA ridge systems ``A x = q`` with ``A = H + lambda I`` (symmetric PD),
 and their backward passes.
 
-The solvers never see ``A`` itself: they take an *operator* (a small class with ``matvec`` and
-``vjp``) and the operator's tensor parameters. Two operators exist:
+The solvers never see ``A`` itself: they take an *operator* (an :class:`Operator`: ``matvec``, ``vjp``,
+and optionally its own blocking and Chebyshev loop) and the operator's tensor parameters. Two operators
+exist:
 
-- :class:`DenseOp` — ``A = H + lam I`` with an explicit ``H`` per system (the reference path and the
+- :data:`DenseOp` — ``A = H + lam I`` with an explicit ``H`` per system (the reference path and the
   decode step);
 - :class:`ChunkOp` — GKA's within-chunk operator (Gated KalmaNet, Sec. 4.2): every token ``t``
   of a chunk solves with ``A_t = e^{G_t} H_0 + sum_{s<=t} e^{G_t-G_s} k_s k_s^T + lam_t I`` through the
@@ -54,6 +55,8 @@ Conventions and deviations (documented on purpose):
 """
 from __future__ import annotations
 
+import abc
+
 import torch
 
 from ..common import causal_decay_mask
@@ -69,10 +72,30 @@ _REVERSE_MIN_MOMENTUM = 1e-6
 # --------------------------------------------------------------------------------------------------
 # operators
 # --------------------------------------------------------------------------------------------------
-class DenseOp:
-    """``A = H + lam I``. ``H (..., d, d)``, ``lam (...)``, vectors ``(..., d)`` (column convention)."""
+class Operator(abc.ABC):
+    """What the solvers use of ``A(params)``, and nothing else: the two required methods and two with
+    defaults that an operator overrides when it can do better."""
 
-    n_params = 2
+    @abc.abstractmethod
+    def matvec(self, params, xi):
+        """``A(params) xi`` for a batch of vectors ``xi``."""
+
+    @abc.abstractmethod
+    def vjp(self, params, xi, u):
+        """The gradients of ``<u, A(params) xi>`` with respect to each tensor of ``params``."""
+
+    def blocks(self, params, q, mu, L):
+        """None to solve every system at once (the default), or a list of independent blocks
+        ``(op, params, q, mu, L, rows)`` whose tensors are flattened to ``(systems, ...)``."""
+        return None
+
+    def chebyshev(self, params, q, mu, L, r: int, return_prev: bool = False):
+        """:func:`chebyshev_iterate` with this operator, no autograd (an operator may fuse the loop)."""
+        return chebyshev_iterate(lambda v: self.matvec(params, v), q, mu, L, r, return_prev=return_prev)
+
+
+class DenseOperator(Operator):
+    """``A = H + lam I``. ``H (..., d, d)``, ``lam (...)``, vectors ``(..., d)`` (column convention)."""
 
     @staticmethod
     def matvec(params, xi):
@@ -85,12 +108,16 @@ class DenseOp:
         return torch.einsum("...i,...j->...ij", u, xi), (u * xi).sum(-1)
 
 
+#: the dense operator holds no state, so one instance serves every solve
+DenseOp = DenseOperator()
+
+
 def decay_mask(G: torch.Tensor) -> torch.Tensor:
     """``M[..., t, s] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, h, n, C)``."""
     return causal_decay_mask(G, dim=-1)
 
 
-class ChunkOp:
+class ChunkOp(Operator):
     """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``, heads-first layout:
 
     ``H0 (b, h, n, d, d)`` chunk-start state, ``K (b, h, n, C, d)`` keys, ``G (b, h, n, C)`` inclusive
@@ -105,8 +132,6 @@ class ChunkOp:
     likewise computed once per solve.
     :meth:`for_params` builds a detached operator.
     """
-
-    n_params = 4
 
     def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None, kh: torch.Tensor | None = None):
         self.mask = mask
@@ -156,7 +181,7 @@ class ChunkOp:
         neg_lam = -lam.unsqueeze(-1)
         Kt, H0t = K.transpose(-1, -2), H0.transpose(-1, -2)
         lead = K.shape[:-2]
-        C, dk = K.shape[-2], K.shape[-1]
+        C = K.shape[-2]
         flat = lambda t: t.reshape(lead.numel(), *t.shape[len(lead):])  # noqa: E731  (bmm needs 3-d)
         Kf, Mf = flat(K), flat(self.mask)
         Ktf, H0tf = flat(Kt).contiguous(), flat(H0t).contiguous()          # bmm is slower on transposed views
@@ -278,17 +303,15 @@ def cg_iterate(matvec, q, r: int):
     return x
 
 
-def _run_op(solver, op, params, q, mu, L, r, return_prev: bool = False):
-    """``_run`` with the operator ``op``; operators with ``blocks`` (:class:`ChunkOp`) are solved block
-    by block (independent systems, identical arithmetic). Not for autograd through the iterations."""
-    blocks = op.blocks(params, q, mu, L) if hasattr(op, "blocks") else None
+def _run_op(solver, op: Operator, params, q, mu, L, r, return_prev: bool = False):
+    """``_run`` with the operator ``op``, block by block when it splits the systems into blocks
+    (:class:`ChunkOp`: independent systems, identical arithmetic); ``return_prev`` with Chebyshev only.
+    Not for autograd through the iterations."""
+    blocks = op.blocks(params, q, mu, L)
     if blocks is None:
-        if solver == "chebyshev" and hasattr(op, "chebyshev"):
+        if solver == "chebyshev":
             return op.chebyshev(params, q, mu, L, r, return_prev=return_prev)
-        matvec = lambda v: op.matvec(params, v)  # noqa: E731
-        if return_prev:
-            return chebyshev_iterate(matvec, q, mu, L, r, return_prev=True)
-        return _run(solver, matvec, q, mu, L, r)
+        return _run(solver, lambda v: op.matvec(params, v), q, mu, L, r)
     n_sys = blocks[-1][-1].stop
     x = q.new_empty(n_sys, *q.shape[-2:])
     x_prev = q.new_empty(n_sys, *q.shape[-2:]) if return_prev else None
@@ -386,7 +409,7 @@ class _IterativeSolve(torch.autograd.Function):
         return (None, None, None, None, dq, None, None, *dparams)
 
 
-def iterative_solve(op, params, q, mu, L, *, num_iter: int, solver: str = "chebyshev", grad: str = "implicit"):
+def iterative_solve(op: Operator, params, q, mu, L, *, num_iter: int, solver: str = "chebyshev", grad: str = "implicit"):
     """Solve ``A(params) x = q`` with ``num_iter`` iterations of ``solver``; backward per ``grad``.
 
     ``mu, L`` are detached (solver constants). ``num_iter = 0`` is *not* special-cased here (GKA's

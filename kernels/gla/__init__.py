@@ -9,13 +9,14 @@ Triton kernel of our own in this family, so on CUDA ``auto`` runs the chunked Py
 """
 from __future__ import annotations
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
 
-__all__ = ["gla", "gla_chunked", "gla_reference", "gla_step"]
+__all__ = ["BACKENDS", "gla", "gla_chunked", "gla_reference", "gla_step"]
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "fla")
 
 

@@ -24,19 +24,29 @@ Public functions:
 """
 from __future__ import annotations
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .chunked import ska_chunked, ska_final_state
-from .reference import (ska_chain_torch, ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step,
-                        ska_update, solve_operator, whitened_operator)
+from .reference import (
+    ska_chain_torch,
+    ska_init_state,
+    ska_readout,
+    ska_recurrent,
+    ska_reference,
+    ska_step,
+    ska_update,
+    solve_operator,
+    whitened_operator,
+)
 
-__all__ = ["ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", "ska_step", "ska_readout",
+__all__ = ["BACKENDS", "ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", "ska_step", "ska_readout",
            "ska_update", "ska_init_state", "ska_final_state", "ska_chain_torch", "solve_operator",
            "whitened_operator"]
 
 MODES = ("prefix", "chunk_causal", "recurrent")
 
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton")
 RECURRENT_BACKENDS = ("reference", "torch")  # the recurrent mode is a token loop: no Triton form
 @full_precision

@@ -5,25 +5,28 @@ arXiv 2602.11958).
     S_t = diag(1 - w_t)^gamma S_{t-1} + w_t v_t^T,   z_t = diag(1 - w_t)^gamma z_{t-1} + w_t
     o_t = sum_m r_{t,m} S_t[m] / (z_t[m] + eps)                                    (slot_memory)
 
-Backends of :func:`slot_memory`: ``reference`` (token loop over the dense ``M x d_v`` memory, via the
-decode step :func:`slot_step`), ``torch`` (``layout="dense"``: chunked, the intra-chunk interactions gathered
-at the ``K`` read slots and a dense ``M x d_v`` state passed between chunks, for small and moderate ``M``;
-``layout="sparse"``: a sequential scan that touches only ``K`` rows per token, for large ``M``; ``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), ``triton`` (the
-sparse scan as Triton kernels, forward and backward). ``auto`` means Triton on CUDA, else torch.
+Backends of :func:`slot_memory` (:data:`BACKENDS`): ``reference`` (token loop over the dense
+``M x d_v`` memory, via the decode step :func:`slot_step`), ``torch`` in one of two layouts
+(:data:`LAYOUTS`): ``layout="dense"``, chunked, the intra-chunk interactions gathered at the ``K`` read
+slots and a dense ``M x d_v`` state passed between chunks, for small and moderate ``M``;
+``layout="sparse"``, a sequential scan that touches only ``K`` rows per token, for large ``M``;
+``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), and ``triton`` (the sparse scan as Triton
+kernels, forward and backward). ``auto`` means Triton on CUDA, else torch.
 """
 from __future__ import annotations
 
 import torch
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .addressing import kronecker_dense, kronecker_topk
 from .chunked import slot_memory_chunked
 from .reference import init_slot_state, slot_memory_reference, slot_step
 from .sparse import slot_memory_sparse
 
 __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "init_slot_state",
-           "slot_memory_reference", "slot_memory_chunked", "slot_memory_sparse", "DENSE_MAX_SLOTS"]
+           "slot_memory_reference", "slot_memory_chunked", "slot_memory_sparse", "DENSE_MAX_SLOTS",
+           "BACKENDS", "LAYOUTS"]
 
 #: ``layout="auto"`` uses the dense chunked path up to this many slots. The chunked path costs
 #: O(T (C K d_v + M d_v)) per head (the chunk-start states are M x d_v per chunk of C tokens), the sparse
@@ -32,6 +35,9 @@ __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "ini
 #: at M = 256 / 1024 / 4096: equal near M = 1024, and the chunked path saves M (d_v + 1) / C per token.
 DENSE_MAX_SLOTS = 512
 
+#: the backends of :func:`slot_memory` (``auto`` picks among them); mixers offer these
+BACKENDS = ("reference", "torch", "triton")
+#: the memory layouts of the torch backend
 LAYOUTS = ("auto", "dense", "sparse")
 
 
@@ -64,7 +70,7 @@ def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, 
     _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots)
     if layout not in LAYOUTS:
         raise ValueError(f"slot_memory: unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    chosen = resolve_backend(backend, v, op="slot_memory", available=("reference", "torch", "triton"))
+    chosen = resolve_backend(backend, v, op="slot_memory", available=BACKENDS)
     args = (write_idx, write_w, read_idx, read_w, v, gamma, num_slots)
     if chosen == "reference":
         return slot_memory_reference(*args, eps=eps, initial_state=initial_state)

@@ -6,13 +6,14 @@ the GLA chunked path), ``triton`` (chunked Triton kernels), ``mamba_ssm`` (the m
 """
 from __future__ import annotations
 
-from ..common import full_precision
 from ..backend import resolve_backend
+from ..common import full_precision
 from .chunked import ssd_chunked
 from .reference import ssd_reference, ssd_step
 
-__all__ = ["ssd", "ssd_chunked", "ssd_reference", "ssd_step"]
+__all__ = ["BACKENDS", "ssd", "ssd_chunked", "ssd_reference", "ssd_step"]
 
+#: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "mamba_ssm")
 
 

@@ -36,13 +36,15 @@ def _run(m, x):
     return y.detach(), x.grad, {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", ["dense", "sparse", "triton"])
-def test_backends_give_the_same_mixer(backend):
-    if backend == "triton" and not (triton_importable() and triton_usable_for(torch.empty(0))):
+@pytest.mark.parametrize("kernel", [{"memory_layout": "dense"}, {"memory_layout": "sparse"},
+                                    {"backend": "torch", "memory_layout": "sparse"}, {"backend": "sparse"},
+                                    {"backend": "triton"}], ids=str)
+def test_backends_give_the_same_mixer(kernel):
+    if kernel.get("backend") == "triton" and not (triton_importable() and triton_usable_for(torch.empty(0))):
         pytest.skip("triton is not installed, or there is no CUDA device and TRITON_INTERPRET is unset")
     dtype = torch.float32
     ref = make(torch.float64, backend="reference")
-    m = make(dtype, backend=backend)
+    m = make(dtype, **kernel)
     m.load_state_dict(ref.state_dict())
     x = torch.randn(2, 9, D, dtype=torch.float64)
     y_r, gx_r, gp_r = _run(ref, x)
@@ -60,7 +62,7 @@ def test_backends_give_the_same_mixer(backend):
     {"conv_size": 1},
     {"shift_write_address": True, "tie_addresses": True},
     {"shift_write_address": True, "conv_size": 1, "pos_address": True},
-    {"backend": "sparse", "d_p": 8, "U": 3, "top_k": 5},
+    {"memory_layout": "sparse", "d_p": 8, "U": 3, "top_k": 5},
 ])
 def test_options_keep_parallel_equal_to_recurrent(opts):
     m = make(**opts)
@@ -115,7 +117,8 @@ def test_state_sizes():
         conv = (m.options.conv_size - 1) * (2 * m.addr_dim + m.n_heads * m.d_v)
         assert m.state_size(5) == m.state_size(5000) == m.n_heads * m.num_slots * (m.d_v + 1) + conv
     assert big.state_size(1) - big._conv_state_size() == 16 * (small.state_size(1) - small._conv_state_size())
-    assert big.active_state_size(1) - big._conv_state_size() == small.active_state_size(1) - small._conv_state_size() == 2 * 2 * 3 * 9
+    assert (big.active_state_size(1) - big._conv_state_size() == small.active_state_size(1) - small._conv_state_size()
+            == 2 * 2 * 3 * 9)
     for opts in ({"pos_address": True}, {"shift_write_address": True, "conv_size": 1}):
         m = make(**opts)
         _, state = m.prefill(torch.randn(2, 4, D, dtype=torch.float64))
@@ -132,7 +135,32 @@ def test_straight_through_writes_hard_weights():
     assert logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("kernel, path", [({}, "dense"), ({"memory_layout": "sparse"}, "sparse"),
+                                          ({"backend": "sparse"}, "sparse"), ({"memory_layout": "dense"}, "dense")])
+def test_memory_layout_reaches_the_kernel(kernel, path, monkeypatch):
+    """``memory_layout`` (or its older spelling ``backend: sparse``) picks the torch path that runs; at
+    M = 16 slots ``auto`` is the dense chunked one."""
+    import kernels.slots as slots
+    called = []
+    for name in ("slot_memory_chunked", "slot_memory_sparse"):
+        real = getattr(slots, name)
+        spy = lambda *a, _real=real, _name=name, **k: called.append(_name) or _real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(slots, name, spy)
+    make(**kernel)(torch.randn(1, 5, D, dtype=torch.float64))
+    assert called == [{"dense": "slot_memory_chunked", "sparse": "slot_memory_sparse"}[path]]
+
+
+def test_memory_layout_is_left_out_of_recipes_at_its_default():
+    from mixers.options import plain_options
+    assert "memory_layout" not in plain_options(make().options)
+    assert plain_options(make(memory_layout="sparse").options)["memory_layout"] == "sparse"
+
+
 def test_bad_options_raise():
+    with pytest.raises(OptionError, match="memory_layout='dense' chooses between the torch backend's paths"):
+        build_mixer("kronecker_slots", D, {"backend": "reference", "memory_layout": "dense"})
+    with pytest.raises(OptionError, match="contradicts memory_layout='dense'"):
+        build_mixer("kronecker_slots", D, {"backend": "sparse", "memory_layout": "dense"})
     with pytest.raises(OptionError, match="top_k"):
         build_mixer("kronecker_slots", D, {"d_p": 2, "U": 2, "top_k": 5})
     with pytest.raises(OptionError, match="d_p"):

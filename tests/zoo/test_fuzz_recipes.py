@@ -43,7 +43,7 @@ REGISTERED = set(MIXERS.names()) | set(STATE_MIXERS.names()) | set(TASKS.names()
 
 def fields_of(cls) -> dict:
     hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], f.metadata.get("range") or (None, None, None))
+    return {f.name: (hints[f.name], f.metadata.get("range") or (None, None, None, None))
             for f in dataclasses.fields(cls) if f.init}
 
 
@@ -53,7 +53,7 @@ SECTIONS = {
     "model": (("model",), fields_of(ModelConfig)),
     "train": (("train",), fields_of(TrainConfig)),
     "eval": (("eval",), fields_of(EvalConfig)),
-    "task": (("task",), {"name": (str, (None, None, None)), **fields_of(TASKS.get("mqar").Options)}),
+    "task": (("task",), {"name": (str, (None, None, None, None)), **fields_of(TASKS.get("mqar").Options)}),
     "attention": (("model", "mixer_options", "attention"), fields_of(MIXERS.get("attention").Options)),
     "mamba2": (("model", "mixer_options", "mamba2"), fields_of(MIXERS.get("mamba2").Options)),
     "layer0": (("model", "layers", 0, "attention"), fields_of(MIXERS.get("attention").Options)),
@@ -197,7 +197,7 @@ def gen_wrong_type(rng):
 
 def out_of_range(rng, tp, bounds):
     """A number ``bounds`` refuse (or a non-finite float, which no option takes)."""
-    at_least, above, at_most = bounds
+    at_least, above, at_most, below = bounds
     kind, _ = base_kind(tp)
     if kind is list:
         kind = typing.get_args(tp)[0]
@@ -211,6 +211,8 @@ def out_of_range(rng, tp, bounds):
     if at_most is not None:
         values += [at_most + 1] + ([10**18] if kind is int and at_most < 10**18 else []) \
             + ([1e308] if kind is float and at_most < 1e308 else [])
+    if below is not None:
+        values += [below, below + 1]
     if kind is int:
         values = [int(v) for v in values if not (isinstance(v, float) and not math.isfinite(v))]
     return rng.choice(values) if values else None

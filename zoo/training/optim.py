@@ -1,9 +1,9 @@
 """The optimizer and its schedule: AdamW with declared weight decay, linear warm-up then cosine decay.
 
 Weight decay is declared where a parameter is created, not guessed from names or shapes: a parameter
-marked ``p._no_weight_decay = True`` (norm gains and biases, biases, recurrence parameters such as
-decay rates and transition logits, the embedding; see :func:`mixers.layers.no_weight_decay`) is never
-decayed, every other parameter gets ``train.weight_decay``.
+declared with :func:`mixers.layers.no_weight_decay` (norm gains and biases, biases, recurrence
+parameters such as decay rates and transition logits, the embedding) or marked
+``p._no_weight_decay = True`` is never decayed, every other parameter gets ``train.weight_decay``.
 """
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ import math
 
 import torch
 
+from mixers.layers import split_weight_decay
+
 from ..config import Recipe
 
 
-def decays(param: torch.nn.Parameter) -> bool:
-    """Whether AdamW's weight decay applies to ``param`` (the declaration made where it was created)."""
-    return not getattr(param, "_no_weight_decay", False)
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if decays(p)], "weight_decay": weight_decay},
-            {"params": [p for p in params if not decays(p)], "weight_decay": 0.0}]
+    decayed, undecayed = split_weight_decay(model)
+    return [{"params": list(decayed.values()), "weight_decay": weight_decay},
+            {"params": list(undecayed.values()), "weight_decay": 0.0}]
 
 
 def lr_at(step: int, recipe: Recipe) -> float:

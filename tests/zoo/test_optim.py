@@ -1,0 +1,35 @@
+"""The optimizer decays exactly the parameters their modules declare decayed (zoo.training.optim)."""
+import torch
+
+from zoo.model import HybridLM
+from zoo.recipes import resolve
+from zoo.training.optim import make_optimizer
+
+from .test_train import TINY
+
+
+def test_one_adamw_step_shrinks_only_the_decayed_parameters():
+    """With zero gradients an AdamW step multiplies a decayed parameter by ``1 - lr * wd`` and leaves an
+    undecayed one unchanged: the embedding, every RMSNorm gain, Jordan's (N, m) LayerNorm gain and
+    bias, the recurrence parameters and the biases stay, the projections shrink."""
+    lr, wd = 0.1, 0.5
+    recipe = resolve(TINY, ["model.layers=[jordan, mamba2]", "model.mixer_options.jordan.state_norm=step",
+                            f"train.lr={lr}", f"train.weight_decay={wd}", "train.warmup_steps=1"])
+    model = HybridLM.from_recipe(recipe, vocab_size=12)
+    optimizer, _ = make_optimizer(model, recipe)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    shrunk = set()
+    for name, p in model.named_parameters():
+        if torch.equal(p, before[name]):
+            continue
+        torch.testing.assert_close(p, before[name] * (1 - lr * wd), rtol=1e-6, atol=0)
+        shrunk.add(name)
+    assert shrunk == {n for n, p in model.named_parameters() if n.endswith("weight") and p.ndim >= 2
+                      and "embed" not in n and "norm_weight" not in n}
+    for name in ("embed.weight", "blocks.0.mixer.norm_weight", "blocks.0.mixer.norm_bias", "norm.weight",
+                 "blocks.0.mixer_norm.weight", "blocks.1.mixer.D", "blocks.1.mixer.gate.A_log",
+                 "blocks.0.mixer.coupling", "blocks.1.mixer.conv.conv.bias"):
+        assert name not in shrunk, name
