@@ -5,6 +5,10 @@
 Vaswani et al. 2017, "Attention Is All You Need". The decode state is the KV cache, ``2 * T * H * d``
 elements: the only mixer here whose state grows with the context. Kernels: torch SDPA (CPU default),
 our Triton flash-style kernel, or flash-attn on CUDA (``backend``).
+
+Non-finite inputs: a NaN or inf at position t reaches the outputs of earlier positions too (the
+fused attention kernels multiply the zero weight of a masked score by the NaN value); large finite inputs
+do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ class Attention(Mixer):
     class Options:
         n_heads: int = opt(4, "number of heads")
         head_dim: int | None = opt(None, "per-head dimension (default d_model / n_heads)")
-        rope_base: float = opt(10000.0, "RoPE base frequency")
+        rope_base: float = opt(10000.0, "RoPE base frequency", above=0.0)
         backend: str = opt("auto", "kernel backend", choices=("auto", "reference", "torch", "triton", "flash_attn"))
 
         def __post_init__(self):

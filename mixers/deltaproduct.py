@@ -20,6 +20,9 @@ transform on the n_h*T interleaved sequence: torch on CPU, Triton on CUDA).
 
 Registered names: ``deltaproduct`` (n_h = 2, forget gate), ``deltanet`` (n_h = 1, no gate),
 ``gated_deltanet`` (n_h = 1, forget gate); all share the options below.
+
+Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk (NaN times the
+zero of the chunk's causal mask); large finite inputs do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ class DeltaProduct(Mixer):
         conv_size: int = opt(4, "short convolution width")
         chunk_size: int = opt(32, "chunk length of the chunked kernel (does not change the result; 32 measured "
                                   "fastest on a CPU)")
-        norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm")
+        norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm", above=0.0)
         backend: str = opt("auto", "kernel backend (fla: flash-linear-attention's chunked delta rule / product, "
                            "CUDA only)",
                            choices=("auto", "reference", "torch", "triton", "fla"))

@@ -5,7 +5,10 @@
 - the device exists here (``train.device=cuda`` on a machine without CUDA is one line, not a traceback);
 - every layer's kernel backend can run on that device: one forward pass of a few tokens, where a backend
   that cannot run (Triton on a CPU without the interpreter, a CUDA-only outside library) says so in one
-  line.
+  line;
+- no layer is structurally dead (:meth:`mixers.base.Mixer.dead_at`) at the training length or at any
+  ``eval.seq_lens`` length: a layer whose options keep every output independent of the input there (SKA
+  chunk-causal with ``chunk_size`` >= the length) would train as a silent zero.
 
 Each failure is a :class:`zoo.errors.UserError` naming the recipe and what to change.
 """
@@ -41,6 +44,7 @@ def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
         raise UserError(f"{where}: the model cannot be built ({_first_line(err)}); check the model and "
                         f"task sizes") from None
     sample = task.generate(1, task.seq_len, torch.Generator().manual_seed(recipe.seed))
+    check_alive(model, [sample.inputs.shape[1], *recipe.eval.seq_lens], where)
     ids = sample.inputs[:, :TRIAL_TOKENS].to(device)
     mask = None if sample.mask is None else sample.mask[:, :TRIAL_TOKENS].to(device)
     try:
@@ -49,6 +53,17 @@ def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
     except BackendUnavailable as err:
         raise UserError(f"{where}: {err}") from None
     return model, task
+
+
+def check_alive(model: HybridLM, lengths: list[int], where: str) -> None:
+    """Refuse a layer that cannot contribute at one of ``lengths`` (the training length first)."""
+    for i, block in enumerate(model.blocks):
+        for n, seq_len in enumerate(lengths):
+            reason = block.mixer.dead_at(seq_len)
+            if reason is not None:
+                at = "the training length" if n == 0 else "an eval.seq_lens length"
+                raise UserError(f"{where}: model.layers.{i} ({block.mixer.name}) cannot contribute at seq_len "
+                                f"{seq_len} ({at}): {reason}")
 
 
 def check_recipe(recipe: Recipe) -> tuple[HybridLM, Task]:
