@@ -42,6 +42,13 @@ def module_dtype(mixer: torch.nn.Module) -> torch.dtype | None:
     return None
 
 
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for ``device`` (cpu or cuda), else None."""
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
 def check_input(mixer, x, where: str, arg: str, rank: int) -> None:
     """``x`` must be a floating tensor of ``rank`` dims (3: (batch, T, d_model), 2: (batch, d_model)) in the
     module's dtype, with a nonzero batch."""
@@ -61,9 +68,7 @@ def check_input(mixer, x, where: str, arg: str, rank: int) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{head} must be a floating-point tensor ({want or 'the module dtype'}), got {x.dtype}; "
                         f"token ids go through the model's embedding, not a mixer")
-    device = x.device.type
-    autocast = torch.is_autocast_enabled(device) if device in ("cpu", "cuda") else False
-    if want is not None and x.dtype != want and not (autocast and x.dtype == torch.get_autocast_dtype(device)):
+    if want is not None and x.dtype != want and _autocast_dtype(x.device.type) != x.dtype:
         raise TypeError(f"{head} is {x.dtype} but the mixer's parameters are {want}; convert the input "
                         f"({arg}.to({want})) or the mixer (mixer.to({x.dtype}))")
     if x.shape[0] == 0:
@@ -147,7 +152,7 @@ def checked_step(fn):
         check_input(self, x_t, "step", "x_t", 2)
         check_state(self, state, x_t)
         device = x_t.device.type
-        if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        if _autocast_dtype(device) is not None:
             with torch.autocast(device, enabled=False):
                 return fn(self, x_t, state, *args, **kwargs)
         return fn(self, x_t, state, *args, **kwargs)
