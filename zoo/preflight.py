@@ -59,7 +59,8 @@ def check_alive(model: HybridLM, lengths: list[int], where: str) -> None:
     """Refuse a layer that cannot contribute at one of ``lengths`` (the training length first)."""
     for i, block in enumerate(model.blocks):
         for n, seq_len in enumerate(lengths):
-            reason = block.mixer.dead_at(seq_len)
+            dead_at = getattr(block.mixer, "dead_at", None)  # a registered class outside the Mixer base has none
+            reason = dead_at(seq_len) if dead_at is not None else None
             if reason is not None:
                 at = "the training length" if n == 0 else "an eval.seq_lens length"
                 raise UserError(f"{where}: model.layers.{i} ({block.mixer.name}) cannot contribute at seq_len "
