@@ -33,3 +33,21 @@ def test_an_eval_length_where_the_layer_is_dead_is_refused_too(capsys):
 def test_prefix_mode_reads_its_whole_prefix_at_any_length(capsys):
     code, err = check(capsys, "model.layers.1=ska", "model.mixer_options.ska.mode=prefix", "model.use_mask=true")
     assert code == 0, err
+
+
+def test_train_and_ablate_refuse_before_anything_trains(capsys, tmp_path):
+    for command in (["train", str(QUICKSTART), "--out", str(tmp_path / "train")],
+                    ["ablate", str(QUICKSTART), "--out", str(tmp_path / "ablate"), "--no-progress"]):
+        code = main([*command, "model.layers.1=ska"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and "model.layers.1 (ska)" in err[-1] and "chunk_size=64" in err[-1], err
+        assert not any(p.suffix in (".pt", ".jsonl") for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+
+def test_a_grid_cell_with_a_dead_layer_is_named(capsys, tmp_path):
+    recipe = tmp_path / "grid.yaml"
+    recipe.write_text(f"extends: {QUICKSTART}\ngrid:\n  - {{label: fine, model.layers: [mamba2, attention]}}\n"
+                      f"  - {{label: silent, model.layers: [mamba2, ska]}}\n")
+    code = main(["ablate", str(recipe), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "grid cell 'silent'" in err[-1] and "model.layers.1 (ska)" in err[-1], err
