@@ -5,6 +5,10 @@
 Vaswani et al. 2017, "Attention Is All You Need". The decode state is the KV cache, ``2 * T * H * d``
 elements: the only mixer here whose state grows with the context. Kernels: torch SDPA (CPU default),
 our Triton flash-style kernel, or flash-attn on CUDA (``backend``).
+
+Non-finite inputs: a NaN or inf at position t reaches the outputs of earlier positions too (the
+fused attention kernels multiply the zero weight of a masked score by the NaN value); large finite inputs
+do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 

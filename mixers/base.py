@@ -20,6 +20,12 @@ recurrence with an explicit, fixed-layout state (a ``dict`` of tensors). The con
 ``mask`` is an optional ``(batch, T)`` 0/1 tensor (a prefix or "action" mask) a task can pass through
 the model; mixers that do not declare ``uses_mask`` ignore it.
 
+Every subclass's ``forward``, ``prefill`` and ``step`` check their inputs at this boundary (shape, dtype,
+mask, state layout; ``T = 0`` gives an empty output, ``batch = 0`` is refused) through
+:mod:`mixers.boundary`, applied here once; ``step`` runs with autocast off. From its options a mixer also
+says whether it is causal (``non_causal_reason``) and whether it can contribute at all at a sequence
+length (``dead_at``), so a recipe with a layer that never reads anything is refused before training.
+
 Register a mixer with ``@register_mixer`` and it is picked up by the CLI, the recipes and the
 parametrised contract tests (``tests/mixers/test_contract.py``), which read the declarations.
 """
@@ -31,6 +37,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import nn
 
+from .boundary import checked_forward, checked_prefill, checked_step, wrap_methods
 from .options import OptionError, build_options, describe_options, nearest
 
 State = dict[str, torch.Tensor]
@@ -71,6 +78,10 @@ class Mixer(nn.Module):
     #: fp32 tolerance of the contract's parallel == recurrent checks. 1e-5 unless a mixer documents why its
     #: fp32 rounding is amplified (the same checks also run in fp64 at 1e-9 for every mixer)
     contract_fp32_rtol: ClassVar[float] = 1e-5
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        wrap_methods(cls)  # the boundary checks of mixers.boundary, once per defined method
 
     def __init__(self, d_model: int, options):
         super().__init__()
@@ -116,6 +127,23 @@ class Mixer(nn.Module):
         """State elements one decode step reads or writes (sparse-memory mixers touch only part of it)."""
         return self.state_size(seq_len)
 
+    # --- what the options make of the mixer ---------------------------------------------------------
+    @property
+    def non_causal_reason(self) -> str | None:
+        """None when every output depends only on the inputs at or before its position; else one line
+        naming the option that makes it read later tokens (a language-model task must refuse it)."""
+        return None
+
+    @property
+    def is_causal(self) -> bool:
+        return self.non_causal_reason is None
+
+    def dead_at(self, seq_len: int) -> str | None:
+        """None when the layer can contribute at length ``seq_len``; else one line naming the option that makes
+        every output independent of the input at that length (no gradient reaches the layer) and a value
+        that works. Structural only: from the options and the length, not from the weights or a mask."""
+        return None
+
     # --- test-time knobs -----------------------------------------------------------------------
     def knob(self, name: str):
         """The value of test-time knob ``name``: the evaluation override when one is set and the module
@@ -144,6 +172,12 @@ class Mixer(nn.Module):
     def extra_repr(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.options, f.name)!r}" for f in dataclasses.fields(self.options))
         return f"d_model={self.d_model}, {fields}"
+
+
+# the base methods are wrapped too, so a subclass that inherits them (forward from prefill) is checked
+Mixer.forward = checked_forward(Mixer.forward)
+Mixer.prefill = checked_prefill(Mixer.prefill)
+Mixer.step = checked_step(Mixer.step)
 
 
 class StateMixer(nn.Module):

@@ -20,6 +20,9 @@ transform on the n_h*T interleaved sequence: torch on CPU, Triton on CUDA).
 
 Registered names: ``deltaproduct`` (n_h = 2, forget gate), ``deltanet`` (n_h = 1, no gate),
 ``gated_deltanet`` (n_h = 1, forget gate); all share the options below.
+
+Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk (NaN times the
+zero of the chunk's causal mask); large finite inputs do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 

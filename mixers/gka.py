@@ -18,6 +18,9 @@ steps; its inner products make it fragile in low precision) or an exact solve (m
 ``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the paper's exact
 reverse-Chebyshev Algorithm 2, or autograd through the unrolled iterations). The core is
 :func:`kernels.gka.gka`; decode is :func:`kernels.gka.gka_step`.
+
+Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk (NaN times the
+zero of the chunk's causal mask); large finite inputs do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 

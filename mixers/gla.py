@@ -11,6 +11,9 @@ Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient T
 variant as in fla's simple GLA), with the projections, gates and normalisation of the Gated KalmaNet
 block (Gated KalmaNet, arXiv 2511.21016, Fig. 4) so that GKA with ``num_iter = 0`` is this mixer with the same weights
 (GKA adds one alpha-gate projection). The core is :func:`kernels.gla.gla`.
+
+Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk (NaN times the
+zero of the chunk's causal mask); large finite inputs do not (the contract suite checks 1e30).
 """
 from __future__ import annotations
 

@@ -51,6 +51,10 @@ Decode state per sequence: ``S (H, M, d_v)``, ``z (H, M)``, the convolution buff
 counter with ``pos_address``), constant in T; a step reads/writes only ``2 K (d_v + 1)`` memory elements
 per head plus the convolution buffer (``active_state_size``). Without autograd, ``step`` writes those
 rows into the state tensors it is given (no copy of the ``M x d_v`` memory per token).
+
+Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk in the dense
+layout (NaN times the zero of the chunk's causal mask); large finite inputs do not (the contract suite
+checks 1e30).
 """
 from __future__ import annotations
 

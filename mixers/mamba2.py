@@ -7,6 +7,11 @@
 Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured
 State Space Duality". The scan is :func:`kernels.ssd.ssd` (chunked PyTorch on CPU, Triton on CUDA);
 A = -exp(A_log) with A ~ U(1, 16) and dt initialised log-uniformly in [1e-3, 1e-1].
+
+dt is capped at ``DT_MAX`` = 1e3 (far above any trained value; at dt = 1e3, exp(dt A) < e^-50 for A >= 0.05): without a cap a
+huge but finite input x_t gives dt_t ~ |x_t| and an input term dt_t x_t that overflows fp32, and the chunked
+scan's causal mask (0 * inf) carries the NaN to the earlier positions of t's chunk. A non-finite input still
+does that (NaN times the mask's zero), as in every chunked kernel here.
 """
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ from kernels.ssd import BACKENDS, ssd, ssd_step
 from .base import Mixer, State, register_mixer
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
 from .options import backend_opt, opt
+
+#: upper bound of the step size dt (see the module docstring)
+DT_MAX = 1e3
 
 
 @register_mixer
@@ -76,7 +84,7 @@ class Mamba2(Mixer):
     def _forward(self, u):
         z, xBC_raw = self._project(u)
         x, B, C = self._split(self.conv(xBC_raw))
-        _, dt = self.gate(u)
+        dt = self.gate(u)[1].clamp(max=DT_MAX)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, chunk_size=self.options.chunk_size,
                    backend=self.options.backend)
@@ -94,7 +102,7 @@ class Mamba2(Mixer):
         z, xBC_raw = self._project(u_t)
         xBC, conv_state = self.conv.step(xBC_raw, state["conv"])
         x, B, C = self._split(xBC)
-        _, dt = self.gate(u_t)
+        dt = self.gate(u_t)[1].clamp(max=DT_MAX)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd_step(x, dt.to(x.dtype), A.to(x.dtype), B, C, state["ssm"])
         return self._finish(y, x, z), {"conv": conv_state, "ssm": h}

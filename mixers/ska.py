@@ -159,3 +159,38 @@ class SKA(Mixer):
     def state_size(self, seq_len: int) -> int:
         H, r, P = self.options.n_heads, self.options.rank, self.P
         return H * (2 * r * r + P * r + r + 1)
+
+    # --- what the options make of it ---------------------------------------------------------
+    @property
+    def non_causal_reason(self) -> str | None:
+        o = self.options
+        if o.mode == "prefix":
+            return "mode=prefix reads the statistics of the whole (masked) sequence at every position; use mode=chunk_causal"
+        if o.normalisation == "seq_max":
+            return ("normalisation=seq_max scales every key by the largest key of the whole sequence; "
+                    "use normalisation=running_max")
+        return None
+
+    def dead_at(self, seq_len: int) -> str | None:
+        """A readout is 0 unless its statistics hold a token, and with ``power >= 1`` a lag-one pair (else
+        A = 0). chunk_causal position t reads the chunks before its own: with ``chunk_size = c >= 2`` the
+        first live position is c (chunk 0 holds c - 1 pairs); with c = 1 it is 2 (one pair), or 1 at p = 0.
+        prefix reads every token, so only ``T = 1`` with ``power >= 1`` is dead."""
+        o, T = self.options, seq_len
+        pairs = o.power >= 1
+        if o.mode == "prefix":
+            if pairs and T < 2:
+                return (f"mode=prefix with power={o.power} needs two tokens for its lag-one operator at "
+                        f"seq_len={T}; use power=0")
+            return None
+        first_live = o.chunk_size if o.chunk_size >= 2 or not pairs else 2
+        if T > first_live:
+            return None
+        if T >= 3:
+            fix = f"use chunk_size={max(2, T // 2)} (any value <= {T - 1}) or mode=prefix with a mask"
+        elif T == 2:
+            fix = "use chunk_size=1 with power=0, or mode=prefix with a mask"
+        else:
+            fix = "use mode=prefix with power=0"
+        return (f"chunk_size={o.chunk_size}: chunk_causal reads only chunks finished before a position's own, "
+                f"so at seq_len={T} no position reads anything (output 0, no gradient); {fix}")

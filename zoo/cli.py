@@ -26,7 +26,7 @@ from .experiments.ablate import CellsFailed, run_ablation
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
 from .experiments.rows import append_row, make_row, read_rows
-from .preflight import check_recipe
+from .preflight import check_recipe, refuse_dead_layers
 from .recipes import layer_label, resolve
 from .tasks import TASKS
 from .training import distributed
@@ -89,6 +89,7 @@ def cmd_check(args) -> int:
 
 def cmd_train(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
+    refuse_dead_layers(recipe)
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
@@ -137,6 +138,7 @@ def cmd_eval(args) -> int:
 
 def cmd_ablate(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
+    refuse_dead_layers(recipe)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem
     executor = make_executor(args.executor, address=args.address, cpus_per_cell=args.cpus_per_cell,

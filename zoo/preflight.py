@@ -5,7 +5,10 @@
 - the device exists here (``train.device=cuda`` on a machine without CUDA is one line, not a traceback);
 - every layer's kernel backend can run on that device: one forward pass of a few tokens, where a backend
   that cannot run (Triton on a CPU without the interpreter, a CUDA-only outside library) says so in one
-  line.
+  line;
+- no layer is structurally dead (:meth:`mixers.base.Mixer.dead_at`) at the training length or at any
+  ``eval.seq_lens`` length: a layer whose options keep every output independent of the input there (SKA
+  chunk-causal with ``chunk_size`` >= the length) would train as a silent zero.
 
 Each failure is a :class:`zoo.errors.UserError` naming the recipe and what to change.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import BackendUnavailable
+from mixers import MIXERS
 
 from .config import Recipe
 from .errors import UserError
@@ -41,6 +45,7 @@ def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
         raise UserError(f"{where}: the model cannot be built ({_first_line(err)}); check the model and "
                         f"task sizes") from None
     sample = task.generate(1, task.seq_len, torch.Generator().manual_seed(recipe.seed))
+    check_alive([block.mixer for block in model.blocks], [task.seq_len, *recipe.eval.seq_lens], where)
     ids = sample.inputs[:, :TRIAL_TOKENS].to(device)
     mask = None if sample.mask is None else sample.mask[:, :TRIAL_TOKENS].to(device)
     try:
@@ -49,6 +54,38 @@ def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
     except BackendUnavailable as err:
         raise UserError(f"{where}: {err}") from None
     return model, task
+
+
+def check_alive(mixers: list, lengths: list[int], where: str) -> None:
+    """Refuse a layer that cannot contribute at one of ``lengths`` (the training length first)."""
+    for i, mixer in enumerate(mixers):
+        dead_at = getattr(mixer, "dead_at", None)  # a registered class outside the Mixer base has none
+        for n, seq_len in enumerate(lengths):
+            reason = dead_at(seq_len) if dead_at is not None else None
+            if reason is not None:
+                at = "the training length" if n == 0 else "an eval.seq_lens length"
+                raise UserError(f"{where}: model.layers.{i} ({mixer.name}) cannot contribute at seq_len "
+                                f"{seq_len} ({at}): {reason}")
+
+
+def _meta_mixers(recipe: Recipe) -> list | None:
+    """The recipe's mixers built on the meta device (no memory, no initialisation); None if one cannot be
+    built there (the model's own build then reports it in the recipe's words)."""
+    try:
+        with torch.device("meta"):
+            return [MIXERS.get(spec.name)(recipe.model.d_model, spec.options) for spec in recipe.layers]
+    except (ValueError, TypeError, ArithmeticError, RuntimeError, NotImplementedError, MemoryError):
+        return None
+
+
+def refuse_dead_layers(recipe: Recipe) -> None:
+    """The dead-layer part of :func:`check_recipe` alone (no model, no trial pass), for ``zoo train`` and
+    ``zoo ablate`` before anything trains."""
+    source = recipe.source or "recipe"
+    for each, where in [(c.recipe, f"{source}: grid cell {c.label!r}") for c in recipe.cells] + [(recipe, source)]:
+        mixers = _meta_mixers(each)
+        if mixers is not None:
+            check_alive(mixers, [Task.from_spec(each.task).seq_len, *each.eval.seq_lens], where)
 
 
 def check_recipe(recipe: Recipe) -> tuple[HybridLM, Task]:

@@ -18,10 +18,9 @@ from mixers.base import Mixer
 D_MODEL = 32
 
 
-def make(name, dtype=torch.float32, **extra):
-    options = {**MIXERS.get(name).contract_options, **extra}
-    mixer = build_mixer(name, D_MODEL, options).to(dtype)
-    # zero-initialised output projections would make every comparison trivially 0 == 0
+def unzero(mixer):
+    """Give zero-initialised output projections (and zero scalars) random values: at exactly zero every
+    comparison is trivially 0 == 0 and no gradient passes them."""
     with torch.no_grad():
         for module in mixer.modules():
             if isinstance(module, torch.nn.Linear) and module.weight.abs().sum() == 0:
@@ -29,7 +28,12 @@ def make(name, dtype=torch.float32, **extra):
         for _, p in mixer.named_parameters():
             if p.ndim == 0 and p.abs().sum() == 0:
                 p.fill_(1.0)
-    return mixer.eval()
+    return mixer
+
+
+def make(name, dtype=torch.float32, **extra):
+    options = {**MIXERS.get(name).contract_options, **extra}
+    return unzero(build_mixer(name, D_MODEL, options).to(dtype)).eval()
 
 
 def rel(a, b):
@@ -58,6 +62,9 @@ def check_declarations(name):
         assert has_option(name, knob), f"{name}: test-time knob {knob!r} is not an option"
     if cls.chunk_size_changes_output:
         assert has_option(name, "chunk_size"), f"{name}: declares chunk_size_changes_output without a chunk_size option"
+    m = make(name)
+    assert m.is_causal, f"{name}: contract_options must be causal, but {m.non_causal_reason}"
+    assert m.dead_at(9) is None, f"{name}: contract_options must contribute at T = 9, but {m.dead_at(9)}"
 
 
 def check_prefill_is_parallel(name):
@@ -224,3 +231,170 @@ def check_autocast(name):
     (y.float() * torch.randn_like(ref)).sum().backward()
     assert torch.isfinite(y.float()).all() and torch.isfinite(xg.grad).all(), f"{name}: non-finite under autocast"
     assert rel(y.float(), ref) < 0.1, f"{name}: bf16 autocast output far from fp32 ({rel(y.float(), ref):.2e})"
+
+
+# --- the input boundary (mixers.boundary) -----------------------------------------------------------------
+def _call(m, method, *args):
+    with torch.no_grad():
+        return getattr(m, method)(*args)
+
+
+def boundary_probes(m):
+    """``[(what, call, error type, fragments its message must hold)]``: malformed tensors at every method."""
+    D, x, state = D_MODEL, torch.randn(2, 5, D_MODEL), m.init_state(2)
+    other_batch = m.init_state(3)
+    key = sorted(state)[0]
+    probes = []
+    for method in ("forward", "prefill"):
+        probes += [
+            (f"{method}: d_model + 1", lambda f=method: _call(m, f, torch.randn(2, 5, D + 1)), ValueError,
+             ["x", f"d_model={D}", "(2, 5, 33)"]),
+            (f"{method}: (B, D) input", lambda f=method: _call(m, f, torch.randn(2, D)), ValueError, ["x", "(2, 32)"]),
+            (f"{method}: rank 4", lambda f=method: _call(m, f, torch.randn(2, 5, 1, D)), ValueError, ["(2, 5, 1, 32)"]),
+            (f"{method}: int64 ids", lambda f=method: _call(m, f, torch.randint(0, 9, (2, 5, D))), TypeError,
+             ["x", "torch.int64"]),
+            (f"{method}: bool", lambda f=method: _call(m, f, torch.ones(2, 5, D, dtype=torch.bool)), TypeError,
+             ["torch.bool"]),
+            (f"{method}: float64 into fp32", lambda f=method: _call(m, f, x.double()), TypeError,
+             ["torch.float64", "torch.float32"]),
+            (f"{method}: a list", lambda f=method: _call(m, f, x.tolist()), TypeError, ["x", "list"]),
+            (f"{method}: batch 0", lambda f=method: _call(m, f, torch.randn(0, 5, D)), ValueError, ["batch size 0"]),
+            (f"{method}: mask (B, T - 1)", lambda f=method: _call(m, f, x, torch.ones(2, 4)), ValueError,
+             ["mask", "(2, 5)", "(2, 4)"]),
+            (f"{method}: mask rank 3", lambda f=method: _call(m, f, x, torch.ones(2, 5, 1)), ValueError,
+             ["mask", "(2, 5, 1)"]),
+            (f"{method}: mask rank 1", lambda f=method: _call(m, f, x, torch.ones(5)), ValueError, ["mask", "(5,)"]),
+        ]
+    probes += [
+        ("step: (B, T, D) input", lambda: _call(m, "step", x, state), ValueError, ["x_t", "(2, 5, 32)", "prefill"]),
+        ("step: d_model - 1", lambda: _call(m, "step", torch.randn(2, D - 1), state), ValueError, ["x_t", "(2, 31)"]),
+        ("step: int64", lambda: _call(m, "step", torch.randint(0, 9, (2, D)), state), TypeError, ["torch.int64"]),
+        ("step: float64 into fp32", lambda: _call(m, "step", torch.randn(2, D, dtype=torch.float64), state), TypeError,
+         ["torch.float64"]),
+        ("step: batch 0", lambda: _call(m, "step", torch.randn(0, D), m.init_state(1)), ValueError, ["batch size 0"]),
+        ("step: state of batch 3", lambda: _call(m, "step", torch.randn(2, D), other_batch), ValueError,
+         ["state[", "batch 2", "another batch size"]),
+        ("step: empty state", lambda: _call(m, "step", torch.randn(2, D), {}), ValueError, ["state", "empty"]),
+        ("step: a key renamed", lambda: _call(m, "step", torch.randn(2, D),
+                                               {**{k: v for k, v in state.items() if k != key}, "renamed": state[key]}),
+         ValueError, ["state", repr(key), "'renamed'"]),
+        ("step: tensor as state", lambda: _call(m, "step", torch.randn(2, D), torch.zeros(2, 4)), TypeError, ["state"]),
+        ("step: a state tensor reshaped", lambda: _call(m, "step", torch.randn(2, D), {**state, key: state[key][..., None]}),
+         ValueError, [f"state[{key!r}]"]),
+    ]
+    return probes
+
+
+def check_boundary(name):
+    """Every malformed call is refused with one line that starts with the mixer and method and names the
+    argument and the shapes or dtypes involved, never with an error from inside the computation."""
+    m = make(name)
+    for what, call, error, fragments in boundary_probes(m):
+        try:
+            call()
+        except (ValueError, TypeError, RuntimeError, KeyError, IndexError) as err:
+            message = str(err)
+            assert isinstance(err, error), f"{name} / {what}: {type(err).__name__} instead of {error.__name__}: {message}"
+            assert message.startswith(f"{name}.") and "\n" not in message, f"{name} / {what}: {message!r}"
+            missing = [f for f in fragments if f not in message]
+            assert not missing, f"{name} / {what}: the message lacks {missing}: {message!r}"
+        else:
+            raise AssertionError(f"{name} / {what}: accepted")
+
+
+def check_empty_time(name):
+    """T = 0: an empty output from forward and prefill, and prefill's state is init_state's (nothing consumed),
+    so decoding from it equals decoding from init_state."""
+    m = make(name)
+    x = torch.randn(2, 0, D_MODEL)
+    with torch.no_grad():
+        y = m(x, torch.ones(2, 0))
+        y_pre, state = m.prefill(x)
+        fresh = m.init_state(2)
+        assert y.shape == (2, 0, D_MODEL) and y_pre.shape == (2, 0, D_MODEL), f"{name}: {y.shape}, {y_pre.shape}"
+        assert set(state) == set(fresh) and all(torch.equal(state[k], fresh[k]) for k in fresh), f"{name}: T=0 state"
+        x_t = torch.randn(2, D_MODEL)
+        assert torch.equal(m.step(x_t, state)[0], m.step(x_t, m.init_state(2))[0])
+
+
+def check_large_finite_input(name):
+    """A single huge but finite input (+-1e30) at position t leaves every output before t finite, for the
+    contract chunk size and for one chunk holding the whole sequence (t mid-chunk both times)."""
+    T, t = 20, 13
+    variants = [{}] + ([{"chunk_size": 32}] if has_option(name, "chunk_size") else [])
+    for extra in variants:
+        m = make(name, **extra)
+        assert m.is_causal, f"{name} {extra}: not causal ({m.non_causal_reason})"
+        for value in (1e30, -1e30):
+            x = torch.randn(2, T, D_MODEL)
+            x[:, t] = value
+            with torch.no_grad():
+                y = m(x)
+            bad = (~torch.isfinite(y[:, :t])).any(-1).any(0).nonzero().flatten().tolist()
+            assert not bad, f"{name} {extra}: input {value:g} at t={t} made the outputs at {bad} non-finite"
+
+
+#: bf16 autocast: decode (prefill + step) within this relative distance (norm of the difference over the
+#: norm of the output) of forward under the same autocast, and of the fp32 forward. bf16 keeps 8 mantissa
+#: bits (unit roundoff 2^-8 = 3.9e-3); forward itself lands 0.4-1.2e-2 from fp32 here, so 5e-2 (about 13
+#: roundoffs) passes rounding and fails a decode that computes its state update in bf16 (0.34 for GKA)
+AUTOCAST_DECODE_RTOL = 5e-2
+
+
+def check_autocast_decode(name):
+    """Under bf16 autocast, decoding token by token (from init_state, and after a short prefill) gives the
+    outputs of forward under the same autocast, and of the fp32 forward, within AUTOCAST_DECODE_RTOL on the
+    decoded positions."""
+    m = make(name)
+    x = torch.randn(2, 24, D_MODEL)
+    split = 4
+    with torch.no_grad():
+        ref = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x).float()
+            y_rec = m.forward_recurrent(x)[0].float()
+            _, state = m.prefill(x[:, :split])
+            ys = []
+            for t in range(split, x.shape[1]):
+                y_t, state = m.step(x[:, t], state)
+                ys.append(y_t.float())
+    decoded = {"from init_state": (y_rec, slice(None)),
+               f"after a prefill of {split}": (torch.stack(ys, 1), slice(split, None))}
+    for how, (y_dec, positions) in decoded.items():
+        for against, label in ((y, "bf16 forward"), (ref, "fp32 forward")):
+            err = rel(y_dec, against[:, positions])
+            assert err < AUTOCAST_DECODE_RTOL, f"{name}: bf16 autocast decode {how} vs {label}: rel err {err:.2e}"
+
+
+#: d_model of the default-option checks (every default divides it)
+D_SMALL = 16
+
+
+def first_live_length(m, longest: int = 1 << 16) -> int:
+    return next(T for T in range(1, longest) if m.dead_at(T) is None)
+
+
+def check_gradients_reach_every_parameter(name):
+    """At its default options, at the shortest length a recipe may use (``dead_at`` is None), every parameter
+    gets a gradient; below that length (where ``dead_at`` names the option) nothing does, and the output
+    ignores the input. T = 1 is skipped on the live side: the state before the first token is zero, so no
+    transition (decay, coupling, slot forgetting) can matter there."""
+    m = unzero(build_mixer(name, D_SMALL, {})).train()
+    live = first_live_length(m)
+    for T in sorted({1, live - 1} - {0}) if live > 1 else []:
+        reason = m.dead_at(T)
+        assert reason is not None and "=" in reason, f"{name}: dead_at({T}) = {reason!r} (below the first live length)"
+        m.zero_grad()
+        x = torch.randn(4, T, D_SMALL, requires_grad=True)
+        y = m(x)
+        (y * torch.randn_like(y)).sum().backward()
+        moved = [n for n, p in m.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+        assert not moved and x.grad.abs().sum() == 0, f"{name}: dead_at({T}) says dead but {moved} get gradients"
+    T = max(live, 2)
+    m.zero_grad()
+    # 32 sequences: a sparse memory's forgetting needs one slot written twice in some sequence
+    x = torch.randn(32, T, D_SMALL)
+    y = m(x)
+    (y * torch.randn_like(y)).sum().backward()
+    frozen = [n for n, p in m.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not frozen, f"{name}: at T={T} (first live length {live}) no gradient reaches {frozen}"

@@ -4,7 +4,9 @@ Registering a mixer is enough to put it under these tests: declarations, a paral
 parallel == step-by-step recurrence (fp32 and fp64), prefill-then-decode == full forward, chunk-size
 invariance unless declared otherwise, mask use as declared, batch independence, an honest
 ``state_size`` that grows with T exactly when declared, finite outputs and gradients on degenerate
-inputs, dtype round trip and test-time knobs.
+inputs, dtype round trip and test-time knobs; the input boundary (every malformed tensor refused with one
+line naming the argument, T = 0 empty), a huge finite input never turning earlier outputs non-finite, bf16
+autocast decode == forward, and gradients reaching every parameter at the first length ``dead_at`` allows.
 """
 import pytest
 import torch
@@ -12,11 +14,12 @@ import torch
 from mixers import MIXERS
 
 from . import contract
-from .contract import DEGENERATE, D_MODEL, make, rel
+from .contract import D_MODEL, DEGENERATE, make, rel
 
 NAMES = MIXERS.names()
 SIMPLE = ("declarations", "prefill_is_parallel", "causal", "state_size", "chunk_size", "mask_declaration",
-          "batch_independence", "test_time_knobs", "autocast")
+          "batch_independence", "test_time_knobs", "autocast", "boundary", "empty_time", "large_finite_input",
+          "autocast_decode", "gradients_reach_every_parameter")
 BY_DTYPE = ("parallel_equals_recurrent", "prefill_then_decode", "dtype_round_trip")
 
 

@@ -1,6 +1,6 @@
 """The contract suite passes the worked example of CONTRIBUTING.md and fails deliberately broken mixers:
-one without a parallel prefill, one whose prefill is the token loop, and one whose state grows with T
-without declaring it."""
+one without a parallel prefill, one whose prefill is the token loop, one whose state grows with T
+without declaring it, and one that reads nothing at short lengths without saying so in dead_at."""
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,23 @@ class UndeclaredGrowth(CumulativeMean):
         return seq_len * self.options.d_inner
 
 
+class UndeclaredDeadness(CumulativeMean):
+    """Outputs 0 at the first 8 positions (as a chunk-causal mixer reading only finished chunks of 8 would)
+    without saying so in dead_at."""
+    name = "broken_undeclared_deadness"
+
+    def prefill(self, x, mask=None):
+        y, state = super().prefill(x)
+        return y * (torch.arange(x.shape[1]) >= 8)[None, :, None], state
+
+
+class DeclaredDeadness(UndeclaredDeadness):
+    name = "declared_deadness"
+
+    def dead_at(self, seq_len):
+        return None if seq_len > 8 else f"first_read=8: no position < 8 reads anything at seq_len={seq_len}"
+
+
 @pytest.fixture
 def registered():
     added = []
@@ -60,7 +77,9 @@ def registered():
 
 
 CHECKS = [(check, ()) for check in ("declarations", "prefill_is_parallel", "causal", "state_size", "chunk_size",
-                                    "mask_declaration", "batch_independence", "test_time_knobs")]
+                                    "mask_declaration", "batch_independence", "test_time_knobs", "boundary",
+                                    "empty_time", "large_finite_input", "autocast_decode",
+                                    "gradients_reach_every_parameter")]
 CHECKS += [(check, (dtype,)) for check in ("parallel_equals_recurrent", "prefill_then_decode", "dtype_round_trip")
            for dtype in (torch.float32, torch.float64)]
 CHECKS += [("finite", (case,)) for case in contract.DEGENERATE]
@@ -73,7 +92,8 @@ def test_the_contributing_example_passes_every_check(registered):
 
 
 @pytest.mark.parametrize("cls,failing", [(NoPrefill, "declarations"), (LoopPrefill, "prefill_is_parallel"),
-                                         (UndeclaredGrowth, "state_size")])
+                                         (UndeclaredGrowth, "state_size"),
+                                         (UndeclaredDeadness, "gradients_reach_every_parameter")])
 def test_a_broken_mixer_fails_the_contract(registered, cls, failing):
     name = registered(cls)
     with pytest.raises((AssertionError, NotImplementedError)):
@@ -83,6 +103,10 @@ def test_a_broken_mixer_fails_the_contract(registered, cls, failing):
 def test_declaring_the_growth_makes_the_same_mixer_pass(registered):
     declared = type("DeclaredGrowth", (UndeclaredGrowth,), {"name": "declared_growth", "state_grows_with_seq_len": True})
     contract.check_state_size(registered(declared))
+
+
+def test_declaring_the_deadness_makes_the_same_mixer_pass(registered):
+    contract.check_gradients_reach_every_parameter(registered(DeclaredDeadness))
 
 
 def test_the_contributing_guide_shows_the_tested_example():

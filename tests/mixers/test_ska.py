@@ -146,3 +146,45 @@ def test_degenerate_inputs_finite(opts):
         assert torch.isfinite(x.grad).all()
         assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
         m.zero_grad()
+
+
+def _reads_input(m, T, B=3):
+    """Whether any output of ``m`` at length T depends on its input (a gradient reaches x)."""
+    x = torch.randn(B, T, 16, requires_grad=True)
+    y = m(x)
+    (y * torch.randn_like(y)).sum().backward()
+    return bool(x.grad.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("opts", [{"chunk_size": 4}, {"chunk_size": 2}, {"chunk_size": 1}, {"chunk_size": 1, "power": 0},
+                                  {"chunk_size": 3, "power": 0}, {"mode": "prefix"}, {"mode": "prefix", "power": 0}])
+def test_dead_at_says_exactly_when_no_output_reads_the_input(opts):
+    """dead_at(T) is None iff a gradient reaches the input at length T, and its reason names the option."""
+    m = make(16, n_heads=2, rank=4, normalisation="running_max", **opts)
+    for T in range(1, 8):
+        reason = m.dead_at(T)
+        assert (reason is None) == _reads_input(m, T), (opts, T, reason)
+        if reason is not None:
+            assert ("chunk_size=" in reason or "power=" in reason) and "\n" not in reason
+
+
+def test_dead_at_suggests_a_chunk_size_that_works():
+    m = make(16, n_heads=2, rank=4)
+    reason = m.dead_at(32)
+    assert "chunk_size=64" in reason and "chunk_size=16" in reason
+    assert make(16, n_heads=2, rank=4, chunk_size=16).dead_at(32) is None
+
+
+@pytest.mark.parametrize("mode", ["chunk_causal", "prefix"])
+@pytest.mark.parametrize("normalisation", ["running_max", "seq_max"])
+def test_is_causal_matches_what_the_outputs_do(mode, normalisation):
+    """is_causal is False exactly for the configurations whose earlier outputs change with later inputs."""
+    m = make(16, n_heads=2, rank=4, chunk_size=2, mode=mode, normalisation=normalisation).double()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    later = x.clone()
+    later[:, 8:] = 5 * torch.randn_like(later[:, 8:])
+    with torch.no_grad():
+        leaks = not torch.allclose(m(x)[:, :8], m(later)[:, :8], atol=1e-12, rtol=0)
+    assert m.is_causal == (not leaks) == (m.non_causal_reason is None)
+    if not m.is_causal:
+        assert (mode if mode == "prefix" else normalisation) in m.non_causal_reason

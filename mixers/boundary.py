@@ -1,0 +1,171 @@
+"""Input checks at the Mixer contract boundary, applied once to every mixer class.
+
+:class:`mixers.base.Mixer` wraps each subclass's ``forward``, ``prefill`` and ``step`` with the wrappers
+below (in ``__init_subclass__``), so no mixer checks its own inputs and an out-of-tree mixer gets the same
+checks. A malformed call fails with one line that names the method, the argument, the expected shape or
+dtype and the one given, before any projection runs:
+
+- ``x`` of ``forward`` / ``prefill``: a floating tensor ``(batch, T, d_model)``; ``x_t`` of ``step``:
+  ``(batch, d_model)`` (a ``(batch, T, d_model)`` input to ``step`` is pointed to ``prefill``);
+- the dtype of the module's parameters (an integer, bool or float64 input to an fp32 module is refused,
+  not silently cast); inside an autocast region the autocast dtype is accepted too;
+- ``mask``: ``None`` or a tensor of shape ``(batch, T)``, the first two dimensions of ``x``;
+- ``state`` of ``step``: a mapping with the keys and shapes of ``init_state(batch)`` for the batch of
+  ``x_t`` (a dimension of size 0 there, the length of a KV cache, may take any size);
+- ``batch = 0`` is refused (every mixer alike); ``T = 0`` returns an empty ``(batch, 0, d_model)`` output
+  and, from ``prefill``, the state of ``init_state`` (nothing consumed).
+
+``step`` also runs with autocast switched off for its device: one decode token is cheap, and the
+recurrent state update must be computed in fp32 as the parallel kernels do (bf16 matmuls inside a
+per-token solve or state update drift from ``forward`` by far more than bf16 rounding).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Mapping
+
+import torch
+
+#: attribute set on a wrapped method, so that inherited or re-assigned methods are wrapped once
+WRAPPED = "_mixer_boundary_checked"
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
+def module_dtype(mixer: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the mixer's first floating parameter (or buffer); None if it has none."""
+    for tensor in (*mixer.parameters(), *mixer.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for ``device`` (cpu or cuda), else None."""
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
+def check_input(mixer, x, where: str, arg: str, rank: int) -> None:
+    """``x`` must be a floating tensor of ``rank`` dims (3: (batch, T, d_model), 2: (batch, d_model)) in the
+    module's dtype, with a nonzero batch."""
+    D = mixer.d_model
+    expected = f"(batch, T, d_model={D})" if rank == 3 else f"(batch, d_model={D})"
+    head = f"{mixer.name}.{where}: {arg}"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{head} must be a torch.Tensor of shape {expected}, got {type(x).__name__}")
+    if x.ndim != rank or x.shape[-1] != D:
+        hint = ""
+        if rank == 2 and x.ndim == 3:
+            hint = "; step takes one token per sequence: run a whole sequence with prefill(x)"
+        elif rank == 3 and x.ndim == 2:
+            hint = "; for one token per sequence use x[:, None] or step(x_t, state)"
+        raise ValueError(f"{head} must have shape {expected}, got {tuple(x.shape)}{hint}")
+    want = module_dtype(mixer)
+    if not x.is_floating_point():
+        raise TypeError(f"{head} must be a floating-point tensor ({want or 'the module dtype'}), got {x.dtype}; "
+                        f"token ids go through the model's embedding, not a mixer")
+    if want is not None and x.dtype != want and _autocast_dtype(x.device.type) != x.dtype:
+        raise TypeError(f"{head} is {x.dtype} but the mixer's parameters are {want}; convert the input "
+                        f"({arg}.to({want})) or the mixer (mixer.to({x.dtype}))")
+    if x.shape[0] == 0:
+        raise ValueError(f"{head} has batch size 0 (shape {tuple(x.shape)}); pass at least one sequence")
+
+
+def check_mask(mixer, mask, x, where: str) -> None:
+    if mask is None:
+        return
+    expected = tuple(x.shape[:2])
+    head = f"{mixer.name}.{where}: mask"
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{head} must be None or a tensor of shape (batch, T) = {expected}, got {type(mask).__name__}")
+    if tuple(mask.shape) != expected:
+        raise ValueError(f"{head} must have shape (batch, T) = {expected} like x {tuple(x.shape)}, "
+                         f"got {tuple(mask.shape)}")
+
+
+def state_layout(mixer, batch: int) -> dict[str, tuple]:
+    """``{key: shape}`` of ``init_state(batch)``, a dimension of size 0 (a cache length) as None; cached per
+    batch size (built on the meta device, so it allocates nothing)."""
+    cache = mixer.__dict__.setdefault("_state_layouts", {})
+    if batch not in cache:
+        state = mixer.init_state(batch, device="meta", dtype=torch.float32)
+        cache[batch] = {k: tuple(None if s == 0 else s for s in v.shape) for k, v in state.items()}
+    return cache[batch]
+
+
+def check_state(mixer, state, x_t) -> None:
+    head = f"{mixer.name}.step: state"
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{head} must be the dict of tensors from init_state(batch_size) or prefill(x), "
+                        f"got {type(state).__name__}")
+    if not state:
+        raise ValueError(f"{head} is empty; start from mixer.init_state(batch_size) or the state prefill(x) returns")
+    B = x_t.shape[0]
+    layout = state_layout(mixer, B)
+    if set(state) != set(layout):
+        raise ValueError(f"{head} must have the keys {sorted(layout)} (as init_state returns), got {sorted(state)}")
+    for key, shape in layout.items():
+        value = state[key]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{head}[{key!r}] must be a tensor of shape {_shape(shape)}, got {type(value).__name__}")
+        if value.ndim != len(shape) or any(s is not None and s != g for s, g in zip(shape, value.shape)):
+            other = " (a state from another batch size?)" if value.ndim == len(shape) and value.shape[0] != B else ""
+            raise ValueError(f"{head}[{key!r}] must have shape {_shape(shape)} for x_t of batch {B}, "
+                             f"got {tuple(value.shape)}{other}")
+
+
+def empty_output(mixer, x: torch.Tensor) -> torch.Tensor:
+    return x.new_zeros(x.shape[0], 0, mixer.d_model)
+
+
+def checked_forward(fn):
+    @functools.wraps(fn)
+    def forward(self, x, mask=None, *args, **kwargs):
+        check_input(self, x, "forward", "x", 3)
+        check_mask(self, mask, x, "forward")
+        if x.shape[1] == 0:
+            return empty_output(self, x)
+        return fn(self, x, mask, *args, **kwargs)
+    setattr(forward, WRAPPED, True)
+    return forward
+
+
+def checked_prefill(fn):
+    @functools.wraps(fn)
+    def prefill(self, x, mask=None, *args, **kwargs):
+        check_input(self, x, "prefill", "x", 3)
+        check_mask(self, mask, x, "prefill")
+        if x.shape[1] == 0:
+            return empty_output(self, x), self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        return fn(self, x, mask, *args, **kwargs)
+    setattr(prefill, WRAPPED, True)
+    return prefill
+
+
+def checked_step(fn):
+    @functools.wraps(fn)
+    def step(self, x_t, state, *args, **kwargs):
+        check_input(self, x_t, "step", "x_t", 2)
+        check_state(self, state, x_t)
+        device = x_t.device.type
+        if _autocast_dtype(device) is not None:
+            with torch.autocast(device, enabled=False):
+                return fn(self, x_t, state, *args, **kwargs)
+        return fn(self, x_t, state, *args, **kwargs)
+    setattr(step, WRAPPED, True)
+    return step
+
+
+WRAPPERS = {"forward": checked_forward, "prefill": checked_prefill, "step": checked_step}
+
+
+def wrap_methods(cls) -> None:
+    """Wrap the ``forward`` / ``prefill`` / ``step`` that ``cls`` itself defines (once each)."""
+    for name, wrapper in WRAPPERS.items():
+        fn = cls.__dict__.get(name)
+        if callable(fn) and not getattr(fn, WRAPPED, False):
+            setattr(cls, name, wrapper(fn))

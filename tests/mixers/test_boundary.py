@@ -1,0 +1,70 @@
+"""The input boundary of :mod:`mixers.boundary` beyond the per-mixer probes of the contract suite: the
+dtype rule under autocast, step's autocast switch, a mixer class defined outside the package, and the
+option ranges that keep RoPE and the delta family's norm finite."""
+import pytest
+import torch
+
+from mixers import build_mixer
+from mixers.options import OptionError
+
+from .contract import D_MODEL, make, rel
+from .example_mixer import CumulativeMean
+
+
+def test_autocast_dtype_is_accepted_inside_autocast_only():
+    m = make("gla")
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="gla.forward: x is torch.bfloat16 but the mixer's parameters are torch.float32"):
+        m(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    assert y.shape == x.shape and torch.isfinite(y.float()).all()
+
+
+def test_a_float64_module_refuses_float32():
+    m = make("mamba2", torch.float64)
+    with pytest.raises(TypeError, match=r"x\.to\(torch\.float64\)"):
+        m(torch.randn(1, 3, D_MODEL))
+
+
+@pytest.mark.parametrize("name", ["gka", "ska", "mamba2"])
+def test_step_under_autocast_is_the_fp32_step(name):
+    """step switches autocast off: under autocast it returns exactly what it returns without."""
+    m = make(name)
+    x = torch.randn(2, 7, D_MODEL)
+    with torch.no_grad():
+        _, state = m.prefill(x[:, :5])
+        y32, s32 = m.step(x[:, 5], {k: v.clone() for k, v in state.items()})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y_ac, s_ac = m.step(x[:, 5], {k: v.clone() for k, v in state.items()})
+    assert torch.equal(y32, y_ac) and all(torch.equal(s32[k], s_ac[k]) for k in s32)
+
+
+def test_a_mixer_defined_outside_the_package_is_checked_too():
+    """The checks come with subclassing Mixer, not with registering."""
+    m = CumulativeMean(8, CumulativeMean.Options(d_inner=4))
+    with pytest.raises(ValueError, match=r"cumulative_mean.step: x_t must have shape \(batch, d_model=8\), got \(2, 3, 8\)"):
+        m.step(torch.randn(2, 3, 8), m.init_state(2))
+    with pytest.raises(ValueError, match=r"state\['sum'\] must have shape \(2, 4\) .*got \(3, 4\)"):
+        m.step(torch.randn(2, 8), m.init_state(3))
+    y, state = m.prefill(torch.randn(2, 0, 8))
+    assert y.shape == (2, 0, 8) and state["count"].eq(0).all()
+
+
+def test_a_kv_cache_of_any_length_is_a_valid_state():
+    """init_state's cache has length 0; a prefilled cache of length 6 passes the layout check."""
+    m = make("attention")
+    x = torch.randn(2, 9, D_MODEL)
+    with torch.no_grad():
+        y = m(x)
+        _, state = m.prefill(x[:, :6])
+        y_t, _ = m.step(x[:, 6], state)
+    assert state["k"].shape[1] == 6 and rel(y_t, y[:, 6]) < 1e-5
+
+
+@pytest.mark.parametrize("name,option,value", [("attention", "rope_base", 0.0), ("attention", "rope_base", -10.0),
+                                               ("deltanet", "norm_eps", -1e-5), ("gated_deltanet", "norm_eps", 0.0),
+                                               ("deltaproduct", "norm_eps", -1.0)])
+def test_options_that_train_to_nan_are_refused(name, option, value):
+    with pytest.raises(OptionError, match=f"{option}: .* out of range: must be > 0"):
+        build_mixer(name, D_MODEL, {option: value}, path=f"model.mixer_options.{name}")
