@@ -438,7 +438,7 @@ def _check_step0(claim: Claim, untrained: dict[str, dict[int, dict]], where: str
     """``claim.step0_holds``: the verdict conditions that already hold on the untrained models of their cells;
     ``claim.vacuous``: the verdicts (reproduced, partly) that the untrained models would already get.
 
-    A verdict is not vacuous when one of its conditions reads only cells that must have learned (the claim's
+    A verdict is not vacuous when one of its conditions reads a cell that must have learned (the claim's
     ``learned``: untrained models then give "inconclusive"), or when the claim says why a condition is meant
     to hold at step 0 (``step0_ok: {<condition>: <why>}``)."""
     ok = claim.spec.get("step0_ok") or {}
@@ -459,7 +459,7 @@ def _check_step0(claim: Claim, untrained: dict[str, dict[int, dict]], where: str
         conds = [c for c in claim.rule[kind] if all(cells[a].rows for a in c.aliases())]
         outcomes = [evaluate(c, cells) for c in conds]
         claim.step0_holds += [f"{kind}: `{c.text}` ({o.detail})" for c, o in zip(conds, outcomes) if o.holds]
-        accounted = any(set(c.aliases()) <= guarded or c.text in ok for c in conds)
+        accounted = any(set(c.aliases()) & guarded or c.text in ok for c in conds)
         if conds and len(conds) == len(claim.rule[kind]) and all(o.holds for o in outcomes) and not accounted:
             claim.vacuous.append(f"every {kind} condition holds at step 0")
 
@@ -562,9 +562,9 @@ from the regenerated text.
 - **step 0**: every verdict condition is also evaluated on the untrained models of its cells (each row
   records their metrics; older tables keep them in `tables/<name>/untrained.json`, written by
   `zoo claims --untrained <table>`), and the conditions that already hold there are listed. A verdict
-  that the untrained models would already get is **vacuous** and fails `zoo claims --check`, unless one of
-  its conditions reads only cells that must have learned (`learned`) or the claim says why a condition is
-  meant to hold at step 0 (`step0_ok`).
+  that the untrained models would already get is **vacuous** and fails `zoo claims --check`, unless its
+  conditions read a cell that must have learned (`learned`: untrained, the verdict is inconclusive) or the
+  claim says why a condition is meant to hold at step 0 (`step0_ok`).
 - **stale by code**: a cell the verdict reads was computed at a commit older than a change to the code of
   its mixers, kernels or task (compared as syntax trees, so wording, comments and import order do not count;
   `zoo.experiments.freshness`), and its table does not vouch for that change in `claims.yaml`
