@@ -105,19 +105,21 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
     try:
         todo = {t: _stale_rows(root, t, load(root, t)) for t in tables}
-        for commit in sorted({c for rows in todo.values() for c in rows}):
-            jobs = [(t, label, row) for t, rows in todo.items() for label, row in rows.get(commit, {}).items()]
-            recipes = [row["recipe"] for _, _, row in jobs]
+        jobs = [(commit, t, label, row) for t, by_commit in todo.items() for commit, rows in by_commit.items()
+                for label, row in rows.items()]
+        now = iter(_run_probe(root, [row["recipe"] for *_, row in jobs]))  # the checkout, once for every cell
+        after = {(commit, t, label): next(now) for commit, t, label, _ in jobs}
+        for commit in sorted({c for c, *_ in jobs}):
+            mine = [(t, label, row) for c, t, label, row in jobs if c == commit]
             checkout = work / commit
             try:
                 _git(root, "worktree", "add", "--detach", "--quiet", str(checkout), commit)
-                before = _run_probe(checkout, recipes)
+                before = _run_probe(checkout, [row["recipe"] for *_, row in mine])
+                full = _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}")
             except subprocess.CalledProcessError:
-                before = [{"error": f"commit {commit} is not in this history"}] * len(jobs)
-            after = _run_probe(root, recipes)
-            full = _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}") if "error" not in before[0] else commit
-            for (table, label, _), b, a in zip(jobs, before, after):
-                outcome = compare(b, a)
+                before, full = [{"error": f"commit {commit} is not in this history"}] * len(mine), commit
+            for (table, label, _), b in zip(mine, before):
+                outcome = compare(b, after[(commit, table, label)])
                 found.setdefault(table, {})[label] = outcome
                 record = load(root, table)
                 record.setdefault(label, {})[full] = {"until": head, "outcome": outcome}
