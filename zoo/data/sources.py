@@ -1,0 +1,139 @@
+"""Where the language-model task's documents come from, each yielded as ``bytes`` in a fixed order.
+
+- ``python-docs`` (default, no download): the English help text of ``pydoc_data.topics`` that every
+  Python installation ships (about 0.5 MB; it changes with the Python version, so every prepared file
+  records its hash). In the order of the topic names, each topic's paragraphs (blocks between blank
+  lines) are joined into documents of at least :data:`DOC_BYTES` bytes (a topic's last document may be
+  shorter), so validation holds a few dozen documents rather than a few long topics.
+- ``python-stdlib`` (no download): the standard library's own ``.py`` sources (about 13 MB of real
+  code, site-packages left out); one document per file, in the order of the sorted paths.
+- ``files``: the files matching ``path`` (a glob, ``**`` recursive; several separated by ``;``), read
+  as bytes in the order of the sorted paths. A file is one document; with ``doc_separator`` set (e.g.
+  ``"\\n\\n\\n"``), its non-empty pieces between separators are the documents.
+- ``hf``: a Hugging Face dataset (``hf_dataset``, ``hf_config``, ``hf_split``, ``hf_text_field``; local
+  data files with ``hf_data_files``), streamed with ``datasets`` (``pip install 'mixer-zoo[lm]'``);
+  ``max_documents`` bounds it.
+- ``shards``: tokens prepared elsewhere (:mod:`zoo.data.prepare` reads ``path`` directly; no documents).
+
+Split: a document goes to validation when the first 8 bytes of its SHA-256, read as a fraction of 2^64,
+fall below ``val_fraction``; so the split is deterministic, independent of the order of the documents,
+and two identical documents always land on the same side (train and validation share no document).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import pydoc_data.topics
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import UserError
+
+#: the version of the rules above (how sources become documents): part of a prepared folder's key
+RULES_VERSION = 1
+#: python-docs: the least bytes of a document (paragraphs of a topic are joined up to it)
+DOC_BYTES = 2000
+SOURCES = ("python-docs", "python-stdlib", "files", "hf", "shards")
+
+
+def is_validation(document: bytes, val_fraction: float) -> bool:
+    return int.from_bytes(hashlib.sha256(document).digest()[:8], "big") < val_fraction * 2.0 ** 64
+
+
+def _python_docs() -> Iterator[bytes]:
+    topics = pydoc_data.topics.topics
+    for name in sorted(topics):
+        doc = b""
+        for paragraph in topics[name].encode("utf-8").split(b"\n\n"):
+            doc = doc + b"\n\n" + paragraph if doc else paragraph
+            if len(doc) >= DOC_BYTES:
+                yield doc
+                doc = b""
+        if doc:
+            yield doc
+
+
+def _python_stdlib() -> Iterator[bytes]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" not in path.parts and "dist-packages" not in path.parts:
+            yield path.read_bytes()
+
+
+def matching_files(pattern: str) -> list[Path]:
+    parts = [p.strip() for p in pattern.split(";") if p.strip()]
+    if not parts:
+        raise UserError("task.path is empty: source 'files' needs a glob of text files, e.g. path: 'corpus/**/*.txt'")
+    paths = set()
+    for part in parts:
+        found = [Path(p) for p in glob.glob(str(Path(part).expanduser()), recursive=True)]
+        if not any(p.is_file() for p in found):
+            raise UserError(f"task.path: no file matches {part!r}; check the path (globs: *, **)")
+        paths |= {p for p in found if p.is_file()}
+    return sorted(paths)
+
+
+def _files(pattern: str, separator: str) -> Iterator[bytes]:
+    sep = separator.encode("utf-8")
+    for path in matching_files(pattern):
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise UserError(f"task.path: cannot read {path}: {err.strerror}") from None
+        yield from (piece for piece in data.split(sep) if piece.strip()) if sep else [data]
+
+
+def _hf(o) -> Iterator[bytes]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"source 'hf' ({o.hf_dataset!r}) needs the Hugging Face datasets library: "
+                        f"pip install 'mixer-zoo[lm]'") from None
+    if not o.hf_dataset:
+        raise UserError("task.hf_dataset is empty: name a dataset, e.g. HuggingFaceFW/fineweb-edu")
+    kwargs = {"data_files": o.hf_data_files} if o.hf_data_files else {}
+    try:
+        data = datasets.load_dataset(o.hf_dataset, o.hf_config or None, split=o.hf_split, streaming=True, **kwargs)
+        for i, record in enumerate(data):
+            if o.max_documents and i >= o.max_documents:
+                return
+            if o.hf_text_field not in record:
+                raise UserError(f"task.hf_text_field: {o.hf_dataset} has no field {o.hf_text_field!r} "
+                                f"(fields: {', '.join(record)})")
+            yield str(record[o.hf_text_field]).encode("utf-8")
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a missing dataset, no network, a bad config: one line
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise UserError(f"source hf {o.hf_dataset!r}: cannot stream it ({type(err).__name__}: {text[:200]})") from None
+
+
+def documents(o) -> Iterator[bytes]:
+    """The non-empty documents of the task options ``o``'s source, in their fixed order."""
+    if o.source == "python-docs":
+        raw = _python_docs()
+    elif o.source == "python-stdlib":
+        raw = _python_stdlib()
+    elif o.source == "files":
+        raw = _files(o.path, o.doc_separator)
+    elif o.source == "hf":
+        raw = _hf(o)
+    else:
+        raise UserError(f"source {o.source!r} has no documents to read (shards are already tokenised)")
+    count = 0
+    for doc in raw:
+        if doc:
+            count += 1
+            if o.max_documents and count > o.max_documents:
+                return
+            yield doc
+
+
+def describe(o) -> str:
+    """The source in words, for the prepared data's metadata."""
+    if o.source == "files":
+        return f"files {o.path}" + (f" split at {o.doc_separator!r}" if o.doc_separator else "")
+    if o.source == "hf":
+        return f"hf {o.hf_dataset} {o.hf_config} {o.hf_split} {o.hf_text_field} {o.hf_data_files}".strip()
+    return o.source

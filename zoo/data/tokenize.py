@@ -1,0 +1,125 @@
+"""Tokenizers of the language-model task: bytes in, token ids out, and back.
+
+- ``bytes`` (the default, no download): ids 0-255 are the byte values, 256 is EOS (vocabulary 257).
+  Any byte string round-trips, valid UTF-8 or not.
+- anything else names a Hugging Face tokenizer: a local ``tokenizer.json`` path, or a name on the Hub
+  (``gpt2``; needs network once), loaded with ``tokenizers`` (``pip install 'mixer-zoo[lm]'``). Text is
+  decoded from UTF-8 with invalid bytes replaced before it is encoded. Its EOS is the first of
+  :data:`EOS_NAMES` in its vocabulary.
+
+Bits per byte need the number of bytes each token stands for (:meth:`token_bytes`): one per byte token;
+EOS counts as one byte (it stands for the boundary between documents, as a newline would); other special
+tokens count zero; a byte-level BPE token counts the bytes its characters map back to.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+
+#: end-of-text tokens looked up in a Hugging Face vocabulary, in this order
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+
+
+class ByteTokenizer:
+    """256 byte values plus EOS = 256."""
+    name = "bytes"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, data: bytes | str) -> list[int]:
+        return list(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+
+    def decode(self, ids) -> bytes:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256)
+
+    def token_bytes(self) -> np.ndarray:
+        return np.ones(self.vocab_size, dtype=np.int64)
+
+    def fingerprint(self) -> str:
+        return "bytes"
+
+
+def _byte_level_table() -> dict[str, int]:
+    """The printable-character alphabet byte-level BPE (GPT-2) writes each byte as: char -> byte."""
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json`` or the Hub."""
+
+    def __init__(self, name: str):
+        try:
+            import tokenizers
+        except ImportError:
+            raise UserError(f"tokenizer {name!r} needs the Hugging Face tokenizers library: "
+                            f"pip install 'mixer-zoo[lm]' (or use tokenizer: bytes)") from None
+        self.name = name
+        try:
+            if Path(name).is_file():
+                self.tok = tokenizers.Tokenizer.from_file(name)
+            else:
+                self.tok = tokenizers.Tokenizer.from_pretrained(name)
+        except Exception as err:  # noqa: BLE001 - a missing name, no network, a damaged file: one line
+            raise UserError(f"tokenizer {name!r}: cannot load it ({type(err).__name__}: "
+                            f"{str(err).splitlines()[0] if str(err) else ''}); give a tokenizer.json path "
+                            f"or a Hub name") from None
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        found = [vocab[n] for n in EOS_NAMES if n in vocab]
+        if not found:
+            raise UserError(f"tokenizer {name!r} has no end-of-text token (looked for {', '.join(EOS_NAMES)}); "
+                            f"add one to it")
+        self.eos_id = found[0]
+
+    def encode(self, data: bytes | str) -> list[int]:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8", errors="replace")
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> bytes:
+        return self.tok.decode([int(i) for i in ids]).encode("utf-8")
+
+    def token_bytes(self) -> np.ndarray:
+        decoder = (json.loads(self.tok.to_str()).get("decoder") or {}).get("type")
+        table = _byte_level_table() if decoder == "ByteLevel" else {}
+        special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, i in self.tok.get_vocab(with_added_tokens=True).items():
+            if i == self.eos_id:
+                out[i] = 1
+            elif i in special:
+                out[i] = 0
+            elif table and all(c in table for c in token):
+                out[i] = len(token)  # byte-level BPE: one character per byte
+            else:
+                out[i] = len(self.tok.decode([i]).encode("utf-8"))
+        return out
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.tok.to_str().encode()).hexdigest()[:16]
+
+
+def make_tokenizer(name: str):
+    """``bytes`` or a Hugging Face tokenizer name / ``tokenizer.json`` path."""
+    return ByteTokenizer() if name == "bytes" else HFTokenizer(name)
+
+
+def token_dtype(vocab_size: int):
+    """The smallest unsigned dtype of a token file that holds every id."""
+    if vocab_size <= 1 << 16:
+        return np.uint16
+    if vocab_size <= 1 << 32:
+        return np.uint32
+    raise UserError(f"a vocabulary of {vocab_size} tokens does not fit a uint32 token file")
