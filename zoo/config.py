@@ -76,6 +76,10 @@ class TrainConfig:
                          omit_at_default=True)
     compile: bool = opt(False, "torch.compile the model for training (falls back to eager with a warning "
                                "where compilation fails)", omit_at_default=True)
+    tokens: int = opt(0, "train on this many tokens instead of train.steps: steps = ceil(tokens / (batch_size * "
+                         "task seq_len)) (0: use steps)", at_least=0, omit_at_default=True)
+    grad_accum: int = opt(1, "split each step's batch into this many micro-batches whose gradients add up (the "
+                             "same step in less memory)", at_least=1, at_most=1 << 16, omit_at_default=True)
     tracking: str = opt("none", "also log the training curve to tensorboard or wandb (pip install "
                                 "'mixer-zoo[tracking]'); results.jsonl stays the record",
                         choices=("none", "tensorboard", "wandb"))
@@ -83,9 +87,12 @@ class TrainConfig:
                                 "runs/<recipe name or key>)")
 
     def __post_init__(self):
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"train.batch_size ({self.batch_size}) is not a multiple of train.grad_accum "
+                             f"({self.grad_accum}); make it one")
         if len(self.betas) != 2:
             raise ValueError(f"train.betas needs two values (beta1, beta2), got {self.betas}")
-        if self.warmup_steps > self.steps:
+        if self.warmup_steps > self.steps and not self.tokens:  # with tokens, checked once steps are known
             raise ValueError(f"train.warmup_steps ({self.warmup_steps}) exceeds train.steps ({self.steps}): the "
                              f"learning rate would never reach its peak; lower warmup_steps or raise steps")
 

@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import itertools
 import json
+import math
 import re
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -39,6 +40,7 @@ from mixers.options import OptionError, build_options, nearest, plain_options
 from .config import Cell, Recipe, RecipeConfig, Spec
 from .errors import UserError
 from .tasks import TASKS, Task
+from .tasks.text import layer_problem
 
 #: the most values a recipe may expand to (YAML aliases can make a small file enormous)
 MAX_VALUES = 100_000
@@ -332,6 +334,7 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
     except OptionError as err:
         fail("task" + (f".{err.path}" if err.path else ""), err.message)
     _check_test_time(config.eval, layers, fail)
+    _check_task_fit(config, layers, task_cls(task.options), written, fail)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
     for length in config.eval.seq_lens:  # the training task is tested at these lengths too
         try:
@@ -344,6 +347,21 @@ def _validate(data: dict, places: _Places, source_name: str) -> Recipe:
                                     "remove model.layer_options (it is only a record)")
     return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
                   eval_tasks=eval_tasks)
+
+
+def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, written: str, fail) -> None:
+    """The task accepts every layer (e.g. only causal mixers for next-token prediction), and a token budget
+    ``train.tokens`` becomes ``train.steps``."""
+    problem = layer_problem(task, layers)
+    if problem is not None:
+        index, message = problem
+        fail(f"{written}.{index if config.model.layers is not None else index % len(config.model.pattern)}", message)
+    t = config.train
+    if t.tokens:
+        t.steps = max(1, math.ceil(t.tokens / (t.batch_size * task.seq_len)))
+        if t.warmup_steps > t.steps:
+            fail("train.warmup_steps", f"{t.warmup_steps} exceeds the {t.steps} steps that train.tokens={t.tokens} "
+                                       f"makes; lower warmup_steps or raise tokens")
 
 
 # --------------------------------------------------------------------------------------- eval.tasks

@@ -20,6 +20,10 @@ and is refused with a one-line error. Without overrides, evaluation repeats the 
 evaluation exactly (same data, same code path, same numbers on a CPU with the recipe's threads).
 Rows go to ``results.jsonl`` in the format of ablation rows.
 
+Text tasks (:class:`zoo.tasks.text.TextTask`, the ``lm`` task) also get validation bits per
+byte, perplexity, the loss by position bucket and bits per byte at every ``eval.seq_lens`` length
+(:func:`lm_metrics`).
+
 ``eval.tasks`` entries are evaluated zero-shot on their test split at their own ``seq_len`` and at every
 ``eval.seq_lens`` length, under ``eval.test_time``: metrics ``test_accuracy@task=<label>`` and
 ``test_accuracy@task=<label>@<L>``.
@@ -39,10 +43,13 @@ from ..experiments.rows import make_row
 from ..model import HybridLM
 from ..recipes import parse_override, recipe_mapping, resolve
 from ..tasks import Task, TaskData
+from ..tasks.text import TextTask
 from . import checkpoint as ckpt
 
 ALLOWED_PREFIXES = ("eval", "task", "seed", "name", "description", "imports", "train.device", "train.threads",
                     "train.precision")
+#: text tasks: the loss by position is reported in this many equal ranges of positions
+POSITION_BUCKETS = 4
 WHY = ("zoo eval may change only eval.*, task options that keep the vocabulary, seed (the test data), "
        "train.device/threads/precision")
 
@@ -105,6 +112,51 @@ def evaluate_data(model: HybridLM, data: TaskData, batch_size: int, device, prec
     return {"loss": loss, "accuracy": correct / max(count, 1), "sequence_accuracy": exact / max(len(data), 1)}
 
 
+@torch.no_grad()
+def text_metrics(model: HybridLM, data: TaskData, token_bytes: torch.Tensor, batch_size: int, device,
+                 precision: str = "auto", buckets: int = POSITION_BUCKETS) -> dict:
+    """Bits per byte and perplexity of a language model on ``data`` (every label supervised):
+    ``bpb = summed nats / ln 2 / bytes of the target tokens`` (``token_bytes[id]`` bytes each), so models
+    with different tokenizers compare on the same text; and the mean loss in ``buckets`` equal ranges of
+    positions (``loss@pos<first>-<last>``)."""
+    was_training = model.training
+    model.eval()
+    seq_len = data.inputs.shape[1]
+    nats, tokens, n_bytes = 0.0, 0, 0
+    by_position = torch.zeros(seq_len, dtype=torch.float64)
+    for start in range(0, len(data), batch_size):
+        batch = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
+        with autocast(device, precision):
+            logits = model(batch.inputs, mask=batch.mask)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 stays
+        losses = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
+        losses = losses.view(batch.labels.shape).double().cpu()
+        nats, tokens = nats + losses.sum().item(), tokens + losses.numel()
+        n_bytes += token_bytes[batch.labels.cpu()].sum().item()
+        by_position += losses.sum(0)
+    model.train(was_training)
+    out = {"bpb": nats / math.log(2) / max(n_bytes, 1), "ppl": math.exp(min(nats / max(tokens, 1), 700.0))}
+    for chunk in torch.arange(seq_len).chunk(min(buckets, seq_len)):
+        out[f"loss@pos{chunk[0].item()}-{chunk[-1].item()}"] = (by_position[chunk].sum() / (len(chunk) * len(data))).item()
+    return out
+
+
+def lm_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision: str) -> dict:
+    """``val_bpb``, ``val_ppl``, the loss by position bucket at the training length, ``val_bpb@<L>`` at every
+    ``eval.seq_lens`` length (length extrapolation), and the data's record (corpus hash, sizes)."""
+    token_bytes, bs = task.token_bytes(), recipe.eval.batch_size
+    metrics = {}
+    with model.test_time(recipe.eval.test_time):
+        ev = text_metrics(model, task.make("test", recipe.seed), token_bytes, bs, device, precision)
+        metrics.update({"val_bpb": ev.pop("bpb"), "val_ppl": ev.pop("ppl")})
+        metrics.update({f"val_{k}": v for k, v in ev.items()})
+        for seq_len in recipe.eval.seq_lens:
+            ev = text_metrics(model, task.make("test", recipe.seed, seq_len=seq_len), token_bytes, bs, device, precision)
+            metrics[f"val_bpb@{seq_len}"] = ev["bpb"]
+    metrics.update(task.data_record())
+    return metrics
+
+
 def eval_task_metrics(model: HybridLM, recipe: Recipe, device, precision: str) -> dict:
     """``test_accuracy@task=<label>`` (and ``@<L>`` for every ``eval.seq_lens`` length) per entry."""
     metrics = {}
@@ -145,6 +197,8 @@ def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision:
                 metrics[f"test_accuracy@{knob}={value}"] = evaluate_data(model, test_data, bs, device,
                                                                           precision)["accuracy"]
     metrics.update(eval_task_metrics(model, recipe, device, precision))
+    if isinstance(task, TextTask):
+        metrics.update(lm_metrics(model, recipe, task, device, precision))
     metrics["params"] = model.num_params()
     metrics["state_size"] = model.state_size(task.seq_len)
     metrics["active_state_size"] = model.active_state_size(task.seq_len)

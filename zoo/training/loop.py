@@ -21,6 +21,7 @@ When stderr is not a terminal, progress is a plain line (step, loss, accuracy, e
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
@@ -33,7 +34,8 @@ from tqdm.auto import tqdm
 from ..config import Recipe
 from ..errors import UserError
 from ..model import HybridLM
-from ..tasks import Task
+from ..tasks import Task, TaskData
+from ..tasks.text import training_data
 from . import checkpoint as ckpt
 from . import distributed
 from .evaluation import evaluate_data, forward_loss, resolve_device, resolve_precision, test_metrics
@@ -138,10 +140,11 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
         raise UserError(str(err)) from None
     path = Path(checkpoint_dir) / ckpt.FILENAME if checkpoint_dir is not None else None
     run = _Run(recipe, ctx, device, resolve_precision(t.precision, device), Task.from_spec(recipe.task), path)
-    train_data = run.task.make("train", recipe.seed)
+    train_data = training_data(run.task, recipe.seed)
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, run.task.vocab_size).to(device)
-    state = TrainState.fresh(recipe, model, len(train_data), run.precision, device)
+    state = TrainState.fresh(recipe, model, len(train_data) if isinstance(train_data, TaskData) else None,
+                             run.precision, device)
     saved = _saved_state(path, ctx.is_main)
     if saved is not None:
         ckpt.check_same_recipe(saved, recipe, path)
@@ -155,14 +158,22 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
 def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[float, float]:
     """One optimizer step on the next global batch; returns its loss and accuracy over all ranks."""
     t = run.recipe.train
-    batch = train_data.batch(state.next_indices(t.batch_size)[run.ctx.shard(t.batch_size)]).to(run.device)
-    loss_sum, hits, supervised = forward_loss(forward, batch, run.device, run.precision, reduction="sum")
-    # one reduction gives the global token count (the loss's denominator) and the shown metrics
-    total, count, correct = run.ctx.all_sum([loss_sum.item(), supervised.sum().item(), hits.sum().item()],
-                                            run.device)
-    loss = loss_sum * (run.ctx.world_size / max(count, 1))  # DDP averages: x world size = full-batch mean
+    batch = state.next_batch(train_data, t.batch_size).batch(run.ctx.shard(t.batch_size)).to(run.device)
+    # the global count of supervised tokens (the loss's denominator) is known before any forward pass
+    count = run.ctx.all_sum([(batch.labels != -100).sum().item()], run.device)[0]
     state.optimizer.zero_grad(set_to_none=True)
-    state.scaler.scale(loss).backward()
+    total = correct = 0.0
+    parts = torch.arange(len(batch)).chunk(t.grad_accum)  # micro-batches: their gradients add up
+    for i, part in enumerate(parts):
+        loss_sum, hits, _supervised = forward_loss(forward, batch.batch(part), run.device, run.precision,
+                                                   reduction="sum")
+        # under DDP, gradients are averaged over ranks once, after the last micro-batch
+        defer = run.ctx.enabled and i < len(parts) - 1
+        with forward.eager.no_sync() if defer else contextlib.nullcontext():
+            # DDP averages over ranks: x world size / global count = the full batch's mean
+            state.scaler.scale(loss_sum * (run.ctx.world_size / max(count, 1))).backward()
+        total, correct = total + loss_sum.item(), correct + hits.sum().item()
+    total, correct = run.ctx.all_sum([total, correct], run.device)
     if t.grad_clip > 0:
         state.scaler.unscale_(state.optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
@@ -234,7 +245,7 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     finally:
         shown.bar.close()
     state.stop_clock()
-    metrics = state.summary()
+    metrics = state.summary(t.batch_size * run.task.seq_len)
     metrics.update(test_metrics(state.model, recipe, run.task, run.device, run.precision))
     metrics["device"] = str(run.device)
     metrics["wall_seconds"] = time.perf_counter() - process_start

@@ -4,9 +4,10 @@
 A checkpoint is a ``TrainState.state_dict()`` plus the recipe it belongs to, and resuming is
 ``load_state_dict`` of that dict: adding a field means adding it here once. Restored exactly: the weights,
 the optimizer, the schedule position, the gradient scaler (fp16), the data order (current permutation,
-cursor and the order generator's state), every RNG state, the step, the history of periodic evaluations,
-the running averages shown as ``train_loss`` / ``train_accuracy``, elapsed training time and whether the
-run finished. So on a CPU a resumed run ends with exactly the numbers of an uninterrupted one.
+cursor and the order generator's state, which also draws a streaming task's windows), every RNG state,
+the step, the history of periodic evaluations, the running averages shown as ``train_loss`` /
+``train_accuracy``, elapsed training time and whether the run finished. So on a CPU a resumed run ends
+with exactly the numbers of an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import Recipe
+from ..tasks import TaskData
 from . import checkpoint as ckpt
 from .optim import make_optimizer
 
@@ -44,12 +46,14 @@ class TrainState:
     started: float | None = field(default_factory=time.perf_counter)  # None: the clock is stopped
 
     @classmethod
-    def fresh(cls, recipe: Recipe, model: torch.nn.Module, num_train: int, precision: str,
+    def fresh(cls, recipe: Recipe, model: torch.nn.Module, num_train: int | None, precision: str,
               device: torch.device) -> "TrainState":
+        """``num_train``: examples of a generated training set, or None for a stream (no permutation)."""
         optimizer, scheduler = make_optimizer(model, recipe)
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         order = torch.Generator().manual_seed(recipe.seed + ORDER_SEED_OFFSET)
-        return cls(model, optimizer, scheduler, scaler, order, torch.randperm(num_train, generator=order))
+        perm = torch.randperm(num_train, generator=order) if num_train is not None else torch.zeros(0, dtype=torch.long)
+        return cls(model, optimizer, scheduler, scaler, order, perm)
 
     @property
     def elapsed(self) -> float:
@@ -68,6 +72,14 @@ class TrainState:
             self.perm, self.cursor = torch.randperm(len(self.perm), generator=self.order), 0
         self.cursor += batch_size
         return self.perm[self.cursor - batch_size: self.cursor]
+
+    def next_batch(self, data, batch_size: int) -> TaskData:
+        """The next global batch: the next ``batch_size`` examples of a generated set, or ``batch_size``
+        windows a stream draws with the order generator (restored on resume, so a resumed run draws the
+        same windows as an uninterrupted one)."""
+        if isinstance(data, TaskData):
+            return data.batch(self.next_indices(batch_size))
+        return data.draw(batch_size, self.order)
 
     def record(self, loss: float, accuracy: float) -> None:
         """One finished optimizer step with its batch loss and accuracy."""
@@ -95,7 +107,10 @@ class TrainState:
         self.loss_ema, self.acc_ema = state["loss_ema"], state["acc_ema"]
         self.elapsed_before, self.started = state["elapsed"], time.perf_counter()
 
-    def summary(self) -> dict:
-        """The training part of a run's metrics."""
-        return {"steps": self.step, "train_loss": self.loss_ema, "train_accuracy": self.acc_ema,
-                "train_seconds": self.elapsed}
+    def summary(self, tokens_per_step: int = 0) -> dict:
+        """The training part of a run's metrics (with ``tokens_per_step``, also tokens per second)."""
+        out = {"steps": self.step, "train_loss": self.loss_ema, "train_accuracy": self.acc_ema,
+               "train_seconds": self.elapsed}
+        if tokens_per_step:
+            out["train_tokens_per_second"] = self.step * tokens_per_step / max(self.elapsed, 1e-9)
+        return out
