@@ -1,4 +1,4 @@
-"""The ``zoo`` command line: list, check, train, eval, ablate, table, claims, bench.
+"""The ``zoo`` command line: list, check, train, eval, ablate, table, claims, bench, data, generate.
 
 Every command reads its recipe through :func:`zoo.recipes.resolve` (extends -> overrides -> validation,
 once). Every recipe problem ends with exit code 2 and one line on stderr naming the place (file:line or
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from kernels.backend import BackendUnavailable
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, describe_options
 
+from . import generate
 from .benchmark import runner as bench
 from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
+from .data import prepare as data_prepare
 from .errors import UserError, one_line
 from .experiments import claims, untrained, vouch
 from .experiments.ablate import CellsFailed, run_ablation
@@ -199,6 +202,30 @@ def cmd_bench(args) -> int:
     return bench.run(args)
 
 
+def cmd_data(args) -> int:
+    recipe = resolve(args.recipe, args.overrides)
+    if recipe.task.name != "lm":
+        raise UserError(f"zoo data prepare: {args.recipe} trains task {recipe.task.name!r}, which generates its data; "
+                        f"only task: lm has data to prepare")
+    where, wrote = data_prepare.prepare(recipe.task.options, workers=args.workers, progress=not args.no_progress)
+    meta = data_prepare.read_meta(where, recipe.task.options)
+    print(f"{'prepared' if wrote else 'already prepared'}: {where} ({meta['tokens']['train']:,} train and "
+          f"{meta['tokens']['val']:,} validation tokens, vocabulary {meta['vocab_size']}, source hash "
+          f"{str(meta.get('source_hash', ''))[:16]})")
+    return 0
+
+
+def _add_data_parser(sub) -> None:
+    p = sub.add_parser("data", help="language-model data: zoo data prepare RECIPE tokenises its source once")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("prepare", help="tokenise the recipe's text source into token files (resumable)")
+    _recipe_args(p)
+    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                   help="tokenising processes (the output does not depend on it)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_data)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers",
@@ -269,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "numbers (the untrained models at the rows' commit and now) and record it in "
                         "tables/<TABLE>/code_changes.json")
     p.set_defaults(func=cmd_claims)
+    _add_data_parser(sub)
+    p = sub.add_parser("generate", help="continue a prompt with a trained language model (prefill, then step)")
+    generate.configure_parser(p)
+    p.set_defaults(func=generate.run)
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)

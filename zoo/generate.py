@@ -1,0 +1,143 @@
+"""``zoo generate CHECKPOINT --prompt TEXT``: text from a trained language model, decoded through the
+recurrent form of its mixers.
+
+The prompt goes through ``prefill`` (the parallel form, which also returns every layer's decode state),
+then each new token through ``step``: a linear-state mixer carries a state of fixed size, attention
+its growing KV cache, so the time per new token shows the difference. Sampling: ``temperature`` 0 is
+greedy (argmax); otherwise logits / temperature, restricted to the ``top_k`` most likely tokens and the
+smallest set whose probability reaches ``top_p``, drawn with a generator seeded by ``seed``. An empty
+prompt starts from EOS. Several prompts of different lengths are decoded one after another, each with
+its own state (a padded batch would mix padding into the recurrent states). Decoding stops at
+``max_new_tokens`` or at EOS.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UserError
+from .recipes import recipe_mapping, resolve
+from .tasks import Task
+from .training import checkpoint as ckpt
+from .training.evaluation import load_model, resolve_device
+
+
+@dataclass
+class Generation:
+    prompt_tokens: int
+    ids: list[int]
+    text: str
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self.decode_seconds / max(len(self.ids) - 1, 1)
+
+
+def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""):
+    """``(model, task)`` of a language-model checkpoint (a file or its folder)."""
+    path = ckpt.path_in(location)
+    state = ckpt.load(path)
+    missing = sorted(set(state.get("imports", [])) - set(imports))
+    if missing:  # importing runs code: only what the user names
+        raise UserError(f"{path}: trained with components defined in {missing}; name them with --imports if you "
+                        f"trust them")
+    recipe = resolve(recipe_mapping(state["recipe"], list(imports)))
+    if recipe.task.name != "lm":
+        raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); zoo generate "
+                        f"needs an lm checkpoint")
+    task = Task.from_spec(recipe.task)
+    if tokenizer and tokenizer != recipe.task.options.tokenizer:
+        raise UserError(f"{path}: trained with tokenizer {recipe.task.options.tokenizer!r}, not {tokenizer!r}; "
+                        f"generate with the checkpoint's own tokenizer (leave out --tokenizer)")
+    rows = state["model"]["embed.weight"].shape[0]
+    if rows != task.vocab_size:
+        raise UserError(f"{path}: the model has a vocabulary of {rows} tokens but its tokenizer "
+                        f"{recipe.task.options.tokenizer!r} now has {task.vocab_size}; use the tokenizer it was "
+                        f"trained with")
+    return load_model(state, recipe, torch.device(device)), task
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None) -> int:
+    """One token id from ``(V,)`` logits."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    logits = logits.double() / temperature
+    if 0 < top_k < logits.numel():
+        logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(0) - sorted_probs < top_p  # the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, eos_id: int | None = None) -> tuple[list[int], float, float]:
+    """``(new ids, prefill seconds, decode seconds)``: ``prefill`` on the prompt, then ``step`` per token."""
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    logits, states = model.prefill(torch.tensor([prompt], device=device))
+    out = [sample(logits[0, -1].cpu(), temperature, top_k, top_p, generator)]
+    prefilled = time.perf_counter()
+    while len(out) < max_new_tokens and out[-1] != eos_id:
+        logits, states = model.step(torch.tensor([out[-1]], device=device), states)
+        out.append(sample(logits[0].cpu(), temperature, top_k, top_p, generator))
+    return out, prefilled - start, time.perf_counter() - prefilled
+
+
+def generate_text(model, task, prompt: str, max_new_tokens: int = 200, temperature: float = 0.0, top_k: int = 0,
+                  top_p: float = 1.0, seed: int = 0) -> Generation:
+    tok = task.tokenizer
+    ids = tok.encode(prompt) or [tok.eos_id]
+    new, prefill_s, decode_s = generate_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, tok.eos_id)
+    text = tok.decode([i for i in new if i != tok.eos_id]).decode("utf-8", errors="replace")
+    return Generation(len(ids), new, text, prefill_s, decode_s)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: allocated on a CUDA device, else the resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(args) -> int:
+    """The ``zoo generate`` command."""
+    if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0 or not 0 < args.top_p <= 1:
+        raise UserError("zoo generate: --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    model, task = load_lm(args.checkpoint, device, args.imports or [], args.tokenizer)
+    for prompt in args.prompt or [""]:
+        g = generate_text(model, task, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          args.seed)
+        print(prompt + g.text)
+        print(f"[{g.prompt_tokens} prompt tokens in {g.prefill_seconds:.3f}s; {len(g.ids)} new tokens, "
+              f"{len(g.ids) / max(g.prefill_seconds + g.decode_seconds, 1e-9):.1f} tokens/s, "
+              f"{1000 * g.seconds_per_token:.2f} ms per decoded token; peak memory {peak_memory_mb(device):.0f} MB]",
+              flush=True)
+    return 0
+
+
+def configure_parser(p) -> None:
+    p.add_argument("checkpoint", help="a language-model checkpoint (zoo train recipes/lm/... --out DIR): file or DIR")
+    p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set reaching p")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default="", help="refuse unless the checkpoint was trained with this tokenizer")
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--imports", nargs="*", help="modules defining out-of-tree components the checkpoint uses")

@@ -1,0 +1,102 @@
+"""An lm-evaluation-harness adapter: a trained zoo language model scored as an ``lm_eval`` model.
+
+:class:`ZooScorer` holds the three computations the harness asks of a model, on text:
+
+- ``loglikelihood(context, continuation)``: the summed log-probability of the continuation's tokens after
+  the context's (an empty context starts from EOS), and whether greedy decoding would produce them;
+- ``loglikelihood_rolling(text)``: the summed log-probability of every token of ``text`` after EOS;
+- ``generate_until(context, until, max_gen_toks)``: greedy decoding (``prefill`` then ``step``) until one
+  of the ``until`` strings appears, which is cut off.
+
+:func:`register` (``lm_eval`` imported only then; ``pip install 'mixer-zoo[lm]' lm-eval``) registers the
+model under the name ``zoo``. From a shell, on a machine with network for the benchmark data::
+
+    python -m zoo.lm_harness --model zoo --model_args checkpoint=runs/lm --tasks lambada_openai
+
+which registers the model, then hands its arguments to the harness's own command line.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .generate import generate_ids, load_lm
+
+
+class ZooScorer:
+    """Log-likelihoods and greedy continuations of a trained language model (``model``, ``task``)."""
+
+    def __init__(self, model, task):
+        self.model, self.task, self.tok = model.eval(), task, task.tokenizer
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str, device: str = "cpu") -> "ZooScorer":
+        return cls(*load_lm(checkpoint, device))
+
+    @torch.no_grad()
+    def _scores(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        ids = torch.tensor([context + continuation], device=self.device)
+        logp = F.log_softmax(self.model(ids[:, :-1])[0].double(), -1)[-len(continuation):]
+        target = ids[0, -len(continuation):]
+        return logp.gather(1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all())
+
+    def loglikelihood(self, context: str, continuation: str) -> tuple[float, bool]:
+        cont = self.tok.encode(continuation)
+        if not cont:
+            return 0.0, True
+        return self._scores(self.tok.encode(context) or [self.tok.eos_id], cont)
+
+    def loglikelihood_rolling(self, text: str) -> float:
+        ids = self.tok.encode(text)
+        return self._scores([self.tok.eos_id], ids)[0] if ids else 0.0
+
+    def generate_until(self, context: str, until=(), max_gen_toks: int = 256) -> str:
+        prompt = self.tok.encode(context) or [self.tok.eos_id]
+        new, _, _ = generate_ids(self.model, prompt, max_gen_toks, eos_id=self.tok.eos_id)
+        text = self.tok.decode([i for i in new if i != self.tok.eos_id]).decode("utf-8", errors="replace")
+        cuts = [text.find(stop) for stop in until if stop and stop in text]
+        return text[:min(cuts)] if cuts else text
+
+
+def register():
+    """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class."""
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+
+    @register_model("zoo")
+    class ZooHarnessLM(LM):
+        def __init__(self, checkpoint: str, device: str = "cpu", **_unused):
+            super().__init__()
+            self.scorer = ZooScorer.from_checkpoint(checkpoint, device)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return [self.scorer.loglikelihood(*r.args) for r in requests]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return [self.scorer.loglikelihood_rolling(r.args[0]) for r in requests]
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            out = []
+            for r in requests:
+                context, options = r.args
+                until = options.get("until") or []
+                out.append(self.scorer.generate_until(context, [until] if isinstance(until, str) else until,
+                                                      int(options.get("max_gen_toks", 256))))
+            return out
+
+    return ZooHarnessLM
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m zoo.lm_harness ...``: register the model, then run the harness's command line."""
+    register()
+    from lm_eval.__main__ import cli_evaluate
+    sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()
