@@ -264,7 +264,7 @@ def test_the_harness_adapter_scores_the_models_summed_token_loss(tmp_path):
     new, _, _ = generate_ids(model, list(b"the"), 8, eos_id=EOS)
     full = bytes(i for i in new if i != EOS).decode("utf-8", errors="replace")
     assert scorer.generate_until("the", until=[], max_gen_toks=8) == full
-    stop = full[3:5]
+    stop = full[-1:] or "\x00"  # a character of the continuation (decoded bytes may merge into fewer)
     assert scorer.generate_until("the", until=["\x00never", stop], max_gen_toks=8) == full[:full.find(stop)]
 
 
