@@ -128,11 +128,16 @@ class Mixer(nn.Module):
         return self.state_size(seq_len)
 
     # --- what the options make of the mixer ---------------------------------------------------------
+    @classmethod
+    def non_causal_reason_for(cls, options) -> str | None:
+        """None when, with these options, every output depends only on the inputs at or before its position;
+        else one line naming the option that makes it read later tokens (a language-model task refuses it).
+        A class method of the options alone, so a recipe can be checked before any layer is built."""
+        return None
+
     @property
     def non_causal_reason(self) -> str | None:
-        """None when every output depends only on the inputs at or before its position; else one line
-        naming the option that makes it read later tokens (a language-model task must refuse it)."""
-        return None
+        return type(self).non_causal_reason_for(self.options)
 
     @property
     def is_causal(self) -> bool:

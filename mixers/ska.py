@@ -161,9 +161,9 @@ class SKA(Mixer):
         return H * (2 * r * r + P * r + r + 1)
 
     # --- what the options make of it ---------------------------------------------------------
-    @property
-    def non_causal_reason(self) -> str | None:
-        o = self.options
+    @classmethod
+    def non_causal_reason_for(cls, options) -> str | None:
+        o = options
         if o.mode == "prefix":
             return "mode=prefix reads the statistics of the whole (masked) sequence at every position; use mode=chunk_causal"
         if o.normalisation == "seq_max":

@@ -1,7 +1,7 @@
 """Stale by code: a table cell computed at a commit older than the last change to the code it ran.
 
 A cell's code is the module of every mixer its layers and state mixer name, the module of its training task
-and of every ``eval.tasks`` entry, and every module of ``kernels/``, ``mixers/`` and ``zoo/tasks/`` those
+and of every ``eval.tasks`` entry, and every module of ``kernels/``, ``mixers/``, ``zoo/tasks/`` and ``zoo/data/`` those
 import, followed transitively (read from the code as it is now), with the hybrid stack (``zoo/model.py``) and
 the optimizer (``zoo/training/optim.py``: which parameters are decayed, the learning-rate schedule). The
 modules in :data:`INFRASTRUCTURE` (the mixer contract, option parsing, registries, backend dispatch) are left
@@ -29,14 +29,14 @@ from ..recipes import recipe_mapping, resolve
 from ..tasks import TASKS
 
 #: packages whose modules can change a row's numbers
-CODE_PACKAGES = ("kernels", "mixers", "zoo.tasks")
+CODE_PACKAGES = ("kernels", "mixers", "zoo.tasks", "zoo.data")
 #: modules of every cell: the hybrid stack and the optimizer (weight decay and schedule)
 EVERY_CELL = ("zoo/model.py", "zoo/training/optim.py")
 #: where git looks for changes
-CODE_PATHS = ("kernels", "mixers", "zoo/tasks", *EVERY_CELL)
+CODE_PATHS = ("kernels", "mixers", "zoo/tasks", "zoo/data", *EVERY_CELL)
 #: modules that compute no number of a row (contract, options, registries, dispatch)
 INFRASTRUCTURE = frozenset({"kernels", "kernels.backend", "mixers", "mixers.base", "mixers.options",
-                            "zoo.tasks"})
+                            "zoo.tasks", "zoo.data"})
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -10,7 +10,7 @@ the trainer's seeded generator (:meth:`LanguageModeling.train_data` is a stream)
 
 Only strictly causal layers may be trained on next-token prediction: a layer whose output at ``t`` reads
 tokens after ``t`` would see the label. The task refuses them (:meth:`LanguageModeling.check_layers`):
-a mixer class that declares ``is_causal = False``, and the option values listed in :data:`NON_CAUSAL`.
+every layer whose mixer says, from its options, that it is not causal (``Mixer.non_causal_reason_for``).
 """
 from __future__ import annotations
 
@@ -29,12 +29,6 @@ from ..data.windows import TokenFile, fixed_starts, random_starts
 from ..errors import UserError
 from .base import TaskData, register_task
 from .text import TextTask
-
-#: mixer -> option -> (non-causal value, why, the causal value to use)
-NON_CAUSAL = {
-    "ska": {"normalisation": ("seq_max", "scales keys by the largest key norm of the whole sequence", "running_max"),
-            "mode": ("prefix", "reads one operator built from every token of the sequence", "chunk_causal")},
-}
 
 
 class TokenStream:
@@ -142,12 +136,9 @@ class LanguageModeling(TextTask):
 
     def check_layers(self, layers) -> tuple[int, str] | None:
         for i, spec in enumerate(layers):
-            if getattr(MIXERS.get(spec.name), "is_causal", True) is False:
-                return i, f"{spec.name} is not causal; next-token training needs a strictly causal mixer"
-            for option, (value, why, fix) in NON_CAUSAL.get(spec.name, {}).items():
-                if getattr(spec.options, option, None) == value:
-                    return i, (f"{spec.name} with {option}: {value} {why}, so a position would see later tokens; "
-                               f"language modeling needs {option}: {fix}")
+            reason = MIXERS.get(spec.name).non_causal_reason_for(spec.options)
+            if reason is not None:
+                return i, f"{spec.name} is not causal ({reason}); next-token training needs a strictly causal layer"
         return None
 
     def token_bytes(self) -> torch.Tensor:
