@@ -7,7 +7,17 @@ list of modules to edit.
 import importlib
 import pkgutil
 
-from .base import MIXERS, STATE_MIXERS, Mixer, State, StateMixer, build_mixer, build_state_mixer, register_mixer, register_state_mixer
+from .base import (
+    MIXERS,
+    STATE_MIXERS,
+    Mixer,
+    State,
+    StateMixer,
+    build_mixer,
+    build_state_mixer,
+    register_mixer,
+    register_state_mixer,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -13,8 +13,6 @@ with a hand-written backward (``dx_s = sum_j w_j dy_{s+(k-1)-j}``, ``dw_j = sum_
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
 
 #: elements of one time block: every pass below runs block by block so its operands stay in a core's
 #: L2 cache across the k taps (on a CPU a (T, C) tensor of a long sequence does not fit)

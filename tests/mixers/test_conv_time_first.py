@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import mixers.conv_time_first as ctf
 from mixers.conv_time_first import causal_conv_time_first, short_conv_time_first
 from mixers.layers import ShortConv
-import mixers.conv_time_first as ctf
 
 
 @pytest.mark.parametrize("activation", [True, False])

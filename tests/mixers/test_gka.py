@@ -159,7 +159,7 @@ def test_triton_backend_mixer():
     y_t, y_c, y_64 = m_t(x), m_c(x), m_64(x.double())
     err_t, err_c = rel_err(y_t.double(), y_64), rel_err(y_c.double(), y_64)
     assert err_t < 3 * err_c + 3e-6, (err_t, err_c)
-    for m, y in ((m_t, y_t), (m_c, y_c), (m_64, y_64)):
+    for y in (y_t, y_c, y_64):
         y.square().sum().backward()
     for (n, p_t), p_c, p_64 in zip(m_t.named_parameters(), m_c.parameters(), m_64.parameters()):
         # fp32 gradients of a one-element bias are sums with cancellation: on some draws both fp32
