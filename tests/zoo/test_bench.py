@@ -183,6 +183,13 @@ def test_time_limit_stops_attention_and_says_so(tmp_path, monkeypatch):
     assert by["attention", 64].get("fwd_bwd_ms") is None
     assert by["mamba2", 64]["error"] is None and by["mamba2", 64]["fwd_bwd_ms"] == 1000.0
     assert "skipped: fwd+bwd predicted 16 s" in (tmp_path / "bench.md").read_text()
+    # on a CPU the prediction is made from the CPU time (a loaded machine's wall time counts the waits too):
+    # 0.1 s of CPU per call predicts 1.6 s for attention at 4x the length, under the limit
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: {**fake_measure(*a), "fwd_bwd_user_ms": 90.0,
+                                                           "fwd_bwd_sys_ms": 10.0})
+    assert bench.run(args) == 0
+    by = {(r["mixer"], r["T"]): r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    assert by["attention", 64]["error"] is None and by["attention", 64]["fwd_bwd_ms"] == 1000.0
 
 
 def test_time_limit_zero_means_no_limit_and_negative_is_refused(tmp_path, monkeypatch):

@@ -10,9 +10,9 @@ its mixer options. Times are also given as a ratio to the ``--baseline`` entry (
 For every entry and every ``T`` it records the numbers of :func:`zoo.benchmark.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
 ``--time-limit`` (default 60 s) skips lengths whose forward+backward is predicted to take longer than a
-limit (from the previous length, quadratic for mixers whose state grows with T, linear otherwise), saying
-so in the row: attention stops there while the linear-state mixers go on to long contexts (262144 tokens
-and beyond, as far as memory allows).
+limit (from the previous length's time, CPU time on a CPU, quadratic for mixers whose state grows with T,
+linear otherwise), saying so in the row: attention stops there while the linear-state mixers go on to long
+contexts (262144 tokens and beyond, as far as memory allows).
 
 Every timing also records its user and system CPU time per call, every row the peak memory of one
 forward+backward and of one prefill, and ``bench.json`` the run's total wall, user and system time. On a
@@ -166,10 +166,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
+    """fwd+bwd seconds at ``T`` from the row at the previous length: on a CPU from its CPU time per call
+    (user + system; on a machine shared with other work the wall time also counts the waits for a core),
+    else from its wall time."""
     if not row.get("fwd_bwd_ms"):
         return None
+    ms = row["fwd_bwd_ms"]
+    if row.get("device") == "cpu" and row.get("fwd_bwd_user_ms") is not None:
+        ms = row["fwd_bwd_user_ms"] + row["fwd_bwd_sys_ms"]
     exponent = 2 if grows else 1
-    return row["fwd_bwd_ms"] / 1e3 * (T / row["T"]) ** exponent
+    return ms / 1e3 * (T / row["T"]) ** exponent
 
 
 def _write_json(path: Path, result: dict) -> None:
