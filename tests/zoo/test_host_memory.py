@@ -44,3 +44,19 @@ def test_cpu_seconds_grow_with_work():
         a = torch.tanh(a @ a.T / 256)
     user1, sys1 = host_memory.cpu_seconds()
     assert user1 + sys1 > user0 + sys0
+
+
+def test_peak_rss_after_an_earlier_measurement_keeps_its_base():
+    """A 64 MiB piece of work, then a 256 MiB one measured against the first one's base without releasing
+    the heap in between: the second peak is about 256 MiB, not 256 minus what the first left free."""
+    host_memory.tune_allocator()
+    with host_memory.PeakRSS() as small:
+        x = torch.ones(64 * 2**20 // 4)
+        del x
+    with host_memory.PeakRSS(after=small) as large:
+        x = torch.ones(256 * 2**20 // 4)
+        del x
+    if small.mib is None:
+        pytest.skip("this kernel cannot reset the resident-set high-water mark")
+    assert 0.9 * 64 <= small.mib <= 1.5 * 64
+    assert 0.9 * 256 <= large.mib <= 1.5 * 256

@@ -13,7 +13,8 @@
   minus what was allocated before it; on a CPU the peak resident set size minus the resident size before
   it (:class:`zoo.host_memory.PeakRSS`: free heap memory returned first, the kernel's high-water mark
   reset; ``None`` where that reset is unavailable);
-- ``prefill_peak_mib``: the same for one ``mixer.prefill`` of the ``T`` tokens without autograd;
+- ``prefill_peak_mib``: the same for one ``mixer.prefill`` of the ``T`` tokens without autograd (measured
+  just before the forward+backward's, which reuses the heap memory the prefill left free);
 - ``saved_mib``: bytes of the tensors autograd saves for the backward in one forward (parameters
   excluded, shared storages counted once), measured with ``saved_tensors_hooks`` — the same on every
   device, and the number that decides whether training at length ``T`` fits;
@@ -137,21 +138,30 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def peak_mib(fn, device: torch.device) -> float | None:
-    """Working memory of ``fn()`` in MiB: the CUDA allocator's high-water mark above what was allocated
-    before it, or on a CPU the peak resident set size above the resident size before it (``None`` where
-    the kernel's high-water mark cannot be reset)."""
+def peak_mibs(fns, device: torch.device) -> list[float | None]:
+    """Working memory of each ``fn()`` in MiB, run in order: the CUDA allocator's high-water mark above what
+    was allocated before it, or on a CPU the peak resident set size above the resident size before the
+    first (:class:`zoo.host_memory.PeakRSS`; the later ones reuse the heap memory the earlier ones left
+    free, so list the pieces of work by growing need); ``None`` where the kernel's high-water mark cannot
+    be reset."""
     free(device)
+    out: list[float | None] = []
     if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        _sync(device)
-        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    with PeakRSS() as peak:
-        fn()
-    return peak.mib
+        for fn in fns:
+            _sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            fn()
+            _sync(device)
+            out.append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
+        return out
+    first = None
+    for fn in fns:
+        with PeakRSS(after=first) as peak:
+            fn()
+        first = first or peak
+        out.append(peak.mib)
+    return out
 
 
 def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int,
@@ -195,15 +205,16 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
 
     def do_memory():
         row["saved_mib"] = _saved_bytes(mixer, xg) / 2**20
-        row["peak_mib"] = peak_mib(fwd_bwd, device)
-        mixer.zero_grad(set_to_none=True)
-        xg.grad = None
 
         def prefill():
             with torch.no_grad():
                 mixer.prefill(x)
 
-        row["prefill_peak_mib"] = peak_mib(prefill, device)
+        # the prefill first: the forward+backward then reuses the heap memory it left free (on a CPU one
+        # release of free memory and one fault-in per row instead of two)
+        row["prefill_peak_mib"], row["peak_mib"] = peak_mibs([prefill, fwd_bwd], device)
+        mixer.zero_grad(set_to_none=True)
+        xg.grad = None
 
     def do_decode():
         with torch.no_grad():
