@@ -206,3 +206,29 @@ def test_long_lengths_are_accepted():
     bench.configure_parser(parser)
     args = parser.parse_intermixed_args(["--seq-lens", "4096,16384,65536,262144"])
     assert args.seq_lens == [4096, 16384, 65536, 262144] and args.time_limit == 60.0
+
+
+def _row(label, mixer, T, wall_ms, cpu_ms, sys_ms, peak):
+    return {"label": label, "mixer": mixer, "T": T, "fwd_bwd_ms": wall_ms, "tok_s_train": T / (wall_ms / 1e3),
+            "fwd_bwd_user_ms": cpu_ms - sys_ms, "fwd_bwd_sys_ms": sys_ms, "fwd_bwd_cpu": [(cpu_ms - sys_ms) / 1e3,
+            sys_ms / 1e3, 1], "peak_mib": peak, "prefill_peak_mib": peak / 2, "decode_ms": 0.5}
+
+
+def test_scaling_report_checks_every_target():
+    """mamba2 grows 4x per 4x T in wall, CPU and memory (every target met); gla grows 5x (growth missed; its
+    tok/s ratio is exactly 0.8, met), with 20 % system time at the first length and memory growing 5x."""
+    from zoo.benchmark.scaling import mixer_scaling, report
+
+    rows = [_row("mamba2", "mamba2", 4096, 100, 90, 1, 100), _row("mamba2", "mamba2", 16384, 400, 360, 4, 400),
+            _row("gla", "gla", 4096, 100, 100, 20, 100), _row("gla", "gla", 16384, 500, 400, 4, 500),
+            {"label": "attention", "mixer": "attention", "T": 16384, "error": "skipped: ..."}]
+    m = mixer_scaling(rows[:2], 4.6, 0.8, 0.15)
+    assert m["wall"] == [4.0] and m["cpu"] == [4.0] and m["memory"] == [4.0] and m["tok"] == 1.0
+    assert all(m["checks"].values()) and m["prefill_peak"] == 200
+    g = mixer_scaling(rows[2:4], 4.6, 0.8, 0.15)
+    assert g["wall"] == [5.0] and g["sys"] == pytest.approx(0.2) and g["tok"] == pytest.approx(0.8)
+    assert {k for k, v in g["checks"].items() if not v} == {"growth", "sys", "memory"}
+    text, ok = report({"rows": rows})
+    assert not ok and "missed: growth, sys, memory" in text and "n/a (state grows with T)" in text
+    _, ok = report({"rows": rows[:2]})
+    assert ok
