@@ -6,6 +6,10 @@
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
 - :func:`pad_time` / :func:`chunk_count`: pad the time axis (dim 1) to a multiple of the chunk length.
+- :func:`in_segments` / :data:`SEGMENT`: run a chunked path over a long sequence in segments of whole
+  chunks with the recurrent state carried from one to the next, so that every full-length intermediate
+  (decay masks, chunk states, their gradients) is at most one segment long: the cost per token and the
+  size of every temporary buffer no longer grow with ``T``, and the result is the same function.
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -155,3 +160,34 @@ def full_precision(fn):
         with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
             return fn(*args, **kwargs)
     return wrapper
+
+
+#: time steps per segment of :func:`in_segments` (rounded down to whole chunks by :func:`segment_length`);
+#: read at call time, so a test may set a tiny value
+SEGMENT = 4096
+
+
+def segment_length(chunk_size: int, multiple: int = 1) -> int:
+    """:data:`SEGMENT` rounded down to a multiple of ``chunk_size`` (and of ``multiple``), at least one chunk."""
+    unit = math.lcm(chunk_size, multiple)
+    return max(unit, SEGMENT // unit * unit)
+
+
+def in_segments(fn, inputs, state, length: int, dim: int = 1):
+    """``fn(*pieces, state) -> (out, state)`` over consecutive pieces of ``length`` steps along ``dim`` of
+    every tensor in ``inputs`` (a ``None`` passes through as ``None``), the state of one piece handed to the
+    next; returns ``(out, final state)`` with the pieces' outputs concatenated along ``dim``.
+
+    One call of ``fn`` when the sequence is at most ``length`` long. The pieces are views (``split``), so
+    autograd sees a split and a concatenation: the gradients flow as through one call.
+    """
+    T = next(x for x in inputs if x is not None).shape[dim]
+    if T <= length:
+        return fn(*inputs, state)
+    pieces = [x.split(length, dim) if x is not None else None for x in inputs]
+    n = -(-T // length)
+    outs = []
+    for i in range(n):
+        out, state = fn(*(p[i] if p is not None else None for p in pieces), state)
+        outs.append(out)
+    return torch.cat(outs, dim=dim), state

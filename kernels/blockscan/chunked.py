@@ -11,7 +11,9 @@ and blocks at once:
    ``H_{c+1} = P_c H_c + l_c`` (one batched mat-vec per chunk);
 3. the recurrence inside every chunk from its true start state, ``C`` steps of batched mat-vecs.
 
-No ``T x T`` mask and no log-depth recursion over the whole sequence; the backward is torch autograd
+A sequence longer than :data:`kernels.common.SEGMENT` runs in segments of whole chunks with the state carried
+(:func:`kernels.common.in_segments`), so no intermediate grows with the length. No ``T x T`` mask and no
+log-depth recursion over the whole sequence; the backward is torch autograd
 through these ops, which saves ``O(T m^2)``. Inputs are split with ``unbind``/``split``/``unflatten``
 rather than strided slicing, whose backward would allocate a full-size gradient per slice.
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype, pad_time
+from ..common import compute_dtype, in_segments, pad_time, segment_length
 from .reference import shift_up
 
 __all__ = ["block_scan_chunked", "jordan_scan_chunked"]
@@ -77,6 +79,14 @@ def block_scan_chunked(A, b, initial_state=None, chunk_size: int = 64):
     h0 = b.new_zeros(Bsz, N, m, dtype=dt) if initial_state is None else initial_state.to(dt)
     if T == 0:
         return b.new_zeros(Bsz, 0, N, m), h0.to(b.dtype)
+    h, h_last = in_segments(lambda A, b_, h: _block_segment(A, b_, h, chunk_size, dt), (A, b), h0,
+                            segment_length(chunk_size))
+    return h.to(b.dtype), h_last.to(b.dtype)
+
+
+def _block_segment(A, b, h0, chunk_size, dt):
+    """:func:`block_scan_chunked` on one segment from ``h0`` in the compute dtype ``dt``: ``(h, h_last)`` in ``dt``."""
+    Bsz, T, N, m = b.shape
     C = min(chunk_size, T)
     nc = -(-T // C)
     Ac = pad_time(A.to(dt), C).reshape(Bsz, nc, C, N, m, m)
@@ -98,7 +108,7 @@ def block_scan_chunked(A, b, initial_state=None, chunk_size: int = 64):
         h = (A_i @ h.unsqueeze(-1)).squeeze(-1) + b_i
         hs.append(h)
     h = torch.stack(hs, dim=2).reshape(Bsz, nc * C, N, m)[:, :T]
-    return h.to(b.dtype), h[:, -1].to(b.dtype)
+    return h, h[:, -1]
 
 
 def _hankel(h):
@@ -119,10 +129,20 @@ def jordan_scan_chunked(lam, c, b, initial_state=None, chunk_size: int = 64):
     h0 = b.new_zeros(Bsz, N, m, dtype=dt) if initial_state is None else initial_state.to(dt)
     if T == 0:
         return b.new_zeros(Bsz, 0, N, m), h0.to(b.dtype)
+    c = torch.broadcast_to(c.to(dt), lam.shape)
+    h, h_last = in_segments(lambda lam, c, b_, h: _jordan_segment(lam, c, b_, h, chunk_size, dt), (lam, c, b), h0,
+                            segment_length(chunk_size))
+    return h.to(b.dtype), h_last.to(b.dtype)
+
+
+def _jordan_segment(lam, c, b, h0, chunk_size, dt):
+    """:func:`jordan_scan_chunked` on one segment from ``h0`` in the compute dtype ``dt``; ``c`` the shape of
+    ``lam``: ``(h, h_last)`` in ``dt``."""
+    Bsz, T, N, m = b.shape
     C = min(chunk_size, T)
     nc = -(-T // C)
     lam_c = pad_time(lam.to(dt), C).reshape(Bsz, nc, C, N, 1)
-    c_c = pad_time(torch.broadcast_to(c.to(dt), lam.shape), C).reshape(Bsz, nc, C, N, 1)
+    c_c = pad_time(c, C).reshape(Bsz, nc, C, N, 1)
     b_c = pad_time(b.to(dt), C).reshape(Bsz, nc, C, N, m)
     lam_s, c_s, b_s = lam_c.unbind(2), c_c.unbind(2), b_c.unbind(2)
     # P_s = lam_s + c_s N, l_s = b_s
@@ -143,4 +163,4 @@ def jordan_scan_chunked(lam, c, b, initial_state=None, chunk_size: int = 64):
     )
     h = L_all + (_hankel(H0)[:, :, None] * E_all.unsqueeze(-2)).sum(-1)
     h = h.reshape(Bsz, nc * C, N, m)[:, :T]
-    return h.to(b.dtype), h[:, -1].to(b.dtype)
+    return h, h[:, -1]

@@ -21,14 +21,16 @@ and then
     O      = diag(e^G) Q S0 + ((Q K^T) * M) D,        M_ri = e^{G_r - G_i} for i <= r, else 0
     S_next = e^{G_C} S0 + (diag(e^{G_C - G}) K)^T D.
 
-Everything is computed in fp32 at least (fp64 stays fp64) and differentiated by autograd.
+Everything is computed in fp32 at least (fp64 stays fp64) and differentiated by autograd. A sequence
+longer than :data:`kernels.common.SEGMENT` positions runs in segments of whole chunks with the state
+carried (:func:`kernels.common.in_segments`), so no intermediate grows with the length.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, pad_time
+from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, in_segments, pad_time, segment_length
 from .reference import flatten_substeps
 
 
@@ -172,14 +174,26 @@ def chunk_gated_delta_rule_torch(
     Layout inside: chunk axis first, ``(N, B, H, C, D)`` (contiguous), so the batched products need no
     copies of strided operands and one chunk of every tensor the recurrence reads is a contiguous block.
     """
-    B, L, H, K = k.shape
-    V = v.shape[-1]
+    L = k.shape[1]
     C = int(chunk_size)
     if C <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if query_stride > 1 and (C % query_stride or L % query_stride):
         raise ValueError(f"query_stride {query_stride} must divide chunk_size {C} and the length {L}")
     dt = compute_dtype(q, k, v, beta, gamma, initial_state)
+    S0 = None if initial_state is None else initial_state.to(dt)
+
+    def segment(q, k, v, beta, gamma, S):
+        return _delta_rule_segment(q, k, v, beta, gamma, S, C, query_stride, dt)
+
+    # segments are whole chunks, so the query stride (a divisor of C) starts every segment afresh
+    return in_segments(segment, (q, k, v, beta, gamma), S0, segment_length(C))
+
+
+def _delta_rule_segment(q, k, v, beta, gamma, initial_state, C, query_stride, dt):
+    """:func:`chunk_gated_delta_rule_torch` on one segment (or the whole sequence), in the compute dtype ``dt``."""
+    B, L, H, K = k.shape
+    V = v.shape[-1]
     q, k, v, beta = (pad_time(x.to(dt), C) for x in (q, k, v, beta))
     N = q.shape[1] // C
 

@@ -19,6 +19,9 @@ exception: it materialises every ``H_t`` (``O(T d^2)`` memory) and calls ``torch
 Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The ~2 r
 matvecs of a solve reuse one decay mask, one ``e^G`` and contiguous operands (:class:`ChunkOp`).
 
+A sequence longer than :data:`kernels.common.SEGMENT` runs in segments of whole chunks with ``(H, U)``
+carried (:func:`kernels.common.in_segments`), so no intermediate grows with the length.
+
 Padding (T not a multiple of C) appends tokens with ``q = k = v = 0`` and ``g = 0``: they leave the
 states unchanged and are cut from the output.
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import chunk_scan, compute_dtype, heads_first, pad_time, time_first
+from ..common import chunk_scan, compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
 from ..gla.chunked import gla_chunk_readout
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
@@ -89,9 +92,24 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     if initial_state is None:
-        H_init, U_init = q.new_zeros(b, h, dk, dk, dtype=cd), q.new_zeros(b, h, dv, dk, dtype=cd)
+        state = q.new_zeros(b, h, dk, dk, dtype=cd), q.new_zeros(b, h, dv, dk, dtype=cd)
     else:
-        H_init, U_init = (s.to(cd) for s in initial_state)
+        state = tuple(s.to(cd) for s in initial_state)
+
+    def segment(q, k, v, g, alpha, state):
+        return _gka_segment(q, k, v, g, alpha, state, ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter,
+                            solver=solver, grad=grad, scale=scale, chunk_size=chunk_size, solve_fn=solve_fn)
+
+    o, (H_fin, U_fin) = in_segments(segment, (q, k, v, g, alpha), state, segment_length(chunk_size))
+    return o.to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
+
+
+def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solver, grad, scale, chunk_size,
+                 solve_fn):
+    """:func:`gka_chunked` on one segment from the compute-dtype state ``(H, U)``; output in the compute dtype."""
+    cd = compute_dtype(q.dtype)
+    T, dk = q.shape[1], q.shape[-1]
+    H_init, U_init = state
     C = chunk_size
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
     # contiguous once: the ~2 r matvecs of the solve would otherwise each copy the strided views
@@ -116,4 +134,4 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
     o = gla_chunk_readout(Qt * scale, K, V, G, U0, M)
-    return time_first(o)[:, :T].to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
+    return time_first(o)[:, :T], (H_fin, U_fin)

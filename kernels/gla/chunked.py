@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from ..common import causal_decay_mask, chunk_scan, compute_dtype, heads_first, pad_time, time_first
+from ..common import (
+    causal_decay_mask,
+    chunk_scan,
+    compute_dtype,
+    heads_first,
+    in_segments,
+    pad_time,
+    segment_length,
+    time_first,
+)
 
 
 def gla_chunk_states(K, V, G, initial_state=None):
@@ -152,29 +161,26 @@ def _gla_chunked_shared(q, k, v, g, C, initial_state):
     return o.reshape(b, Tp, H, dv), U
 
 
-#: time steps per segment: a longer sequence runs segment by segment with the state carried over, so
-#: every full-length intermediate (decay masks, chunk states, their gradients) is at most one segment
-#: long and stays in cache on a CPU; the result is the same (the segments are whole chunks)
-SEGMENT = 4096
-
-
 def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None):
     """``q, k (B, T, H, d_k)`` (or ``(B, T, 1, d_k)``: one query/key head shared by all ``H`` value heads),
-    ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
-    T = q.shape[1]
-    segment = max(chunk_size, SEGMENT // chunk_size * chunk_size)
-    if T <= segment:
-        return _gla_chunked(q, k, v, g, scale, chunk_size, initial_state)
-    outs, U = [], initial_state
-    for qs, ks, vs, gs in zip(*(t.split(segment, dim=1) for t in (q, k, v, g))):
-        o, U = _gla_chunked(qs, ks, vs, gs, scale, chunk_size, U)
-        outs.append(o)
-    return torch.cat(outs, dim=1), U
+    ``v (B, T, H, d_v)``, ``g (B, T, H)``; returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``.
+
+    A sequence longer than :data:`kernels.common.SEGMENT` runs segment by segment (whole chunks) with the
+    state carried over (:func:`kernels.common.in_segments`), so every full-length intermediate (decay masks,
+    chunk states, their gradients) is at most one segment long; the result is the same function."""
+    dtype = q.dtype
+    h0 = None if initial_state is None else initial_state.to(compute_dtype(dtype))
+
+    def segment(q, k, v, g, U):
+        return _gla_chunked(q, k, v, g, scale, chunk_size, U)
+
+    o, U = in_segments(segment, (q, k, v, g), h0, segment_length(chunk_size))
+    return o.to(dtype), U.to(dtype)
 
 
 def _gla_chunked(q, k, v, g, scale, chunk_size, initial_state):
-    dtype = q.dtype
-    cd = compute_dtype(dtype)
+    """One segment from the compute-dtype state ``initial_state``; output and state in the compute dtype."""
+    cd = compute_dtype(q.dtype)
     b, T, _, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
@@ -182,9 +188,9 @@ def _gla_chunked(q, k, v, g, scale, chunk_size, initial_state):
     h0 = None if initial_state is None else initial_state.to(cd)
     if q.shape[2] == 1 and k.shape[2] == 1 and v.shape[2] > 1:
         o, U = _gla_chunked_shared(q if scale == 1.0 else q * scale, k, v, g, C, h0)
-        return o[:, :T].to(dtype), U.to(dtype)
+        return o[:, :T], U
     Q, K, V = (heads_first(t, C) for t in (q if scale == 1.0 else q * scale, k, v))
     G = heads_first(g, C).cumsum(-1)                                    # (b, h, n, C)
     U0, U = gla_chunk_states(K, V, G, h0)
     o = gla_chunk_readout(Q, K, V, G, U0)
-    return time_first(o)[:, :T].to(dtype), U.to(dtype)
+    return time_first(o)[:, :T], U

@@ -29,6 +29,9 @@ gradients of ``w`` and ``gamma`` then carry a larger relative error than the tok
 ``3e-38`` are taken as ``3e-38`` (see :func:`_exp_`). The backward is written by hand (the same
 quantities in reverse, the chunk loop run backwards); it saves ``O(T C K + T M (d_v + 1) / C)`` per head.
 
+A sequence longer than :data:`kernels.common.SEGMENT` runs in segments of whole chunks with the memory
+carried (:func:`kernels.common.in_segments`), so no intermediate grows with the length.
+
 Cost per head ``O(T (C K (d_v + 1) + M (d_v + 1) + M C))`` time: linear in ``T``; the chunk-start states
 are ``M (d_v + 1)`` per chunk, so for very large ``M`` the sparse scan (:mod:`kernels.slots.sparse`) is
 the lighter path.
@@ -39,7 +42,7 @@ import math
 
 import torch
 
-from ..common import compute_dtype, pad_time
+from ..common import compute_dtype, in_segments, pad_time, segment_length
 from .reference import W_MAX
 
 
@@ -195,8 +198,19 @@ class _ChunkedSlots(torch.autograd.Function):
 def slot_memory_chunked(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
                         chunk_size: int = 32, initial_state=None):
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``."""
-    dtype = v.dtype
-    cd = compute_dtype(dtype)
+    cd = compute_dtype(v.dtype)
+    state = None if initial_state is None else tuple(s.to(cd) for s in initial_state)
+
+    def segment(wi, ww, ri, rw, v_, state):
+        return _slots_segment(wi, ww, ri, rw, v_, gamma, num_slots, eps, chunk_size, state)
+
+    o, state = in_segments(segment, (write_idx, write_w, read_idx, read_w, v), state, segment_length(chunk_size))
+    return o.to(v.dtype), state
+
+
+def _slots_segment(write_idx, write_w, read_idx, read_w, v, gamma, num_slots, eps, chunk_size, initial_state):
+    """:func:`slot_memory_chunked` on one segment; output and state in the compute dtype."""
+    cd = compute_dtype(v.dtype)
     B, T, H, dv = v.shape
     K = write_idx.shape[-1]
     M, C = num_slots, chunk_size
@@ -220,4 +234,4 @@ def slot_memory_chunked(write_idx, write_w, read_idx, read_w, v, gamma, num_slot
                                 chunked(read_w.to(cd)), V1, gamma.to(cd).repeat(B), X0, M, eps)
     o = O1[..., :dv].reshape(n, B, H, C, dv).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, dv)[:, :T]
     X = X.view(B, H, M, dv + 1)
-    return o.to(dtype), (X[..., :dv], X[..., dv])
+    return o, (X[..., :dv], X[..., dv])

@@ -137,11 +137,11 @@ def test_chunked_one_group_of_B_C_shared_by_the_heads(dtype, tol):
 @pytest.mark.parametrize("shared", [False, True])
 def test_chunked_in_segments_matches_reference(monkeypatch, shared):
     """A sequence longer than the segment length runs segment by segment with the state carried over
-    (``kernels.gla.chunked.SEGMENT``, set here to 2 chunks; T = 83 leaves a ragged last segment): outputs,
+    (``kernels.common.SEGMENT``, set here to 2 chunks; T = 83 leaves a ragged last segment): outputs,
     final state and every gradient equal the token recurrence, per-head and shared-group B, C alike."""
-    import kernels.gla.chunked as gla_chunked_module
+    import kernels.common
 
-    monkeypatch.setattr(gla_chunked_module, "SEGMENT", 16)
+    monkeypatch.setattr(kernels.common, "SEGMENT", 16)
     x, dt, A, B, C, h0 = _inputs(2, 83, 3, 8, 16, True, torch.float64, "cpu")
     if shared:
         B, C = B[:, :, :1], C[:, :, :1]

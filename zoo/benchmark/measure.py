@@ -5,9 +5,16 @@
   can pool the repetitions of several rounds of a sweep into one median);
 - ``fwd_bwd_ms``: median time of a training step's mixer part (forward with autograd, then backward);
 - ``tok_s_fwd`` / ``tok_s_train``: ``batch * T`` divided by those times;
-- ``peak_mib``: on CUDA, ``torch.cuda.max_memory_allocated`` during one forward+backward minus what
-  was allocated before it (the mixer's working memory); on a CPU there is no allocator high-water mark
-  worth reporting (the process's max RSS only ever grows), so it is ``None``;
+- ``fwd_user_ms`` / ``fwd_sys_ms`` (and ``fwd_bwd_*``, ``decode_*``; totals in ``<name>_cpu``): CPU time
+  per call of each timing (``getrusage`` of the process around the timed repetitions, so on a CPU it counts
+  every torch thread), user and system (kernel: page faults, memory mapping) apart; on a shared machine CPU
+  time is steadier than wall time, and system time shows memory management that arithmetic does not explain;
+- ``peak_mib``: the working memory of one forward+backward: on CUDA ``torch.cuda.max_memory_allocated``
+  minus what was allocated before it; on a CPU the peak resident set size minus the resident size before
+  it (:class:`zoo.host_memory.PeakRSS`: free heap memory returned first, the kernel's high-water mark
+  reset; ``None`` where that reset is unavailable);
+- ``prefill_peak_mib``: the same for one ``mixer.prefill`` of the ``T`` tokens without autograd (measured
+  just before the forward+backward's, which reuses the heap memory the prefill left free);
 - ``saved_mib``: bytes of the tensors autograd saves for the backward in one forward (parameters
   excluded, shared storages counted once), measured with ``saved_tensors_hooks`` — the same on every
   device, and the number that decides whether training at length ``T`` fits;
@@ -27,16 +34,21 @@ import time
 
 import torch
 
+from ..host_memory import PeakRSS, cpu_seconds
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _times_ms(fn, device: torch.device, warmup: int, repeats: int) -> list[float]:
+def _times_ms(fn, device: torch.device, warmup: int, repeats: int, cpu: list | None = None) -> list[float]:
+    """Wall times (ms) of ``repeats`` calls after ``warmup``; appends ``(user s, system s, calls)`` of the
+    timed calls to ``cpu`` if given."""
     for _ in range(warmup):
         fn()
     times = []
+    user0, sys0 = cpu_seconds()
     if device.type == "cuda":
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -51,15 +63,24 @@ def _times_ms(fn, device: torch.device, warmup: int, repeats: int) -> list[float
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
+    if cpu is not None:
+        user1, sys1 = cpu_seconds()
+        cpu.append((user1 - user0, sys1 - sys0, repeats))
     return times
 
 
 TIMES = ("fwd_ms", "fwd_bwd_ms", "decode_ms")
 
 
-def _set_time(row: dict, name: str, samples: list[float]) -> None:
+def _set_time(row: dict, name: str, samples: list[float], cpu: list | None = None) -> None:
     row[name + "_samples"] = samples
     row[name] = statistics.median(samples)
+    if cpu:
+        stem = name.removesuffix("_ms")                                 # fwd_ms -> fwd_cpu, fwd_user_ms, ...
+        row[stem + "_cpu"] = [sum(c[i] for c in cpu) for i in range(3)]   # user s, system s, calls
+        user, system, calls = row[stem + "_cpu"]
+        row[stem + "_user_ms"] = user / calls * 1e3
+        row[stem + "_sys_ms"] = system / calls * 1e3
 
 
 def merge_samples(row: dict, again: dict) -> None:
@@ -67,7 +88,9 @@ def merge_samples(row: dict, again: dict) -> None:
     ``row`` and recompute its medians and throughputs."""
     for name in TIMES:
         if again.get(name + "_samples") and row.get(name + "_samples") is not None:
-            _set_time(row, name, row[name + "_samples"] + again[name + "_samples"])
+            stem = name.removesuffix("_ms")
+            cpu = [c for c in (row.get(stem + "_cpu"), again.get(stem + "_cpu")) if c]
+            _set_time(row, name, row[name + "_samples"] + again[name + "_samples"], cpu)
     n_tok = row["batch"] * row["T"] if "batch" in row else None
     if n_tok:
         if row.get("fwd_ms"):
@@ -115,6 +138,32 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def peak_mibs(fns, device: torch.device) -> list[float | None]:
+    """Working memory of each ``fn()`` in MiB, run in order: the CUDA allocator's high-water mark above what
+    was allocated before it, or on a CPU the peak resident set size above the resident size before the
+    first (:class:`zoo.host_memory.PeakRSS`; the later ones reuse the heap memory the earlier ones left
+    free, so list the pieces of work by growing need); ``None`` where the kernel's high-water mark cannot
+    be reset."""
+    free(device)
+    out: list[float | None] = []
+    if device.type == "cuda":
+        for fn in fns:
+            _sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            fn()
+            _sync(device)
+            out.append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
+        return out
+    first = None
+    for fn in fns:
+        with PeakRSS(after=first) as peak:
+            fn()
+        first = first or peak
+        out.append(peak.mib)
+    return out
+
+
 def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype, warmup: int, repeats: int,
             decode: bool = True, memory: bool = True) -> dict:
     """All the numbers of one (mixer, T) row. Each group of measurements fails on its own: an error in
@@ -137,7 +186,8 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
             mixer(x)
 
     def do_fwd():
-        _set_time(row, "fwd_ms", _times_ms(fwd, device, warmup, repeats))
+        cpu: list = []
+        _set_time(row, "fwd_ms", _times_ms(fwd, device, warmup, repeats, cpu), cpu)
         row["tok_s_fwd"] = n_tok / (row["fwd_ms"] / 1e3)
 
     xg = x.detach().clone().requires_grad_()
@@ -148,29 +198,31 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
         mixer(xg).backward(grad_out)
 
     def do_fwd_bwd():
-        _set_time(row, "fwd_bwd_ms", _times_ms(fwd_bwd, device, warmup, repeats))
+        cpu: list = []
+        _set_time(row, "fwd_bwd_ms", _times_ms(fwd_bwd, device, warmup, repeats, cpu), cpu)
         row["tok_s_train"] = n_tok / (row["fwd_bwd_ms"] / 1e3)
         mixer.zero_grad(set_to_none=True)
 
     def do_memory():
         row["saved_mib"] = _saved_bytes(mixer, xg) / 2**20
-        if device.type == "cuda":
-            _sync(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            fwd_bwd()
-            _sync(device)
-            row["peak_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-            mixer.zero_grad(set_to_none=True)
-        else:
-            row["peak_mib"] = None  # no honest allocator high-water mark on a CPU
+
+        def prefill():
+            with torch.no_grad():
+                mixer.prefill(x)
+
+        # the prefill first: the forward+backward then reuses the heap memory it left free (on a CPU one
+        # release of free memory and one fault-in per row instead of two)
+        row["prefill_peak_mib"], row["peak_mib"] = peak_mibs([prefill, fwd_bwd], device)
+        mixer.zero_grad(set_to_none=True)
+        xg.grad = None
 
     def do_decode():
         with torch.no_grad():
             _, state = mixer.prefill(x)
             row["state_bytes"] = _state_bytes(state)
             x_t = torch.randn(batch, mixer.d_model, device=device, dtype=dtype)
-            _set_time(row, "decode_ms", _times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats))
+            cpu: list = []
+            _set_time(row, "decode_ms", _times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats, cpu), cpu)
         row["state_size"] = mixer.state_size(T)
         row["active_state_size"] = mixer.active_state_size(T)
 

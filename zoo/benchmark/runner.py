@@ -9,9 +9,16 @@ its mixer options. Times are also given as a ratio to the ``--baseline`` entry (
 
 For every entry and every ``T`` it records the numbers of :func:`zoo.benchmark.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
-``--time-limit`` skips lengths whose forward+backward is predicted to take longer than a limit (from
-the previous length, quadratic for mixers whose state grows with T, linear otherwise), saying so in the
-row. ``bench.json`` is rewritten after every row, so an interrupted run keeps everything it finished.
+``--time-limit`` (default 60 s) skips lengths whose forward+backward is predicted to take longer than a
+limit (from the previous length's time, CPU time on a CPU, quadratic for mixers whose state grows with T,
+linear otherwise), saying so in the row: attention stops there while the linear-state mixers go on to long
+contexts (262144 tokens and beyond, as far as memory allows).
+
+Every timing also records its user and system CPU time per call, every row the peak memory of one
+forward+backward and of one prefill, and ``bench.json`` the run's total wall, user and system time. On a
+CPU the C library's allocator is tuned first (:func:`zoo.host_memory.tune_allocator`): large buffers are
+then reused from call to call instead of being mapped and faulted in anew. ``bench.json`` is rewritten
+after every row, so an interrupted run keeps everything it finished.
 
 ``--rounds R`` runs the whole sweep (every entry at every ``T``) ``R`` times, one round after the other,
 and reports for each row the median of all ``R x repeats`` timings: on a shared machine the load drifts
@@ -41,6 +48,7 @@ from mixers import MIXERS
 from ..environment import environment
 from ..errors import UserError
 from ..experiments.results import render_bench
+from ..host_memory import cpu_seconds, tune_allocator
 from ..recipes import layer_label, load_raw, resolve
 from .measure import error_text, free, measure, merge_samples
 
@@ -99,8 +107,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the whole sweep this many times, interleaved, and pool every row's timings "
                              "over the rounds (median of rounds x repeats; default 1)")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                        help="skip a length whose fwd+bwd is predicted to exceed this many seconds (the row says so)")
+    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
+                        help="skip a length whose fwd+bwd is predicted to exceed this many seconds (the row says so; "
+                             "default 60; 0 = no limit)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode-step timing")
     parser.add_argument("--seed", type=int, default=0, help="seed of the mixers' weights and inputs")
     parser.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
@@ -144,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
                           else ("cpu" if args.device == "auto" else args.device))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
+    if args.time_limit is not None and args.time_limit < 0:
+        raise UserError("--time-limit must be >= 0 seconds (0 = no limit)")
+    tune_allocator()
     previous_threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -154,16 +166,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
+    """fwd+bwd seconds at ``T`` from the row at the previous length: on a CPU from its CPU time per call
+    (user + system; on a machine shared with other work the wall time also counts the waits for a core),
+    else from its wall time."""
     if not row.get("fwd_bwd_ms"):
         return None
+    ms = row["fwd_bwd_ms"]
+    if row.get("device") == "cpu" and row.get("fwd_bwd_user_ms") is not None:
+        ms = row["fwd_bwd_user_ms"] + row["fwd_bwd_sys_ms"]
     exponent = 2 if grows else 1
-    return row["fwd_bwd_ms"] / 1e3 * (T / row["T"]) ** exponent
+    return ms / 1e3 * (T / row["T"]) ** exponent
 
 
 def _write_json(path: Path, result: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def _totals(result: dict, start: tuple[float, float, float]) -> dict:
+    """Record the run's wall, user and system seconds so far (``start``: wall clock, user, system at its start)."""
+    user, system = cpu_seconds()
+    result["run"] = {"wall_s": time.perf_counter() - start[0], "user_s": user - start[1], "sys_s": system - start[2]}
+    return result
 
 
 def _run(args, device, recipe, labels) -> int:
@@ -179,9 +204,11 @@ def _run(args, device, recipe, labels) -> int:
                    "seq_lens": args.seq_lens, "batch": args.batch, "d_model": d_model, "dtype": dtype_name,
                    "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed,
                    "decode": not args.no_decode,
-                   "threads": torch.get_num_threads(), "time_limit": args.time_limit},
+                   "threads": torch.get_num_threads(), "time_limit": args.time_limit,
+                   "allocator_tuned": tune_allocator()},
         "rows": [],
     }
+    start = time.perf_counter(), *cpu_seconds()
     json_path = out / "bench.json"
     jobs = [(r, i, T) for r in range(args.rounds) for i in range(len(labels)) for T in args.seq_lens]
     bar = tqdm(jobs, desc="bench", disable=True if args.no_progress else None, file=sys.stderr)
@@ -204,13 +231,13 @@ def _run(args, device, recipe, labels) -> int:
             row["rounds"] = rnd + 1
             if again.get("error"):
                 row["error"] = f"round {rnd + 1}: {again['error']}"
-            _write_json(json_path, result)
+            _write_json(json_path, _totals(result, start))
             continue
         row = {"mixer": spec.name, "label": label, "T": T, "batch": args.batch, "d_model": d_model,
                "dtype": dtype_name, "device": str(device)}
         t0 = time.perf_counter()
         predicted = _predicted_seconds(last.get(i, {}), T, MIXERS.get(spec.name).state_grows_with_seq_len)
-        if args.time_limit is not None and predicted is not None and predicted > args.time_limit:
+        if args.time_limit and predicted is not None and predicted > args.time_limit:
             row["error"] = f"skipped: fwd+bwd predicted {predicted:.0f} s > --time-limit {args.time_limit:g} s"
         else:
             try:
@@ -229,7 +256,7 @@ def _run(args, device, recipe, labels) -> int:
         row["wall_s"] = time.perf_counter() - t0
         rows[i, T] = row
         result["rows"].append(row)
-        _write_json(json_path, result)  # every finished row is on disk at once
+        _write_json(json_path, _totals(result, start))  # every finished row is on disk at once
         if row.get("error"):
             tqdm.write(f"zoo bench: {label} T={T}: {row['error']}", file=sys.stderr)
     text = render_bench(result, out, plot=not args.no_plot)

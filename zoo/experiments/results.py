@@ -274,6 +274,13 @@ def fmt_number(value, digits=3):
     return str(value)
 
 
+def _cpu_ms(row: dict) -> float | None:
+    """User + system CPU ms per forward+backward of a bench row (None when not measured)."""
+    if row.get("fwd_bwd_user_ms") is None or row.get("fwd_bwd_sys_ms") is None:
+        return None
+    return row["fwd_bwd_user_ms"] + row["fwd_bwd_sys_ms"]
+
+
 def bench_with_ratios(rows: list[dict], baseline: str | None = None) -> list[dict]:
     """Add ``<time>_vs_baseline`` (ratio to the ``baseline`` entry at the same T; default the first entry)
     and ``fwd_bwd_growth`` (fwd+bwd time over the same entry's at the previous, shorter T)."""
@@ -291,6 +298,8 @@ def bench_with_ratios(rows: list[dict], baseline: str | None = None) -> list[dic
         if p is not None and p.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
             r["fwd_bwd_growth"] = r["fwd_bwd_ms"] / p["fwd_bwd_ms"]
             r["T_growth"] = r["T"] / p["T"]
+            if _cpu_ms(p) and _cpu_ms(r):
+                r["fwd_bwd_cpu_growth"] = _cpu_ms(r) / _cpu_ms(p)
         if r.get("fwd_bwd_ms"):
             previous[r["label"]] = r
         out.append(r)
@@ -303,16 +312,20 @@ def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
     base = c.get("baseline")
     rows = bench_with_ratios(result["rows"], base)
     base = base or (rows[0]["label"] if rows else "")
-    columns = ["mixer", "T", "fwd ms", "fwd+bwd ms", "growth", f"fwd+bwd / {base}", "train tok/s", "peak MiB",
-               "saved MiB", "decode ms", f"decode / {base}"]
+    columns = ["mixer", "T", "fwd ms", "fwd+bwd ms", "growth", "fwd+bwd cpu ms", "cpu growth", "sys %",
+               f"fwd+bwd / {base}", "train tok/s", "peak MiB", "prefill peak MiB", "saved MiB", "decode ms",
+               f"decode / {base}"]
     columns += ["state KiB", "params", "note"]
     body = []
     for r in rows:
         growth = (f"{r['fwd_bwd_growth']:.2f}x (T x{r['T_growth']:g})" if r.get("fwd_bwd_growth") else "")
         line = [r["label"], r["T"], fmt_number(r.get("fwd_ms")), fmt_number(r.get("fwd_bwd_ms")), growth]
+        cpu = _cpu_ms(r)
+        line += [fmt_number(cpu), f"{r['fwd_bwd_cpu_growth']:.2f}x" if r.get("fwd_bwd_cpu_growth") else "",
+                 fmt_number(100 * r["fwd_bwd_sys_ms"] / cpu if cpu else None, 2)]
         line += [fmt_number(r.get("fwd_bwd_ms_vs_baseline")), fmt_number(r.get("tok_s_train")),
-                 fmt_number(r.get("peak_mib")), fmt_number(r.get("saved_mib")), fmt_number(r.get("decode_ms")),
-                 fmt_number(r.get("decode_ms_vs_baseline"))]
+                 fmt_number(r.get("peak_mib")), fmt_number(r.get("prefill_peak_mib")), fmt_number(r.get("saved_mib")),
+                 fmt_number(r.get("decode_ms")), fmt_number(r.get("decode_ms_vs_baseline"))]
         sb = r.get("state_bytes")
         line += [fmt_number(sb / 1024 if sb is not None else None), r.get("params") or "", r.get("error") or ""]
         body.append(line)
@@ -325,13 +338,26 @@ def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
             f"fwd = inference forward (no_grad); fwd+bwd = forward with autograd + backward; growth = fwd+bwd "
             f"time over the same mixer's at the previous T (linear in T is the T ratio); decode = one step after "
             f"a prefill of T tokens; state = decode state after that prefill; saved = tensors kept for the "
-            f"backward; peak = CUDA high-water mark (n/a on CPU); `/ {base}` = ratio to that entry at the same T "
-            f"in this run.\n\n")
+            f"backward; cpu = user + system CPU time per fwd+bwd (cpu growth: its ratio to the previous T; sys % "
+            f"its system share); peak = memory of one fwd+bwd (prefill peak: of one prefill) above what was "
+            f"allocated before it (CUDA allocator high-water mark, or on CPU the peak resident set size); "
+            f"`/ {base}` = ratio to that entry at the same T in this run.\n"
+            + _run_line(result) + "\n")
     text = head + write_table(out_dir, "bench", columns, body) + "\n"
     (out_dir / "bench.md").write_text(text)
     if plot:
         plot_bench(result, out_dir / "bench.png")
     return text
+
+
+def _run_line(result: dict) -> str:
+    run = result.get("run")
+    if not run:
+        return ""
+    cpu = run["user_s"] + run["sys_s"]
+    share = f" ({100 * run['sys_s'] / cpu:.1f}% of the CPU time)" if cpu else ""
+    return (f"Whole run: {run['wall_s']:.0f} s wall, {run['user_s']:.0f} s user, {run['sys_s']:.1f} s system"
+            f"{share}.\n")
 
 
 def plot_bench(result: dict, path: Path) -> None:

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ..config import Recipe
 from ..errors import UserError
+from ..host_memory import tune_allocator
 from ..model import HybridLM
 from ..tasks import Task, TaskData
 from ..tasks.text import training_data
@@ -134,6 +135,8 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     device = distributed.device_for(ctx, resolve_device(t.device))
     if t.threads:
         torch.set_num_threads(t.threads)
+    if device.type == "cpu":
+        tune_allocator()  # large buffers reused between steps instead of mapped anew (zoo.host_memory)
     try:
         distributed.shard_size(t.batch_size, ctx.world_size)
     except ValueError as err:
