@@ -12,8 +12,17 @@ import torch.nn.functional as F
 
 from kernels.backend import BackendUnavailable, triton_importable
 from kernels.gka import gka, gka_chunked, gka_reference, gka_step
-from kernels.gka.chebyshev import (ChunkOp, DenseOp, decay_mask, cg_iterate, chebyshev_iterate, chebyshev_residual_bound,
-                                   iterative_solve, omega_schedule, omega_schedule_reversed)
+from kernels.gka.chebyshev import (
+    ChunkOp,
+    DenseOp,
+    cg_iterate,
+    chebyshev_iterate,
+    chebyshev_residual_bound,
+    decay_mask,
+    iterative_solve,
+    omega_schedule,
+    omega_schedule_reversed,
+)
 from kernels.gka.chunked import chunk_states, frob_norm_sq, per_token_H
 from kernels.gka.reference import ridge
 from kernels.gla import gla, gla_reference, gla_step

@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from kernels.backend import BackendUnavailable, triton_importable
-from kernels.ska import (ska, ska_chain, ska_chain_torch, ska_chunked, ska_final_state, ska_recurrent,
-                         ska_reference, ska_step, whitened_operator)
+from kernels.ska import (
+    ska,
+    ska_chain,
+    ska_chain_torch,
+    ska_chunked,
+    ska_final_state,
+    ska_recurrent,
+    ska_reference,
+    ska_step,
+    whitened_operator,
+)
 from kernels.ska.reference import top_singular_value
 from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
 

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from kernels.backend import triton_importable, triton_usable_for
-from kernels.slots import (kronecker_dense, kronecker_topk, slot_memory, slot_memory_chunked,
-                           slot_memory_reference, slot_memory_sparse, slot_step)
+from kernels.slots import (
+    kronecker_dense,
+    kronecker_topk,
+    slot_memory,
+    slot_memory_chunked,
+    slot_memory_reference,
+    slot_memory_sparse,
+    slot_step,
+)
 from tests.kernels.harness import assert_rel_close, compare_backends
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -51,8 +51,9 @@ def _values(n, centre, spread=0.02):
 def _row(label, seed, acc, extra=None):
     metrics = {"test_accuracy": acc, "test_accuracy@64": acc * 0.99, "steps": 10, "train_seconds": 2.0 * (1 + seed)}
     metrics.update(extra or {})
+    untrained = {k: 0.0 if k.startswith("test_accuracy") else v for k, v in metrics.items()}  # at step 0
     return {"recipe_key": f"{label}-{seed}", "label": label, "seed": seed,
-            "recipe": {"seed": seed, "model": {"layers": [label]}}, "metrics": metrics}
+            "recipe": {"seed": seed, "model": {"layers": [label]}}, "metrics": metrics, "step0_metrics": untrained}
 
 
 def _synthetic_root(tmp_path, cells, rule=None, claim=None):
@@ -124,6 +125,7 @@ def test_legacy_seed_labels_group_with_the_cell_and_nan_means_diverged(tmp_path)
     path = root / "tables" / "t" / "results.jsonl"
     rows = read_rows(path)
     rows[0]["metrics"]["test_loss"] = 1.0 + torch.rand(()).item()
+    rows[0]["step0_metrics"]["test_loss"] = 3.0
     rows += [_row(f"a seed={seed}", seed, 0.9, {"test_loss": 2.0}) for seed in (1, 2)]  # "<cell> seed=N" replicates
     for r in rows:
         r["recipe"]["model"]["layers"] = [cell_of(r["label"])]

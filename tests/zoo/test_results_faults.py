@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from zoo.cli import main
-from zoo.experiments.rows import DAMAGED_NAME, append_row, read_rows, repair_rows
+from zoo.experiments.rows import DAMAGED_NAME, TIMING_METRICS, append_row, read_rows, repair_rows
 from zoo.recipes import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +193,7 @@ def test_a_recorded_recipe_loads_back_with_its_key_and_passes_check(row, tmp_pat
     assert row["recipe_key"] in capsys.readouterr().out
 
 
-TIMING = ("train_seconds", "wall_seconds")
+TIMING = TIMING_METRICS
 
 
 def _outcomes(out: Path) -> dict:

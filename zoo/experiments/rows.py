@@ -26,6 +26,10 @@ REQUIRED_FIELDS = {"recipe_key": str, "label": str, "recipe": dict, "metrics": d
 DAMAGED_NAME = "results.damaged.jsonl"
 
 
+#: metrics that measure the machine rather than the model (they differ between two runs of one recipe)
+TIMING_METRICS = ("train_seconds", "wall_seconds", "train_tokens_per_second")
+
+
 def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, device=None, **extra) -> dict:
     """The results row of a run of ``recipe``; ``extra`` adds fields (history, checkpoint, host, ...)."""
     return {"recipe_key": recipe.key, "label": label, "overrides": dict(overrides or {}), "recipe": recipe.plain,
