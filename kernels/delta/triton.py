@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from .chunked import delta_product_via_rule
 
-_PREC = "ieee"
+#: fp32 products in every tl.dot (a constexpr: a jitted kernel may read no other kind of global)
+_PREC = tl.constexpr("ieee")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -301,15 +302,15 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         Tm = torch.empty(BH, Lp, BT, **f32)
         U = torch.empty(BH, Lp, V, **f32)
         W = torch.empty(BH, Lp, K, **f32)
-        _fwd_prep[(N, BH)](k, v, beta, gamma, G, Tm, U, W, Lp, K=K, V=V, BT=BT)
+        launch(_fwd_prep, (N, BH), k, v, beta, gamma, G, Tm, U, W, Lp, K=K, V=V, BT=BT)
         h = torch.empty(BH, N, K, V, **f32)
         D = torch.empty(BH, Lp, V, **f32)
         hT = torch.empty(BH, K, V, **f32)
         has_h0 = h0 is not None
-        _fwd_state[(V // BV, BH)](k, G, U, W, h0 if has_h0 else hT, h, D, hT, Lp, N,
+        launch(_fwd_state, (V // BV, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, Lp, N,
                                   K=K, V=V, BT=BT, BV=BV, HAS_H0=has_h0)
         o = torch.empty(BH, Lp, V, **f32)
-        _fwd_out[(N, BH)](q, k, G, h, D, o, Lp, N, K=K, V=V, BT=BT, BV=BV)
+        launch(_fwd_out, (N, BH), q, k, G, h, D, o, Lp, N, K=K, V=V, BT=BT, BV=BV)
         ctx.save_for_backward(q, k, v, beta, G, Tm, W, h, D)
         ctx.BT, ctx.has_h0 = BT, has_h0
         return o, hT
@@ -328,18 +329,18 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         dk_o = torch.empty(BH, Lp, K, **f32)
         dG_o = torch.empty(BH, Lp, **f32)
         dDo = torch.empty(BH, Lp, V, **f32)
-        _bwd_out[(N, BH)](q, k, G, h, D, do, dq, dk_o, dG_o, dDo, Lp, N, K=K, V=V, BT=BT, BV=BV)
+        launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, Lp, N, K=K, V=V, BT=BT, BV=BV)
         has_dht = dhT is not None
         dh = torch.empty(BH, N, K, V, **f32)
         dU = torch.empty(BH, Lp, V, **f32)
         dh0 = torch.empty(BH, K, V, **f32)
-        _bwd_state[(V // BV, BH)](q, k, G, W, do, dDo, dhT.contiguous().float() if has_dht else dh0,
+        launch(_bwd_state, (V // BV, BH), q, k, G, W, do, dDo, dhT.contiguous().float() if has_dht else dh0,
                                   dh, dU, dh0, Lp, N, K=K, V=V, BT=BT, BV=BV, HAS_DHT=has_dht)
         dk_p = torch.empty(BH, Lp, K, **f32)
         dv = torch.empty(BH, Lp, V, **f32)
         db = torch.empty(BH, Lp, **f32)
         dG_p = torch.empty(BH, Lp, **f32)
-        _bwd_prep[(N, BH)](k, v, beta, G, Tm, h, D, dh, dU, dk_p, dv, db, dG_p, Lp, N,
+        launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_p, dv, db, dG_p, Lp, N,
                            K=K, V=V, BT=BT, BV=BV)
         dG = (dG_o + dG_p).view(BH, N, BT)
         dgamma = dG.flip(-1).cumsum(-1).flip(-1).reshape(BH, Lp)   # G = in-chunk cumsum(gamma)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..launch import launch
 
 __all__ = ["ssd_triton"]
 
@@ -280,17 +281,17 @@ class _SSDTriton(torch.autograd.Function):
         prec = _prec(x.dtype)
         states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
         alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
-        _chunk_state[(n, b * H)](
+        launch(_chunk_state, (n, b * H),
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=0, PREC=prec, **blocks, **_launch_opts())
         hstart = torch.empty_like(states)
         final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         init = initial_state.contiguous() if initial_state is not None else final
-        _state_pass[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+        launch(_state_pass, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
             states, alast, init, hstart, final, H, n, N * P,
             HAS_INIT=initial_state is not None, BLOCK=_PASS_BLOCK)
         y = torch.empty_like(x)
-        _chunk_out[(n, b * H)](
+        launch(_chunk_out, (n, b * H),
             x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
             T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts())
         ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
@@ -311,19 +312,19 @@ class _SSDTriton(torch.autograd.Function):
         prec = _prec(x.dtype)
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
         dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
-        _chunk_state[(n, b * H)](
+        launch(_chunk_state, (n, b * H),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=1, PREC=prec, **blocks, **_launch_opts())
         gend = torch.empty_like(dstates)
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
-        _state_pass_bwd[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+        launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
             dstates, alast, dfin, gend, dinit, H, n, N * P,
             HAS_DFINAL=dfinal is not None, BLOCK=_PASS_BLOCK)
         dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
         da_part = torch.empty(b, H, n, device=dev, dtype=torch.float32)
         assert dy.stride() == x.stride() and C.stride() == B.stride()
-        _chunk_bwd[(n, b * H)](
+        launch(_chunk_bwd, (n, b * H),
             x, dt, A32, B, C, dy, hstart, gend, dx, ddt, dB, dC, da_part,
             *x.stride(), *dt.stride(), *B.stride(),
             T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts(bwd=True))
