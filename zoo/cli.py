@@ -18,6 +18,7 @@ from kernels.backend import BackendUnavailable
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, describe_options
 
+from . import doctor
 from .benchmark import runner as bench
 from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
 from .errors import UserError, one_line
@@ -250,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("doctor", help="this machine: device, missing extras, and the backend every mixer's auto picks")
+    p.set_defaults(func=doctor.run)
     return parser
 
 

@@ -39,7 +39,9 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
-    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS)
+    half = q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype and q.shape[-1] <= 256
+    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS,
+                             unsupported=None if half else {"flash_attn": "needs fp16/bf16 inputs, head dim <= 256"})
     if chosen == "flash_attn":
         from flash_attn import flash_attn_func
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
