@@ -52,7 +52,7 @@ def _fwd_bwd(outputs):
 # --------------------------------------------------------------------------------------------------
 def _attention(dt, quick):
     from .attention.triton import attention_triton
-    for D in (HEAD_DIMS[-1:] if quick else HEAD_DIMS):
+    for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
         for causal in ((True,) if quick else (True, False)):
             def run(D=D, causal=causal):
                 q, k, v = (_meta(2, 1024, 4, D, dtype=dt) for _ in range(3))
@@ -148,14 +148,23 @@ FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, 
             "blockscan": _blockscan, "slots": _slots}
 
 
+#: (family, dtype, sizes, message) of every case a launcher refused in the last enumeration
+refused: list = []
+
+
 def enumerate_launches(families=None, dtypes=None, quick: bool = False) -> list[Launch]:
-    """Every distinct launch the launchers make over the size grid (first-seen tags kept)."""
+    """Every distinct launch the launchers make over the size grid (with the cases that recorded it)."""
     seen: dict = {}
+    refused.clear()
     for fam in families or FAMILIES:
         for dname in dtypes or DTYPES:
             for sizes, run in FAMILIES[fam](DTYPES[dname], quick):
                 with recording(((fam, dname, sizes),)) as recs:
-                    run()
+                    try:
+                        run()
+                    except ValueError as e:  # the launcher refuses these inputs with one line: nothing to compile
+                        refused.append((fam, dname, sizes, str(e)))
+                        continue
                 for rec in recs:
                     first = seen.setdefault(rec.key(), rec)
                     if first is not rec and rec.tags not in first.tags:
@@ -276,6 +285,9 @@ def markdown(results: list[Result], command: str) -> str:
              "in fp32 cast bf16/fp16 inputs first, so their kernels appear as fp32 only).", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    if refused:
+        lines += ["", "Cases the launchers refuse with one line (nothing is launched):", ""]
+        lines += [f"- {fam} {dname} {sizes}: {msg}" for fam, dname, sizes, msg in refused]
     return "\n".join(lines)
 
 
@@ -313,8 +325,14 @@ def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=N
     import multiprocessing as mp
     global _WORK
     _WORK = work
+    results = [None] * len(work)
     with mp.get_context("fork").Pool(jobs) as pool:
-        return list(pool.map(_compile_index, range(len(work))))
+        for n, (i, res) in enumerate(pool.imap_unordered(_compile_index, range(len(work)))):
+            res.launch = work[i][0]  # kernels do not pickle: the worker sends its result without one
+            results[i] = res
+            if progress:
+                progress(n + 1, len(work), res)
+    return results
 
 
 _WORK: list = []
@@ -329,7 +347,9 @@ def _as_dict(r: Result) -> dict:
 
 
 def _compile_index(i):
-    return compile_launch(*_WORK[i])
+    res = compile_launch(*_WORK[i])
+    res.launch = None
+    return i, res
 
 
 def main(argv=None) -> int:
@@ -367,7 +387,7 @@ def main(argv=None) -> int:
     print(f"{len(results)} compiled, {len(failed)} failed", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": [_as_dict(r) for r in results]}, f, indent=1)
+            json.dump({"results": [_as_dict(r) for r in results], "refused": refused}, f, indent=1)
     if args.markdown:
         cmd = "python -m kernels.compile_check --arch " + " ".join(map(str, args.arch))
         cmd += "".join(f" --{k} " + " ".join(getattr(args, k)) for k in ("family", "dtype") if getattr(args, k))

@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("doctor", help="this machine: device, missing extras, and the backend every mixer's auto picks")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report into FILE's zoo-doctor block")
     p.set_defaults(func=doctor.run)
     return parser
 

@@ -31,6 +31,10 @@ __all__ = ["attention_triton"]
 
 LOG2E = 1.4426950408889634
 
+#: fp32 inputs use exact fp32 products (input_precision="ieee"); above this head dim every tile config spills
+#: tens of KB of registers per thread (python -m kernels.compile_check), so the launcher refuses them
+FP32_MAX_HEAD_DIM = 128
+
 # The interpreter runs each program serially on the CPU; small blocks keep the tests fast.
 _INTERP_BLOCK = 16
 
@@ -338,6 +342,9 @@ def attention_triton(q, k, v, causal: bool = True, scale: float | None = None):
                          f"of the keys), got T_q={TQ}, T_k={k.shape[1]}")
     if D > 256:
         raise ValueError(f"attention_triton: head dim {D} > 256 is not supported; use backend='torch'")
+    if D > FP32_MAX_HEAD_DIM and q.dtype == torch.float32:
+        raise ValueError(f"attention_triton: fp32 inputs need head dim <= {FP32_MAX_HEAD_DIM}, got {D} (exact fp32 "
+                         f"products at that width spill registers); use bf16/fp16 inputs or backend='torch'")
     scale = D ** -0.5 if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"attention_triton: scale must be finite, got {scale}")

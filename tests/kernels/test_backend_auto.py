@@ -46,3 +46,13 @@ def test_attention_passes_over_flash_attn_for_fp32(installed, monkeypatch):
     monkeypatch.setattr(att_triton, "attention_triton", lambda *a, **k: "triton")
     q = torch.zeros(1, 4, 1, 8)
     assert att.attention(q, q, q) == "triton" and "flash_attn" in seen["unsupported"]
+
+
+def test_fp32_attention_above_head_dim_128_is_refused_and_auto_passes_over_triton():
+    import kernels.attention as att
+    from kernels.attention.triton import attention_triton
+    q = torch.zeros(1, 4, 1, 256)
+    with pytest.raises(ValueError, match="head dim <= 128"):
+        attention_triton(q, q, q)
+    assert "triton" in att._unsupported(q, q, q) and "triton" not in att._unsupported(*[q[..., :128]] * 3)
+    assert "flash_attn" not in att._unsupported(*[q.half()] * 3)
