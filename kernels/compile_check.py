@@ -10,6 +10,8 @@ of an autotuned kernel — is compiled with ``triton.compile`` for each architec
 ships ``ptxas``). A launch fails when it does not compile or when its shared memory is above the
 architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
 launch fails. ``--quick`` compiles the largest size of every case (what CI runs);
+``--ci`` compiles one launch per kernel and argument types of the quick grid (every
+kernel in every dtype for both architectures, one configuration each: the test-suite's check);
 ``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
 
 Run without ``TRITON_INTERPRET=1`` (the kernels must be real ``JITFunction`` objects).
@@ -312,8 +314,18 @@ def write_block(path: str, text: str, begin: str = BEGIN, end: str = END) -> Non
         f.write(doc)
 
 
-def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=None) -> list[Result]:
-    launches = enumerate_launches(families, dtypes, quick)
+def one_per_kernel_and_dtype(launches: list[Launch]) -> list[Launch]:
+    """The first launch of each (kernel, argument types): every kernel in every dtype, one config each."""
+    first: dict = {}
+    for launch in launches:
+        first.setdefault((launch.name, launch.signature), launch)
+    return list(first.values())
+
+
+def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=None, ci=False) -> list[Result]:
+    launches = enumerate_launches(families, dtypes, quick or ci)
+    if ci:
+        launches = one_per_kernel_and_dtype(launches)
     work = [(launch, arch) for launch in launches for arch in archs]
     if jobs <= 1:
         results = []
@@ -358,6 +370,9 @@ def main(argv=None) -> int:
     p.add_argument("--family", nargs="+", choices=sorted(FAMILIES))
     p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES))
     p.add_argument("--quick", action="store_true", help="the largest size of every case only")
+    p.add_argument("--ci", action="store_true",
+                   help="the quick grid, one launch per kernel and argument types (every kernel, every dtype, "
+                        "both architectures; what the test-suite compiles)")
     p.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     p.add_argument("--markdown", metavar="FILE", help="write the resource table into FILE's compile-check block")
     p.add_argument("--json", metavar="FILE", help="write every result as JSON to FILE")
@@ -369,7 +384,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if args.list:
-        for launch in enumerate_launches(args.family, args.dtype, args.quick):
+        launches = enumerate_launches(args.family, args.dtype, args.quick or args.ci)
+        for launch in one_per_kernel_and_dtype(launches) if args.ci else launches:
             print(launch.name, _input_dtype(launch), _describe(launch), "|", *launch.tags[0])
         return 0
 
@@ -377,7 +393,7 @@ def main(argv=None) -> int:
         print(f"[{i}/{n}] {r.launch.name} sm_{r.arch} {_describe(r.launch)} {r.seconds:.1f}s "
               f"{'ok' if r.ok else 'FAIL'}", file=sys.stderr, flush=True)
 
-    results = run_check(args.arch, args.family, args.dtype, args.quick, args.jobs, progress)
+    results = run_check(args.arch, args.family, args.dtype, args.quick, args.jobs, progress, ci=args.ci)
     rows = table_rows(results)
     widths = [max(len(HEADER[i]), *(len(r[i]) for r in rows)) for i in range(len(HEADER))] if rows else []
     print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
