@@ -354,16 +354,26 @@ def _next_pow2(n: int, lo: int = 16) -> int:
     return p
 
 
+#: largest key / value head dim: at 256 the chunk tiles need ~190 KB of shared memory, above an sm_80
+#: block's 163 KB (python -m kernels.compile_check), so the launcher refuses it
+MAX_HEAD_DIM = 128
+#: largest chunk the kernels use (the forward substitution is BT steps long, and the tiles grow with BT)
+MAX_CHUNK = 64
+
+
 def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chunk_size: int = 64):
     """Same contract as :func:`kernels.delta.chunked.chunk_gated_delta_rule_torch` (``q`` pre-scaled).
 
-    ``chunk_size`` is rounded up to a power of two >= 16 (``tl.dot`` block limits); it does not change
-    the result.
+    ``chunk_size`` is rounded up to a power of two >= 16 (``tl.dot`` block limits) and capped at
+    :data:`MAX_CHUNK`; it does not change the result. Head dims above :data:`MAX_HEAD_DIM` are refused.
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
+    if max(K, V) > MAX_HEAD_DIM:
+        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
+                         f"memory than a GPU block has; use backend='fla' or 'torch'")
     # tl.dot needs blocks >= 16 and power-of-two shapes: round the chunk up (the result does not depend on it)
-    BT = _next_pow2(int(chunk_size))
+    BT = min(_next_pow2(int(chunk_size)), MAX_CHUNK)
     Kp, Vp = _next_pow2(K), _next_pow2(V)
     pad = (-L) % BT
     Lp = L + pad

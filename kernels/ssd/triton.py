@@ -267,6 +267,16 @@ def _launch_opts(bwd=False):
 
 _PASS_BLOCK = 256
 
+#: largest d_state and head dim of the kernels
+MAX_DIM = 128
+
+
+def block_chunk(chunk_size: int, N: int, P: int) -> int:
+    """The chunk the kernels run: ``chunk_size`` capped at 128, or at 64 when d_state or the head dim is
+    above 64, so that every kernel's tiles fit an sm_80 block's shared memory (python -m
+    kernels.compile_check: chunk 256 with d_state 128 needs 192 KB). The result does not depend on it."""
+    return min(chunk_size, 64 if max(N, P) > 64 else 128)
+
 
 class _SSDTriton(torch.autograd.Function):
     @staticmethod
@@ -338,7 +348,8 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)``.
 
     Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
-    input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16).
+    input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16, and
+    capped by :func:`block_chunk`); ``d_state`` and the head dim at most :data:`MAX_DIM`.
     """
     if x.dim() != 4 or dt.dim() != 3 or A.dim() != 1 or B.dim() != 4 or C.dim() != 4:
         raise ValueError("ssd_triton: expected x (B,T,H,P), dt (B,T,H), A (H,), B and C (B,T,H,N)")
@@ -353,8 +364,9 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
         raise ValueError(f"ssd_triton: chunk_size must be a positive integer, got {chunk_size!r}")
     if T == 0:
         raise ValueError("ssd_triton: empty sequence")
-    if max(N, P, chunk_size) > 256:
-        raise ValueError(f"ssd_triton: chunk_size, d_state and head dim must be <= 256 (got {chunk_size}, {N}, {P}); "
-                         f"use backend='torch'")
+    if max(N, P) > MAX_DIM:
+        raise ValueError(f"ssd_triton: d_state and head dim must be <= {MAX_DIM} (got {N}, {P}): larger chunk tiles "
+                         f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
+    chunk_size = block_chunk(chunk_size, N, P)
     x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
     return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)
