@@ -79,8 +79,8 @@ def _delta(dt, quick):
 
 def _ssd(dt, quick):
     from .ssd.triton import ssd_triton
-    grid = ((128, 128, 256), (64, 64, 256), (256, 64, 64)) if quick else [
-        (N, P, L) for N in (16, 64, 128, 256) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
+    grid = ((64, 64, 256), (128, 64, 64)) if quick else [
+        (N, P, L) for N in (16, 64, 128) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
     for N, P, L in grid:
         def run(N=N, P=P, L=L):
             B, T, H = 2, 1024, 4

@@ -267,15 +267,18 @@ def _launch_opts(bwd=False):
 
 _PASS_BLOCK = 256
 
-#: largest d_state and head dim of the kernels
-MAX_DIM = 128
+#: largest d_state and head dim of the kernels. Larger sizes are refused: at d_state = head dim = 128 the
+#: chunk state tiles need 192 KB of shared memory at chunk 256 (above an sm_80 block's 163 KB), and at
+#: chunk 64 ptxas spends over five minutes on one configuration of the backward chunk kernel (1.8 MB of
+#: PTX, a sign of heavy register spilling), so no configuration above 64 is verified (python -m
+#: kernels.compile_check); mamba-ssm's kernels or the PyTorch path run them.
+MAX_DIM = 64
 
 
 def block_chunk(chunk_size: int, N: int, P: int) -> int:
-    """The chunk the kernels run: ``chunk_size`` capped at 128, or at 64 when d_state or the head dim is
-    above 64, so that every kernel's tiles fit an sm_80 block's shared memory (python -m
-    kernels.compile_check: chunk 256 with d_state 128 needs 192 KB). The result does not depend on it."""
-    return min(chunk_size, 64 if max(N, P) > 64 else 128)
+    """The chunk the kernels run: ``chunk_size`` capped at 64, the largest compiled and checked for
+    d_state = head dim = 64 (python -m kernels.compile_check). The result does not depend on it."""
+    return min(chunk_size, 64)
 
 
 class _SSDTriton(torch.autograd.Function):
