@@ -9,7 +9,10 @@ launcher casts as it does on a GPU), and every distinct launch it records — on
 of an autotuned kernel — is compiled with ``triton.compile`` for each architecture (the Triton wheel
 ships ``ptxas``). A launch fails when it does not compile or when its shared memory is above the
 architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
-launch fails. ``--quick`` compiles the largest size of every case (what CI runs);
+launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD, the scans
+and the slots, the mixers' defaults for SKA (rank 32, power 2) and GKA (d 64, chunk 32), whose
+largest backward configurations (power 4 at rank 64, d 128 at chunk 64) take ptxas several minutes
+each;
 ``--ci`` compiles one launch per kernel and argument types of the quick grid (every
 kernel in every dtype for both architectures, one configuration each: the test-suite's check);
 ``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
@@ -92,7 +95,7 @@ def _ssd(dt, quick):
 
 def _ska(dt, quick):
     from .ska.triton import ska_chain_triton
-    grid = ((64, 256, 64, 4),) if quick else [
+    grid = ((32, 64, 64, 2),) if quick else [
         (r, P, cs, p) for r in (16, 32, 64) for P in HEAD_DIMS for cs in (32, 64, 128) for p in (1, 2, 3, 4)]
     for r, P, cs, p in grid:
         def run(r=r, P=P, cs=cs, p=p):
@@ -105,7 +108,7 @@ def _ska(dt, quick):
 
 def _gka(dt, quick):
     from .gka.triton import triton_chunk_solve
-    grid = ((128, 64, "implicit"), (128, 64, "reverse_chebyshev")) if quick else [
+    grid = ((64, 32, "implicit"), (64, 32, "reverse_chebyshev")) if quick else [
         (d, C, grad) for d in (16, 32, 64, 128) for C in (16, 32, 64) for grad in ("implicit", "reverse_chebyshev")]
     for d, C, grad in grid:
         def run(d=d, C=C, grad=grad):
@@ -370,7 +373,7 @@ def main(argv=None) -> int:
     p.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(SHARED_LIMIT))
     p.add_argument("--family", nargs="+", choices=sorted(FAMILIES))
     p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES))
-    p.add_argument("--quick", action="store_true", help="the largest size of every case only")
+    p.add_argument("--quick", action="store_true", help="one large size of every case (see the module docstring)")
     p.add_argument("--ci", action="store_true",
                    help="the quick grid, one launch per kernel and argument types (every kernel, every dtype, "
                         "both architectures; what the test-suite compiles)")

@@ -5,13 +5,14 @@ plain module global, a loop-carried variable changing type, ``tl.dot`` on mixed 
 knows nothing of shared memory. These tests close that gap:
 
 - ``test_kernels_compile_for_sm80_and_sm90`` runs ``python -m kernels.compile_check --ci`` in a
-  process without ``TRITON_INTERPRET``: each launcher is run on meta tensors (fp32, bf16, fp16) at the
-  largest sizes of its case, and one launch per kernel and argument types is compiled for sm_80 and
-  sm_90 (every kernel in every dtype its launcher accepts); the check fails on a compile error or on
-  shared memory above the per-block limit. Compiling every recorded launch (every autotune config)
-  takes ~30 min on this project's shared 2-core machine, so CI compiles one configuration per kernel
-  and dtype; ``python -m kernels.compile_check --quick`` (largest sizes, every config) generated the
-  resource table of BENCHMARKS.md, and without ``--quick`` it runs the whole size grid.
+  process without ``TRITON_INTERPRET``: each launcher is run on meta tensors (fp32, bf16, fp16) at one
+  large size of its case (``--quick``, see kernels/compile_check.py), and one launch per kernel and
+  argument types is compiled for sm_80 and sm_90 (every kernel in every dtype its launcher accepts);
+  the check fails on a compile error or on shared memory above the per-block limit. Compiling every
+  recorded launch (every autotune config) took tens of minutes on this project's shared 2-core
+  machine, so CI compiles one configuration per kernel and dtype; ``python -m kernels.compile_check
+  --quick`` (every config) generated the resource table of BENCHMARKS.md, and without ``--quick`` it
+  runs the whole size grid (1630 launches).
 - ``test_every_kernel_is_in_the_check``: every ``@triton.jit`` kernel that a launcher starts appears in
   the check in every input dtype, and no launcher starts a kernel except through
   :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the check).
