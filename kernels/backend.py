@@ -4,14 +4,17 @@ A family lists the backends it implements (``available=``) and :func:`resolve_ba
 requested name into one that can run on the given tensor, or raises :class:`BackendUnavailable`
 with what to do instead.
 
-- ``auto``: Triton when the family has it, the inputs live on a CUDA device and Triton imports;
-  otherwise the chunked PyTorch path (``torch``), or ``reference`` for a family without one.
+- ``auto`` (:func:`auto_choice`): on a CUDA device the fastest correct backend the family has, in the
+  order of :data:`AUTO_ORDER_CUDA`: another project's tuned CUDA kernels when their package imports and
+  the family does not mark them unsupported for these inputs, then our Triton kernels, then the
+  chunked PyTorch path; on a CPU the chunked PyTorch path (``torch``), or ``reference`` for a family
+  without one.
 - ``triton`` on a CPU tensor is allowed only under the Triton interpreter (``TRITON_INTERPRET=1``
   set before the first kernel is defined), which is how the test-suite checks the kernels on
   machines without a GPU.
 - Outside backends (:data:`OUTSIDE_BACKENDS`: ``flash_attn``, ``fla``, ``mamba_ssm``) are other
-  projects' CUDA kernels, used as fast paths and oracles. They are never chosen by ``auto``, need
-  CUDA tensors and their package, and are imported lazily by the family only once chosen.
+  projects' CUDA kernels, used as fast paths and oracles. They need CUDA tensors and their package,
+  and are imported lazily by the family only once chosen.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def triton_importable() -> bool:
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
-    except Exception:  # ImportError, or a broken install on an unsupported platform
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install on an unsupported platform
         return False
     return True
 
@@ -52,7 +55,7 @@ def package_importable(module: str) -> bool:
     """True when ``module`` imports (any failure, e.g. a CUDA-only build on a CPU machine, is False)."""
     try:
         importlib.import_module(module)
-    except Exception:
+    except Exception:  # noqa: BLE001 - e.g. a CUDA-only build on a CPU machine
         return False
     return True
 
@@ -73,18 +76,45 @@ def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and package_importable(OUTSIDE_BACKENDS[backend][0])
 
 
-def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS) -> str:
+#: the order ``auto`` tries on a CUDA device: other projects' tuned kernels, ours, then PyTorch
+AUTO_ORDER_CUDA = ("flash_attn", "fla", "mamba_ssm", "triton", "torch", "reference")
+AUTO_ORDER_CPU = ("torch", "reference")
+
+
+def auto_choice(available, cuda: bool, unsupported: dict | None = None) -> tuple[str, list[str]]:
+    """What ``auto`` runs for a family implementing ``available``, on a CUDA device or not.
+
+    ``unsupported``: backend -> why it cannot take the current inputs (e.g. flash-attn and fp32).
+    Returns ``(backend, reasons)``: one line for each faster backend passed over, saying why.
+    """
+    unsupported = unsupported or {}
+    skipped = []
+    for name in AUTO_ORDER_CUDA if cuda else AUTO_ORDER_CPU:
+        if name not in available:
+            continue
+        if name in unsupported:
+            skipped.append(f"{name}: {unsupported[name]}")
+        elif name in OUTSIDE_BACKENDS and not package_importable(OUTSIDE_BACKENDS[name][0]):
+            skipped.append(f"{name}: not installed (pip install {OUTSIDE_BACKENDS[name][1]})")
+        elif name == "triton" and not triton_importable():
+            skipped.append("triton: the triton package does not import")
+        else:
+            return name, skipped
+    return ("torch" if "torch" in available else "reference"), skipped
+
+
+def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS,
+                    unsupported: dict | None = None) -> str:
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
 
-    ``available``: every backend the family implements (``auto`` need not be listed). Raises
+    ``available``: every backend the family implements (``auto`` need not be listed);
+    ``unsupported``: backend -> reason, backends ``auto`` must pass over for these inputs. Raises
     :class:`BackendUnavailable` with a message that says what to do instead.
     """
     if backend not in ALL_BACKENDS:
         raise ValueError(f"{op}: unknown backend {backend!r}; choose one of {', '.join(ALL_BACKENDS)}")
     if backend == "auto":
-        if "triton" in available and tensor.is_cuda and triton_importable():
-            return "triton"
-        return "torch" if "torch" in available else "reference"
+        return auto_choice(available, tensor.is_cuda, unsupported)[0]
     if backend not in available:
         raise BackendUnavailable(
             f"{op}: backend {backend!r} is not implemented; available: {', '.join(a for a in available if a != 'auto')}"

@@ -19,7 +19,7 @@ from kernels.backend import BackendUnavailable
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, describe_options
 
-from . import generate
+from . import doctor, generate
 from .benchmark import runner as bench
 from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
 from .data import prepare as data_prepare
@@ -303,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("doctor", help="this machine: device, missing extras, and the backend every mixer's auto picks")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report into FILE's zoo-doctor block")
+    p.set_defaults(func=doctor.run)
     return parser
 
 

@@ -27,6 +27,16 @@ def flash_attn_available() -> bool:
     return package_importable("flash_attn") and torch.cuda.is_available()
 
 
+def _unsupported(q, k, v) -> dict:
+    """Backends ``auto`` passes over for these inputs, with why."""
+    out = {}
+    if not (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype and q.shape[-1] <= 256):
+        out["flash_attn"] = "needs fp16/bf16 inputs and head dim <= 256"
+    if q.dtype == torch.float32 and q.shape[-1] > 128:
+        out["triton"] = "fp32 needs head dim <= 128"
+    return out
+
+
 def _sdpa(q, k, v, causal, scale):
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     T, S = q.shape[1], k.shape[1]
@@ -40,7 +50,7 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
-    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS)
+    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS, unsupported=_unsupported(q, k, v))
     if chosen == "flash_attn":
         from flash_attn import flash_attn_func
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)

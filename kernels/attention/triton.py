@@ -25,20 +25,40 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..launch import launch
 
 __all__ = ["attention_triton"]
 
 LOG2E = 1.4426950408889634
 
+#: fp32 inputs use exact fp32 products (input_precision="ieee"); above this head dim every tile config spills
+#: tens of KB of registers per thread (python -m kernels.compile_check), so the launcher refuses them
+FP32_MAX_HEAD_DIM = 128
+
 # The interpreter runs each program serially on the CPU; small blocks keep the tests fast.
 _INTERP_BLOCK = 16
 
 
-def _configs():
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 128, 8, 2))
-    ]
+def _configs(kind: str, block_d: int, elem_bytes: int):
+    """Autotune configs (BLOCK_M, BLOCK_N, warps, stages) of kernel ``kind`` ("fwd" or a backward kernel).
+
+    Tiles shrink as the head dim and element size grow, so that every config fits the shared memory
+    of an sm_80 block (163 KB) and the fp32 accumulators stay in registers; ``python -m
+    kernels.compile_check`` compiles each of them.
+    """
+    if block_d <= 64:
+        table = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 128, 8, 2))
+    elif block_d == 128:
+        table = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)) if elem_bytes == 2 else \
+            ((64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 1))
+    elif elem_bytes == 2:
+        table = ((64, 32, 4, 2), (64, 64, 8, 1), (32, 32, 4, 2))
+    else:
+        table = ((32, 32, 4, 1), (64, 32, 8, 1), (32, 16, 4, 2))
+    if kind != "fwd" and block_d >= 128:  # the backward holds two or three (tile x head dim) fp32 accumulators
+        table = tuple((bm, bn, w, s) for bm, bn, w, s in table if bm * bn <= 64 * 32 or elem_bytes == 2)
+        table = table or ((32, 32, 4, 1),)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
 
 
 @triton.jit
@@ -226,17 +246,20 @@ def _attn_bwd_dq(
              dq.to(DQ.dtype.element_ty), mask=q_mask)
 
 
-_kernels: dict[str, object] = {}
+_kernels: dict[tuple, object] = {}
 
 
-def _kernel(name):
-    """The jitted kernel, autotuned over a few block shapes on CUDA (one fixed config when interpreting)."""
-    if name not in _kernels:
+def _kernel(name, block_d, dtype):
+    """The jitted kernel, autotuned over :func:`_configs` on CUDA (one fixed config when interpreting)."""
+    interp = triton_interpreting()
+    key = (name, interp) if interp else (name, block_d, dtype.itemsize)
+    if key not in _kernels:
         fn = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}[name]
-        if not triton_interpreting():
-            fn = triton.autotune(configs=_configs(), key=["TQ", "TK", "D", "CAUSAL", "PREC"])(fn)
-        _kernels[name] = fn
-    return _kernels[name]
+        if not interp:
+            fn = triton.autotune(configs=_configs(name, block_d, dtype.itemsize),
+                                 key=["TQ", "TK", "D", "CAUSAL", "PREC"])(fn)
+        _kernels[key] = fn
+    return _kernels[key]
 
 
 def _block_kwargs():
@@ -244,14 +267,14 @@ def _block_kwargs():
 
 
 def _launch(name, grid_len_name, batch, args, kwargs):
-    kern = _kernel(name)
+    kern = _kernel(name, kwargs["BLOCK_D"], args[0].dtype)
     extra = _block_kwargs()
 
     def grid(meta):
         block = meta["BLOCK_M"] if grid_len_name == "TQ" else meta["BLOCK_N"]
         return (triton.cdiv(kwargs[grid_len_name], block), kwargs["H"] * batch)
 
-    kern[grid](*args, **kwargs, **extra)
+    launch(kern, grid, *args, **kwargs, **extra)
 
 
 def _precision(dtype):
@@ -285,7 +308,7 @@ class _AttentionTriton(torch.autograd.Function):
         do = do.to(q.dtype)
         delta = torch.empty_like(lse)
         bm = 64 if not triton_interpreting() else _INTERP_BLOCK
-        _attn_bwd_delta[(triton.cdiv(TQ, bm), Bsz * H)](
+        launch(_attn_bwd_delta, (triton.cdiv(TQ, bm), Bsz * H),
             o, do, delta, *o.stride(), *do.stride(), H, TQ, D, BLOCK_M=bm, BLOCK_D=BLOCK_D)
         # gradients are dense (B, T, H, D) even when q, k, v are strided views (e.g. of a fused qkv)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -319,6 +342,9 @@ def attention_triton(q, k, v, causal: bool = True, scale: float | None = None):
                          f"of the keys), got T_q={TQ}, T_k={k.shape[1]}")
     if D > 256:
         raise ValueError(f"attention_triton: head dim {D} > 256 is not supported; use backend='torch'")
+    if D > FP32_MAX_HEAD_DIM and q.dtype == torch.float32:
+        raise ValueError(f"attention_triton: fp32 inputs need head dim <= {FP32_MAX_HEAD_DIM}, got {D} (exact fp32 "
+                         f"products at that width spill registers); use bf16/fp16 inputs or backend='torch'")
     scale = D ** -0.5 if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"attention_triton: scale must be finite, got {scale}")

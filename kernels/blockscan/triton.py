@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..common import compute_dtype
+from ..launch import launch
 
 __all__ = ["block_scan_triton", "jordan_scan_triton", "jordan_scan_normed_triton"]
 
@@ -210,7 +211,7 @@ class _BlockScan(torch.autograd.Function):
         A, b = A.contiguous(), b.contiguous()
         h0c = h0.contiguous() if h0 is not None else None
         H = torch.empty(Bsz, T, N, m, dtype=_acc_dtype(A, b, h0), device=b.device)
-        _block_fwd[(Bsz * N,)](A, b, h0c if h0c is not None else H, H, T, N, m,
+        launch(_block_fwd, (Bsz * N,), A, b, h0c if h0c is not None else H, H, T, N, m,
                                HAS_INIT=h0c is not None, BM=_block_m(m), num_warps=1)
         ctx.save_for_backward(A, h0c, H)
         ctx.dtypes = (A.dtype, b.dtype, None if h0 is None else h0.dtype)
@@ -224,7 +225,7 @@ class _BlockScan(torch.autograd.Function):
         dA = torch.empty(A.shape, dtype=ctx.dtypes[0], device=A.device)
         db = torch.empty(H.shape, dtype=ctx.dtypes[1], device=A.device)
         dh0 = torch.empty(Bsz, N, m, dtype=H.dtype, device=A.device)
-        _block_bwd[(Bsz * N,)](A, h0 if h0 is not None else H, H, dh,
+        launch(_block_bwd, (Bsz * N,), A, h0 if h0 is not None else H, H, dh,
                                dlast.contiguous() if dlast is not None else H, dA, db, dh0, T, N, m,
                                HAS_INIT=h0 is not None, HAS_DLAST=dlast is not None, BM=_block_m(m),
                                num_warps=1)
@@ -240,7 +241,7 @@ class _JordanScan(torch.autograd.Function):
         h0c = h0.contiguous() if h0 is not None else None
         H = torch.empty(Bsz, T, N, m, dtype=_acc_dtype(lam, c, b, h0, weight, bias), device=b.device)
         dummy = H
-        _jordan_fwd[(Bsz * N,)](lam, c, b, h0c if h0c is not None else dummy, H,
+        launch(_jordan_fwd, (Bsz * N,), lam, c, b, h0c if h0c is not None else dummy, H,
                                 weight if normed else dummy, bias if normed else dummy, T, N, m, eps,
                                 HAS_INIT=h0c is not None, NORMED=normed, BM=_block_m(m), num_warps=1)
         ctx.save_for_backward(lam, c, b if normed else None, h0c, H, weight, bias)
@@ -261,7 +262,7 @@ class _JordanScan(torch.autograd.Function):
         dh0 = torch.empty(Bsz, N, m, dtype=H.dtype, device=dev)
         dw = torch.zeros(Bsz, N, m, dtype=H.dtype, device=dev) if normed else H
         dbias = torch.zeros(Bsz, N, m, dtype=H.dtype, device=dev) if normed else H
-        _jordan_bwd[(Bsz * N,)](lam, c, b if normed else H, h0 if h0 is not None else H, H,
+        launch(_jordan_bwd, (Bsz * N,), lam, c, b if normed else H, h0 if h0 is not None else H, H,
                                 weight if normed else H, bias if normed else H, dh,
                                 dlast.contiguous() if dlast is not None else H,
                                 dlam, dc, db, dh0, dw, dbias, T, N, m, ctx.eps,

@@ -46,7 +46,9 @@ def delta_product(
     """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
-    which = resolve_backend(backend, q, op="delta_product", available=BACKENDS)
+    wide = max(q.shape[-1], v.shape[-1]) > 128  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
+    which = resolve_backend(backend, q, op="delta_product", available=BACKENDS,
+                            unsupported={"triton": "head dims above 128"} if wide else None)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)
     if which == "reference":
         return delta_product_reference(*args)

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from .chunked import delta_product_via_rule
 
-_PREC = "ieee"
+#: fp32 products in every tl.dot (a constexpr: a jitted kernel may read no other kind of global)
+_PREC = tl.constexpr("ieee")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,8 +280,14 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr,
 BLOCK_V_MAX = 64
 
 
-def _block_v(V: int) -> int:
-    return min(V, BLOCK_V_MAX)
+def _block_v(K: int, V: int) -> int:
+    """V block of one program: BLOCK_V_MAX, halved at K > 64 (the K x BV state tile lives in registers)."""
+    return min(V, BLOCK_V_MAX if K <= 64 else BLOCK_V_MAX // 2)
+
+
+def _num_warps(K: int) -> int:
+    """8 warps above K = 64: the fp32 (K x BT) and (K x BV) tiles then spread over 256 threads' registers."""
+    return 8 if K > 64 else 4
 
 
 class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
@@ -295,21 +302,22 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH, Lp, K = k.shape
         V = v.shape[-1]
         N = Lp // BT
-        BV = _block_v(V)
+        BV = _block_v(K, V)
         f32 = dict(device=k.device, dtype=torch.float32)
         G = torch.empty(BH, Lp, **f32)
         Tm = torch.empty(BH, Lp, BT, **f32)
         U = torch.empty(BH, Lp, V, **f32)
         W = torch.empty(BH, Lp, K, **f32)
-        _fwd_prep[(N, BH)](k, v, beta, gamma, G, Tm, U, W, Lp, K=K, V=V, BT=BT)
+        launch(_fwd_prep, (N, BH), k, v, beta, gamma, G, Tm, U, W, Lp, K=K, V=V, BT=BT, num_warps=_num_warps(K))
         h = torch.empty(BH, N, K, V, **f32)
         D = torch.empty(BH, Lp, V, **f32)
         hT = torch.empty(BH, K, V, **f32)
         has_h0 = h0 is not None
-        _fwd_state[(V // BV, BH)](k, G, U, W, h0 if has_h0 else hT, h, D, hT, Lp, N,
-                                  K=K, V=V, BT=BT, BV=BV, HAS_H0=has_h0)
+        launch(_fwd_state, (V // BV, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, Lp, N,
+                                  K=K, V=V, BT=BT, BV=BV, HAS_H0=has_h0,
+                                  num_warps=_num_warps(K))
         o = torch.empty(BH, Lp, V, **f32)
-        _fwd_out[(N, BH)](q, k, G, h, D, o, Lp, N, K=K, V=V, BT=BT, BV=BV)
+        launch(_fwd_out, (N, BH), q, k, G, h, D, o, Lp, N, K=K, V=V, BT=BT, BV=BV, num_warps=_num_warps(K))
         ctx.save_for_backward(q, k, v, beta, G, Tm, W, h, D)
         ctx.BT, ctx.has_h0 = BT, has_h0
         return o, hT
@@ -321,26 +329,28 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH, Lp, K = k.shape
         V = v.shape[-1]
         N = Lp // BT
-        BV = _block_v(V)
+        BV = _block_v(K, V)
         do = do.contiguous().float()
         f32 = dict(device=k.device, dtype=torch.float32)
         dq = torch.empty(BH, Lp, K, **f32)
         dk_o = torch.empty(BH, Lp, K, **f32)
         dG_o = torch.empty(BH, Lp, **f32)
         dDo = torch.empty(BH, Lp, V, **f32)
-        _bwd_out[(N, BH)](q, k, G, h, D, do, dq, dk_o, dG_o, dDo, Lp, N, K=K, V=V, BT=BT, BV=BV)
+        launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, Lp, N, K=K, V=V, BT=BT, BV=BV,
+               num_warps=_num_warps(K))
         has_dht = dhT is not None
         dh = torch.empty(BH, N, K, V, **f32)
         dU = torch.empty(BH, Lp, V, **f32)
         dh0 = torch.empty(BH, K, V, **f32)
-        _bwd_state[(V // BV, BH)](q, k, G, W, do, dDo, dhT.contiguous().float() if has_dht else dh0,
-                                  dh, dU, dh0, Lp, N, K=K, V=V, BT=BT, BV=BV, HAS_DHT=has_dht)
+        launch(_bwd_state, (V // BV, BH), q, k, G, W, do, dDo, dhT.contiguous().float() if has_dht else dh0,
+                                  dh, dU, dh0, Lp, N, K=K, V=V, BT=BT, BV=BV, HAS_DHT=has_dht,
+                                  num_warps=_num_warps(K))
         dk_p = torch.empty(BH, Lp, K, **f32)
         dv = torch.empty(BH, Lp, V, **f32)
         db = torch.empty(BH, Lp, **f32)
         dG_p = torch.empty(BH, Lp, **f32)
-        _bwd_prep[(N, BH)](k, v, beta, G, Tm, h, D, dh, dU, dk_p, dv, db, dG_p, Lp, N,
-                           K=K, V=V, BT=BT, BV=BV)
+        launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_p, dv, db, dG_p, Lp, N,
+                           K=K, V=V, BT=BT, BV=BV, num_warps=_num_warps(K))
         dG = (dG_o + dG_p).view(BH, N, BT)
         dgamma = dG.flip(-1).cumsum(-1).flip(-1).reshape(BH, Lp)   # G = in-chunk cumsum(gamma)
         return dq, dk_o + dk_p, dv, db, dgamma, (dh0 if ctx.has_h0 else None), None
@@ -353,16 +363,34 @@ def _next_pow2(n: int, lo: int = 16) -> int:
     return p
 
 
+#: largest key / value head dim: at 256 the chunk tiles need ~190 KB of shared memory, above an sm_80
+#: block's 163 KB (python -m kernels.compile_check), so the launcher refuses it
+MAX_HEAD_DIM = 128
+#: largest chunk the kernels use (the forward substitution is BT steps long, and the tiles grow with BT)
+MAX_CHUNK = 64
+
+
+def block_chunk(chunk_size: int, K: int, V: int) -> int:
+    """The chunk the kernels run: ``chunk_size`` rounded up to a power of two >= 16 (``tl.dot`` block
+    limits), at most :data:`MAX_CHUNK`, and at most 32 when a head dim is above 64 (at K = V = 128 a
+    64-long chunk's state kernels need more shared memory than an sm_80 block has). The result does not
+    depend on it."""
+    return min(_next_pow2(int(chunk_size)), MAX_CHUNK if max(K, V) <= 64 else 32)
+
+
 def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chunk_size: int = 64):
     """Same contract as :func:`kernels.delta.chunked.chunk_gated_delta_rule_torch` (``q`` pre-scaled).
 
-    ``chunk_size`` is rounded up to a power of two >= 16 (``tl.dot`` block limits); it does not change
-    the result.
+    The chunk the kernels run is :func:`block_chunk` of ``chunk_size``; it does not change the result.
+    Head dims above :data:`MAX_HEAD_DIM` are refused.
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
+    if max(K, V) > MAX_HEAD_DIM:
+        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
+                         f"memory than a GPU block has; use backend='fla' or 'torch'")
     # tl.dot needs blocks >= 16 and power-of-two shapes: round the chunk up (the result does not depend on it)
-    BT = _next_pow2(int(chunk_size))
+    BT = block_chunk(chunk_size, K, V)
     Kp, Vp = _next_pow2(K), _next_pow2(V)
     pad = (-L) % BT
     Lp = L + pad

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from .chebyshev import omega_schedule
 from .chunked import gka_chunked
 
@@ -208,7 +209,7 @@ def _solve(Q, K, G, H0, lam, mu, L, r, store_prev):
     N, C, D = Q.shape
     X = torch.empty_like(Q)
     XP = torch.empty_like(Q) if store_prev else X
-    _solve_kernel[(N,)](Q, K, G, H0, lam, mu, L, X, XP, D, R=r, C=C, BD=_block_d(D), STORE_PREV=store_prev)
+    launch(_solve_kernel, (N,), Q, K, G, H0, lam, mu, L, X, XP, D, R=r, C=C, BD=_block_d(D), STORE_PREV=store_prev)
     return X, (XP if store_prev else None)
 
 
@@ -238,11 +239,11 @@ class _TritonChunkSolve(torch.autograd.Function):
             OM = torch.stack(omega_schedule(rho, ctx.r), dim=1).contiguous()  # (N, R, C)
             dQ = torch.empty_like(Q)
             from .chebyshev import _REVERSE_MIN_MOMENTUM
-            _reverse_kernel[(N,)](Q, K, Gf, H0f, lamf, muf, Lf, OM, X, XP, dX, dQ, dH0, dK, dG, dlam, D,
+            launch(_reverse_kernel, (N,), Q, K, Gf, H0f, lamf, muf, Lf, OM, X, XP, dX, dQ, dH0, dK, dG, dlam, D,
                                   _REVERSE_MIN_MOMENTUM, R=ctx.r, C=C, BD=BD)
         else:
             Z, _ = _solve(dX, K, Gf, H0f, lamf, muf, Lf, ctx.r, store_prev=False)
-            _vjp_kernel[(N,)](X, -Z, K, Gf, H0f, dH0, dK, dG, dlam, D, C=C, BD=BD)
+            launch(_vjp_kernel, (N,), X, -Z, K, Gf, H0f, dH0, dK, dG, dlam, D, C=C, BD=BD)
             dQ = Z
         b, n, C_, h, d = ctx.shape
         tok_shape = (b, n, C_, h)

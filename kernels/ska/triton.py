@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..launch import launch
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -135,7 +136,7 @@ class _SKAChain(torch.autograd.Function):
         y = torch.empty(B, T, H, P, device=q.device, dtype=torch.float32)
         BT = _block_t(chunk_size)
         grid = (N, B * H, triton.cdiv(chunk_size, BT))
-        _ska_chain_fwd_kernel[grid](q, Linv, A, C, y, T, H, N, chunk_size, R, P,
+        launch(_ska_chain_fwd_kernel, grid, q, Linv, A, C, y, T, H, N, chunk_size, R, P,
                                     POW=power, BT=BT, BR=_pow2(R), BP=_pow2(P))
         ctx.save_for_backward(Linv, A, C, q)
         ctx.power, ctx.chunk_size = power, chunk_size
@@ -150,7 +151,7 @@ class _SKAChain(torch.autograd.Function):
         dq = torch.empty_like(q)
         dli, da, dc = torch.empty_like(Linv), torch.empty_like(A), torch.empty_like(C)
         BT = _block_t(ctx.chunk_size)
-        _ska_chain_bwd_kernel[(N, B * H)](q, Linv, A, C, dy, dq, dli, da, dc, T, H, N, ctx.chunk_size, R, P,
+        launch(_ska_chain_bwd_kernel, (N, B * H), q, Linv, A, C, dy, dq, dli, da, dc, T, H, N, ctx.chunk_size, R, P,
                                           POW=ctx.power, BT=BT, BR=_pow2(R), BP=_pow2(P))
         return dli, da, dc, dq, None, None
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
+
 __all__ = ["slot_memory_triton"]
 
 
@@ -148,7 +150,7 @@ class _TritonSlots(torch.autograd.Function):
         P = v.new_empty(B, H, T, K, dv)
         Pz = v.new_empty(B, H, T, K)
         o = v.new_empty(B, T, H, dv)
-        _slots_fwd[(B * H,)](wi, w, dec, ri, r, v, S, z, P, Pz, o, T, H, num_slots, K, dv, eps,
+        launch(_slots_fwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, o, T, H, num_slots, K, dv, eps,
                              READ=True, BLOCK_K=BK, BLOCK_DV=BD)
         ctx.save_for_backward(wi, w, dec, ri, r, v, P, Pz, *(() if S0 is None else (S0, z0)))
         ctx.meta = (num_slots, eps, S0 is None)
@@ -163,14 +165,14 @@ class _TritonSlots(torch.autograd.Function):
         BK, BD = _blocks(K, dv)
         S, z = _state(*(init if init else (None, None)), B, H, M, dv, v)
         # rebuild the final memory by replaying the writes (nothing M-sized was saved)
-        _slots_fwd[(B * H,)](wi, w, dec, ri, r, v, S, z, P, Pz, v, T, H, M, K, dv, eps,
+        launch(_slots_fwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, v, T, H, M, K, dv, eps,
                              READ=False, BLOCK_K=BK, BLOCK_DV=BD)
         GS = v.new_zeros(B, H, M, dv) if dS is None else dS.float().contiguous().clone()
         GZ = v.new_zeros(B, H, M) if dz is None else dz.float().contiguous().clone()
         do = v.new_zeros(B, T, H, dv) if do is None else do.float().contiguous()
         dr, dw, ddec = (v.new_empty(B, T, H, K) for _ in range(3))
         dvo = v.new_empty(B, T, H, dv)
-        _slots_bwd[(B * H,)](wi, w, dec, ri, r, v, S, z, P, Pz, do, GS, GZ, dr, dw, ddec, dvo,
+        launch(_slots_bwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, do, GS, GZ, dr, dw, ddec, dvo,
                              T, H, M, K, dv, eps, BLOCK_K=BK, BLOCK_DV=BD)
         dS0, dz0 = (None, None) if no_init else (GS, GZ)
         return None, dw, ddec, None, dr, dvo, dS0, dz0, None, None

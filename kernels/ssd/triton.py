@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..launch import launch
 
 __all__ = ["ssd_triton"]
 
@@ -266,6 +267,19 @@ def _launch_opts(bwd=False):
 
 _PASS_BLOCK = 256
 
+#: largest d_state and head dim of the kernels. Larger sizes are refused: at d_state = head dim = 128 the
+#: chunk state tiles need 192 KB of shared memory at chunk 256 (above an sm_80 block's 163 KB), and at
+#: chunk 64 ptxas spends over five minutes on one configuration of the backward chunk kernel (1.8 MB of
+#: PTX, a sign of heavy register spilling), so no configuration above 64 is verified (python -m
+#: kernels.compile_check); mamba-ssm's kernels or the PyTorch path run them.
+MAX_DIM = 64
+
+
+def block_chunk(chunk_size: int, N: int, P: int) -> int:
+    """The chunk the kernels run: ``chunk_size`` capped at 64, the largest compiled and checked for
+    d_state = head dim = 64 (python -m kernels.compile_check). The result does not depend on it."""
+    return min(chunk_size, 64)
+
 
 class _SSDTriton(torch.autograd.Function):
     @staticmethod
@@ -280,17 +294,17 @@ class _SSDTriton(torch.autograd.Function):
         prec = _prec(x.dtype)
         states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
         alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
-        _chunk_state[(n, b * H)](
+        launch(_chunk_state, (n, b * H),
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=0, PREC=prec, **blocks, **_launch_opts())
         hstart = torch.empty_like(states)
         final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         init = initial_state.contiguous() if initial_state is not None else final
-        _state_pass[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+        launch(_state_pass, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
             states, alast, init, hstart, final, H, n, N * P,
             HAS_INIT=initial_state is not None, BLOCK=_PASS_BLOCK)
         y = torch.empty_like(x)
-        _chunk_out[(n, b * H)](
+        launch(_chunk_out, (n, b * H),
             x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
             T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts())
         ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
@@ -311,19 +325,19 @@ class _SSDTriton(torch.autograd.Function):
         prec = _prec(x.dtype)
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
         dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
-        _chunk_state[(n, b * H)](
+        launch(_chunk_state, (n, b * H),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=1, PREC=prec, **blocks, **_launch_opts())
         gend = torch.empty_like(dstates)
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
-        _state_pass_bwd[(triton.cdiv(N * P, _PASS_BLOCK), b * H)](
+        launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
             dstates, alast, dfin, gend, dinit, H, n, N * P,
             HAS_DFINAL=dfinal is not None, BLOCK=_PASS_BLOCK)
         dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
         da_part = torch.empty(b, H, n, device=dev, dtype=torch.float32)
         assert dy.stride() == x.stride() and C.stride() == B.stride()
-        _chunk_bwd[(n, b * H)](
+        launch(_chunk_bwd, (n, b * H),
             x, dt, A32, B, C, dy, hstart, gend, dx, ddt, dB, dC, da_part,
             *x.stride(), *dt.stride(), *B.stride(),
             T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts(bwd=True))
@@ -337,7 +351,8 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)``.
 
     Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
-    input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16).
+    input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16, and
+    capped by :func:`block_chunk`); ``d_state`` and the head dim at most :data:`MAX_DIM`.
     """
     if x.dim() != 4 or dt.dim() != 3 or A.dim() != 1 or B.dim() != 4 or C.dim() != 4:
         raise ValueError("ssd_triton: expected x (B,T,H,P), dt (B,T,H), A (H,), B and C (B,T,H,N)")
@@ -352,8 +367,9 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
         raise ValueError(f"ssd_triton: chunk_size must be a positive integer, got {chunk_size!r}")
     if T == 0:
         raise ValueError("ssd_triton: empty sequence")
-    if max(N, P, chunk_size) > 256:
-        raise ValueError(f"ssd_triton: chunk_size, d_state and head dim must be <= 256 (got {chunk_size}, {N}, {P}); "
-                         f"use backend='torch'")
+    if max(N, P) > MAX_DIM:
+        raise ValueError(f"ssd_triton: d_state and head dim must be <= {MAX_DIM} (got {N}, {P}): larger chunk tiles "
+                         f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
+    chunk_size = block_chunk(chunk_size, N, P)
     x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
     return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)

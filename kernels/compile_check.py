@@ -1,0 +1,420 @@
+"""Compile every Triton kernel of the zoo for NVIDIA GPUs on a machine without one.
+
+``python -m kernels.compile_check [--arch 80 90] [--quick] [--family ska ...] [--dtype bf16 ...]``
+
+What is compiled is what the launchers launch: each family's Triton launcher (forward and backward)
+runs on ``meta`` tensors inside :func:`kernels.launch.recording`, at realistic sizes (head dims 16 to
+256 where the launcher accepts them, the chunk sizes in use, fp32 / bf16 / fp16 inputs, which each
+launcher casts as it does on a GPU), and every distinct launch it records — one per autotune config
+of an autotuned kernel — is compiled with ``triton.compile`` for each architecture (the Triton wheel
+ships ``ptxas``). A launch fails when it does not compile or when its shared memory is above the
+architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
+launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD, the scans
+and the slots, the mixers' defaults for SKA (rank 32, power 2) and GKA (d 64, chunk 32), whose
+largest backward configurations (power 4 at rank 64, d 128 at chunk 64) take ptxas several minutes
+each;
+``--ci`` compiles one launch per kernel and argument types of the quick grid (every
+kernel in every dtype for both architectures, one configuration each: the test-suite's check);
+``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
+
+Run without ``TRITON_INTERPRET=1`` (the kernels must be real ``JITFunction`` objects).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .launch import Launch, recording
+
+#: per-block shared memory limit (bytes) of each architecture: the opt-in maximum of one thread block.
+#: sm_100 compiles with the wheel's ptxas-blackwell; it is opt-in (--arch 80 90 100) to keep CI short.
+SHARED_LIMIT = {80: 166912, 90: 232448, 100: 232448}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def _meta(*shape, dtype=torch.float32, grad=True):
+    x = torch.empty(shape, device="meta", dtype=dtype)
+    return x.requires_grad_(grad and dtype.is_floating_point)
+
+
+def _fwd_bwd(outputs):
+    """Backward through every floating output (a sum of them), so the backward kernels launch too."""
+    outs = [o for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,)) if torch.is_tensor(o)]
+    loss = sum(o.float().sum() for o in outs if o.requires_grad)
+    loss.backward()
+
+
+# --------------------------------------------------------------------------------------------------
+# the cases: (family, sizes label, thunk) — a thunk runs a launcher forward and backward
+# --------------------------------------------------------------------------------------------------
+def _attention(dt, quick):
+    from .attention.triton import attention_triton
+    for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
+        for causal in ((True,) if quick else (True, False)):
+            def run(D=D, causal=causal):
+                q, k, v = (_meta(2, 1024, 4, D, dtype=dt) for _ in range(3))
+                _fwd_bwd(attention_triton(q, k, v, causal=causal))
+            yield f"D={D} causal={causal}", run
+
+
+def _delta(dt, quick):
+    from .delta.triton import delta_product_triton
+    for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
+        for chunk in ((64,) if quick else (16, 32, 64)):
+            def run(D=D, chunk=chunk):
+                B, T, H, n = 2, 512, 4, 2
+                q = _meta(B, T, H, D, dtype=dt)
+                k, v = _meta(B, T, n, H, D, dtype=dt), _meta(B, T, n, H, D, dtype=dt)
+                beta, g = _meta(B, T, n, H, dtype=dt), _meta(B, T, H, dtype=dt)
+                _fwd_bwd(delta_product_triton(q, k, v, beta, g, num_householder=n, chunk_size=chunk,
+                                              initial_state=_meta(B, H, D, D, dtype=torch.float32)))
+            yield f"K=V={D} chunk={chunk}", run
+
+
+def _ssd(dt, quick):
+    from .ssd.triton import ssd_triton
+    grid = ((64, 64, 256), (128, 64, 64)) if quick else [
+        (N, P, L) for N in (16, 64, 128) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
+    for N, P, L in grid:
+        def run(N=N, P=P, L=L):
+            B, T, H = 2, 1024, 4
+            x, Bm, Cm = _meta(B, T, H, P, dtype=dt), _meta(B, T, H, N, dtype=dt), _meta(B, T, H, N, dtype=dt)
+            dtt, A = _meta(B, T, H, dtype=dt), _meta(H, dtype=torch.float32)
+            _fwd_bwd(ssd_triton(x, dtt, A, Bm, Cm, chunk_size=L, initial_state=_meta(B, H, N, P, dtype=dt)))
+        yield f"N={N} P={P} chunk={L}", run
+
+
+def _ska(dt, quick):
+    from .ska.triton import ska_chain_triton
+    grid = ((32, 64, 64, 2),) if quick else [
+        (r, P, cs, p) for r in (16, 32, 64) for P in HEAD_DIMS for cs in (32, 64, 128) for p in (1, 2, 3, 4)]
+    for r, P, cs, p in grid:
+        def run(r=r, P=P, cs=cs, p=p):
+            B, T, H = 2, 1024, 4
+            n = T // cs
+            mats = [_meta(B, n, H, r, r, dtype=dt), _meta(B, n, H, r, r, dtype=dt), _meta(B, n, H, P, r, dtype=dt)]
+            _fwd_bwd(ska_chain_triton(*mats, _meta(B, T, H, r, dtype=dt), power=p, chunk_size=cs))
+        yield f"r={r} P={P} chunk={cs} power={p}", run
+
+
+def _gka(dt, quick):
+    from .gka.triton import triton_chunk_solve
+    grid = ((64, 32, "implicit"), (64, 32, "reverse_chebyshev")) if quick else [
+        (d, C, grad) for d in (16, 32, 64, 128) for C in (16, 32, 64) for grad in ("implicit", "reverse_chebyshev")]
+    for d, C, grad in grid:
+        def run(d=d, C=C, grad=grad):
+            b, n, h = 2, 8, 4
+            vec = [_meta(b, n, C, h, d, dtype=dt) for _ in range(2)]
+            tok = [_meta(b, n, C, h, dtype=dt) for _ in range(3)]
+            x = triton_chunk_solve(_meta(b, n, h, d, d, dtype=dt), vec[0], tok[0], tok[1], tok[2], tok[2], vec[1],
+                                   num_iter=30, grad=grad)
+            _fwd_bwd(x)
+        yield f"d={d} chunk={C} grad={grad}", run
+
+
+def _blockscan(dt, quick):
+    from .blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
+    for m in ((16,) if quick else (1, 2, 4, 8, 16, 32)):
+        def run(m=m):
+            B, T, N = 2, 256, 16
+            h0 = _meta(B, N, m, dtype=dt)
+            _fwd_bwd(block_scan_triton(_meta(B, T, N, m, m, dtype=dt), _meta(B, T, N, m, dtype=dt), h0))
+            _fwd_bwd(block_scan_triton(_meta(B, T, N, m, m, dtype=dt), _meta(B, T, N, m, dtype=dt)))
+            lam, c = _meta(B, T, N, dtype=dt), _meta(B, T, N, dtype=dt)
+            _fwd_bwd(jordan_scan_triton(lam, c, _meta(B, T, N, m, dtype=dt), h0))
+            _fwd_bwd(jordan_scan_triton(lam, c, _meta(B, T, N, m, dtype=dt))[0])
+            _fwd_bwd(jordan_scan_normed_triton(lam, c, _meta(B, T, N, m, dtype=dt), _meta(N, m, dtype=dt),
+                                               _meta(N, m, dtype=dt), initial_state=h0))
+        yield f"m={m}", run
+
+
+def _slots(dt, quick):
+    from .slots.triton import slot_memory_triton
+    for K, dv in (((8, 256),) if quick else [(K, dv) for K in (1, 2, 4, 8) for dv in HEAD_DIMS]):
+        def run(K=K, dv=dv):
+            B, T, H, M = 2, 256, 4, 1024
+            idx = torch.empty(B, T, H, K, device="meta", dtype=torch.int64)
+            w = [_meta(B, T, H, K, dtype=dt) for _ in range(2)]
+            o, (S, z) = slot_memory_triton(idx, w[0], idx, w[1], _meta(B, T, H, dv, dtype=dt),
+                                           _meta(H, dtype=dt), num_slots=M)
+            _fwd_bwd((o, S, z))
+        yield f"K={K} d_v={dv}", run
+
+
+FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka,
+            "blockscan": _blockscan, "slots": _slots}
+
+
+#: (family, dtype, sizes, message) of every case a launcher refused in the last enumeration
+refused: list = []
+
+
+def enumerate_launches(families=None, dtypes=None, quick: bool = False) -> list[Launch]:
+    """Every distinct launch the launchers make over the size grid (with the cases that recorded it)."""
+    seen: dict = {}
+    refused.clear()
+    for fam in families or FAMILIES:
+        for dname in dtypes or DTYPES:
+            for sizes, run in FAMILIES[fam](DTYPES[dname], quick):
+                with recording(((fam, dname, sizes),)) as recs:
+                    try:
+                        run()
+                    except ValueError as e:  # the launcher refuses these inputs with one line: nothing to compile
+                        refused.append((fam, dname, sizes, str(e)))
+                        continue
+                for rec in recs:
+                    first = seen.setdefault(rec.key(), rec)
+                    if first is not rec and rec.tags not in first.tags:
+                        seen[rec.key()] = replace(first, tags=first.tags + rec.tags)
+    return list(seen.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# compiling
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    launch: Launch
+    arch: int
+    error: str | None = None
+    shared: int = 0
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    seconds: float = 0.0
+
+    @property
+    def over_shared(self) -> bool:
+        return self.error is None and self.shared > SHARED_LIMIT[self.arch]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.over_shared
+
+
+def _ptxas_numbers(log: str) -> tuple[int, int, int]:
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return (int(regs[-1]) if regs else 0, int(spills[-1][0]) if spills else 0, int(spills[-1][1]) if spills else 0)
+
+
+def _ptxas_log(ptx: str, arch: int) -> str:
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        out = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    return out.stderr
+
+
+def compile_launch(launch: Launch, arch: int) -> Result:
+    """Compile one launch for ``sm_<arch>``; never raises (a failure is the result's ``error``)."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(launch.signature)
+    sig.update({name: "constexpr" for name, _ in launch.constexprs})
+    src = ASTSource(fn=launch.kernel, signature=sig, constexprs=dict(launch.constexprs))
+    res = Result(launch, arch)
+    t0 = time.perf_counter()
+    log = io.StringIO()
+    try:
+        with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+            knobs.nvidia.dump_ptxas_log = True
+            kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+        res.shared = int(kern.metadata.shared)
+        text = log.getvalue()
+        if "Used " not in text:  # a cached kernel: ptxas did not run, so run it on the PTX for its numbers
+            text = _ptxas_log(kern.asm["ptx"], arch)
+        res.registers, res.spill_stores, res.spill_loads = _ptxas_numbers(text)
+    except Exception as e:  # noqa: BLE001 - any compiler failure is reported, with its first line
+        msg = str(e).strip().splitlines()
+        res.error = f"{type(e).__name__}: {' '.join(msg[-3:])[:300]}" if msg else type(e).__name__
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _describe(launch: Launch) -> str:
+    keep = {k: v for k, v in launch.constexprs}
+    consts = " ".join(f"{k}={v}" for k, v in keep.items())
+    return f"{consts} w={launch.num_warps} s={launch.num_stages}"
+
+
+def _input_dtype(launch: Launch) -> str:
+    kinds = sorted({t[1:] for _, t in launch.signature if t.startswith("*") and t[1:] in DTYPES})
+    return "/".join(kinds)
+
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    rows = []
+    for r in sorted(results, key=lambda r: (r.launch.name, r.arch, _input_dtype(r.launch), _describe(r.launch))):
+        if r.error:
+            status = "FAIL: " + r.error
+        elif r.over_shared:
+            status = "FAIL: shared memory above the limit"
+        else:
+            status = "ok"
+        rows.append([r.launch.name, f"sm_{r.arch}", _input_dtype(r.launch), _describe(r.launch),
+                     f"{r.shared / 1024:.1f} / {SHARED_LIMIT[r.arch] // 1024} KB", str(r.registers),
+                     f"{r.spill_stores}/{r.spill_loads}", status])
+    return rows
+
+
+HEADER = ["kernel", "arch", "pointers", "constexprs, warps, stages", "shared / limit", "regs", "spill st/ld (B)",
+          "status"]
+
+
+def markdown(results: list[Result], command: str) -> str:
+    lines = [f"Generated by `{command}` (Triton {_triton_version()}, ptxas of the Triton wheel): every distinct "
+             "launch the launchers make at the sizes of `kernels/compile_check.py`, per architecture. "
+             "`pointers` lists the floating element types the kernel reads and writes (launchers that compute "
+             "in fp32 cast bf16/fp16 inputs first, so their kernels appear as fp32 only).", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    if refused:
+        lines += ["", "Cases the launchers refuse with one line (nothing is launched):", ""]
+        lines += [f"- {fam} {dname} {sizes}: {msg}" for fam, dname, sizes, msg in refused]
+    return "\n".join(lines)
+
+
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
+BEGIN, END = "<!-- compile-check:begin -->", "<!-- compile-check:end -->"
+
+
+def write_block(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the block between ``begin`` and ``end`` in ``path`` (appended when absent)."""
+    with open(path) as f:
+        doc = f.read()
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def one_per_kernel_and_dtype(launches: list[Launch]) -> list[Launch]:
+    """The first launch of each (kernel, argument types): every kernel in every dtype, one config each."""
+    first: dict = {}
+    for launch in launches:
+        first.setdefault((launch.name, launch.signature), launch)
+    return list(first.values())
+
+
+def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=None, ci=False) -> list[Result]:
+    launches = enumerate_launches(families, dtypes, quick or ci)
+    if ci:
+        launches = one_per_kernel_and_dtype(launches)
+    work = [(launch, arch) for launch in launches for arch in archs]
+    if jobs <= 1:
+        results = []
+        for i, (launch, arch) in enumerate(work):
+            results.append(compile_launch(launch, arch))
+            if progress:
+                progress(i + 1, len(work), results[-1])
+        return results
+    import multiprocessing as mp
+    global _WORK
+    _WORK = work
+    results = [None] * len(work)
+    with mp.get_context("fork").Pool(jobs) as pool:
+        for n, (i, res) in enumerate(pool.imap_unordered(_compile_index, range(len(work)))):
+            res.launch = work[i][0]  # kernels do not pickle: the worker sends its result without one
+            results[i] = res
+            if progress:
+                progress(n + 1, len(work), res)
+    return results
+
+
+_WORK: list = []
+
+
+def _as_dict(r: Result) -> dict:
+    return {"kernel": r.launch.name, "arch": r.arch, "config": _describe(r.launch), "pointers": _input_dtype(r.launch),
+            "ok": r.ok, "status": table_rows([r])[0][-1], "shared": r.shared, "shared_limit": SHARED_LIMIT[r.arch],
+            "registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
+            "seconds": round(r.seconds, 2), "recorded_for": sorted({t[1] for t in r.launch.tags}),
+            "cases": [" ".join(t) for t in r.launch.tags]}
+
+
+def _compile_index(i):
+    res = compile_launch(*_WORK[i])
+    res.launch = None
+    return i, res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(SHARED_LIMIT))
+    p.add_argument("--family", nargs="+", choices=sorted(FAMILIES))
+    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES))
+    p.add_argument("--quick", action="store_true", help="one large size of every case (see the module docstring)")
+    p.add_argument("--ci", action="store_true",
+                   help="the quick grid, one launch per kernel and argument types (every kernel, every dtype, "
+                        "both architectures; what the test-suite compiles)")
+    p.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
+    p.add_argument("--markdown", metavar="FILE", help="write the resource table into FILE's compile-check block")
+    p.add_argument("--json", metavar="FILE", help="write every result as JSON to FILE")
+    p.add_argument("--list", action="store_true", help="list the launches without compiling")
+    args = p.parse_args(argv)
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("compile_check: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)",
+              file=sys.stderr)
+        return 2
+    if args.list:
+        launches = enumerate_launches(args.family, args.dtype, args.quick or args.ci)
+        for launch in one_per_kernel_and_dtype(launches) if args.ci else launches:
+            print(launch.name, _input_dtype(launch), _describe(launch), "|", *launch.tags[0])
+        return 0
+
+    def progress(i, n, r):
+        print(f"[{i}/{n}] {r.launch.name} sm_{r.arch} {_describe(r.launch)} {r.seconds:.1f}s "
+              f"{'ok' if r.ok else 'FAIL'}", file=sys.stderr, flush=True)
+
+    results = run_check(args.arch, args.family, args.dtype, args.quick, args.jobs, progress, ci=args.ci)
+    rows = table_rows(results)
+    widths = [max(len(HEADER[i]), *(len(r[i]) for r in rows)) for i in range(len(HEADER))] if rows else []
+    print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results)} compiled, {len(failed)} failed", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": [_as_dict(r) for r in results], "refused": refused}, f, indent=1)
+    if args.markdown:
+        cmd = "python -m kernels.compile_check --arch " + " ".join(map(str, args.arch))
+        cmd += "".join(f" --{k} " + " ".join(getattr(args, k)) for k in ("family", "dtype") if getattr(args, k))
+        cmd += " --quick" * args.quick + f" --markdown {args.markdown}"
+        write_block(args.markdown, markdown(results, cmd))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

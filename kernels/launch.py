@@ -1,0 +1,126 @@
+"""The one place every Triton kernel of the zoo is launched from, so its launches can be listed.
+
+Each ``triton.py`` launches its kernels with :func:`launch` (``launch(kernel, grid, *args, **kwargs)``
+instead of ``kernel[grid](*args, **kwargs)``). Normally that is the same call. Inside
+:func:`recording` nothing runs: each launch is recorded as a :class:`Launch` — the kernel, the type
+of every runtime argument (pointer element types from the tensors, ``i32``/``i64``/``fp32``
+scalars), the constexpr values, ``num_warps`` and ``num_stages`` — with one record per config when
+the kernel is autotuned. Running a launcher (forward and backward) on ``meta`` tensors inside
+:func:`recording` therefore lists exactly the launches it makes at any size without a GPU, which is
+how :mod:`kernels.compile_check` finds what to compile: the configurations come from the launchers'
+own code, never from a second copy.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+#: Triton's defaults for CUDA launches that do not name them (triton.backends.nvidia CUDAOptions)
+DEFAULT_NUM_WARPS = 4
+DEFAULT_NUM_STAGES = 3
+
+_TORCH_TO_TRITON = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+    torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+}
+
+_recorder: list | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as the compiler sees it (no grid, no data)."""
+
+    kernel: object                       # the @triton.jit function
+    signature: tuple                     # ((arg name, triton type), ...) for every runtime argument
+    constexprs: tuple                    # ((name, value), ...) sorted by name
+    num_warps: int = DEFAULT_NUM_WARPS
+    num_stages: int = DEFAULT_NUM_STAGES
+    tags: tuple = field(default=(), compare=False)  # where it was recorded (family, dtype, sizes)
+
+    @property
+    def name(self) -> str:
+        return kernel_name(self.kernel)
+
+    def key(self):
+        return (self.name, self.signature, self.constexprs, self.num_warps, self.num_stages)
+
+
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return f"{fn.__module__.rsplit('.', 2)[-2]}.{fn.__name__}"
+
+
+def _arg_type(name, value) -> str:
+    if torch.is_tensor(value):
+        if value.dtype not in _TORCH_TO_TRITON:
+            raise TypeError(f"launch: argument {name} has dtype {value.dtype}, which no kernel accepts")
+        return "*" + _TORCH_TO_TRITON[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"launch: argument {name} of type {type(value).__name__} cannot be passed to a kernel")
+
+
+def _jit_function(kernel):
+    """The JITFunction under autotune/heuristics wrappers (they keep it as ``.fn``)."""
+    while not hasattr(kernel, "arg_names") or type(kernel).__name__ in ("Autotuner", "Heuristics"):
+        kernel = kernel.fn
+    return kernel
+
+
+def _records(kernel, args, kwargs, tags):
+    fn = _jit_function(kernel)
+    configs = getattr(kernel, "configs", None) or [None]
+    out = []
+    for cfg in configs:
+        kw = dict(kwargs)
+        if cfg is not None:
+            kw.update(cfg.kwargs)
+            kw.setdefault("num_warps", cfg.num_warps)
+            kw.setdefault("num_stages", cfg.num_stages)
+        warps = kw.pop("num_warps", DEFAULT_NUM_WARPS)
+        stages = kw.pop("num_stages", DEFAULT_NUM_STAGES)
+        bound = dict(zip(fn.arg_names, args))
+        bound.update(kw)
+        missing = [n for n in fn.arg_names if n not in bound]
+        if missing:
+            raise TypeError(f"launch: {kernel_name(fn)} is missing arguments {missing}")
+        const_names = {fn.arg_names[i] for i in fn.constexprs}
+        sig = tuple((n, _arg_type(n, bound[n])) for n in fn.arg_names if n not in const_names)
+        consts = tuple(sorted((n, bound[n]) for n in const_names))
+        out.append(Launch(fn, sig, consts, warps, stages, tags))
+    return out
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`."""
+    if _recorder is not None:
+        _recorder.extend(_records(kernel, args, kwargs, _recorder_tags[-1] if _recorder_tags else ()))
+        return None
+    return kernel[grid](*args, **kwargs)
+
+
+_recorder_tags: list = []
+
+
+@contextlib.contextmanager
+def recording(tags: tuple = ()):
+    """Record launches instead of running them; yields the list they are appended to.
+
+    Use with ``meta`` tensors: the launchers' torch glue runs (shapes only), the kernels do not.
+    """
+    global _recorder
+    outer = _recorder
+    _recorder = [] if outer is None else outer
+    _recorder_tags.append(tags)
+    try:
+        yield _recorder
+    finally:
+        _recorder_tags.pop()
+        _recorder = outer

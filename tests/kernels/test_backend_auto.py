@@ -1,0 +1,72 @@
+"""``backend="auto"``: on CUDA the fastest correct backend (outside kernels, then Triton, then PyTorch); on a CPU
+the PyTorch path. Package availability is faked, so the rule is checked without a GPU or the extras."""
+import pytest
+import torch
+
+from kernels import backend as kb
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    present = set()
+    monkeypatch.setattr(kb, "package_importable", lambda module: module in present)
+    return present
+
+
+def test_cuda_prefers_outside_then_triton_then_torch(installed):
+    fam = ("reference", "torch", "triton", "fla")
+    assert kb.auto_choice(fam, cuda=True) == ("triton", ["fla: not installed (pip install flash-linear-attention)"])
+    installed.add("fla")
+    assert kb.auto_choice(fam, cuda=True) == ("fla", [])
+    assert kb.auto_choice(("reference", "torch", "fla"), cuda=True, unsupported={"fla": "no"}) == ("torch", ["fla: no"])
+    assert kb.auto_choice(("reference",), cuda=True) == ("reference", [])
+
+
+def test_cpu_never_picks_cuda_backends(installed):
+    installed.update({"fla", "flash_attn", "mamba_ssm"})
+    for fam in (("reference", "torch", "triton", "fla"), ("reference", "triton", "mamba_ssm")):
+        choice, _ = kb.auto_choice(fam, cuda=False)
+        assert choice == ("torch" if "torch" in fam else "reference")
+    assert kb.resolve_backend("auto", torch.zeros(1), op="x", available=("reference", "torch", "triton", "fla")) == "torch"
+
+
+def test_attention_passes_over_flash_attn_for_fp32(installed, monkeypatch):
+    """The family marks flash-attn unsupported for fp32, so auto on CUDA falls to Triton (checked on a fake CUDA tensor)."""
+    import kernels.attention as att
+    installed.add("flash_attn")
+    seen = {}
+
+    def fake_resolve(backend, tensor, op, available, unsupported=None):
+        seen["unsupported"] = unsupported
+        return kb.auto_choice(available, True, unsupported)[0]
+    monkeypatch.setattr(att, "resolve_backend", fake_resolve)
+    monkeypatch.setattr(att, "_sdpa", lambda *a: "torch")
+    monkeypatch.setattr(att, "attention_reference", lambda *a, **k: "reference")
+    import kernels.attention.triton as att_triton
+    monkeypatch.setattr(att_triton, "attention_triton", lambda *a, **k: "triton")
+    q = torch.zeros(1, 4, 1, 8)
+    assert att.attention(q, q, q) == "triton" and "flash_attn" in seen["unsupported"]
+
+
+def test_fp32_attention_above_head_dim_128_is_refused_and_auto_passes_over_triton():
+    import kernels.attention as att
+    from kernels.attention.triton import attention_triton
+    q = torch.zeros(1, 4, 1, 256)
+    with pytest.raises(ValueError, match="head dim <= 128"):
+        attention_triton(q, q, q)
+    assert "triton" in att._unsupported(q, q, q) and "triton" not in att._unsupported(*[q[..., :128]] * 3)
+    assert "flash_attn" not in att._unsupported(*[q.half()] * 3)
+
+
+def test_delta_and_ssd_refuse_sizes_above_a_blocks_shared_memory():
+    """Head dims above 128 (delta) and d_state / head dim above 64 (SSD) are refused with one line naming the
+    fix; the SSD launcher caps its chunk so that the tiles fit (the result does not depend on the chunk)."""
+    from kernels.delta.triton import chunk_gated_delta_rule_triton
+    from kernels.ssd.triton import block_chunk, ssd_triton
+    x = torch.zeros(1, 4, 1, 256)
+    with pytest.raises(ValueError, match="backend='fla' or 'torch'"):
+        chunk_gated_delta_rule_triton(x, x, x, torch.zeros(1, 4, 1), None)
+    dt, A, B = torch.zeros(1, 4, 1), torch.zeros(1), torch.zeros(1, 4, 1, 128)
+    with pytest.raises(ValueError, match="backend='mamba_ssm' or 'torch'"):
+        ssd_triton(x[..., :64], dt, A, B, B)
+    assert block_chunk(256, 64, 64) == 64 and block_chunk(32, 64, 64) == 32

@@ -1,0 +1,140 @@
+"""Every Triton kernel compiles for sm_80 and sm_90 at the launches its launcher makes (no GPU needed).
+
+The interpreter runs kernels as Python, so it accepts code the compiler refuses (a kernel reading a
+plain module global, a loop-carried variable changing type, ``tl.dot`` on mixed operand types) and
+knows nothing of shared memory. These tests close that gap:
+
+- ``test_kernels_compile_for_sm80_and_sm90`` runs ``python -m kernels.compile_check --ci`` in a
+  process without ``TRITON_INTERPRET``: each launcher is run on meta tensors (fp32, bf16, fp16) at one
+  large size of its case (``--quick``, see kernels/compile_check.py), and one launch per kernel and
+  argument types is compiled for sm_80 and sm_90 (every kernel in every dtype its launcher accepts);
+  the check fails on a compile error or on shared memory above the per-block limit. Compiling every
+  recorded launch (every autotune config) took tens of minutes on this project's shared 2-core
+  machine, so CI compiles one configuration per kernel and dtype; ``python -m kernels.compile_check
+  --quick`` (every config) generated the resource table of BENCHMARKS.md, and without ``--quick`` it
+  runs the whole size grid (1630 launches).
+- ``test_every_kernel_is_in_the_check``: every ``@triton.jit`` kernel that a launcher starts appears in
+  the check in every input dtype, and no launcher starts a kernel except through
+  :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the check).
+- ``test_no_kernel_reads_a_plain_global`` (and the test that it catches one): a jitted function may
+  read only constexpr globals, other jitted functions and modules.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRITON_FILES = sorted((ROOT / "kernels").glob("*/triton.py"))
+
+
+def _is_jit(dec) -> bool:
+    node = dec.func if isinstance(dec, ast.Call) else dec
+    return isinstance(node, ast.Attribute) and node.attr == "jit" or isinstance(node, ast.Name) and node.id == "jit"
+
+
+def jit_functions(tree):
+    return [f for f in tree.body if isinstance(f, ast.FunctionDef) and any(_is_jit(d) for d in f.decorator_list)]
+
+
+def _locals(fn: ast.FunctionDef) -> set:
+    names = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def plain_globals_read(path: pathlib.Path, module) -> list[str]:
+    """``kernel: name`` for every module global a jitted function reads that the compiler would refuse."""
+    import triton.language as tl
+    bad = []
+    for fn in jit_functions(ast.parse(path.read_text())):
+        local = _locals(fn)
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)) or node.id in local:
+                continue
+            if not hasattr(module, node.id):
+                if not hasattr(builtins, node.id):
+                    bad.append(f"{fn.name}: {node.id} (undefined)")
+                continue
+            value = getattr(module, node.id)
+            jitted = hasattr(value, "arg_names") and hasattr(value, "fn")
+            if not (isinstance(value, (tl.constexpr, types.ModuleType)) or jitted):
+                bad.append(f"{fn.name}: {node.id} = {value!r}")
+    return bad
+
+
+def _module(path: pathlib.Path):
+    return importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+
+
+@pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.parent.name)
+def test_no_kernel_reads_a_plain_global(path):
+    assert plain_globals_read(path, _module(path)) == []
+
+
+def test_plain_global_check_catches_one(tmp_path, monkeypatch):
+    src = ("import triton\nimport triton.language as tl\n_PREC = 'ieee'\n_OK = tl.constexpr('ieee')\n\n"
+           "@triton.jit\ndef k(x, B: tl.constexpr):\n    a = tl.arange(0, B)\n"
+           "    tl.dot(a, a, input_precision=_PREC)\n    tl.dot(a, a, input_precision=_OK)\n")
+    path = tmp_path / "fake_kernels.py"
+    path.write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plain_globals_read(path, importlib.import_module("fake_kernels")) == ["k: _PREC = 'ieee'"]
+
+
+def entry_kernels(path: pathlib.Path) -> set:
+    """Jitted functions of a module that no other jitted function calls (the ones launchers start)."""
+    fns = jit_functions(ast.parse(path.read_text()))
+    called = {n.func.id for f in fns for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return {f"{path.parent.name}.{f.name}" for f in fns if f.name not in called}
+
+
+def direct_launches(path: pathlib.Path) -> list[str]:
+    """``name[grid](...)`` calls of a jitted function (launches that bypass kernels.launch.launch)."""
+    jitted = {f.name for f in jit_functions(ast.parse(path.read_text()))}
+    return [n.func.value.id for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+            and isinstance(n.func.value, ast.Name) and n.func.value.id in jitted]
+
+
+@pytest.fixture(scope="module")
+def check_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compile") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))
+    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--ci", "--jobs", jobs, "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert out.exists(), f"compile_check did not run:\n{proc.stderr[-3000:]}"
+    return proc, json.loads(out.read_text())
+
+
+def test_kernels_compile_for_sm80_and_sm90(check_report):
+    proc, report = check_report
+    failed = [r for r in report["results"] if not r["ok"]]
+    assert not failed, "\n".join(f"{r['kernel']} sm_{r['arch']} {r['config']}: {r['status']}" for r in failed[:20])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["arch"] for r in report["results"]} == {80, 90}
+    for r in report["results"]:
+        assert r["shared"] <= r["shared_limit"] and r["registers"] > 0, r
+
+
+def test_every_kernel_is_in_the_check(check_report):
+    _, report = check_report
+    for path in TRITON_FILES:
+        assert direct_launches(path) == [], f"{path}: launch kernels through kernels.launch.launch"
+    entries = set().union(*(entry_kernels(p) for p in TRITON_FILES))
+    for dtype in ("fp32", "bf16", "fp16"):
+        seen = {r["kernel"] for r in report["results"] if dtype in r["recorded_for"]}
+        assert entries <= seen, f"{dtype}: kernels no launcher case reaches: {sorted(entries - seen)}"
