@@ -9,8 +9,6 @@ that the inputs are on CUDA.
 """
 from __future__ import annotations
 
-import torch
-
 
 def gla_fla(q, k, v, g, scale: float | None = None, initial_state=None):
     """Same contract as :func:`kernels.gla.chunked.gla_chunked`: ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""

@@ -14,11 +14,12 @@ visible sets), computed batched in fp32 (fp64 stays fp64):
 - the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} q`` (:func:`ska_chain_torch`; the Triton
   backend swaps in :func:`kernels.ska.triton.ska_chain_triton`).
 
-The recurrent form (decode step, :func:`kernels.ska.reference.ska_step`) lives beside the spec: the state holds the *raw* statistics ``G, M, C`` (unnormalised keys), the
-previous weighted key ``w_{t-1} k_{t-1}`` and the scale ``s``; every step reads out from the
-statistics of the tokens before it (normalised by ``s`` at readout time) and then adds its own token.
-``s`` is the running max of weighted-in key norms for ``running_max``; for ``seq_max`` it is frozen
-once set (by the prefill; a decode from an empty state takes the first weighted-in nonzero key norm).
+The recurrent form (decode step, :func:`kernels.ska.reference.ska_step`) lives beside the spec: the state
+holds the *raw* statistics ``G, M, C`` (unnormalised keys), the previous weighted key ``w_{t-1} k_{t-1}``
+and the scale ``s``; every step reads out from the statistics of the tokens before it (normalised by ``s``
+at readout time) and then adds its own token. ``s`` is the running max of weighted-in key norms for
+``running_max``; for ``seq_max`` it is frozen once set (by the prefill; a decode from an empty state takes
+the first weighted-in nonzero key norm).
 """
 from __future__ import annotations
 

@@ -315,7 +315,7 @@ def test_gpu_bf16_real_size():
     assert rel_err(y32, y_ref) < 1e-4 and rel_err(h32, h_ref) < 1e-4
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception:
+    except ImportError:  # the outside oracle is an optional GPU extra
         return
     x, dt, A, B, C, h0 = (t.detach() for t in ins)
     y_m = mamba_chunk_scan_combined(x.bfloat16(), dt.bfloat16(), A, B.bfloat16(), C.bfloat16(), 64,
