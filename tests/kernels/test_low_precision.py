@@ -28,7 +28,11 @@ from kernels.blockscan import block_scan, jordan_scan, jordan_scan_normed
 from kernels.blockscan.reference import block_scan_reference, jordan_scan_normed_reference, jordan_scan_reference
 from kernels.delta import delta_product
 from kernels.delta.reference import delta_product_reference
+from kernels.gka import gka
+from kernels.gka.reference import gka_reference
 from kernels.ska import ska_chain, ska_chain_torch
+from kernels.slots import slot_memory
+from kernels.slots.reference import slot_memory_reference
 from kernels.ssd import ssd, ssd_reference
 from tests.kernels.harness import compare_backends
 
@@ -104,3 +108,27 @@ def test_block_and_jordan_scans(dtype):
     _check(lambda lam, c, b, w, bias, h0: jordan_scan_normed(lam, c, b, w, bias, initial_state=h0, backend="triton"),
            lambda lam, c, b, w, bias, h0: jordan_scan_normed_reference(lam, c, b, w, bias, initial_state=h0),
            _low(dtype, lam, c, b, w, bias, h0), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gka(dtype):
+    B, T, H, d = 1, 37, 2, 16
+    q = F.normalize(torch.randn(B, T, H, d), dim=-1)
+    beta = torch.rand(B, T, H, 1) * 0.8 + 0.2
+    k, v = F.normalize(torch.randn(B, T, H, d), dim=-1) * beta, torch.randn(B, T, H, d) * beta
+    g, alpha = -torch.rand(B, T, H) * 0.3, torch.rand(B, T, H)
+    _check(lambda *a: gka(*a, chunk_size=16, num_iter=30, backend="triton")[0],
+           lambda *a: gka_reference(*a, num_iter=30)[0], _low(dtype, q, k, v, g, alpha), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slot_memory(dtype):
+    """The launcher computes in fp32 whatever the input dtype (``full_precision``) and returns the input's."""
+    B, T, H, M, K, dv = 1, 9, 2, 16, 3, 8
+    write_idx, read_idx = (torch.stack([torch.randperm(M)[:K] for _ in range(B * T * H)]).view(B, T, H, K)
+                           for _ in range(2))
+    write_w, read_w = torch.rand(B, T, H, K) * 0.98 + 0.01, torch.rand(B, T, H, K)
+    v, gamma = torch.randn(B, T, H, dv), torch.rand(H) * 1.5 + 0.25
+    _check(lambda ww, rw, v, gamma: slot_memory(write_idx, ww, read_idx, rw, v, gamma, M, backend="triton")[0],
+           lambda ww, rw, v, gamma: slot_memory_reference(write_idx, ww, read_idx, rw, v, gamma, M)[0],
+           _low(dtype, write_w, read_w, v, gamma), dtype)

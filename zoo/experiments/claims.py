@@ -48,8 +48,8 @@ from mixers.options import nearest
 from ..errors import UserError
 from ..recipes import recipe_differences, resolve
 from .ablate import cells_of, row_seed
-from .freshness import Staleness, cell_staleness, in_git_checkout
-from .preregistration import Registration, registration
+from .freshness import Staleness, cell_staleness
+from .preregistration import Registration, in_git_checkout, registration
 from .results import cell_of, group_by_cell, mean_std
 from .rows import read_rows
 from .untrained import load as load_untrained

@@ -27,6 +27,7 @@ from mixers import MIXERS, STATE_MIXERS
 from ..errors import UserError
 from ..recipes import recipe_mapping, resolve
 from ..tasks import TASKS
+from .preregistration import git
 
 #: packages whose modules can change a row's numbers
 CODE_PACKAGES = ("kernels", "mixers", "zoo.tasks", "zoo.data")
@@ -37,14 +38,6 @@ CODE_PATHS = ("kernels", "mixers", "zoo/tasks", "zoo/data", *EVERY_CELL)
 #: modules that compute no number of a row (contract, options, registries, dispatch)
 INFRASTRUCTURE = frozenset({"kernels", "kernels.backend", "mixers", "mixers.base", "mixers.options",
                             "zoo.tasks", "zoo.data"})
-
-
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
 
 
 # ----------------------------------------------------------------------------------- the code of a cell
@@ -183,7 +176,7 @@ def _form_of_file(path: Path, mtime_ns: int | None, size: int | None) -> str | N
 @lru_cache(maxsize=None)
 def _commits_since(root: str, since: str, head: str) -> dict[str, tuple[str, ...]]:
     """``{path: commits after since that touched it, newest first}``, from one ``git log``."""
-    log = _git(Path(root), "log", "--format=%x00%H", "--name-only", f"{since}..{head}", "--", *CODE_PATHS) or ""
+    log = git(Path(root), "log", "--format=%x00%H", "--name-only", f"{since}..{head}", "--", *CODE_PATHS) or ""
     out: dict[str, list[str]] = {}
     for entry in log.split("\x00")[1:]:
         commit, *paths = entry.split()
@@ -194,7 +187,7 @@ def _commits_since(root: str, since: str, head: str) -> dict[str, tuple[str, ...
 
 @lru_cache(maxsize=None)
 def _full(root: str, commit: str) -> str | None:
-    out = _git(Path(root), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    out = git(Path(root), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
     return out.strip() if out else None
 
 
@@ -202,7 +195,7 @@ def code_changes(root: Path, since: str, path: str, head: str | None = None) -> 
     """The commits after ``since`` that changed the code of ``path`` (oldest first); a working-tree change of
     the code that is not committed yet is ``"uncommitted"``."""
     key = str(root)
-    head = head or (_git(root, "rev-parse", "HEAD") or "").strip()
+    head = head or (git(root, "rev-parse", "HEAD") or "").strip()
     out = [c for c in reversed(_commits_since(key, since, head).get(path, ()))
            if _form_at(key, c + "^", path) != _form_at(key, c, path)]
     if _form_now(root / path) != _form_at(key, head, path):
@@ -233,7 +226,7 @@ def cell_staleness(root: Path, label: str, rows: list[dict], vouched: dict, prob
     outcomes :mod:`zoo.experiments.vouch` recorded (``{label: {row commit: {"until", "outcome"}}}``): the
     changes of a row commit's code up to ``until`` are vouched for when the outcome is "keeps"."""
     key = str(root)
-    head = (_git(root, "rev-parse", "HEAD") or "").strip()
+    head = (git(root, "rev-parse", "HEAD") or "").strip()
     vouched_full = {_full(key, str(c)) for c in vouched or {}}
     unvouched: dict[str, list[str]] = {}
     unknown = []
@@ -254,7 +247,3 @@ def cell_staleness(root: Path, label: str, rows: list[dict], vouched: dict, prob
                 if path not in unvouched[short]:
                     unvouched[short].append(path)
     return Staleness(label, unvouched, unknown)
-
-
-def in_git_checkout(root: Path) -> bool:
-    return (_git(root, "rev-parse", "--is-inside-work-tree") or "").strip() == "true"

@@ -22,7 +22,8 @@ import yaml
 RULE_FIELDS = ("rule", "cells")
 
 
-def _git(root: Path, *args: str) -> str | None:
+def git(root: Path, *args: str) -> str | None:
+    """The output of ``git -C root args``, or None when git fails or is missing."""
     try:
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -31,7 +32,7 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def in_git_checkout(root: Path) -> bool:
-    return (_git(root, "rev-parse", "--is-inside-work-tree") or "").strip() == "true"
+    return (git(root, "rev-parse", "--is-inside-work-tree") or "").strip() == "true"
 
 
 def rule_form(spec: dict) -> str:
@@ -41,10 +42,10 @@ def rule_form(spec: dict) -> str:
 @lru_cache(maxsize=8)
 def _history(root: str) -> tuple[tuple[str, dict], ...]:
     """``(commit, {claim id: rule form})`` for every commit that changed claims.yaml, newest first."""
-    log = _git(Path(root), "log", "--format=%H", "--", "claims.yaml") or ""
+    log = git(Path(root), "log", "--format=%H", "--", "claims.yaml") or ""
     out = []
     for commit in log.split():
-        text = _git(Path(root), "show", f"{commit}:claims.yaml")
+        text = git(Path(root), "show", f"{commit}:claims.yaml")
         try:
             data = yaml.safe_load(text or "") or {}
         except yaml.YAMLError:
@@ -59,7 +60,7 @@ def rule_commit(root: Path, spec: dict) -> str | None:
     """The commit where the claim's rule took its current form; None when the current form is not committed."""
     form = rule_form(spec)
     history = _history(str(root))
-    committed = _git(root, "show", "HEAD:claims.yaml")
+    committed = git(root, "show", "HEAD:claims.yaml")
     if not history or committed is None:
         return None
     head_claims = (yaml.safe_load(committed) or {}).get("claims") or []
@@ -76,7 +77,7 @@ def rule_commit(root: Path, spec: dict) -> str | None:
 @lru_cache(maxsize=4096)
 def _is_ancestor(root: str, ancestor: str, commit: str) -> bool | None:
     """True/False, or None when either commit is unknown here."""
-    full = _git(Path(root), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    full = git(Path(root), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
     if full is None:
         return None
     try:
