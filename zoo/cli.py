@@ -226,6 +226,22 @@ def _add_data_parser(sub) -> None:
     p.set_defaults(func=cmd_data)
 
 
+def _claims_parser(sub) -> None:
+    p = sub.add_parser("claims", help="regenerate CLAIMS.md (the claims ledger) and tables/README.md from claims.yaml "
+                                      "and the committed tables/*/results.jsonl")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming the difference if the committed files are stale")
+    p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
+    p.add_argument("--untrained", nargs="+", metavar="TABLE",
+                   help="first evaluate the untrained models of the cells the ledger reads in these tables (rows "
+                        "made before rows recorded it) into tables/<TABLE>/untrained.json")
+    p.add_argument("--vouch", nargs="+", metavar="TABLE",
+                   help="first check whether the code changes since the rows of these tables' stale cells keep their "
+                        "numbers (the untrained models at the rows' commit and now) and record it in "
+                        "tables/<TABLE>/code_changes.json")
+    p.set_defaults(func=cmd_claims)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers",
@@ -283,19 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(func=cmd_table)
-    p = sub.add_parser("claims", help="regenerate CLAIMS.md (the claims ledger) and tables/README.md from claims.yaml "
-                                      "and the committed tables/*/results.jsonl")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 naming the difference if the committed files are stale")
-    p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
-    p.add_argument("--untrained", nargs="+", metavar="TABLE",
-                   help="first evaluate the untrained models of the cells the ledger reads in these tables (rows "
-                        "made before rows recorded it) into tables/<TABLE>/untrained.json")
-    p.add_argument("--vouch", nargs="+", metavar="TABLE",
-                   help="first check whether the code changes since the rows of these tables' stale cells keep their "
-                        "numbers (the untrained models at the rows' commit and now) and record it in "
-                        "tables/<TABLE>/code_changes.json")
-    p.set_defaults(func=cmd_claims)
+    _claims_parser(sub)
     _add_data_parser(sub)
     p = sub.add_parser("generate", help="continue a prompt with a trained language model (prefill, then step)")
     generate.configure_parser(p)
