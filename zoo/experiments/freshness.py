@@ -6,6 +6,8 @@ import, followed transitively (read from the code as it is now), with the hybrid
 the optimizer (``zoo/training/optim.py``: which parameters are decayed, the learning-rate schedule). The
 modules in :data:`INFRASTRUCTURE` (the mixer contract, option parsing, registries, backend dispatch) are left
 out: they compute no number of a row, and their changes are checked by the contract and kernel test suites.
+The training loop (batch order, clipping, how the schedule is stepped) is not part of a cell's code here, so
+a change there that alters the numbers is not flagged by this check.
 
 A file has *changed* since a row when its code differs between the row's commit (``versions.git``) and now,
 compared as syntax trees without docstrings and with the import statements sorted, so a change of wording,
