@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-#: the claims.yaml fields whose change gives a rule a new form
-RULE_FIELDS = ("rule", "cells")
+#: the claims.yaml fields whose change gives a rule a new form (what must have learned, and which step-0
+#: outcomes are accepted, decide a verdict as much as the conditions do)
+RULE_FIELDS = ("rule", "cells", "learned", "step0_ok")
 
 
 def git(root: Path, *args: str) -> str | None:
