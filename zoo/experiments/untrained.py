@@ -13,7 +13,6 @@ model from the row's resolved recipe) and evaluated by the end-of-run evaluation
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from ..model import HybridLM
 from ..recipes import recipe_mapping, resolve
 from ..tasks import Task
 from ..training.evaluation import resolve_device, test_metrics
+from .preregistration import git
 from .results import group_by_cell
 from .rows import read_rows
 
@@ -75,8 +75,7 @@ def write(root: Path, table: str, labels: set[str] | None = None, threads: int =
             seed = int(row["recipe"]["seed"])
             if seed not in found.get(label, {}):
                 found.setdefault(label, {})[seed] = untrained_metrics(row["recipe"])
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = (git(root, "rev-parse", "--short", "HEAD") or "").strip()
     path = path_of(root, table)
     cells = {label: {str(s): found[label][s] for s in sorted(found[label])} for label in sorted(found)}
     path.write_text(json.dumps({"commit": commit, "cells": cells}, indent=1, sort_keys=True) + "\n")
