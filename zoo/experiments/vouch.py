@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .freshness import CODE_PATHS, cell_staleness
+from .preregistration import git
 from .results import group_by_cell
 from .rows import read_rows
 
@@ -79,10 +80,6 @@ def compare(before: dict, after: dict) -> str:
     return KEEPS
 
 
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, dict]]:
     """``{row commit: {label: one row}}`` of the table's stale cells."""
     out: dict[str, dict[str, dict]] = {}
@@ -97,14 +94,17 @@ def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, d
 def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
     """Probe every stale cell of ``tables`` at its rows' commit and at the checkout, record the outcomes in
     each table's ``code_changes.json`` and return ``{table: {label: outcome}}``."""
-    head = _git(root, "rev-parse", "HEAD")
-    if _git(root, "status", "--porcelain", "--", *CODE_PATHS):
+    head = (git(root, "rev-parse", "HEAD") or "").strip()
+    if not head:
+        raise UserError("zoo claims --vouch: needs a git checkout with at least one commit")
+    if (git(root, "status", "--porcelain", "--", *CODE_PATHS) or "").strip():
         raise UserError("zoo claims --vouch: the code has uncommitted changes; commit them first, so that what is "
                         "vouched for is a commit")
     work = Path(tempfile.mkdtemp(prefix="zoo-vouch-"))
     found: dict[str, dict[str, str]] = {}
     try:
-        todo = {t: _stale_rows(root, t, load(root, t)) for t in tables}
+        records = {t: load(root, t) for t in tables}
+        todo = {t: _stale_rows(root, t, records[t]) for t in tables}
         jobs = [(commit, t, label, row) for t, by_commit in todo.items() for commit, rows in by_commit.items()
                 for label, row in rows.items()]
         now = iter(_run_probe(root, [row["recipe"] for *_, row in jobs]))  # the checkout, once for every cell
@@ -112,20 +112,19 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
         for commit in sorted({c for c, *_ in jobs}):
             mine = [(t, label, row) for c, t, label, row in jobs if c == commit]
             checkout = work / commit
-            try:
-                _git(root, "worktree", "add", "--detach", "--quiet", str(checkout), commit)
+            full = (git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}") or "").strip()
+            if full and git(root, "worktree", "add", "--detach", "--quiet", str(checkout), full) is not None:
                 before = _run_probe(checkout, [row["recipe"] for *_, row in mine])
-                full = _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}")
-            except subprocess.CalledProcessError:
+            else:
                 before, full = [{"error": f"commit {commit} is not in this history"}] * len(mine), commit
             for (table, label, _), b in zip(mine, before):
                 outcome = compare(b, after[(commit, table, label)])
                 found.setdefault(table, {})[label] = outcome
-                record = load(root, table)
-                record.setdefault(label, {})[full] = {"until": head, "outcome": outcome}
-                path_of(root, table).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+                records[table].setdefault(label, {})[full] = {"until": head, "outcome": outcome}
+            for table in {t for t, *_ in mine}:  # written after each commit, so an interrupted run keeps its probes
+                path_of(root, table).write_text(json.dumps(records[table], indent=1, sort_keys=True) + "\n")
         return found
     finally:
         for checkout in work.iterdir():
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(checkout)], capture_output=True)
+            git(root, "worktree", "remove", "--force", str(checkout))
         shutil.rmtree(work, ignore_errors=True)
