@@ -731,6 +731,13 @@ def table_estimates(root: Path, recipe_path: str, cells: dict[str, CellStats]) -
             "missing": missing, "n_missing": n_missing, "unmeasured": unmeasured, "stale": stale}
 
 
+def _committed(cells: dict, seeds: list[int], train: float) -> str:
+    """The "committed rows" column: cells, seeds per cell and training time, or that no row exists yet."""
+    if not cells:
+        return "no rows yet"
+    return f"{len(cells)} cells, {min(seeds)}-{max(seeds)} seeds, {_minutes(train)}"
+
+
 def render_tables(data: dict, root: Path) -> str:
     lines = [TABLES_HEADER.format(budget=TABLE_BUDGET_S // 60)]
     lines.append("| table | command | measured (README) | committed rows: cells, seeds per cell, train_seconds | "
@@ -750,7 +757,7 @@ def render_tables(data: dict, root: Path) -> str:
                  f"folder)" if est["stale"] else "")
         lines.append(
             f"| `tables/{table}` | `{command(data, table)}` | {_cell(spec.get('measured', ''))} | "
-            f"{len(cells)} cells, {min(seeds)}-{max(seeds)} seeds, {_minutes(train)} | "
+            f"{_committed(cells, seeds, train)} | "
             f"{est['cells']} x {len(est['seeds'])} ({', '.join(map(str, est['seeds']))}) = {est['runs']} | "
             f"{_minutes(est['total'])}{on}{unmeasured}{flag} | {est['n_missing']}, {_minutes(est['missing'])}{stale} |")
     for extra in data.get("other_tables") or []:
