@@ -6,6 +6,7 @@ say what it ran on and a cell can be re-run exactly. Versions come from the inst
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -31,13 +32,20 @@ def _version(dists: tuple[str, ...]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _git_commit() -> str | None:
+    """The checkout's commit, read once per process (see the call below the function)."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, timeout=5)
         return out.stdout.strip() or None
     except Exception:  # noqa: BLE001 - no git, not a checkout: the commit is simply unknown
         return None
+
+
+# read when the code is loaded, not when a row is written: a long run whose checkout moves on (a commit made
+# while it trains) still records the commit of the code it runs
+_git_commit()
 
 
 def cpu_name() -> str:

@@ -80,6 +80,28 @@ def test_a_rule_committed_before_its_rows_is_pre_registered_until_it_is_edited(t
     assert _claim(root).verdict == "reproduced, post hoc"
 
 
+@pytest.mark.parametrize("early_cell, post_hoc", [("b", False), ("a", True)])
+def test_only_the_cells_a_verdict_reads_decide_its_registration(tmp_path, early_cell, post_hoc):
+    # the verdict reads a; b is exploration: b's rows predating the rule do not make the verdict post hoc
+    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)},
+                           rule={"reproduced": ["a.test_accuracy >= 0.9"], "exploration": ["b.test_accuracy <= 0.2"]})
+    _git(root, "init", "-q")
+    path = root / "tables" / "t" / "results.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rule = (root / "claims.yaml").read_text()
+    (root / "claims.yaml").unlink()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["label"] == early_cell))
+    early = _commit(root, "the early cell's code")
+    (root / "claims.yaml").write_text(rule)
+    late = _commit(root, "the rule")
+    stamped = [{**r, "versions": {"git": early if r["label"] == early_cell else late}} for r in rows]
+    path.write_text("".join(json.dumps(r) + "\n" for r in stamped))
+    _commit(root, "rows")
+    claim = _claim(root)
+    assert claim.registration.post_hoc == post_hoc
+    assert claim.verdict == ("reproduced, post hoc" if post_hoc else "reproduced")
+
+
 def test_a_row_without_a_recorded_commit_cannot_show_pre_registration(tmp_path):
     root = _repo(tmp_path)
     _commit(root, "rule and rows together, rows without a commit")

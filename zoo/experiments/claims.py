@@ -425,7 +425,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
         if table not in step0:
             step0[table] = load_untrained(root, table)
         _check_step0(claim, step0[table], where)
-        claim.registration = registration(root, spec, [r for c in claim.cells.values() for r in c.rows])
+        claim.registration = registration(root, spec, [r for a in _judged_aliases(claim) for r in claim.cells[a].rows])
         if claim.registration.post_hoc and not claim.verdict.startswith("not tested"):
             claim.verdict += ", post hoc"
         claim.stale = _stale_cells(root, claim, tables[table], where)
@@ -470,6 +470,15 @@ def _vouched(table_spec: dict, where: str) -> dict:
         raise ClaimsError(f"{where}: its table's code_changes must map commits to the reason each change keeps the "
                           f"table's numbers")
     return vouched
+
+
+def _judged_aliases(claim: Claim) -> list[str]:
+    """The cells a verdict rests on: those its ``reproduced`` / ``partly`` conditions read and those that must
+    have learned. Exploration cells are shown, never judged, so their rows neither make a verdict post hoc
+    nor stale."""
+    read = {a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()}
+    read |= {parse_term(t, "learned").alias for t in claim.spec.get("learned") or []}
+    return sorted(read)
 
 
 def _stale_cells(root: Path, claim: Claim, table_spec: dict, where: str) -> list[Staleness]:

@@ -108,5 +108,7 @@ def registration(root: Path, spec: dict, rows: list[dict]) -> Registration:
     if early:
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, after the code of rows "
                                         f"computed at {', '.join(early)}")
+    if not row_commits:
+        return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}; no row yet")
     return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}, before every row it judges "
                                      f"({', '.join(row_commits)})")
