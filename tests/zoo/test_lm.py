@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import yaml
 import zoo
 from mixers import MIXERS
 from mixers.options import build_options
+from zoo.benchmark import loader
 from zoo.cli import main as zoo_main
 from zoo.config import Spec
 from zoo.data import prepare as prep
@@ -446,3 +449,14 @@ def test_a_prepared_folder_reads_back_as_shards(tmp_path):
     wrong = LanguageModeling(options(tmp_path, source="shards", path=str(files.folder), tokenizer="gpt2"))
     with pytest.raises(UserError, match="set task.tokenizer: bytes"):
         wrong.make("test", 0)
+
+
+def test_the_loader_benchmark_reports_both_rates_and_refuses_a_synthetic_task(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, {"source": "files", "path": str(random_corpus(tmp_path / "corpus") / "*.txt"),
+                                     "doc_separator": "\n\n", "val_fraction": 0.2, "seq_len": 16})
+    assert loader.main([recipe, "--seconds", "0.05", "--steps", "1"]) == 0
+    rates = re.findall(r"([\d,]+) tokens/s", capsys.readouterr().out)
+    assert len(rates) == 2 and all(int(r.replace(",", "")) > 0 for r in rates)
+    with pytest.raises(SystemExit) as stop:
+        loader.main([str(Path(__file__).parent / "recipes" / "tiny.yaml")])
+    assert stop.value.code == 2 and "needs a text task" in capsys.readouterr().err
