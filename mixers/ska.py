@@ -77,8 +77,7 @@ from .options import backend_opt, opt
 class SKA(Mixer):
     name = "ska"
     description = "Spectral Koopman Attention: closed-form ridge readout + whitened lag-one power filter"
-    state_formula = ("n_heads * (2 r'^2 + value_dim r' + r' + 1), r' = rank (key_lift none), rank/2 "
-                     "(cg_invariant), 3 rank/2 (cg)  (constant in T)")
+    state_formula = "n_heads * (2 r^2 + value_dim r + r + 1), r = lifted rank (see key_lift)  (constant in T)"
     uses_mask = True
     test_time_knobs = ("power",)
     #: chunk_size is part of the semantics (which statistics a query reads), not only a compute knob
