@@ -10,6 +10,8 @@ from mixers.key_lift import KEY_LIFTS
 from mixers.options import OptionError
 from mixers.ska import SKA
 from tests.kernels.harness import assert_rel_close, rel_err
+from tests.mixers import contract
+from tests.mixers.test_contract import BY_DTYPE, SIMPLE
 
 
 def make(d_model=32, **opts):
@@ -246,3 +248,17 @@ def test_is_causal_matches_what_the_outputs_do(mode, normalisation, lift):
     assert m.is_causal == (not leaks) == (m.non_causal_reason is None)
     if not m.is_causal:
         assert (mode if mode == "prefix" else normalisation) in m.non_causal_reason
+
+
+@pytest.mark.parametrize("lift", ["cg_invariant", "cg"])
+def test_the_contract_holds_with_a_key_lift(monkeypatch, lift):
+    """Every Mixer-contract check (tests/mixers/contract.py) on SKA's contract configuration with the lift."""
+    monkeypatch.setattr(SKA, "contract_options", {**SKA.contract_options, "key_lift": lift})
+    assert contract.make("ska").kernel_rank != SKA.contract_options["rank"]
+    for check in SIMPLE:
+        getattr(contract, f"check_{check}")("ska")
+    for check in BY_DTYPE:
+        for dtype in (torch.float32, torch.float64):
+            getattr(contract, f"check_{check}")("ska", dtype)
+    for case in contract.DEGENERATE:
+        contract.check_finite("ska", case)
