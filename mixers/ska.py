@@ -1,13 +1,31 @@
 """SKA: Spectral Koopman Attention (Sridhar & Johansen, "Echo: KV-Cache-Free Associative Recall with
 Spectral Koopman Operators", arXiv 2605.06997).
 
-Own projections from the residual stream, per head h (rank r, value dim P):
+Own projections from the residual stream, per head h (rank r, lifted rank r', value dim P):
 
-    q_t = W_q x_t, k_t = W_k x_t in R^r (orthogonal init per head),   v_t = W_v x_t in R^P (xavier)
+    q_t = phi(W_q x_t), k_t = phi(W_k x_t) in R^r' (W_q, W_k: r rows per head, orthogonal init),
+    v_t = W_v x_t in R^P (xavier)
     keys and queries divided by the key scale s (seq_max or running_max, see below)
     G = sum w_t k_t k_t^T + lambda I,   M = sum w_t w_{t+1} k_{t+1} k_t^T,   C = sum w_t v_t k_t^T
     L = chol(G),  A_w = L^{-1} M L^{-T},  A = clamp(gamma_h, 1, gamma_max) A_w / max(sigma(A_w), 1)
     y_t = C L^{-T} A^p L^{-1} q_t;       out = W_o (eta * concat_h y_t)   (W_o zero-init, eta init 1.5)
+
+``phi`` is the key lift (``key_lift``, :mod:`mixers.key_lift`; the Clebsch-Gordan lift of the paper's
+appendix "Clebsch-Gordan Invariant Lift"), applied alike to keys and queries after the projections, in
+``forward``, ``prefill`` and ``step``; with the even-odd pairs z_i = u_{2i} + i u_{2i+1} of u = W x (rank r):
+
+- ``none`` (default): phi(u) = u, r' = r;
+- ``cg_invariant``: phi(u) = (|z_i|^2)_i, r' = r/2 (unchanged when each pair is rotated by any angle);
+- ``cg``: phi(u) = (|z_i|^2)_i followed by the pairs (Re z_i^2, Im z_i^2), r' = 3r/2 (the invariant and
+  the second-harmonic channel, which rotates by twice a pair's angle).
+
+The lifts need an even ``rank``. The kernel sees only lifted features, so r' is the rank of G, M, C and of
+the decode state. The key scale s is computed from the lifted keys (s = max ||phi(k_t)||), so the lifted
+keys in the statistics have norm <= 1 exactly as unlifted ones do and ``ridge`` keeps its meaning. As phi
+is homogeneous of degree 2 (phi(c u) = c^2 phi(u)), dividing the lifted features by s equals dividing the
+projections by sqrt(s) before the lift; note ||phi(u)|| is not ||u||^2 (for ``cg_invariant`` it is
+(sum_i |z_i|^4)^(1/2), between ||u||^2 / sqrt(r/2) and ||u||^2; ``cg`` doubles its square), so s is not
+the square of the unlifted scale.
 
 ``w_t`` is the (batch, T) 0/1 ``mask`` given to ``forward`` (a prefix / "action" mask: only those
 tokens enter the statistics; queries are read at every position); without a mask w = 1.
@@ -27,8 +45,8 @@ sequence (non-causal). ``running_max``: the scale of a readout is the largest we
 the statistics it reads (causal). Because G, M, C are homogeneous in the keys, the state keeps the
 raw statistics and normalises at readout time, which makes the recurrent and chunked forms agree.
 
-Decoding (``step``), state ``G, M`` (r x r), ``C`` (P x r), previous weighted key (r), scale (1)
-per head = ``H (2 r^2 + P r + r + 1)`` floats, independent of T:
+Decoding (``step``), state ``G, M`` (r' x r'), ``C`` (P x r'), previous weighted key (r'), scale (1)
+per head = ``H (2 r'^2 + P r' + r' + 1)`` floats (r' the lifted rank), independent of T:
 
 - ``chunk_causal``: the per-token recurrence (the paper's streaming inference): read out from all
   tokens before this one, then add this one (decoded tokens have w = 1). Equals ``forward`` exactly
@@ -50,6 +68,7 @@ from torch import nn
 from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
 
 from .base import Mixer, State, register_mixer
+from .key_lift import KEY_LIFTS, key_lift, lifted_dim
 from .layers import compute_dtype, no_weight_decay
 from .options import backend_opt, opt
 
@@ -58,7 +77,7 @@ from .options import backend_opt, opt
 class SKA(Mixer):
     name = "ska"
     description = "Spectral Koopman Attention: closed-form ridge readout + whitened lag-one power filter"
-    state_formula = "n_heads * (2 rank^2 + value_dim rank + rank + 1)  (constant in T)"
+    state_formula = "n_heads * (2 r^2 + value_dim r + r + 1), r = lifted rank (see key_lift)  (constant in T)"
     uses_mask = True
     test_time_knobs = ("power",)
     #: chunk_size is part of the semantics (which statistics a query reads), not only a compute knob
@@ -85,6 +104,15 @@ class SKA(Mixer):
         power_iters: int = opt(6, "power-iteration steps for the spectral normalisation", at_least=1)
         eta_init: float = opt(1.5, "initial value of the learnable output scale eta (its sign is W_o's)", above=0.0)
         backend: str = backend_opt(BACKENDS)
+        key_lift: str = opt("none", "feature map of keys and queries before the kernel: none, cg_invariant "
+                                    "(|z_i|^2 of the even-odd pairs z_i, rank/2 features) or cg (those plus "
+                                    "z_i^2, 3 rank/2 features); the kernel's rank is the lifted one",
+                            choices=KEY_LIFTS, omit_at_default=True)
+
+        def __post_init__(self):
+            if self.key_lift != "none" and self.rank % 2:
+                raise ValueError(f"key_lift={self.key_lift!r} pairs key components (2i, 2i+1) and needs an even "
+                                 f"rank, got rank={self.rank}: use rank={self.rank + 1} or key_lift='none'")
 
     def __init__(self, d_model: int, options: "SKA.Options"):
         super().__init__(d_model, options)
@@ -94,6 +122,8 @@ class SKA(Mixer):
             raise ValueError(f"ska: d_model={d_model} is not divisible by n_heads={H}; set value_dim explicitly "
                              f"or choose n_heads that divides d_model")
         self.P = o.value_dim or d_model // H
+        #: the rank the kernel sees: the number of lifted features per head
+        self.kernel_rank = lifted_dim(r, o.key_lift)
         self.q_proj = nn.Linear(d_model, H * r, bias=False)
         self.k_proj = nn.Linear(d_model, H * r, bias=False)
         self.v_proj = nn.Linear(d_model, H * self.P, bias=False)
@@ -119,10 +149,17 @@ class SKA(Mixer):
     # --- helpers -------------------------------------------------------------------------------
     def _qkv(self, x):
         H, r = self.options.n_heads, self.options.rank
-        q = self.q_proj(x).unflatten(-1, (H, r))
-        k = self.k_proj(x).unflatten(-1, (H, r))
+        q = self._lift(self.q_proj(x).unflatten(-1, (H, r)))
+        k = self._lift(self.k_proj(x).unflatten(-1, (H, r)))
         v = self.v_proj(x).unflatten(-1, (H, self.P))
         return q, k, v
+
+    def _lift(self, u):
+        lift = self.options.key_lift
+        if lift == "none":
+            return u
+        # degree 2: square in the kernels' compute precision (fp32 for bf16 / fp16 projections)
+        return key_lift(u.to(compute_dtype(u.dtype)), lift)
 
     def _kw(self):
         o = self.options
@@ -149,7 +186,7 @@ class SKA(Mixer):
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         sdt = compute_dtype(dtype or torch.float32)
-        return ska_init_state(batch_size, self.options.n_heads, self.options.rank, self.P, device=device, dtype=sdt)
+        return ska_init_state(batch_size, self.options.n_heads, self.kernel_rank, self.P, device=device, dtype=sdt)
 
     def step(self, x_t, state):
         q, k, v = self._qkv(x_t)
@@ -157,7 +194,7 @@ class SKA(Mixer):
         return self._out(y).to(x_t.dtype), state
 
     def state_size(self, seq_len: int) -> int:
-        H, r, P = self.options.n_heads, self.options.rank, self.P
+        H, r, P = self.options.n_heads, self.kernel_rank, self.P
         return H * (2 * r * r + P * r + r + 1)
 
     # --- what the options make of it ---------------------------------------------------------
