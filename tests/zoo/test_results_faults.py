@@ -180,8 +180,9 @@ def test_an_invalid_test_time_value_is_refused_at_check(capsys):
 
 
 def _committed_first_rows():
+    # a table whose rule is committed before its run has an empty results.jsonl until the run
     return [pytest.param(json.loads(path.read_bytes().splitlines()[0]), id=path.parent.name)
-            for path in sorted((ROOT / "tables").glob("*/results.jsonl"))]
+            for path in sorted((ROOT / "tables").glob("*/results.jsonl")) if path.read_bytes().strip()]
 
 
 @pytest.mark.parametrize("row", _committed_first_rows())
