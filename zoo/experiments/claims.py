@@ -374,8 +374,7 @@ def _unlearned(claim: Claim, table_spec: dict, where: str) -> list[str]:
 
 def _judge(claim: Claim) -> None:
     """``claim.outcomes`` and ``claim.verdict`` by the claim's rule."""
-    read = sorted({a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()})
-    fewest = min(claim.cells[a].n for a in read)
+    fewest = min(claim.cells[a].n for a in _condition_aliases(claim))
     for kind, conds in claim.rule.items():
         claim.outcomes[kind] = [evaluate(c, claim.cells) for c in conds] if fewest else []
     if fewest < MIN_SEEDS:
@@ -472,13 +471,16 @@ def _vouched(table_spec: dict, where: str) -> dict:
     return vouched
 
 
+def _condition_aliases(claim: Claim) -> set[str]:
+    """The cells the ``reproduced`` / ``partly`` conditions read."""
+    return {a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()}
+
+
 def _judged_aliases(claim: Claim) -> list[str]:
-    """The cells a verdict rests on: those its ``reproduced`` / ``partly`` conditions read and those that must
-    have learned. Exploration cells are shown, never judged, so their rows neither make a verdict post hoc
-    nor stale."""
-    read = {a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()}
-    read |= {parse_term(t, "learned").alias for t in claim.spec.get("learned") or []}
-    return sorted(read)
+    """The cells a verdict rests on: those its conditions read and those that must have learned. Exploration
+    cells are shown, never judged, so their rows neither make a verdict post hoc nor stale."""
+    learned = {parse_term(t, "learned").alias for t in claim.spec.get("learned") or []}
+    return sorted(_condition_aliases(claim) | learned)
 
 
 def _stale_cells(root: Path, claim: Claim, table_spec: dict, where: str) -> list[Staleness]:
@@ -487,9 +489,8 @@ def _stale_cells(root: Path, claim: Claim, table_spec: dict, where: str) -> list
         return []
     vouched = _vouched(table_spec, where)
     probed = load_vouches(root, claim.spec["table"])
-    read = sorted({a for kind in VERDICT_KINDS for c in claim.rule[kind] for a in c.aliases()})
     out = []
-    for alias in read:
+    for alias in _judged_aliases(claim):
         cell = claim.cells[alias]
         if cell.rows:
             found = cell_staleness(root, cell.label, cell.rows, vouched, probed)
