@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 import resource
 import sys
@@ -37,7 +38,9 @@ TRIM_THRESHOLD = 1 << 30
 _tuned: bool | None = None
 
 
+@functools.lru_cache(maxsize=None)
 def _glibc():
+    """The C library when it is glibc (loaded once; every peak measurement calls ``malloc_trim``), else None."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
