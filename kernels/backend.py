@@ -14,13 +14,15 @@ with what to do instead.
   machines without a GPU.
 - Outside backends (:data:`OUTSIDE_BACKENDS`: ``flash_attn``, ``fla``, ``mamba_ssm``) are other
   projects' CUDA kernels, used as fast paths and oracles. They need CUDA tensors and their package,
-  and are imported lazily by the family only once chosen.
+  and are imported lazily by the family only once chosen. One a family marks unsupported for the
+  inputs (``unsupported=``) is passed over by ``auto`` and refused by name with the family's reason.
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import os
+import re
 
 import torch
 
@@ -74,6 +76,35 @@ def triton_usable_for(tensor: torch.Tensor) -> bool:
 def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
     """True when the outside ``backend`` can run on ``tensor`` (a CUDA tensor and the package imports)."""
     return tensor.is_cuda and package_importable(OUTSIDE_BACKENDS[backend][0])
+
+
+#: Triton versions that compile flash-linear-attention's gated ``chunk_bwd_dqkwg`` wrongly on Hopper GPUs
+FLA_HOPPER_BAD_TRITON = ((3, 4, 0), (3, 7, 1))
+
+
+def fla_gated_refusal(capability_major: int, triton_version: str, tilelang: bool) -> str | None:
+    """Why flash-linear-attention refuses the backward of its gated chunk kernels on this GPU, or None.
+
+    fla (0.6) raises in that backward on Hopper GPUs (compute capability 9.x) with Triton in
+    :data:`FLA_HOPPER_BAD_TRITON` (half-open), where the kernel compiles to wrong results, unless
+    tilelang is installed (fla then runs that kernel through tilelang).
+    """
+    version = tuple(int(x) for x in re.findall(r"\d+", triton_version)[:3])
+    low, high = FLA_HOPPER_BAD_TRITON
+    if capability_major != 9 or tilelang or not low <= version < high:
+        return None
+    return (f"flash-linear-attention refuses the backward of its gated kernels on a Hopper GPU with Triton "
+            f"{triton_version} (wrong results below 3.7.1); pip install 'triton>=3.7.1' or tilelang")
+
+
+def fla_gated_problem(tensor: torch.Tensor) -> str | None:
+    """:func:`fla_gated_refusal` for the device of ``tensor`` (None off CUDA or without Triton)."""
+    if not tensor.is_cuda or not triton_importable():
+        return None
+    import triton
+
+    major = torch.cuda.get_device_capability(tensor.device)[0]
+    return fla_gated_refusal(major, triton.__version__, package_importable("tilelang"))
 
 
 #: the order ``auto`` tries on a CUDA device: other projects' tuned kernels, ours, then PyTorch
@@ -135,4 +166,6 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
         raise BackendUnavailable(
             f"{op}: backend {backend!r} needs the {pip_name} package (pip install {pip_name}), which does not "
             f"import here; use backend='auto'")
+    if backend in OUTSIDE_BACKENDS and backend in (unsupported or {}):
+        raise BackendUnavailable(f"{op}: backend {backend!r}: {unsupported[backend]}; use backend='auto'")
     return backend

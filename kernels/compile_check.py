@@ -10,9 +10,9 @@ of an autotuned kernel — is compiled with ``triton.compile`` for each architec
 ships ``ptxas``). A launch fails when it does not compile or when its shared memory is above the
 architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
 launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD, the scans
-and the slots, the mixers' defaults for SKA (rank 32, power 2) and GKA (d 64, chunk 32), whose
-largest backward configurations (power 4 at rank 64, d 128 at chunk 64) take ptxas several minutes
-each;
+and the slots, SKA's largest tiles (rank 64, value dim 256, power 4) and its defaults (rank 32, power 2),
+GKA's defaults (d 64, chunk 32), whose largest backward configuration (d 128 at chunk 64) takes ptxas
+several minutes;
 ``--ci`` compiles one launch per kernel and argument types of the quick grid (every
 kernel in every dtype for both architectures, one configuration each: the test-suite's check);
 ``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
@@ -95,7 +95,10 @@ def _ssd(dt, quick):
 
 def _ska(dt, quick):
     from .ska.triton import ska_chain_triton
-    grid = ((32, 64, 64, 2),) if quick else [
+    # quick: the largest tiles first (rank 64, value dim 256, power 4: the backward's shared memory and
+    # spills peak there; one H100 run failed at rank 64, value dim 128 before the backward's token tile
+    # shrank with them), then the mixer's defaults
+    grid = ((64, 256, 64, 4), (32, 64, 64, 2)) if quick else [
         (r, P, cs, p) for r in (16, 32, 64) for P in HEAD_DIMS for cs in (32, 64, 128) for p in (1, 2, 3, 4)]
     for r, P, cs, p in grid:
         def run(r=r, P=P, cs=cs, p=p):

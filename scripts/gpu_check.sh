@@ -32,10 +32,14 @@ if [ "$DRY" = 0 ]; then
     python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device; use --dry-run')"
 fi
 run python -m pytest -q -m gpu
-run python -m pytest -q tests/kernels
+# (the rest of tests/kernels is the CPU suite: it runs Triton through the interpreter on CPU tensors, so it
+# belongs to a machine without CUDA or to TRITON_INTERPRET=1, not to this check)
 for d in $D_MODELS; do
+    # head dim 128 for the multi-head mixers (the delta-rule Triton kernels take at most 128)
+    heads=$(for m in attention deltanet gated_deltanet deltaproduct gla gka; do
+                echo -n "model.mixer_options.$m.n_heads=$((d / 128)) "; done)
     run python -m zoo bench --mixers "$MIXERS" --seq-lens "$SEQ_LENS" --batch 1 --dtype bf16 --device cuda \
-        --time-limit 60 --no-progress --out "$OUT/d$d" model.d_model="$d"
+        --time-limit 60 --no-progress --out "$OUT/d$d" model.d_model="$d" $heads
 done
 
 write_table() {  # write_table FILE DIR... : the bench.md of each DIR into FILE's gpu-bench block

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import fla_gated_problem, resolve_backend
 from ..common import full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
@@ -46,9 +46,13 @@ def delta_product(
     """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
-    wide = max(q.shape[-1], v.shape[-1]) > 128  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
-    which = resolve_backend(backend, q, op="delta_product", available=BACKENDS,
-                            unsupported={"triton": "head dims above 128"} if wide else None)
+    unsupported = {}
+    if max(q.shape[-1], v.shape[-1]) > 128:  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
+        unsupported["triton"] = "head dims above 128"
+    gated_fla = g is not None or q.dtype == torch.float32  # fp32 runs fla's gated rule (.outside)
+    if gated_fla and (problem := fla_gated_problem(q)):
+        unsupported["fla"] = problem
+    which = resolve_backend(backend, q, op="delta_product", available=BACKENDS, unsupported=unsupported)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)
     if which == "reference":
         return delta_product_reference(*args)

@@ -179,25 +179,28 @@ class ChunkOp(Operator):
         rho = (L - mu) / (L + mu)
         neg_decay = -self._decay(G)
         neg_lam = -lam.unsqueeze(-1)
-        Kt, H0t = K.transpose(-1, -2), H0.transpose(-1, -2)
         lead = K.shape[:-2]
         C = K.shape[-2]
         flat = lambda t: t.reshape(lead.numel(), *t.shape[len(lead):])  # noqa: E731  (bmm needs 3-d)
         Kf, Mf = flat(K), flat(self.mask)
-        Ktf, H0tf = flat(Kt).contiguous(), flat(H0t).contiguous()          # bmm is slower on transposed views
+        Ktf, H0tf = flat(K.transpose(-1, -2)).contiguous(), flat(H0.transpose(-1, -2)).contiguous()
         xi = flat(s * q)
         d = xi.clone()                                                     # xi_0 - xi_{-1}
         qf, neg_decay, neg_lam = flat(q), flat(neg_decay), flat(neg_lam)
+        # the per-system step weights of every iteration at once: (r, systems, C, 1)
+        omegas = torch.stack(omega_schedule(rho, r)).unsqueeze(-1).flatten(1, len(lead)) if r else None
+        momentum, step = (omegas - 1.0, flat(s) * omegas) if r else (None, None)
         P = xi.new_empty(xi.shape[0], C, C)
         res = torch.empty_like(xi)
-        for om in omega_schedule(rho, r):
-            om = flat(om.unsqueeze(-1))
+        for i in range(r):
+            # two bmm calls, not one on [K^T | H0^T]: the BLAS blocks a wider product differently, so its
+            # columns would not be bit-identical to these
             torch.bmm(xi, H0tf, out=res)
             torch.addcmul(qf, neg_decay, res, out=res)
             res.addcmul_(neg_lam, xi)
             torch.bmm(xi, Ktf, out=P).mul_(Mf)
             res.baddbmm_(P, Kf, alpha=-1.0)
-            d.mul_(om - 1.0).addcmul_(flat(s) * om, res)
+            d.mul_(momentum[i]).addcmul_(step[i], res)
             xi.add_(d)
         xi = xi.view(q.shape)
         return (xi, xi - d.view(q.shape)) if return_prev else xi

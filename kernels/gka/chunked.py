@@ -46,7 +46,9 @@ def chunk_states(K, V, G, H_init, U_init):
     to_end = (G[..., -1:] - G).exp().unsqueeze(-1)                       # e^{G_C - G_s}
     HUc = (torch.cat([K, V], dim=-1) * to_end).transpose(-1, -2) @ K      # (b, h, n, dk + dv, dk)
     starts, fin = chunk_scan(G[..., -1].exp(), HUc, torch.cat([H_init, U_init], dim=-2))
-    return starts[..., :dk, :], starts[..., dk:, :], fin[..., :dk, :], fin[..., dk:, :]
+    dv = HUc.shape[-2] - dk
+    # split, not slices: the backward of two slices zero-fills two full-size gradients; a split concatenates
+    return (*starts.split([dk, dv], dim=-2), *fin.split([dk, dv], dim=-2))
 
 
 def frob_norm_sq(H0, K, G, M=None):

@@ -9,7 +9,7 @@ Triton kernel of our own in this family, so on CUDA ``auto`` runs the chunked Py
 """
 from __future__ import annotations
 
-from ..backend import resolve_backend
+from ..backend import fla_gated_problem, resolve_backend
 from ..common import full_precision
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
@@ -23,7 +23,8 @@ BACKENDS = ("reference", "torch", "fla")
 @full_precision
 def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
-    chosen = resolve_backend(backend, q, op="gla", available=BACKENDS)
+    problem = fla_gated_problem(q)  # chunk_simple_gla's backward is a gated one
+    chosen = resolve_backend(backend, q, op="gla", available=BACKENDS, unsupported={"fla": problem} if problem else None)
     if chosen == "reference":
         return gla_reference(q, k, v, g, scale=scale, initial_state=initial_state)
     if chosen == "fla":

@@ -127,6 +127,27 @@ def _block_t(chunk_size: int) -> int:
     return min(64, _pow2(chunk_size)) if not triton_interpreting() else min(32, _pow2(chunk_size))
 
 
+def _block_t_backward(chunk_size: int, BR: int, BP: int) -> int:
+    """Tokens per step of the backward: it keeps six (r x r or P x r) matrices resident next to its token
+    tiles, so the token tile shrinks as they grow. Shared memory from Triton 3.7.1's compiler: r 64, P 128 at
+    64 tokens took 240 KB (power 2, 3 stages; over the 227 KB of an H100, where it failed), 144 KB at 32 tokens
+    (power 4, 1 stage); r 64, P 32 at 64 tokens 176 KB (over the 163 KB of sm_80); r 64, P 256 at 16 tokens
+    144 KB."""
+    tiles = BR * BP
+    if BR >= 128 or tiles > 8192:
+        cap = 16
+    elif BR >= 64 or tiles > 2048:
+        cap = 32
+    else:
+        cap = 64
+    return min(cap, _block_t(chunk_size))
+
+
+#: the backward's token loop gains little from multi-buffered loads next to its resident matrices, and
+#: each extra stage costs shared memory (r 64, P 128, 64 tokens: 240 KB at 3 stages, 192 KB at 1)
+BACKWARD_STAGES = 1
+
+
 class _SKAChain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Linv, A, C, q, power: int, chunk_size: int):
@@ -150,9 +171,9 @@ class _SKAChain(torch.autograd.Function):
         dy = dy.contiguous().float()
         dq = torch.empty_like(q)
         dli, da, dc = torch.empty_like(Linv), torch.empty_like(A), torch.empty_like(C)
-        BT = _block_t(ctx.chunk_size)
+        BR, BP = _pow2(R), _pow2(P)
         launch(_ska_chain_bwd_kernel, (N, B * H), q, Linv, A, C, dy, dq, dli, da, dc, T, H, N, ctx.chunk_size, R, P,
-                                          POW=ctx.power, BT=BT, BR=_pow2(R), BP=_pow2(P))
+               POW=ctx.power, BT=_block_t_backward(ctx.chunk_size, BR, BP), BR=BR, BP=BP, num_stages=BACKWARD_STAGES)
         return dli, da, dc, dq, None, None
 
 

@@ -56,6 +56,11 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
         raise ValueError(f"slot_memory: gamma must have shape (H,) = ({H},), got {tuple(gamma.shape)}")
     if num_slots < write_idx.shape[-1]:
         raise ValueError(f"slot_memory: K={write_idx.shape[-1]} exceeds num_slots={num_slots}")
+    named = {"write_idx": write_idx, "write_w": write_w, "read_idx": read_idx, "read_w": read_w, "v": v, "gamma": gamma}
+    elsewhere = [name for name, x in named.items() if x.device != v.device]
+    if elsewhere:
+        raise ValueError(f"slot_memory: {', '.join(elsewhere)} on another device than v ({v.device}); "
+                         "move every input to one device")
 
 
 @full_precision

@@ -70,3 +70,22 @@ def test_delta_and_ssd_refuse_sizes_above_a_blocks_shared_memory():
     with pytest.raises(ValueError, match="backend='mamba_ssm' or 'torch'"):
         ssd_triton(x[..., :64], dt, A, B, B)
     assert block_chunk(256, 64, 64) == 64 and block_chunk(32, 64, 64) == 32
+
+
+def test_fla_gated_backward_is_passed_over_on_hopper_with_an_old_triton(installed, monkeypatch):
+    """fla 0.6 raises in its gated backward on compute capability 9.x with Triton in [3.4.0, 3.7.1) unless
+    tilelang is installed (seen on an H100 with Triton 3.6.0): auto passes over fla there and a request by
+    name is refused with the fix, so a training step never reaches fla's error in its backward."""
+    assert kb.fla_gated_refusal(9, "3.6.0", tilelang=False) is not None
+    assert "triton>=3.7.1" in kb.fla_gated_refusal(9, "3.4.0", tilelang=False)
+    for major, version, tilelang in ((9, "3.7.1", False), (9, "3.3.1", False), (8, "3.6.0", False),
+                                     (10, "3.6.0", False), (9, "3.6.0", True), (9, "3.9.0+git1234", False)):
+        assert kb.fla_gated_refusal(major, version, tilelang) is None, (major, version, tilelang)
+    installed.add("fla")
+    monkeypatch.setattr(kb, "outside_usable_for", lambda backend, tensor: True)  # as on a CUDA tensor
+    fam = ("reference", "torch", "triton", "fla")
+    why = {"fla": kb.fla_gated_refusal(9, "3.6.0", False)}
+    assert kb.auto_choice(fam, cuda=True, unsupported=why)[0] == "triton"
+    with pytest.raises(kb.BackendUnavailable, match="fla.*Hopper.*use backend='auto'"):
+        kb.resolve_backend("fla", torch.zeros(1), op="delta_product", available=fam, unsupported=why)
+    assert kb.resolve_backend("fla", torch.zeros(1), op="delta_product", available=fam, unsupported=None) == "fla"

@@ -125,7 +125,7 @@ def test_gka(dtype):
 def test_slot_memory(dtype):
     """The launcher computes in fp32 whatever the input dtype (``full_precision``) and returns the input's."""
     B, T, H, M, K, dv = 1, 9, 2, 16, 3, 8
-    write_idx, read_idx = (torch.stack([torch.randperm(M)[:K] for _ in range(B * T * H)]).view(B, T, H, K)
+    write_idx, read_idx = (torch.stack([torch.randperm(M)[:K] for _ in range(B * T * H)]).view(B, T, H, K).to(DEVICE)
                            for _ in range(2))
     write_w, read_w = torch.rand(B, T, H, K) * 0.98 + 0.01, torch.rand(B, T, H, K)
     v, gamma = torch.randn(B, T, H, dv), torch.rand(H) * 1.5 + 0.25

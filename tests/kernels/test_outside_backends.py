@@ -13,15 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import BackendUnavailable, package_importable
+from kernels.backend import BackendUnavailable, fla_gated_problem, package_importable
 from kernels.delta import delta_product
 from kernels.delta.reference import delta_product_reference
 from kernels.gla import gla, gla_reference
 from kernels.ssd import ssd, ssd_reference
 from tests.kernels.harness import compare_backends
 
-# (fp32 tolerance, bf16 tolerance) on outputs / gradients relative to an fp64 reference
+# (output, gradient) tolerances relative to an fp64 reference
 TOL = {torch.float32: (2e-3, 5e-3), torch.bfloat16: (3e-2, 6e-2)}
+# fla's Triton kernels take fp32 dot products in TF32 on a GPU: its fp32 delta rule measured 2.7e-3 and 3.2e-3
+# on an H100 (T = 150, through the chunk's triangular solve)
+TOL_FLA_DELTA = {torch.float32: (1e-2, 2e-2), torch.bfloat16: TOL[torch.bfloat16]}
 
 
 def _ssd_inputs(b, T, H, P, N, dtype, device):
@@ -43,10 +46,21 @@ def test_ssd_mamba_ssm_matches_reference(dtype):
                      lambda *a: ssd_reference(*a[:5], initial_state=a[5]), ins, tol=tol, grad_tol=gtol)
 
 
+def _skip_where_fla_refuses(gated: bool):
+    """fla itself refuses its gated backward on some GPU / Triton pairs (kernels.backend.fla_gated_refusal);
+    the zoo then refuses the backend by name, which test_backend_auto checks on any machine."""
+    problem = fla_gated_problem(torch.empty(0, device="cuda"))
+    if gated and problem:
+        with pytest.raises(BackendUnavailable, match="Hopper"):
+            gla(*[torch.zeros(1, 2, 1, 4, device="cuda")] * 3, torch.zeros(1, 2, 1, device="cuda"), backend="fla")
+        pytest.skip(problem)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.gpu
 @pytest.mark.skipif(not package_importable("fla"), reason="flash-linear-attention not installed")
 def test_gla_fla_matches_reference(dtype):
+    _skip_where_fla_refuses(gated=True)
     tol, gtol = TOL[dtype]
     b, T, H, dk, dv = 2, 200, 4, 32, 48
     q, k = torch.randn(2, b, T, H, dk, device="cuda")
@@ -63,7 +77,8 @@ def test_gla_fla_matches_reference(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not package_importable("fla"), reason="flash-linear-attention not installed")
 def test_delta_fla_matches_reference(dtype, n, gate):
-    tol, gtol = TOL[dtype]
+    _skip_where_fla_refuses(gated=gate or dtype == torch.float32)
+    tol, gtol = TOL_FLA_DELTA[dtype]
     b, T, H, K, V = 2, 150, 4, 32, 32
     q = torch.randn(b, T, H, K, device="cuda")
     k = F.normalize(torch.randn(b, T * n, H, K, device="cuda"), dim=-1)

@@ -238,6 +238,22 @@ def test_triton_chain_matches_torch(B, T, H, r, P, cs, p):
 
 
 @needs_triton
+def test_triton_chain_backward_with_the_smallest_token_tile(monkeypatch):
+    """Large rank x value-dim tiles run the backward 16 tokens at a time (shared memory of a GPU block):
+    the gradients must not depend on the tile."""
+    import kernels.ska.triton as kt
+    assert kt._block_t_backward(64, 64, 256) == 16 and kt._block_t_backward(64, 64, 128) <= 32
+    assert kt._block_t_backward(8, 16, 16) <= 16
+    monkeypatch.setattr(kt, "_block_t_backward", lambda chunk_size, BR, BP: 16)
+    B, T, H, r, P, cs, p = 1, 50, 1, 16, 20, 32, 2
+    N = -(-T // cs)
+    mats = [torch.randn(B, N, H, r, r).tril(), torch.randn(B, N, H, r, r) * 0.3, torch.randn(B, N, H, P, r)]
+    compare_backends(lambda *a: ska_chain(*a, p, cs, backend="triton"),
+                     lambda L, A_, C_, q_: ska_chain_torch(L, A_, C_, q_, p, cs),
+                     [*mats, torch.randn(B, T, H, r)], tol=1e-5)
+
+
+@needs_triton
 def test_triton_backend_end_to_end():
     q, k, v, w = rand_inputs(1, 21, 2, 4, 5, dtype=torch.float32, masked=True)
     for mode, cs in (("chunk_causal", 4), ("prefix", 1)):

@@ -203,6 +203,8 @@ def test_bad_inputs_raise():
         slot_memory(wi.int(), ww, ri, rw, v, gamma, M)
     with pytest.raises(ValueError, match="write_w"):
         slot_memory(wi, ww[:, :2], ri, rw, v, gamma, M)
+    with pytest.raises(ValueError, match="read_idx on another device"):
+        slot_memory(wi, ww, ri.to("meta"), rw, v, gamma, M)
     with pytest.raises(ValueError, match="k=9"):
         kronecker_topk(torch.randn(2, 2), 9)
 
