@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from kernels.backend import OUTSIDE_BACKENDS, auto_choice, package_importable, triton_importable
+from kernels.backend import OUTSIDE_BACKENDS, auto_choice, fla_gated_problem, package_importable, triton_importable
 from kernels.compile_check import write_block
 from mixers import MIXERS
 
@@ -45,17 +45,34 @@ def extras() -> list[tuple[str, bool, str]]:
     return rows
 
 
+def cuda_fla_problem() -> str | None:
+    """Why flash-linear-attention refuses its gated backward on this machine's GPU, or None."""
+    return fla_gated_problem(torch.empty(0, device="cuda")) if torch.cuda.is_available() else None
+
+
+def _fla_unsupported(name: str, family: str, problem: str | None) -> dict | None:
+    """The families' own rule (kernels.gla, kernels.delta) for a mixer's default options in bf16: GLA always
+    runs fla's gated kernels, the delta family only with a forget gate."""
+    if problem is None or family not in ("gla", "delta"):
+        return None
+    if family == "delta" and not getattr(MIXERS.get(name).Options(), "use_forget_gate", True):
+        return None
+    return {"fla": problem}
+
+
 def mixer_rows(cuda: bool) -> list[tuple[str, str, str, str, str]]:
     """(mixer, family, auto's backend here, auto's backend on a CUDA device with these extras, why) per mixer."""
     rows = []
+    problem = cuda_fla_problem() if cuda else None
     for name in MIXERS.names():
         families = mixer_families(MIXERS.get(name))
         if not families:
             rows.append((name, "-", "torch", "torch", "no kernel family: plain PyTorch layers"))
         for family in families:
             available = family_backends(family)
-            here, skipped_here = auto_choice(available, cuda)
-            on_cuda, skipped = auto_choice(available, True)
+            unsupported = _fla_unsupported(name, family, problem)
+            here, skipped_here = auto_choice(available, cuda, unsupported)
+            on_cuda, skipped = auto_choice(available, True, unsupported)
             why = "; ".join(skipped) or "the fastest backend the family has"
             if not cuda:
                 why = f"CPU: the PyTorch path; on CUDA: {why}"

@@ -15,12 +15,30 @@ def test_doctor_reports_every_mixer(capsys):
         next(line for line in out.splitlines() if line.startswith("mixer"))) + 1:] if line.strip()}
     assert set(rows) == set(MIXERS.names())
     cuda = torch.cuda.is_available()
-    for fields in rows.values():
+    problem = doctor.cuda_fla_problem()
+    for name, fields in rows.items():
         family = fields[1]
         if family == "-":
             continue
         available = doctor.family_backends(family)
-        assert fields[2] == auto_choice(available, cuda)[0] and fields[3] == auto_choice(available, True)[0], fields
+        unsupported = doctor._fla_unsupported(name, family, problem)
+        assert fields[2] == auto_choice(available, cuda, unsupported)[0], fields
+        assert fields[3] == auto_choice(available, True, unsupported)[0], fields
+
+
+def test_doctor_reports_where_fla_refuses_its_gated_backward(monkeypatch):
+    """On a GPU where fla refuses its gated backward (kernels.backend.fla_gated_refusal), the report says
+    that auto runs our kernels for GLA and the gated delta rules, and still fla for the ungated one."""
+    import kernels.backend as kb
+    monkeypatch.setattr(kb, "package_importable", lambda module: module == "fla")
+    monkeypatch.setattr(doctor, "cuda_fla_problem", lambda: "fla refuses here")
+    rows = {(name, family): (on_cuda, why) for name, family, _, on_cuda, why in doctor.mixer_rows(cuda=True)}
+    assert rows["gated_deltanet", "delta"] == ("triton", "fla: fla refuses here")
+    assert rows["deltaproduct", "delta"][0] == "triton" and rows["gla", "gla"][0] == "torch"
+    assert rows["deltanet", "delta"][0] == "fla"
+    monkeypatch.setattr(doctor, "cuda_fla_problem", lambda: None)
+    rows = {(name, family): on_cuda for name, family, _, on_cuda, _ in doctor.mixer_rows(cuda=True)}
+    assert rows["gated_deltanet", "delta"] == rows["gla", "gla"] == "fla"
 
 
 def test_mixer_families_found_from_imports():
