@@ -32,8 +32,8 @@ if [ "$DRY" = 0 ]; then
     python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device; use --dry-run')"
 fi
 run python -m pytest -q -m gpu
-# (the rest of tests/kernels is the CPU suite: it runs Triton through the interpreter on CPU tensors, so it
-# belongs to a machine without CUDA or to TRITON_INTERPRET=1, not to this check)
+# (the rest of the suite is the CPU check: Triton through the interpreter on CPU tensors; on this machine
+# it runs with CUDA_VISIBLE_DEVICES= python -m pytest)
 for d in $D_MODELS; do
     # head dim 128 for the multi-head mixers (the delta-rule Triton kernels take at most 128)
     heads=$(for m in attention deltanet gated_deltanet deltaproduct gla gka; do
