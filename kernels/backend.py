@@ -112,15 +112,17 @@ AUTO_ORDER_CUDA = ("flash_attn", "fla", "mamba_ssm", "triton", "torch", "referen
 AUTO_ORDER_CPU = ("torch", "reference")
 
 
-def auto_choice(available, cuda: bool, unsupported: dict | None = None) -> tuple[str, list[str]]:
+def auto_choice(available, cuda: bool, unsupported: dict | None = None,
+                order: tuple | None = None) -> tuple[str, list[str]]:
     """What ``auto`` runs for a family implementing ``available``, on a CUDA device or not.
 
-    ``unsupported``: backend -> why it cannot take the current inputs (e.g. flash-attn and fp32).
+    ``unsupported``: backend -> why it cannot take the current inputs (e.g. flash-attn and fp32);
+    ``order``: the family's own CUDA order where it differs from :data:`AUTO_ORDER_CUDA` (a measured one).
     Returns ``(backend, reasons)``: one line for each faster backend passed over, saying why.
     """
     unsupported = unsupported or {}
     skipped = []
-    for name in AUTO_ORDER_CUDA if cuda else AUTO_ORDER_CPU:
+    for name in (order or AUTO_ORDER_CUDA) if cuda else AUTO_ORDER_CPU:
         if name not in available:
             continue
         if name in unsupported:
@@ -135,17 +137,18 @@ def auto_choice(available, cuda: bool, unsupported: dict | None = None) -> tuple
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS,
-                    unsupported: dict | None = None) -> str:
+                    unsupported: dict | None = None, order: tuple | None = None) -> str:
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
 
     ``available``: every backend the family implements (``auto`` need not be listed);
-    ``unsupported``: backend -> reason, backends ``auto`` must pass over for these inputs. Raises
+    ``unsupported``: backend -> reason, backends ``auto`` must pass over for these inputs; ``order``: the
+    family's CUDA order for ``auto`` (default :data:`AUTO_ORDER_CUDA`). Raises
     :class:`BackendUnavailable` with a message that says what to do instead.
     """
     if backend not in ALL_BACKENDS:
         raise ValueError(f"{op}: unknown backend {backend!r}; choose one of {', '.join(ALL_BACKENDS)}")
     if backend == "auto":
-        return auto_choice(available, tensor.is_cuda, unsupported)[0]
+        return auto_choice(available, tensor.is_cuda, unsupported, order)[0]
     if backend not in available:
         raise BackendUnavailable(
             f"{op}: backend {backend!r} is not implemented; available: {', '.join(a for a in available if a != 'auto')}"

@@ -38,6 +38,11 @@ def family_backends(family: str) -> tuple:
     return tuple(getattr(module, "BACKENDS", _DEFAULT_BACKENDS))
 
 
+def family_order(family: str) -> tuple | None:
+    """The family's own CUDA order for ``auto``, or None for :data:`kernels.backend.AUTO_ORDER_CUDA`."""
+    return getattr(importlib.import_module(f"kernels.{family}"), "AUTO_ORDER_CUDA", None)
+
+
 def extras() -> list[tuple[str, bool, str]]:
     """(what, installed, how to install) for Triton and every outside backend's package."""
     rows = [("triton", triton_importable(), "pip install triton")]
@@ -71,8 +76,9 @@ def mixer_rows(cuda: bool) -> list[tuple[str, str, str, str, str]]:
         for family in families:
             available = family_backends(family)
             unsupported = _fla_unsupported(name, family, problem)
-            here, skipped_here = auto_choice(available, cuda, unsupported)
-            on_cuda, skipped = auto_choice(available, True, unsupported)
+            order = family_order(family)
+            here, skipped_here = auto_choice(available, cuda, unsupported, order)
+            on_cuda, skipped = auto_choice(available, True, unsupported, order)
             why = "; ".join(skipped) or "the fastest backend the family has"
             if not cuda:
                 why = f"CPU: the PyTorch path; on CUDA: {why}"

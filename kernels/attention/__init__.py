@@ -1,7 +1,8 @@
 """Causal multi-head softmax attention, one function with several backends.
 
 - ``reference``: the explicit T x T formula (:mod:`kernels.attention.reference`);
-- ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` (the CPU default);
+- ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` (the CPU default, and on CUDA without
+  flash-attn: :data:`AUTO_ORDER_CUDA`);
 - ``triton``: our flash-style kernel (online softmax, no T x T matrix), forward and backward;
 - ``flash_attn``: the flash-attn package, when it imports on CUDA (an outside backend and oracle).
 
@@ -20,6 +21,11 @@ __all__ = ["BACKENDS", "attention", "attention_reference", "flash_attn_available
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "flash_attn")
+
+#: ``auto`` on CUDA: PyTorch's scaled_dot_product_attention (a FlashAttention kernel inside PyTorch) before
+#: our Triton kernel, which took 1.5x its forward+backward time on an H100 (bf16, head dim 128, T = 4K-64K;
+#: BENCHMARKS.md, "GPU numbers")
+AUTO_ORDER_CUDA = ("flash_attn", "torch", "triton", "reference")
 
 
 def flash_attn_available() -> bool:
@@ -50,7 +56,8 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
-    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS, unsupported=_unsupported(q, k, v))
+    chosen = resolve_backend(backend, q, op="attention", available=BACKENDS, unsupported=_unsupported(q, k, v),
+                             order=AUTO_ORDER_CUDA)
     if chosen == "flash_attn":
         from flash_attn import flash_attn_func
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)

@@ -30,22 +30,27 @@ def test_cpu_never_picks_cuda_backends(installed):
     assert kb.resolve_backend("auto", torch.zeros(1), op="x", available=("reference", "torch", "triton", "fla")) == "torch"
 
 
-def test_attention_passes_over_flash_attn_for_fp32(installed, monkeypatch):
-    """The family marks flash-attn unsupported for fp32, so auto on CUDA falls to Triton (checked on a fake CUDA tensor)."""
+def test_attention_passes_over_flash_attn_for_fp32_and_prefers_sdpa_to_triton(installed, monkeypatch):
+    """The family marks flash-attn unsupported for fp32, so auto on CUDA falls to PyTorch's SDPA, which the
+    family's own order puts before our Triton kernel (checked on a fake CUDA tensor)."""
     import kernels.attention as att
     installed.add("flash_attn")
     seen = {}
 
-    def fake_resolve(backend, tensor, op, available, unsupported=None):
+    def fake_resolve(backend, tensor, op, available, unsupported=None, order=None):
         seen["unsupported"] = unsupported
-        return kb.auto_choice(available, True, unsupported)[0]
+        return kb.auto_choice(available, True, unsupported, order)[0]
     monkeypatch.setattr(att, "resolve_backend", fake_resolve)
     monkeypatch.setattr(att, "_sdpa", lambda *a: "torch")
     monkeypatch.setattr(att, "attention_reference", lambda *a, **k: "reference")
     import kernels.attention.triton as att_triton
     monkeypatch.setattr(att_triton, "attention_triton", lambda *a, **k: "triton")
     q = torch.zeros(1, 4, 1, 8)
-    assert att.attention(q, q, q) == "triton" and "flash_attn" in seen["unsupported"]
+    assert att.attention(q, q, q) == "torch" and "flash_attn" in seen["unsupported"]
+    assert kb.auto_choice(att.BACKENDS, True, order=att.AUTO_ORDER_CUDA) == ("flash_attn", [])
+    installed.clear()
+    assert kb.auto_choice(att.BACKENDS, True, order=att.AUTO_ORDER_CUDA)[0] == "torch"
+    assert kb.auto_choice(("reference", "torch", "triton"), True)[0] == "triton"  # the default order elsewhere
 
 
 def test_fp32_attention_above_head_dim_128_is_refused_and_auto_passes_over_triton():

@@ -22,8 +22,9 @@ def test_doctor_reports_every_mixer(capsys):
             continue
         available = doctor.family_backends(family)
         unsupported = doctor._fla_unsupported(name, family, problem)
-        assert fields[2] == auto_choice(available, cuda, unsupported)[0], fields
-        assert fields[3] == auto_choice(available, True, unsupported)[0], fields
+        order = doctor.family_order(family)
+        assert fields[2] == auto_choice(available, cuda, unsupported, order)[0], fields
+        assert fields[3] == auto_choice(available, True, unsupported, order)[0], fields
 
 
 def test_doctor_reports_where_fla_refuses_its_gated_backward(monkeypatch):
