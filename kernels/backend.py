@@ -7,7 +7,8 @@ with what to do instead.
 - ``auto`` (:func:`auto_choice`): on a CUDA device the fastest correct backend the family has, in the
   order of :data:`AUTO_ORDER_CUDA`: another project's tuned CUDA kernels when their package imports and
   the family does not mark them unsupported for these inputs, then our Triton kernels, then the
-  chunked PyTorch path; on a CPU the chunked PyTorch path (``torch``), or ``reference`` for a family
+  chunked PyTorch path (a family may give its own, measured order: attention runs PyTorch's SDPA before
+  our Triton kernel); on a CPU the chunked PyTorch path (``torch``), or ``reference`` for a family
   without one.
 - ``triton`` on a CPU tensor is allowed only under the Triton interpreter (``TRITON_INTERPRET=1``
   set before the first kernel is defined), which is how the test-suite checks the kernels on
