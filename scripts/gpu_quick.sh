@@ -2,9 +2,10 @@
 # The short form of scripts/gpu_check.sh for a GPU held only a few minutes: the GPU-marked tests (in
 # parallel, each under a time limit) and one bf16 `zoo bench` sweep of every Triton kernel next to its
 # outside counterpart where one is installed (torch SDPA for attention, flash-linear-attention for the
-# delta rules and GLA), written into OUTDIR (default results/gpu-quick): tests.txt, bench/bench.{json,md,csv}.
+# delta rules and GLA), written into OUTDIR (default results/gpu-quick): tests.txt, tests-fla.txt,
+# bench/bench.{json,md,csv}.
 #
-#   scripts/gpu_quick.sh [OUTDIR]          # SEQ_LENS, D_MODEL, BATCH, TEST_SECONDS, BENCH_SECONDS override
+#   scripts/gpu_quick.sh [OUTDIR]   # SEQ_LENS, D_MODEL, BATCH, TEST_SECONDS, FLA_SECONDS, BENCH_SECONDS, WITH_FLA
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-results/gpu-quick}"
@@ -39,9 +40,16 @@ xdist=""
 python3 -c "import xdist" 2>/dev/null && xdist="-n 12"
 tmo=""
 python3 -c "import pytest_timeout" 2>/dev/null && tmo="--timeout 150"
-echo "+ pytest -m gpu $xdist $tmo"
-# SIGINT at the limit, so that pytest still prints the failures of the tests that finished
-timeout -s INT "$TEST_SECONDS" python3 -m pytest -v -m gpu $xdist $tmo -p no:cacheprovider -p no:benchmark -rfE --tb=short 2>&1 | tee "$OUT_DIR/tests.txt" | grep -v '^\[gw' | tail -70
+# our kernels first, then the outside-library comparisons (flash-linear-attention autotunes at its first
+# call, minutes on a fresh machine); SIGINT at each limit, so that pytest still prints the failures of the
+# tests that finished
+FLA_SECONDS="${FLA_SECONDS:-$((TEST_SECONDS / 3))}"
+for part in "not fla:$((TEST_SECONDS - FLA_SECONDS)):tests.txt" "fla:$FLA_SECONDS:tests-fla.txt"; do
+    IFS=: read -r select seconds log <<< "$part"
+    echo "+ pytest -m gpu -k '$select' $xdist $tmo (at most $seconds s)"
+    timeout -s INT "$seconds" python3 -m pytest -v -m gpu -k "$select" $xdist $tmo -p no:cacheprovider \
+        -p no:benchmark -rfE --tb=short 2>&1 | tee "$OUT_DIR/$log" | grep -v '^\[gw' | tail -40
+done
 
 echo "+ zoo bench d_model $D_MODEL, T = $SEQ_LENS, batch $BATCH, bf16"
 timeout "$BENCH_SECONDS" python3 -m zoo bench --mixers "$MIXERS" --seq-lens "$SEQ_LENS" --batch "$BATCH" --dtype bf16 \
