@@ -102,10 +102,23 @@ def fla_gated_problem(tensor: torch.Tensor) -> str | None:
     """:func:`fla_gated_refusal` for the device of ``tensor`` (None off CUDA or without Triton)."""
     if not tensor.is_cuda or not triton_importable():
         return None
+    return _fla_gated_problem_on(tensor.get_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _fla_gated_problem_on(device_index: int) -> str | None:
+    """Once per device: every call of a family's function asks (its hot path)."""
     import triton
 
-    major = torch.cuda.get_device_capability(tensor.device)[0]
+    major = torch.cuda.get_device_capability(device_index)[0]
     return fla_gated_refusal(major, triton.__version__, package_importable("tilelang"))
+
+
+def fla_unsupported(tensor: torch.Tensor, runs_gated: bool) -> dict:
+    """``{"fla": why}`` when fla would refuse these inputs' backward (``runs_gated``: the family's
+    ``fla_runs_gated`` for them), else ``{}``: an ``unsupported=`` entry for :func:`resolve_backend`."""
+    problem = fla_gated_problem(tensor) if runs_gated else None
+    return {"fla": problem} if problem else {}
 
 
 #: the order ``auto`` tries on a CUDA device: other projects' tuned kernels, ours, then PyTorch

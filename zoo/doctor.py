@@ -56,13 +56,12 @@ def cuda_fla_problem() -> str | None:
 
 
 def _fla_unsupported(name: str, family: str, problem: str | None) -> dict | None:
-    """The families' own rule (kernels.gla, kernels.delta) for a mixer's default options in bf16: GLA always
-    runs fla's gated kernels, the delta family only with a forget gate."""
-    if problem is None or family not in ("gla", "delta"):
+    """The family's own rule (its ``fla_runs_gated``) for the mixer's default options in bf16."""
+    runs_gated = getattr(importlib.import_module(f"kernels.{family}"), "fla_runs_gated", None)
+    if problem is None or runs_gated is None:
         return None
-    if family == "delta" and not getattr(MIXERS.get(name).Options(), "use_forget_gate", True):
-        return None
-    return {"fla": problem}
+    gated = getattr(MIXERS.get(name).Options(), "use_forget_gate", True)
+    return {"fla": problem} if runs_gated(torch.bfloat16, gated) else None
 
 
 def mixer_rows(cuda: bool) -> list[tuple[str, str, str, str, str]]:

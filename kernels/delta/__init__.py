@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import fla_gated_problem, resolve_backend
+from ..backend import fla_unsupported, resolve_backend
 from ..common import full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
 
-__all__ = ["BACKENDS", "delta_product", "delta_rule", "delta_product_step", "householder_transition"]
+__all__ = ["BACKENDS", "delta_product", "delta_rule", "fla_runs_gated", "delta_product_step", "householder_transition"]
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "fla")
+
+
+def fla_runs_gated(dtype: torch.dtype, gated: bool) -> bool:
+    """Whether the ``fla`` backend runs fla's gated kernels: with a forget gate, and in fp32, which takes
+    fla's gated rule with a zero gate (:mod:`.outside`)."""
+    return gated or dtype == torch.float32
 
 
 @full_precision
@@ -49,9 +55,7 @@ def delta_product(
     unsupported = {}
     if max(q.shape[-1], v.shape[-1]) > 128:  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
         unsupported["triton"] = "head dims above 128"
-    gated_fla = g is not None or q.dtype == torch.float32  # fp32 runs fla's gated rule (.outside)
-    if gated_fla and (problem := fla_gated_problem(q)):
-        unsupported["fla"] = problem
+    unsupported.update(fla_unsupported(q, fla_runs_gated(q.dtype, g is not None)))
     which = resolve_backend(backend, q, op="delta_product", available=BACKENDS, unsupported=unsupported)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)
     if which == "reference":

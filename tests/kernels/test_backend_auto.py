@@ -94,3 +94,9 @@ def test_fla_gated_backward_is_passed_over_on_hopper_with_an_old_triton(installe
     with pytest.raises(kb.BackendUnavailable, match="fla.*Hopper.*use backend='auto'"):
         kb.resolve_backend("fla", torch.zeros(1), op="delta_product", available=fam, unsupported=why)
     assert kb.resolve_backend("fla", torch.zeros(1), op="delta_product", available=fam, unsupported=None) == "fla"
+    # which inputs run fla's gated kernels: each family's own rule, which zoo doctor reads too
+    import kernels.delta as delta
+    import kernels.gla as gla
+    assert not delta.fla_runs_gated(torch.bfloat16, gated=False) and delta.fla_runs_gated(torch.float32, gated=False)
+    assert delta.fla_runs_gated(torch.bfloat16, gated=True) and gla.fla_runs_gated(torch.bfloat16, gated=False)
+    assert kb.fla_unsupported(torch.zeros(1), runs_gated=True) == {}  # off CUDA fla is refused elsewhere
