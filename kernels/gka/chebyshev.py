@@ -187,9 +187,10 @@ class ChunkOp(Operator):
         xi = flat(s * q)
         d = xi.clone()                                                     # xi_0 - xi_{-1}
         qf, neg_decay, neg_lam = flat(q), flat(neg_decay), flat(neg_lam)
-        # the per-system step weights of every iteration at once: (r, systems, C, 1)
-        omegas = torch.stack(omega_schedule(rho, r)).unsqueeze(-1).flatten(1, len(lead)) if r else None
-        momentum, step = (omegas - 1.0, flat(s) * omegas) if r else (None, None)
+        weights = [flat(om.unsqueeze(-1)) for om in omega_schedule(rho, r)]
+        if weights:  # the step weights of every iteration at once, (r, systems, C, 1): omega_i - 1, s omega_i
+            omegas = torch.stack(weights)
+            momentum, step = omegas - 1.0, flat(s) * omegas
         P = xi.new_empty(xi.shape[0], C, C)
         res = torch.empty_like(xi)
         for i in range(r):
