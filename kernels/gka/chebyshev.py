@@ -128,15 +128,18 @@ class ChunkOp(Operator):
     One instance per solve: it holds the causal decay mask ``M`` of that solve's ``G`` (computed once),
     which every one of the ~2 r matvecs of the solve reuses. :meth:`vjp`'s ``dG`` includes the mask's
     dependence on ``G``; with ``grad="autograd"`` (unrolled) the mask must carry its graph
-    (``ChunkOp(decay_mask(G))``). ``decay`` (``e^G`` unsqueezed) and ``kh`` (``[K^T | H0^T]``) are
-    likewise computed once per solve.
+    (``ChunkOp(decay_mask(G))``). ``decay`` (``e^G`` unsqueezed) is likewise computed once per solve, and
+    ``kh`` (``[K^T | H0^T]``, given, or built at the first :meth:`matvec` when ``fuse``) once per operator:
+    the rearranged Chebyshev loop (:meth:`chebyshev`) and :meth:`vjp` never read it.
     :meth:`for_params` builds a detached operator.
     """
 
-    def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None, kh: torch.Tensor | None = None):
+    def __init__(self, mask: torch.Tensor, decay: torch.Tensor | None = None, kh: torch.Tensor | None = None,
+                 fuse: bool = False):
         self.mask = mask
         self.decay = decay  # e^{G} (b, h, n, C, 1), or None to compute it from G at every use
         self.kh = kh        # [K^T | H0^T] (b, h, n, d, C + d): one matmul gives Xi K^T and Xi H0^T
+        self.fuse = fuse    # build kh from the parameters at the first matvec
 
     #: elements of one (C, max(C, d)) operand of a block of systems: every operand of a block's matvec
     #: then stays in a core's L2 cache for the whole iteration (about 3x faster than streaming all
@@ -162,7 +165,7 @@ class ChunkOp(Operator):
         out = []
         for i in range(0, n_sys, size):
             r = slice(i, min(i + size, n_sys))
-            op = ChunkOp(maskf[r], None if decayf is None else decayf[r], None if khf is None else khf[r])
+            op = ChunkOp(maskf[r], None if decayf is None else decayf[r], None if khf is None else khf[r], self.fuse)
             out.append((op, (H0f[r], Kf[r], Gf[r], lamf[r]), qf[r], muf[r], Lf[r], r))
         return out
 
@@ -216,6 +219,8 @@ class ChunkOp(Operator):
 
     def matvec(self, params, xi):
         H0, K, G, lam = params
+        if self.kh is None and self.fuse:
+            self.kh = torch.cat([K.transpose(-1, -2), H0.transpose(-1, -2)], dim=-1)
         if self.kh is None:
             xk, xh = xi @ K.transpose(-1, -2), xi @ H0.transpose(-1, -2)
         else:

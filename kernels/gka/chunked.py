@@ -131,7 +131,7 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
         elif solve_fn is not None:
             X = _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
-            op = ChunkOp(M, G.exp().unsqueeze(-1), torch.cat([K.transpose(-1, -2), H0.transpose(-1, -2)], dim=-1))
+            op = ChunkOp(M, G.exp().unsqueeze(-1), fuse=True)
             X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
