@@ -51,7 +51,8 @@ Conventions and deviations (documented on purpose):
   rounding error grows like ``R^{-i}``; we recompute the (scalar per system) forward schedule instead.
   :func:`omega_schedule_reversed` implements Eq. (47) for comparison.
 - ``"cg"`` is textbook conjugate gradients from ``x_0 = 0`` (as MesaNet's chunked CG), with a
-  breakdown guard (a zero denominator gives a zero step, not NaN).
+  breakdown guard (a zero denominator gives a zero step, not NaN); a system stops once its residual is
+  below the dtype's rounding (``eps ||q||``), so that unrolled gradients stay finite.
 """
 from __future__ import annotations
 
@@ -292,21 +293,27 @@ def chebyshev_iterate(matvec, q, mu, L, r: int, return_prev: bool = False):
 
 
 def cg_iterate(matvec, q, r: int):
-    """``r`` conjugate-gradient iterations from ``x_0 = 0`` (breakdown-guarded: 0/0 steps are 0)."""
+    """``r`` conjugate-gradient iterations from ``x_0 = 0`` (breakdown-guarded: 0/0 steps are 0).
+
+    A system stops once its squared residual is at most ``eps^2 ||q||^2`` (``eps`` of ``q``'s dtype): its
+    later steps would only fit rounding, and backpropagating through them (``grad="autograd"``) divides by
+    squares of residuals that underflow, which turned gradients into NaN in fp32.
+    """
     x = torch.zeros_like(q)
     res = q.clone()
     p = res.clone()
     delta = (res * res).sum(-1, keepdim=True)
+    converged = delta.detach() * torch.finfo(q.dtype).eps ** 2
     for _ in range(r):
+        live = delta > converged
         Ap = matvec(p)
         den = (p * Ap).sum(-1, keepdim=True)
-        ok = den > 0
+        ok = live & (den > 0)
         a = torch.where(ok, delta / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
         x = x + a * p
         res = res - a * Ap
         delta_new = (res * res).sum(-1, keepdim=True)
-        okd = delta > 0
-        beta = torch.where(okd, delta_new / torch.where(okd, delta, torch.ones_like(delta)), torch.zeros_like(delta))
+        beta = torch.where(live, delta_new / torch.where(live, delta, torch.ones_like(delta)), torch.zeros_like(delta))
         p = res + beta * p
         delta = delta_new
     return x

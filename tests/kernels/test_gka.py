@@ -316,6 +316,22 @@ def test_chunked_matches_reference_all_solvers(solver, grad):
         assert_rel_close(a, b, 1e-9, f"d{name}")
 
 
+def test_cg_autograd_gradients_stay_finite_in_fp32_after_convergence():
+    """Unrolled CG in fp32, run past convergence (30 steps on systems of 8 and 32 unknowns, padded chunks):
+    a converged system's later steps divide by a residual that underflows, and backpropagating through them
+    gave NaN for most of dq and dk. The gradients must be finite and agree with the exact solve's (fp64)."""
+    for d, T in ((8, 37), (32, 64)):
+        inputs = make_inputs(1, T, 2, d)
+        w = torch.randn(1, T, 2, d, dtype=torch.float64)
+        _, g_exact = grads_of(lambda *a: gka_chunked(*a, chunk_size=16, solver="exact")[0], inputs, w)
+        inputs32, w32 = [t.float() for t in inputs], w.float()
+        _, g_cg = grads_of(lambda *a: gka_chunked(*a, chunk_size=16, solver="cg", grad="autograd",
+                                                  num_iter=30)[0], inputs32, w32)
+        for name, a, b in zip("q k v g alpha".split(), g_cg, g_exact):
+            assert torch.isfinite(a).all(), f"d={d}: d{name} has {int((~torch.isfinite(a)).sum())} non-finite entries"
+            assert rel_err(a.double(), b) < 1e-3, f"d={d}: d{name} {rel_err(a.double(), b):.1e}"
+
+
 def test_initial_state_step_and_split_sequences():
     q, k, v, g, alpha = make_inputs(2, 30, 2, 8)
     o_full, (H_full, U_full) = gka_chunked(q, k, v, g, alpha, chunk_size=8)
