@@ -390,17 +390,24 @@ def test_triton_matches_reference(grad, r, tol):
 
 @needs_triton
 def test_triton_reverse_chebyshev_30_iterations_fp32():
-    """At r = 30, kappa <= 51, reversing the iteration in fp32 amplifies rounding (observed dk error
-    1e-3..5e-3 vs the fp64 unrolled gradient, the same as the PyTorch reverse in fp32); every other
-    gradient stays at fp32 level."""
+    """At r = 30 (kappa <= 51), reversing the iteration in fp32 amplifies rounding into dk, and the
+    amplification depends on the draw: over 300 single-head draws the Triton dk error against the fp64
+    unrolled gradient had median 1.8e-3, 90th percentile 9.6e-3 and maximum 5.2e-2 (the PyTorch reverse
+    in fp32: 1.1e-3, 7.0e-3, 3.4e-2). So dk is judged by its median over nine independent heads, which
+    a wrong gradient fails at every head; every other gradient stays at fp32 level."""
     from kernels.gka.triton import gka_triton
-    inputs = make_inputs(1, 32, 1, 16, dtype=torch.float32)
-    w = torch.randn(1, 32, 1, 16, dtype=torch.float64)
+    heads = 9
+    inputs = make_inputs(1, 32, heads, 16, dtype=torch.float32)
+    w = torch.randn(1, 32, heads, 16, dtype=torch.float64)
     o_t, g_t = grads_of(lambda *a: gka_triton(*a, chunk_size=16, grad="reverse_chebyshev")[0], inputs, w.float())
     o_r, g_r = grads_of(lambda *a: gka_reference(*a, grad="autograd")[0], [t.double() for t in inputs], w)
     assert_rel_close(o_t, o_r, 1e-5, "output")
     for name, a, b in zip("q k v g alpha".split(), g_t, g_r):
-        assert_rel_close(a, b, 3e-2 if name in ("k", "g") else 1e-4, f"d{name}")
+        if name == "k":
+            errors = torch.tensor([rel_err(a[:, :, h], b[:, :, h]) for h in range(heads)])
+            assert errors.median() <= 1.5e-2, f"dk: per-head relative errors {errors.tolist()}"
+        else:
+            assert_rel_close(a, b, 1e-2 if name == "g" else 1e-4, f"d{name}")
 
 
 @needs_triton
@@ -410,8 +417,9 @@ def test_triton_backend_dispatch():
     if not triton_usable_for(q):
         pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
     o, _ = gka(q, k, v, g, alpha, chunk_size=16, num_iter=10, backend="triton")
-    o_ref, _ = gka(q, k, v, g, alpha, num_iter=10, backend="reference")
-    assert_rel_close(o, o_ref, 1e-5, "backend=triton")
+    # against fp64: over 300 draws the fp32 kernel's error had 99th percentile 5e-6 and maximum 1e-5
+    o_ref, _ = gka(*[t.double() for t in (q, k, v, g, alpha)], num_iter=10, backend="reference")
+    assert_rel_close(o, o_ref, 5e-5, "backend=triton")
     with pytest.raises(BackendUnavailable, match="power of two"):
         gka(q, k, v, g, alpha, chunk_size=8, backend="triton")
     with pytest.raises(BackendUnavailable, match="autograd"):
