@@ -19,6 +19,7 @@ for a refactor checked element for element, say). Re-running the cell's rows cle
 from __future__ import annotations
 
 import ast
+import atexit
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
@@ -143,6 +144,13 @@ class _Blobs:
     def __init__(self, root: Path):
         self.proc = subprocess.Popen(["git", "-C", str(root), "cat-file", "--batch"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the git process (it ends at end of input) and close its pipes."""
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.proc.stdout.close()
 
     def read(self, spec: str) -> str | None:
         self.proc.stdin.write(spec.encode() + b"\n")
