@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import delta as delta_family
+from kernels import gla as gla_family
 from kernels.backend import BackendUnavailable, fla_gated_problem, package_importable
 from kernels.delta import delta_product
 from kernels.delta.reference import delta_product_reference
@@ -46,11 +48,12 @@ def test_ssd_mamba_ssm_matches_reference(dtype):
                      lambda *a: ssd_reference(*a[:5], initial_state=a[5]), ins, tol=tol, grad_tol=gtol)
 
 
-def _skip_where_fla_refuses(gated: bool):
+def _skip_where_fla_refuses(runs_gated: bool):
     """fla itself refuses its gated backward on some GPU / Triton pairs (kernels.backend.fla_gated_refusal);
-    the zoo then refuses the backend by name, which test_backend_auto checks on any machine."""
+    the zoo then refuses the backend by name, which test_backend_auto checks on any machine. ``runs_gated``:
+    the family's own ``fla_runs_gated`` for the test's inputs."""
     problem = fla_gated_problem(torch.empty(0, device="cuda"))
-    if gated and problem:
+    if runs_gated and problem:
         with pytest.raises(BackendUnavailable, match="Hopper"):
             gla(*[torch.zeros(1, 2, 1, 4, device="cuda")] * 3, torch.zeros(1, 2, 1, device="cuda"), backend="fla")
         pytest.skip(problem)
@@ -60,7 +63,7 @@ def _skip_where_fla_refuses(gated: bool):
 @pytest.mark.gpu
 @pytest.mark.skipif(not package_importable("fla"), reason="flash-linear-attention not installed")
 def test_gla_fla_matches_reference(dtype):
-    _skip_where_fla_refuses(gated=True)
+    _skip_where_fla_refuses(gla_family.fla_runs_gated(dtype, gated=True))
     tol, gtol = TOL[dtype]
     b, T, H, dk, dv = 2, 200, 4, 32, 48
     q, k = torch.randn(2, b, T, H, dk, device="cuda")
@@ -77,7 +80,7 @@ def test_gla_fla_matches_reference(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not package_importable("fla"), reason="flash-linear-attention not installed")
 def test_delta_fla_matches_reference(dtype, n, gate):
-    _skip_where_fla_refuses(gated=gate or dtype == torch.float32)
+    _skip_where_fla_refuses(delta_family.fla_runs_gated(dtype, gated=gate))
     tol, gtol = TOL_FLA_DELTA[dtype]
     b, T, H, K, V = 2, 150, 4, 32, 32
     q = torch.randn(b, T, H, K, device="cuda")
