@@ -33,14 +33,18 @@ def mixer_families(cls) -> list[str]:
     return sorted(found)
 
 
+def _family(family: str):
+    """The kernel family's package, ``kernels.<family>``."""
+    return importlib.import_module(f"kernels.{family}")
+
+
 def family_backends(family: str) -> tuple:
-    module = importlib.import_module(f"kernels.{family}")
-    return tuple(getattr(module, "BACKENDS", _DEFAULT_BACKENDS))
+    return tuple(getattr(_family(family), "BACKENDS", _DEFAULT_BACKENDS))
 
 
 def family_order(family: str) -> tuple | None:
     """The family's own CUDA order for ``auto``, or None for :data:`kernels.backend.AUTO_ORDER_CUDA`."""
-    return getattr(importlib.import_module(f"kernels.{family}"), "AUTO_ORDER_CUDA", None)
+    return getattr(_family(family), "AUTO_ORDER_CUDA", None)
 
 
 def extras() -> list[tuple[str, bool, str]]:
@@ -57,7 +61,7 @@ def cuda_fla_problem() -> str | None:
 
 def _fla_unsupported(name: str, family: str, problem: str | None) -> dict | None:
     """The family's own rule (its ``fla_runs_gated``) for the mixer's default options in bf16."""
-    runs_gated = getattr(importlib.import_module(f"kernels.{family}"), "fla_runs_gated", None)
+    runs_gated = getattr(_family(family), "fla_runs_gated", None)
     if problem is None or runs_gated is None:
         return None
     gated = getattr(MIXERS.get(name).Options(), "use_forget_gate", True)
