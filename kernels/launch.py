@@ -7,7 +7,7 @@ of every runtime argument (pointer element types from the tensors, ``i32``/``i64
 scalars), the constexpr values, ``num_warps`` and ``num_stages`` — with one record per config when
 the kernel is autotuned. Running a launcher (forward and backward) on ``meta`` tensors inside
 :func:`recording` therefore lists exactly the launches it makes at any size without a GPU, which is
-how :mod:`kernels.compile_check` finds what to compile: the configurations come from the launchers'
+how :mod:`zoo.benchmark.compile_check` finds what to compile: the configurations come from the launchers'
 own code, never from a second copy.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _arg_type(name, value) -> str:
     raise TypeError(f"launch: argument {name} of type {type(value).__name__} cannot be passed to a kernel")
 
 
-def _jit_function(kernel):
+def jit_function(kernel):
     """The JITFunction under autotune/heuristics wrappers (they keep it as ``.fn``)."""
     while not hasattr(kernel, "arg_names") or type(kernel).__name__ in ("Autotuner", "Heuristics"):
         kernel = kernel.fn
@@ -75,7 +75,7 @@ def _jit_function(kernel):
 
 
 def _records(kernel, args, kwargs, tags):
-    fn = _jit_function(kernel)
+    fn = jit_function(kernel)
     configs = getattr(kernel, "configs", None) or [None]
     out = []
     for cfg in configs:

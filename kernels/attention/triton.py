@@ -32,7 +32,7 @@ __all__ = ["attention_triton"]
 LOG2E = 1.4426950408889634
 
 #: fp32 inputs use exact fp32 products (input_precision="ieee"); above this head dim every tile config spills
-#: tens of KB of registers per thread (python -m kernels.compile_check), so the launcher refuses them
+#: tens of KB of registers per thread (python -m zoo.benchmark.compile_check), so the launcher refuses them
 FP32_MAX_HEAD_DIM = 128
 
 # The interpreter runs each program serially on the CPU; small blocks keep the tests fast.
@@ -44,7 +44,7 @@ def _configs(kind: str, block_d: int, elem_bytes: int):
 
     Tiles shrink as the head dim and element size grow, so that every config fits the shared memory
     of an sm_80 block (163 KB) and the fp32 accumulators stay in registers; ``python -m
-    kernels.compile_check`` compiles each of them.
+    zoo.benchmark.compile_check`` compiles each of them.
     """
     if block_d <= 64:
         table = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 128, 8, 2))

@@ -364,7 +364,7 @@ def _next_pow2(n: int, lo: int = 16) -> int:
 
 
 #: largest key / value head dim: at 256 the chunk tiles need ~190 KB of shared memory, above an sm_80
-#: block's 163 KB (python -m kernels.compile_check), so the launcher refuses it
+#: block's 163 KB (python -m zoo.benchmark.compile_check), so the launcher refuses it
 MAX_HEAD_DIM = 128
 #: largest chunk the kernels use (the forward substitution is BT steps long, and the tiles grow with BT)
 MAX_CHUNK = 64

@@ -271,13 +271,13 @@ _PASS_BLOCK = 256
 #: chunk state tiles need 192 KB of shared memory at chunk 256 (above an sm_80 block's 163 KB), and at
 #: chunk 64 ptxas spends over five minutes on one configuration of the backward chunk kernel (1.8 MB of
 #: PTX, a sign of heavy register spilling), so no configuration above 64 is verified (python -m
-#: kernels.compile_check); mamba-ssm's kernels or the PyTorch path run them.
+#: zoo.benchmark.compile_check); mamba-ssm's kernels or the PyTorch path run them.
 MAX_DIM = 64
 
 
 def block_chunk(chunk_size: int, N: int, P: int) -> int:
     """The chunk the kernels run: ``chunk_size`` capped at 64, the largest compiled and checked for
-    d_state = head dim = 64 (python -m kernels.compile_check). The result does not depend on it."""
+    d_state = head dim = 64 (python -m zoo.benchmark.compile_check). The result does not depend on it."""
     return min(chunk_size, 64)
 
 

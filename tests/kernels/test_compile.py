@@ -4,18 +4,22 @@ The interpreter runs kernels as Python, so it accepts code the compiler refuses 
 plain module global, a loop-carried variable changing type, ``tl.dot`` on mixed operand types) and
 knows nothing of shared memory. These tests close that gap:
 
-- ``test_kernels_compile_for_sm80_and_sm90`` runs ``python -m kernels.compile_check --ci`` in a
+- ``test_kernels_compile_for_sm80_and_sm90`` runs ``python -m zoo.benchmark.compile_check --ci`` in a
   process without ``TRITON_INTERPRET``: each launcher is run on meta tensors (fp32, bf16, fp16) at one
-  large size of its case (``--quick``, see kernels/compile_check.py), and one launch per kernel and
+  large size of its case (``--quick``, see zoo/benchmark/compile_check.py), and one launch per kernel and
   argument types is compiled for sm_80 and sm_90 (every kernel in every dtype its launcher accepts);
   the check fails on a compile error or on shared memory above the per-block limit. Compiling every
   recorded launch (every autotune config) took tens of minutes on this project's shared 2-core
-  machine, so CI compiles one configuration per kernel and dtype; ``python -m kernels.compile_check
+  machine, so CI compiles one configuration per kernel and dtype; ``python -m zoo.benchmark.compile_check
   --quick`` (every config) generated the resource table of BENCHMARKS.md, and without ``--quick`` it
   runs the whole size grid (1630 launches).
 - ``test_every_kernel_is_in_the_check``: every ``@triton.jit`` kernel that a launcher starts appears in
   the check in every input dtype, and no launcher starts a kernel except through
   :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the check).
+- ``test_16_bit_products_run_on_tensor_cores``: every kernel that calls ``tl.dot`` and is launched for bf16 or
+  fp16 inputs compiles to ``mma``/``wgmma`` instructions (a launcher that upcasts to fp32 before its products
+  fails), unless its module declares why its products stay fp32 (``FP32_DOT_KERNELS``); fp32 inputs never
+  run tf32 products. ``test_tensor_core_rule_catches_an_upcast`` compiles one small kernel both ways.
 - ``test_no_kernel_reads_a_plain_global`` (and the test that it catches one): a jitted function may
   read only constexpr globals, other jitted functions and modules.
 """
@@ -114,7 +118,7 @@ def check_report(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("OMP_NUM_THREADS", "1")
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
-    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--ci", "--jobs", jobs, "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "zoo.benchmark.compile_check", "--ci", "--jobs", jobs, "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert out.exists(), f"compile_check did not run:\n{proc.stderr[-3000:]}"
     return proc, json.loads(out.read_text())
@@ -138,3 +142,59 @@ def test_every_kernel_is_in_the_check(check_report):
     for dtype in ("fp32", "bf16", "fp16"):
         seen = {r["kernel"] for r in report["results"] if dtype in r["recorded_for"]}
         assert entries <= seen, f"{dtype}: kernels no launcher case reaches: {sorted(entries - seen)}"
+
+
+def test_16_bit_products_run_on_tensor_cores(check_report):
+    _, report = check_report
+    missing = [f"{r['kernel']} sm_{r['arch']} ({r['pointers']} pointers for {'/'.join(r['case_dtypes'])} inputs)"
+               for r in report["results"] if r["calls_dot"] and set(r["case_dtypes"]) & {"bf16", "fp16"}
+               and r["tensor_core_ops"] == 0 and not r["fp32_dots_because"]]
+    assert not missing, "tl.dot kernels without a tensor-core instruction for 16-bit inputs:\n" + "\n".join(missing)
+    tf32 = [f"{r['kernel']} sm_{r['arch']}" for r in report["results"] if r["pointers"] == "fp32" and r["tf32_ops"]]
+    assert not tf32, f"fp32 inputs multiplied in tf32: {tf32}"
+
+
+_TINY_DOT = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tiny_dot(a_ptr, b_ptr, c_ptr, UPCAST: tl.constexpr):
+    r = tl.arange(0, 16)
+    a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+    if UPCAST:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    tl.store(c_ptr + r[:, None] * 16 + r[None, :], c)
+"""
+
+
+def test_tensor_core_rule_catches_an_upcast(tmp_path, monkeypatch):
+    """The rule reads the PTX: bf16 operands give mma/wgmma, the same product after an upcast gives none."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.delenv("TRITON_INTERPRET")
+    (tmp_path / "tiny_dot_kernels.py").write_text(_TINY_DOT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = ("import json, sys\n"
+            "from kernels.launch import Launch\n"
+            "from zoo.benchmark.compile_check import compile_launch\n"
+            "from tiny_dot_kernels import tiny_dot\n"
+            "out = []\n"
+            "for upcast in (False, True):\n"
+            "    launch = Launch(tiny_dot, (('a_ptr', '*bf16'), ('b_ptr', '*bf16'), ('c_ptr', '*fp32')),\n"
+            "                    (('UPCAST', upcast),), tags=(('tiny', 'bf16', ''),))\n"
+            "    r = compile_launch(launch, 90)\n"
+            "    out.append([r.error, r.dot, r.tensor_core_ops, r.missing_tensor_cores, r.ok])\n"
+            "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (err16, dot16, ops16, miss16, ok16), (err32, dot32, ops32, miss32, ok32) = json.loads(proc.stdout.splitlines()[-1])
+    assert err16 is None and err32 is None
+    assert dot16 and dot32
+    assert ops16 > 0 and not miss16 and ok16
+    assert ops32 == 0 and miss32 and not ok32

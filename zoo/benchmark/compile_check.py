@@ -1,6 +1,6 @@
 """Compile every Triton kernel of the zoo for NVIDIA GPUs on a machine without one.
 
-``python -m kernels.compile_check [--arch 80 90] [--quick] [--family ska ...] [--dtype bf16 ...]``
+``python -m zoo.benchmark.compile_check [--arch 80 90] [--quick] [--family ska ...] [--dtype bf16 ...]``
 
 What is compiled is what the launchers launch: each family's Triton launcher (forward and backward)
 runs on ``meta`` tensors inside :func:`kernels.launch.recording`, at realistic sizes (head dims 16 to
@@ -17,6 +17,14 @@ several minutes;
 kernel in every dtype for both architectures, one configuration each: the test-suite's check);
 ``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
 
+Tensor cores: every result counts the ``mma.sync`` (sm_80 and up) and ``wgmma.mma_async`` (sm_90) instructions
+in its PTX. A launch recorded for bf16 or fp16 inputs whose kernel calls ``tl.dot`` (itself or through a jitted
+helper) must have at least one: a launcher that upcasts 16-bit inputs to fp32 before its products, or a
+kernel that keeps every product in fp32, fails the check. A kernel whose products stay fp32 on purpose (a
+triangular solve, say) names itself and the reason in its module's ``FP32_DOT_KERNELS`` dict. A launch of
+fp32-only inputs must have no ``tf32`` product: fp32 inputs keep the exact fp32 path
+(``input_precision="ieee"``).
+
 Run without ``TRITON_INTERPRET=1`` (the kernels must be real ``JITFunction`` objects).
 """
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .launch import Launch, recording
+from kernels.launch import Launch, jit_function, recording
 
 #: per-block shared memory limit (bytes) of each architecture: the opt-in maximum of one thread block.
 #: sm_100 compiles with the wheel's ptxas-blackwell; it is opt-in (--arch 80 90 100) to keep CI short.
@@ -57,7 +65,7 @@ def _fwd_bwd(outputs):
 # the cases: (family, sizes label, thunk) — a thunk runs a launcher forward and backward
 # --------------------------------------------------------------------------------------------------
 def _attention(dt, quick):
-    from .attention.triton import attention_triton
+    from kernels.attention.triton import attention_triton
     for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
         for causal in ((True,) if quick else (True, False)):
             def run(D=D, causal=causal):
@@ -67,7 +75,7 @@ def _attention(dt, quick):
 
 
 def _delta(dt, quick):
-    from .delta.triton import delta_product_triton
+    from kernels.delta.triton import delta_product_triton
     for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
         for chunk in ((64,) if quick else (16, 32, 64)):
             def run(D=D, chunk=chunk):
@@ -81,7 +89,7 @@ def _delta(dt, quick):
 
 
 def _ssd(dt, quick):
-    from .ssd.triton import ssd_triton
+    from kernels.ssd.triton import ssd_triton
     grid = ((64, 64, 256), (128, 64, 64)) if quick else [
         (N, P, L) for N in (16, 64, 128) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
     for N, P, L in grid:
@@ -94,7 +102,7 @@ def _ssd(dt, quick):
 
 
 def _ska(dt, quick):
-    from .ska.triton import ska_chain_triton
+    from kernels.ska.triton import ska_chain_triton
     # quick: the largest tiles first (rank 64, value dim 256, power 4: the backward's shared memory and
     # spills peak there; one H100 run failed at rank 64, value dim 128 before the backward's token tile
     # shrank with them), then the mixer's defaults
@@ -110,7 +118,7 @@ def _ska(dt, quick):
 
 
 def _gka(dt, quick):
-    from .gka.triton import triton_chunk_solve
+    from kernels.gka.triton import triton_chunk_solve
     grid = ((64, 32, "implicit"), (64, 32, "reverse_chebyshev")) if quick else [
         (d, C, grad) for d in (16, 32, 64, 128) for C in (16, 32, 64) for grad in ("implicit", "reverse_chebyshev")]
     for d, C, grad in grid:
@@ -125,7 +133,7 @@ def _gka(dt, quick):
 
 
 def _blockscan(dt, quick):
-    from .blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
+    from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
     for m in ((16,) if quick else (1, 2, 4, 8, 16, 32)):
         def run(m=m):
             B, T, N = 2, 256, 16
@@ -141,7 +149,7 @@ def _blockscan(dt, quick):
 
 
 def _slots(dt, quick):
-    from .slots.triton import slot_memory_triton
+    from kernels.slots.triton import slot_memory_triton
     for K, dv in (((8, 256),) if quick else [(K, dv) for K in (1, 2, 4, 8) for dv in HEAD_DIMS]):
         def run(K=K, dv=dv):
             B, T, H, M = 2, 256, 4, 1024
@@ -194,6 +202,26 @@ class Result:
     spill_stores: int = 0
     spill_loads: int = 0
     seconds: float = 0.0
+    tensor_core_ops: int = 0             # mma.sync / wgmma instructions in the PTX
+    tf32_ops: int = 0                    # of those, products on tf32 operands
+    dot: bool = False                    # the kernel calls tl.dot
+    fp32_dots_because: str | None = None  # the kernel's declared reason to keep 16-bit products in fp32
+
+    @property
+    def sixteen_bit(self) -> bool:
+        """Recorded for bf16 or fp16 inputs."""
+        return bool(_case_dtypes(self.launch) & {"bf16", "fp16"})
+
+    @property
+    def missing_tensor_cores(self) -> bool:
+        """A ``tl.dot`` kernel launched for 16-bit inputs that compiled to no tensor-core instruction."""
+        return (self.error is None and self.sixteen_bit and self.dot and self.tensor_core_ops == 0
+                and not self.fp32_dots_because)
+
+    @property
+    def inexact_fp32(self) -> bool:
+        """fp32-only inputs multiplied in tf32 (fp32 inputs must keep the exact fp32 products)."""
+        return self.error is None and _input_dtype(self.launch) == "fp32" and self.tf32_ops > 0
 
     @property
     def over_shared(self) -> bool:
@@ -201,7 +229,7 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.over_shared
+        return self.error is None and not self.over_shared and not self.missing_tensor_cores and not self.inexact_fp32
 
 
 def _ptxas_numbers(log: str) -> tuple[int, int, int]:
@@ -227,6 +255,52 @@ def _ptxas_log(ptx: str, arch: int) -> str:
     return out.stderr
 
 
+#: PTX instructions that run on tensor cores: warp-level ``mma.sync`` (sm_80 and up), warpgroup ``wgmma`` (sm_90)
+_TENSOR_CORE_OP = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)\b")
+_TF32_OP = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)\S*\.tf32\b")
+
+
+def tensor_core_counts(ptx: str) -> tuple[int, int]:
+    """``(tensor-core product instructions, those of them on tf32 operands)`` in a PTX listing."""
+    return len(_TENSOR_CORE_OP.findall(ptx)), len(_TF32_OP.findall(ptx))
+
+
+def _jitted_callees(fn) -> list:
+    """The jitted functions that ``fn`` (a JITFunction) calls by name."""
+    import ast
+    import textwrap
+    scope = fn.fn.__globals__
+    calls = (node.func.id for node in ast.walk(ast.parse(textwrap.dedent(fn.src)))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
+    return [scope[name] for name in calls if hasattr(scope.get(name), "arg_names") and hasattr(scope[name], "fn")]
+
+
+def calls_dot(kernel) -> bool:
+    """True when the jitted ``kernel`` calls ``tl.dot``, itself or through a jitted helper."""
+    seen, todo = set(), [jit_function(kernel)]
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if re.search(r"\btl\.dot\(", fn.src):
+            return True
+        todo.extend(_jitted_callees(fn))
+    return False
+
+
+def fp32_dot_reason(kernel) -> str | None:
+    """Why ``kernel`` keeps its products in fp32 for 16-bit inputs (its module's ``FP32_DOT_KERNELS``), or None."""
+    fn = jit_function(kernel)
+    module = sys.modules.get(fn.fn.__module__)
+    return getattr(module, "FP32_DOT_KERNELS", {}).get(fn.fn.__name__)
+
+
+def _case_dtypes(launch: Launch) -> set:
+    """The input dtypes of the cases that recorded ``launch`` (``fp32``, ``bf16``, ``fp16``)."""
+    return {tag[1] for tag in launch.tags if len(tag) > 1}
+
+
 def compile_launch(launch: Launch, arch: int) -> Result:
     """Compile one launch for ``sm_<arch>``; never raises (a failure is the result's ``error``)."""
     import triton
@@ -237,7 +311,7 @@ def compile_launch(launch: Launch, arch: int) -> Result:
     sig = dict(launch.signature)
     sig.update({name: "constexpr" for name, _ in launch.constexprs})
     src = ASTSource(fn=launch.kernel, signature=sig, constexprs=dict(launch.constexprs))
-    res = Result(launch, arch)
+    res = Result(launch, arch, dot=calls_dot(launch.kernel), fp32_dots_because=fp32_dot_reason(launch.kernel))
     t0 = time.perf_counter()
     log = io.StringIO()
     try:
@@ -246,6 +320,7 @@ def compile_launch(launch: Launch, arch: int) -> Result:
             kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
         res.shared = int(kern.metadata.shared)
+        res.tensor_core_ops, res.tf32_ops = tensor_core_counts(kern.asm["ptx"])
         text = log.getvalue()
         if "Used " not in text:  # a cached kernel: ptxas did not run, so run it on the PTX for its numbers
             text = _ptxas_log(kern.asm["ptx"], arch)
@@ -275,21 +350,32 @@ def table_rows(results: list[Result]) -> list[list[str]]:
             status = "FAIL: " + r.error
         elif r.over_shared:
             status = "FAIL: shared memory above the limit"
+        elif r.missing_tensor_cores:
+            status = "FAIL: tl.dot with 16-bit inputs compiled to no mma/wgmma"
+        elif r.inexact_fp32:
+            status = "FAIL: fp32 inputs multiplied in tf32"
         else:
             status = "ok"
         rows.append([r.launch.name, f"sm_{r.arch}", _input_dtype(r.launch), _describe(r.launch),
                      f"{r.shared / 1024:.1f} / {SHARED_LIMIT[r.arch] // 1024} KB", str(r.registers),
-                     f"{r.spill_stores}/{r.spill_loads}", status])
+                     f"{r.spill_stores}/{r.spill_loads}", _tensor_core_cell(r), status])
     return rows
 
 
 HEADER = ["kernel", "arch", "pointers", "constexprs, warps, stages", "shared / limit", "regs", "spill st/ld (B)",
-          "status"]
+          "mma", "status"]
+
+
+def _tensor_core_cell(r: Result) -> str:
+    """The tensor-core column: instruction count, ``-`` for a kernel without ``tl.dot``, the fp32 reason's mark."""
+    if not r.dot:
+        return "-"
+    return f"{r.tensor_core_ops}" + (" (fp32 by design)" if r.fp32_dots_because and not r.tensor_core_ops else "")
 
 
 def markdown(results: list[Result], command: str) -> str:
     lines = [f"Generated by `{command}` (Triton {_triton_version()}, ptxas of the Triton wheel): every distinct "
-             "launch the launchers make at the sizes of `kernels/compile_check.py`, per architecture. "
+             "launch the launchers make at the sizes of `zoo/benchmark/compile_check.py`, per architecture. "
              "`pointers` lists the floating element types the kernel reads and writes (launchers that compute "
              "in fp32 cast bf16/fp16 inputs first, so their kernels appear as fp32 only).", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -361,6 +447,8 @@ def _as_dict(r: Result) -> dict:
     return {"kernel": r.launch.name, "arch": r.arch, "config": _describe(r.launch), "pointers": _input_dtype(r.launch),
             "ok": r.ok, "status": table_rows([r])[0][-1], "shared": r.shared, "shared_limit": SHARED_LIMIT[r.arch],
             "registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
+            "calls_dot": r.dot, "tensor_core_ops": r.tensor_core_ops, "tf32_ops": r.tf32_ops,
+            "fp32_dots_because": r.fp32_dots_because, "case_dtypes": sorted(_case_dtypes(r.launch)),
             "seconds": round(r.seconds, 2), "recorded_for": sorted({t[1] for t in r.launch.tags}),
             "cases": [" ".join(t) for t in r.launch.tags]}
 
@@ -372,7 +460,7 @@ def _compile_index(i):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m zoo.benchmark.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(SHARED_LIMIT))
     p.add_argument("--family", nargs="+", choices=sorted(FAMILIES))
     p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES))
@@ -412,7 +500,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"results": [_as_dict(r) for r in results], "refused": refused}, f, indent=1)
     if args.markdown:
-        cmd = "python -m kernels.compile_check --arch " + " ".join(map(str, args.arch))
+        cmd = "python -m zoo.benchmark.compile_check --arch " + " ".join(map(str, args.arch))
         cmd += "".join(f" --{k} " + " ".join(getattr(args, k)) for k in ("family", "dtype") if getattr(args, k))
         cmd += " --quick" * args.quick + f" --markdown {args.markdown}"
         write_block(args.markdown, markdown(results, cmd))
