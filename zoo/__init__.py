@@ -33,10 +33,10 @@ from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
 from .recipes import resolve
+from .reevaluate import evaluate, evaluate_checkpoint
 from .tasks import Task
 from .training.checkpoint import load as _load_checkpoint_file
 from .training.checkpoint import path_in as _checkpoint_path
-from .training.evaluation import evaluate, evaluate_checkpoint
 from .training.loop import TrainResult, train
 
 load = resolve

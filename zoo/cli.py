@@ -31,13 +31,13 @@ from .experiments.claims.errors import ClaimsError
 from .experiments.claims.schema import claimed_cells
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
-from .experiments.rows import append_row, make_row, read_rows
 from .preflight import check_recipe, refuse_dead_layers
 from .recipes import layer_label, resolve
+from .reevaluate import evaluate_checkpoint
+from .rows import append_row, make_row, read_rows
 from .tasks import TASKS
 from .training import distributed
 from .training.checkpoint import path_in
-from .training.evaluation import evaluate_checkpoint
 from .training.loop import train
 
 

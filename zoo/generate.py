@@ -20,9 +20,10 @@ import torch
 
 from .errors import UserError
 from .recipes import recipe_mapping, resolve
+from .reevaluate import load_model
 from .tasks import Task
 from .training import checkpoint as ckpt
-from .training.evaluation import load_model, resolve_device
+from .training.device import resolve_device
 
 
 @dataclass

@@ -23,8 +23,8 @@ from zoo.experiments.claims.errors import ClaimsError
 from zoo.experiments.claims.schema import load
 from zoo.experiments.claims.verdicts import evaluate_claims
 from zoo.experiments.results import cell_of, render
-from zoo.experiments.rows import read_rows
 from zoo.recipes import resolve
+from zoo.rows import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

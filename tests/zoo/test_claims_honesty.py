@@ -222,9 +222,9 @@ def test_rows_record_their_step0_metrics_and_a_cell_without_them_is_reported(tmp
 
 def test_an_ablation_row_records_the_untrained_models_metrics(tmp_path):
     from zoo.cli import main
-    from zoo.experiments.rows import read_rows
     from zoo.experiments.untrained import untrained_metrics
     from zoo.recipes import resolve
+    from zoo.rows import read_rows
     recipe = tmp_path / "grid.yaml"
     recipe.write_text(f"extends: {TINY}\ngrid: [{{label: a, train.steps: 30}}]\n")
     assert main(["ablate", str(recipe), "--out", str(tmp_path / "out"), "--no-plot", "--no-progress"]) == 0

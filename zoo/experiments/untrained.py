@@ -20,11 +20,12 @@ import torch
 from ..config import Recipe
 from ..model import HybridLM
 from ..recipes import recipe_mapping, resolve
+from ..rows import read_rows
 from ..tasks import Task
-from ..training.evaluation import resolve_device, test_metrics
+from ..training.device import resolve_device
+from ..training.evaluation import test_metrics
 from .preregistration import git
 from .results import group_by_cell
-from .rows import read_rows
 
 FILENAME = "untrained.json"
 

@@ -13,9 +13,9 @@ from mixers.options import nearest
 
 from ...errors import UserError
 from ...recipes import recipe_differences, resolve
+from ...rows import read_rows
 from ..ablate import cells_of, row_seed
 from ..results import group_by_cell, mean_std
-from ..rows import read_rows
 from .errors import ClaimsError
 
 
