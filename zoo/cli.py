@@ -32,7 +32,8 @@ from .experiments.claims.schema import claimed_cells
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
 from .preflight import check_recipe, refuse_dead_layers
-from .recipes import layer_label, resolve
+from .recipes import resolve
+from .recipes.plain import layer_label
 from .reevaluate import evaluate_checkpoint
 from .rows import append_row, make_row, read_rows
 from .tasks import TASKS

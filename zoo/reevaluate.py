@@ -27,7 +27,9 @@ import torch
 from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
-from .recipes import parse_override, recipe_mapping, resolve
+from .recipes import resolve
+from .recipes.overrides import parse_override
+from .recipes.plain import recipe_mapping
 from .rows import make_row
 from .tasks import Task
 from .training import checkpoint as ckpt

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..config import Cell, Recipe
 from ..errors import UserError
-from ..recipes import recipe_differences
+from ..recipes.plain import recipe_differences
 from ..rows import append_row, repair_rows
 from .executors import Executor, SequentialExecutor
 from .results import render_folder, write_layout

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from tabulate import tabulate
 
 from ..errors import UserError
-from ..recipes import layer_label
+from ..recipes.plain import layer_label
 from ..rows import read_rows
 
 #: an ablation's grid order, labels and title, beside its results.jsonl

@@ -19,7 +19,8 @@ import torch
 
 from ..config import Recipe
 from ..model import HybridLM
-from ..recipes import recipe_mapping, resolve
+from ..recipes import resolve
+from ..recipes.plain import recipe_mapping
 from ..rows import read_rows
 from ..tasks import Task
 from ..training.device import resolve_device

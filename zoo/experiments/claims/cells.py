@@ -12,7 +12,8 @@ from pathlib import Path
 from mixers.options import nearest
 
 from ...errors import UserError
-from ...recipes import recipe_differences, resolve
+from ...recipes import resolve
+from ...recipes.plain import recipe_differences
 from ...rows import read_rows
 from ..ablate import cells_of, row_seed
 from ..results import group_by_cell, mean_std
