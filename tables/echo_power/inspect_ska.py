@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from kernels.ska.chunked import ska_final_state
-from kernels.ska.reference import whitened_operator
+from kernels.ska.operator import whitened_operator
 from zoo import build_task
 from zoo.reevaluate import eval_recipe, load_model
 from zoo.training.checkpoint import load
