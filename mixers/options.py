@@ -68,61 +68,79 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _is_union(origin) -> bool:
+    return origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>")
+
+
+def _check_union(value: Any, args: tuple, path: str) -> Any:
+    """``A | B | None``: None when allowed and given, else the first member type that accepts the value."""
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return check_type(value, arg, path)
+        except OptionError:
+            pass
+    raise OptionError(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+
+
+def _check_list(value: Any, args: tuple, path: str) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise OptionError(path, f"expected a list, got {value!r}")
+    return [check_type(v, args[0] if args else Any, f"{path}.{i}") for i, v in enumerate(value)]
+
+
+def _check_dict(value: Any, args: tuple, path: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise OptionError(path, f"expected a mapping, got {value!r}")
+    return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
+
+
+def _check_float(value: Any, path: str) -> float:
+    """A finite number; an int becomes a float, and so does a number YAML 1.1 read as a string (1e-3)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OptionError(path, f"expected a number, got {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise OptionError(path, f"{value!r} is too large for a number") from None
+    if not math.isfinite(value):
+        raise OptionError(path, f"expected a finite number, got {value!r}")
+    return value
+
+
+#: generic containers by their origin: the check of a value against ``origin[args]``
+_CONTAINERS = {list: _check_list, dict: _check_dict}
+#: scalar types taken as they are: what a value must be, and the words of the error when it is not
+_SCALARS = {int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+            bool: (lambda v: isinstance(v, bool), "true or false"),
+            str: (lambda v: isinstance(v, str), "a string")}
+
+
 def check_type(value: Any, tp, path: str) -> Any:
     """Return ``value`` converted to ``tp`` where lossless (int -> float), else raise OptionError."""
     if tp is list or tp is dict:  # bare list / dict: free-form items
         tp = list[Any] if tp is list else dict[str, Any]
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return check_plain(value, path)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        for arg in args:
-            if arg is type(None) and value is None:
-                return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return check_type(value, arg, path)
-            except OptionError:
-                pass
-        raise OptionError(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise OptionError(path, f"expected a list, got {value!r}")
-        return [check_type(v, args[0] if args else Any, f"{path}.{i}") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise OptionError(path, f"expected a mapping, got {value!r}")
-        return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
+    if _is_union(origin):
+        return _check_union(value, args, path)
+    if origin in _CONTAINERS:
+        return _CONTAINERS[origin](value, args, path)
     if tp is float:
-        if isinstance(value, str):
-            # YAML 1.1 reads 1e-3 (no dot) as a string; accept any plain number written that way
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise OptionError(path, f"expected a number, got {value!r}")
-        try:
-            value = float(value)
-        except OverflowError:
-            raise OptionError(path, f"{value!r} is too large for a number") from None
-        if not math.isfinite(value):
-            raise OptionError(path, f"expected a finite number, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise OptionError(path, f"expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise OptionError(path, f"expected true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise OptionError(path, f"expected a string, got {value!r}")
+        return _check_float(value, path)
+    if tp in _SCALARS:
+        accepts, words = _SCALARS[tp]
+        if not accepts(value):
+            raise OptionError(path, f"expected {words}, got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):

@@ -22,8 +22,9 @@ From Python (a notebook, a script)::
 
 The rooms of the package: :mod:`zoo.recipes` and :mod:`zoo.config` (reading and validating recipes),
 :mod:`zoo.tasks` (data), :mod:`zoo.model` (the hybrid stack), :mod:`zoo.training` (training, evaluation,
-checkpoints), :mod:`zoo.experiments` (ablations, result rows and tables, the claims ledger),
-:mod:`zoo.benchmark` (``zoo bench``) and :mod:`zoo.cli` (the ``zoo`` command).
+checkpoints), :mod:`zoo.rows` (results rows, the ground floor every writer shares), :mod:`zoo.reevaluate`
+(``zoo eval``), :mod:`zoo.experiments` (ablations, tables, the claims ledger), :mod:`zoo.benchmark`
+(``zoo bench``) and :mod:`zoo.cli` (the ``zoo`` command).
 """
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
 from .recipes import resolve
+from .reevaluate import evaluate, evaluate_checkpoint
 from .tasks import Task
 from .training.checkpoint import load as _load_checkpoint_file
 from .training.checkpoint import path_in as _checkpoint_path
-from .training.evaluation import evaluate, evaluate_checkpoint
 from .training.loop import TrainResult, train
 
 load = resolve

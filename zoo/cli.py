@@ -24,17 +24,21 @@ from .benchmark import runner as bench
 from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
 from .data import prepare as data_prepare
 from .errors import UserError, one_line
-from .experiments import claims, untrained, vouch
+from .experiments import untrained, vouch
 from .experiments.ablate import CellsFailed, run_ablation
+from .experiments.claims import ledger
+from .experiments.claims.errors import ClaimsError
+from .experiments.claims.schema import claimed_cells
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
-from .experiments.rows import append_row, make_row, read_rows
 from .preflight import check_recipe, refuse_dead_layers
-from .recipes import layer_label, resolve
+from .recipes import resolve
+from .recipes.plain import layer_label
+from .reevaluate import evaluate_checkpoint
+from .rows import append_row, make_row, read_rows
 from .tasks import TASKS
 from .training import distributed
 from .training.checkpoint import path_in
-from .training.evaluation import evaluate_checkpoint
 from .training.loop import train
 
 
@@ -176,11 +180,11 @@ def cmd_claims(args) -> int:
                 for label, outcome in outcomes.items():
                     print(f"tables/{table} {label!r}: {outcome}")
         for table in args.untrained or []:
-            labels = claims.claimed_cells(args.root, table)
+            labels = claimed_cells(args.root, table)
             print(f"step 0 of tables/{table} ({len(labels)} cells the ledger reads) ...")
             print(f"wrote {untrained.write(Path(args.root), table, labels)}")
         if args.check:
-            problems = claims.check(args.root, notes)
+            problems = ledger.check(args.root, notes)
             for line in notes:
                 print(f"zoo claims: flagged: {line}", file=sys.stderr)
             for problem in problems:
@@ -188,11 +192,11 @@ def cmd_claims(args) -> int:
             if not problems:
                 print("zoo claims: CLAIMS.md and tables/README.md match the committed results")
             return 1 if problems else 0
-        for rel in claims.write(args.root, notes):
+        for rel in ledger.write(args.root, notes):
             print(f"wrote {Path(args.root) / rel}")
         for line in notes:
             print(f"flagged: {line}")
-    except claims.ClaimsError as err:
+    except ClaimsError as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     return 0

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
-from .recipes import recipe_mapping, resolve
+from .recipes import resolve
+from .recipes.plain import recipe_mapping
+from .reevaluate import load_model
 from .tasks import Task
 from .training import checkpoint as ckpt
-from .training.evaluation import load_model, resolve_device
+from .training.device import resolve_device
 
 
 @dataclass

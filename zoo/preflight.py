@@ -23,7 +23,7 @@ from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
 from .tasks import Task
-from .training.evaluation import resolve_device
+from .training.device import resolve_device
 
 #: tokens in the trial forward pass: enough to reach every chunked code path once, cheap on any device
 TRIAL_TOKENS = 8

@@ -1,4 +1,5 @@
-"""Chunked PyTorch block scans (the CPU default), linear in ``T`` in time and memory.
+"""Chunked PyTorch block scans, linear in ``T`` in time and memory: the ``torch`` backend, which ``auto`` runs on
+a CPU (on CUDA ``auto`` runs :mod:`kernels.blockscan.triton`).
 
 For ``h_t = A_t h_{t-1} + b_t`` (dense blocks of block-diagonal linear recurrent units,
 arXiv:2602.12021) the sequence is cut into chunks of ``C`` tokens and, batched over all chunks, batch

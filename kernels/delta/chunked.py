@@ -1,4 +1,6 @@
-"""Chunked (WY / UT-transform) gated delta product in pure PyTorch: the CPU path of the ``delta`` family.
+"""Chunked (WY / UT-transform) gated delta product in pure PyTorch: the ``torch`` backend of the ``delta`` family,
+which ``auto`` runs on a CPU (on CUDA ``auto`` runs flash-linear-attention where it takes the inputs, else
+:mod:`kernels.delta.triton`).
 
 DeltaProduct as a delta rule on a longer sequence: the ``n_h`` sub-steps of every token are laid
 out one after another (a sequence of ``L = n_h * T`` steps, token-major, the layout of ``k``, ``v``,

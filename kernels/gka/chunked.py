@@ -1,5 +1,6 @@
-"""Chunked GKA in pure PyTorch (the CPU default): same contract as
-:func:`kernels.gka.reference.gka_reference`.
+"""Chunked GKA in pure PyTorch, the ``torch`` backend: ``auto`` runs it on a CPU, and on CUDA for the settings
+:mod:`kernels.gka.triton` does not implement (a solver other than Chebyshev, ``grad="autograd"``, a chunk size
+that is not a power of two >= 16). Same contract as :func:`kernels.gka.reference.gka_reference`.
 
 Per chunk ``c`` of length ``C`` (``G_t`` = inclusive cumulative log decay from the chunk start,
 ``M_ts = e^{G_t - G_s}`` for ``s <= t``, ``H_0, U_0`` = states before the chunk):

@@ -1,4 +1,5 @@
-"""Chunked gated linear attention in pure PyTorch (CPU default); contract of
+"""Chunked gated linear attention in pure PyTorch, the ``torch`` backend: ``auto`` runs it on a CPU, and on CUDA
+unless flash-linear-attention is installed (this family has no Triton kernel of its own); contract of
 :func:`kernels.gla.reference.gla_reference`.
 
 Within chunk c (``G_t`` inclusive cumulative log decay from the chunk start, ``U_0`` the state

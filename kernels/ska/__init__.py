@@ -27,17 +27,8 @@ from __future__ import annotations
 from ..backend import resolve_backend
 from ..common import full_precision
 from .chunked import ska_chunked, ska_final_state
-from .reference import (
-    ska_chain_torch,
-    ska_init_state,
-    ska_readout,
-    ska_recurrent,
-    ska_reference,
-    ska_step,
-    ska_update,
-    solve_operator,
-    whitened_operator,
-)
+from .operator import ska_chain_torch, solve_operator, whitened_operator
+from .reference import ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step, ska_update
 
 __all__ = ["BACKENDS", "ska", "ska_chain", "ska_chunked", "ska_reference", "ska_recurrent", "ska_step", "ska_readout",
            "ska_update", "ska_init_state", "ska_final_state", "ska_chain_torch", "solve_operator",
@@ -74,7 +65,7 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
 
 def ska_chain(Linv, A, C, q, power: int, chunk_size: int, backend: str = "auto"):
     """``y_t = C_c Linv_c^T A_c^p Linv_c q_t`` with c = t // chunk_size; shapes as in
-    :func:`kernels.ska.reference.ska_chain_torch`."""
+    :func:`kernels.ska.operator.ska_chain_torch`."""
     chosen = resolve_backend(backend, q, op="ska_chain", available=("torch", "triton"))
     if chosen == "triton":
         from .triton import ska_chain_triton

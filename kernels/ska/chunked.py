@@ -1,4 +1,5 @@
-"""Spectral Koopman Attention, the fast pure-PyTorch path (CPU default).
+"""Spectral Koopman Attention, the fast pure-PyTorch path: the ``torch`` backend, which ``auto`` runs on a CPU; on
+CUDA ``auto`` runs the ``triton`` backend, which is this same function with the post-Cholesky chain in Triton.
 
 Same function as :mod:`kernels.ska.reference` (read its docstring for the equations and the exact
 visible sets), computed batched in fp32 (fp64 stays fp64):
@@ -27,7 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from ..common import compute_dtype, pad_time
-from .reference import SCALE_FLOOR, State, _prev, ska_chain_torch, solve_operator  # noqa: F401
+from .operator import SCALE_FLOOR, ska_chain_torch, solve_operator
+from .reference import State
+
+
+def _prev(x: torch.Tensor) -> torch.Tensor:
+    """x shifted one step later in time (dim 1), zero at t = 0."""
+    return F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]
 
 
 def _exclusive_cumsum(x: torch.Tensor, dim: int = 1) -> torch.Tensor:

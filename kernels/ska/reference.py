@@ -1,6 +1,6 @@
-"""Spectral Koopman Attention, the readable spec: for every position, build the statistics it may
-see explicitly and solve explicitly. Works in the input dtype (use fp64 as the truth); slow (one
-Cholesky per distinct visible set, i.e. per position in recurrent mode).
+"""Spectral Koopman Attention, the readable spec and reference oracle (``backend="reference"``): for every
+position, build the statistics it may see explicitly and solve explicitly. Works in the input dtype (use fp64
+as the truth); slow (one Cholesky per distinct visible set, i.e. per position in recurrent mode).
 
 Per (batch, head), keys/queries ``k_t, q_t`` in R^r, values ``v_t`` in R^P, weights ``w_t``
 (a 0/1 prefix or "action" mask; 1 when absent). A position's *visible set* is a prefix
@@ -30,75 +30,20 @@ power iteration on ``A_w^T A_w`` from the all-ones vector, without gradient;
 ``A = clamp(gamma, 1, gamma_max) * A_w / max(sigma, 1)``. Readout
 ``y = C L^{-T} A^p L^{-1} q`` (two triangular solves, p mat-vecs). With p = 0 this is the ridge
 regression ``C G^{-1} q``.
+
+The decode step (:func:`ska_step`, which a mixer's ``step`` runs) and the recurrent mode's token loop built
+from it (:func:`ska_recurrent`, which ``mode="recurrent"`` runs) live here too, beside the spec, as every
+family's one-token step does. The operator math that the spec shares with the fast paths (Cholesky with
+jitter, whitening, power iteration, the post-Cholesky chain) is :mod:`kernels.ska.operator`.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..common import compute_dtype
+from .operator import SCALE_FLOOR, per_head_gamma, ska_chain_torch, solve_operator, spectral_normalise, whitened_operator
 
 State = dict
-JITTERS = tuple(1e-4 * 10.0 ** j for j in range(4))
-SCALE_FLOOR = 1e-6
-
-
-def cholesky_jitter(G: torch.Tensor) -> torch.Tensor:
-    """Lower Cholesky factor of the symmetrised ``G`` (..., r, r); on failure retry with
-    ``G + 1e-4 * 10^j I`` (j = 0..3) for the failed matrices only (if all fail: the square root of
-    the clamped diagonal, finite).
-
-    The jitter is chosen without gradient and the factor recomputed once on the jittered matrix, so
-    a failed factorisation never enters the backward pass (its garbage would turn 0 * inf into NaN).
-    """
-    G = 0.5 * (G + G.transpose(-1, -2))
-    L, info = torch.linalg.cholesky_ex(G)
-    if not bool((info != 0).any()):
-        return L
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    with torch.no_grad():
-        Gd = G.detach()
-        jitter = torch.zeros(info.shape, dtype=G.dtype, device=G.device)
-        bad = info != 0
-        for j in JITTERS:
-            _, info_j = torch.linalg.cholesky_ex(Gd + j * eye)
-            fixed = bad & (info_j == 0)
-            jitter = torch.where(fixed, torch.full_like(jitter, j), jitter)
-            bad = bad & ~fixed
-            if not bool(bad.any()):
-                break
-    G_safe = G + jitter[..., None, None] * eye
-    if bool(bad.any()):   # last resort: diagonal of G
-        diag = torch.diag_embed(G.diagonal(dim1=-2, dim2=-1).clamp_min(JITTERS[-1]))
-        G_safe = torch.where(bad[..., None, None], diag, G_safe)
-    return torch.linalg.cholesky_ex(G_safe)[0]
-
-
-def whitened_operator(G: torch.Tensor, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(L, A_w)`` with ``L L^T = G`` and ``A_w = L^{-1} M L^{-T}`` (two triangular solves)."""
-    L = cholesky_jitter(G)
-    X = torch.linalg.solve_triangular(L, M, upper=False)                      # L^{-1} M
-    A_w = torch.linalg.solve_triangular(L, X.transpose(-1, -2), upper=False)  # L^{-1} (L^{-1} M)^T
-    return L, A_w.transpose(-1, -2)                                           # = L^{-1} M L^{-T}
-
-
-@torch.no_grad()
-def top_singular_value(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
-    """Power iteration on ``A^T A`` from the all-ones vector; returns ``||A v||`` (..., ) detached."""
-    v = torch.ones(A.shape[:-1], dtype=A.dtype, device=A.device)
-    v = v / v.norm(dim=-1, keepdim=True)
-    for _ in range(iters):
-        u = A @ v.unsqueeze(-1)
-        v = (A.transpose(-1, -2) @ u).squeeze(-1)
-        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    return (A @ v.unsqueeze(-1)).squeeze(-1).norm(dim=-1)
-
-
-def spectral_normalise(A_w: torch.Tensor, gamma: torch.Tensor, gamma_max: float, iters: int = 6) -> torch.Tensor:
-    """``clamp(gamma, 1, gamma_max) * A_w / max(sigma, 1)``; ``gamma`` broadcasts against A_w[..., 0, 0]."""
-    sigma = top_singular_value(A_w.detach(), iters)
-    g = gamma.clamp(1.0, gamma_max)
-    return (g / sigma.clamp_min(1.0))[..., None, None] * A_w
 
 
 def visible_count(t: int, T: int, mode: str, chunk_size: int) -> int:
@@ -148,7 +93,7 @@ def ska_reference(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma
     w = torch.ones(B, T, dtype=dt, device=q.device) if w is None else w.to(dt)
     wk = w[:, :, None]                                             # (B, T, 1) broadcast over heads
     knorm = k.norm(dim=-1) * (wk > 0).to(dt)                       # (B, T, H): weighted-in keys only
-    g = _gamma(gamma, H, q)[None, :]                               # (1, H)
+    g = per_head_gamma(gamma, H, q)[None, :]                               # (1, H)
     cache = {}
     ys = []
     for t in range(T):
@@ -166,53 +111,6 @@ def ska_reference(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma
 
 
 # --- recurrent form (the decode step; the recurrent mode is the token loop built from it) ---------
-
-def _gamma(gamma, H: int, ref: torch.Tensor) -> torch.Tensor:
-    g = gamma.to(device=ref.device, dtype=ref.dtype) if torch.is_tensor(gamma) else \
-        torch.tensor(float(gamma), device=ref.device, dtype=ref.dtype)
-    return g.expand(H) if g.dim() == 0 else g
-
-
-def solve_operator(G_raw, M_raw, C_raw, s, *, ridge: float, gamma, gamma_max: float, power_iters: int = 6):
-    """Raw statistics (..., H, r, r), (..., H, r, r), (..., H, P, r) and scale (..., H) ->
-    ``(Linv, A, C)``: ``L^{-1}``, the spectrally normalised whitened operator and ``C / s``."""
-    r = G_raw.shape[-1]
-    H = G_raw.shape[-3]
-    s = s.clamp_min(SCALE_FLOOR)
-    s2 = (s * s)[..., None, None]
-    eye = torch.eye(r, dtype=G_raw.dtype, device=G_raw.device)
-    G = G_raw / s2 + ridge * eye
-    L = cholesky_jitter(G)
-    X = torch.linalg.solve_triangular(L, M_raw / s2, upper=False)                 # L^{-1} M
-    A_w = torch.linalg.solve_triangular(L, X.transpose(-1, -2), upper=False).transpose(-1, -2)
-    sigma = top_singular_value(A_w.detach(), power_iters)
-    g = _gamma(gamma, H, G_raw).clamp(1.0, gamma_max)
-    A = (g / sigma.clamp_min(1.0))[..., None, None] * A_w
-    Linv = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False)
-    return Linv, A, C_raw / s[..., None, None]
-
-
-def ska_chain_torch(Linv, A, C, q, power: int, chunk_size: int):
-    """The post-Cholesky chain ``y_t = C_c L_c^{-T} A_c^p L_c^{-1} q_t``, c = t // chunk_size.
-
-    Linv, A (B, N, H, r, r); C (B, N, H, P, r); q (B, T, H, r) with T <= N * chunk_size.
-    Computed as the per-chunk operator ``W = C Linv^T A^p Linv`` applied to every query.
-    """
-    B, T, H, r = q.shape
-    N = Linv.shape[1]
-    U = C @ Linv.transpose(-1, -2)
-    for _ in range(power):
-        U = U @ A
-    W = U @ Linv                                                                    # (B, N, H, P, r)
-    qp = F.pad(q, (0, 0, 0, 0, 0, N * chunk_size - T)).reshape(B, N, chunk_size, H, r)
-    y = torch.einsum("bnhpr,bnchr->bnchp", W, qp)
-    return y.reshape(B, N * chunk_size, H, -1)[:, :T]
-
-
-def _prev(x: torch.Tensor) -> torch.Tensor:
-    """x shifted one step later in time (dim 1), zero at t = 0."""
-    return F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]
-
 
 def ska_init_state(batch: int, heads: int, rank: int, value_dim: int, device=None, dtype=torch.float32) -> State:
     """Empty decode state: raw G, M (B, H, r, r), C (B, H, P, r), kprev (B, H, r), s (B, H)."""

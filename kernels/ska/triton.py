@@ -178,7 +178,7 @@ class _SKAChain(torch.autograd.Function):
 
 
 def ska_chain_triton(Linv, A, C, q, power: int, chunk_size: int):
-    """Triton version of :func:`kernels.ska.reference.ska_chain_torch` (same shapes), fp32 inside.
+    """Triton version of :func:`kernels.ska.operator.ska_chain_torch` (same shapes), fp32 inside.
 
     Linv, A (B, N, H, r, r); C (B, N, H, P, r); q (B, T, H, r), T <= N * chunk_size -> (B, T, H, P).
     """

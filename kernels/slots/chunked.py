@@ -1,5 +1,7 @@
-"""Chunked slot memory in pure PyTorch (the CPU path); contract of
-:func:`kernels.slots.reference.slot_memory_reference` (Xiao et al., "RAM-Net", arXiv 2602.11958).
+"""Chunked slot memory in pure PyTorch: the ``torch`` backend's dense layout, which ``auto`` runs on a CPU for
+small and moderate slot counts (:mod:`kernels.slots.sparse` for large ones; on CUDA ``auto`` runs
+:mod:`kernels.slots.triton`); contract of :func:`kernels.slots.reference.slot_memory_reference` (Xiao et al.,
+"RAM-Net", arXiv 2602.11958).
 
 The memory update is linear in the state: with the write weights scattered to a dense length-``M`` vector
 ``w_t`` (zero off the ``K`` written slots) and the per-slot log decay ``a_t = gamma log(1 - w_t)`` (zero

@@ -1,5 +1,6 @@
 """Chunked SSD in pure PyTorch, computed as simple gated linear attention (one chunked algorithm
-for both families).
+for both families): the ``torch`` backend, which ``auto`` runs on a CPU (on CUDA ``auto`` runs mamba-ssm where
+installed, else :mod:`kernels.ssd.triton`).
 
 SSD per head, ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t^T h_t``, is GLA's
 ``U_t = e^{g_t} U_{t-1} + v_t k_t^T``, ``o_t = U_t q_t`` with ``q = C``, ``k = B``, ``v = dt x``,

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from kernels.ska.chunked import ska_final_state
-from kernels.ska.reference import whitened_operator
+from kernels.ska.operator import whitened_operator
 from zoo import build_task
+from zoo.reevaluate import eval_recipe, load_model
 from zoo.training.checkpoint import load
-from zoo.training.evaluation import eval_recipe, load_model
 
 
 def whitened_lag_sigma(k: torch.Tensor, w: torch.Tensor, ridge: float) -> torch.Tensor:

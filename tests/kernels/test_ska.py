@@ -17,7 +17,7 @@ from kernels.ska import (
     ska_step,
     whitened_operator,
 )
-from kernels.ska.reference import top_singular_value
+from kernels.ska.operator import top_singular_value
 from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
 
 F64 = torch.float64
@@ -306,7 +306,7 @@ def test_long_sequence_is_finite():
 
 
 def test_cholesky_jitter_fallback():
-    from kernels.ska.reference import cholesky_jitter
+    from kernels.ska.operator import cholesky_jitter
     G = torch.eye(4).repeat(3, 1, 1)
     G[1, 2, 2] = -5e-5          # fixed by jitter 1e-4
     G[2, 0, 0] = -0.05          # fixed by jitter 1e-1

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from zoo.errors import UserError
-from zoo.experiments.rows import read_rows
-from zoo.recipes import expand_grid
+from zoo.recipes.grids import expand_grid
+from zoo.rows import read_rows
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 

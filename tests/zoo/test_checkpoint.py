@@ -13,7 +13,8 @@ import torch
 
 from zoo import train
 from zoo.errors import UserError
-from zoo.recipes import recipe_mapping, resolve
+from zoo.recipes import resolve
+from zoo.recipes.plain import recipe_mapping
 from zoo.training.checkpoint import FILENAME, load
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

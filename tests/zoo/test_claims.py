@@ -1,4 +1,4 @@
-"""The claims ledger (zoo/claims.py, claims.yaml -> CLAIMS.md) and seeds in ablation recipes.
+"""The claims ledger (zoo/experiments/claims/, claims.yaml -> CLAIMS.md) and seeds in ablation recipes.
 
 The committed CLAIMS.md and tables/README.md must equal the regenerated text; rules are checked on synthetic
 results with fresh random numbers against verdicts and means worked out here by hand; bad definitions fail
@@ -14,11 +14,17 @@ import yaml
 
 from zoo.cli import main
 from zoo.errors import UserError
-from zoo.experiments import claims as ledger
 from zoo.experiments.ablate import completed_rows, run_ablation
+from zoo.experiments.claims import ledger
+from zoo.experiments.claims.cells import recipe_cells, table_cells
+from zoo.experiments.claims.conditions import Condition, evaluate
+from zoo.experiments.claims.costs import table_estimates
+from zoo.experiments.claims.errors import ClaimsError
+from zoo.experiments.claims.schema import load
+from zoo.experiments.claims.verdicts import evaluate_claims
 from zoo.experiments.results import cell_of, render
-from zoo.experiments.rows import read_rows
 from zoo.recipes import resolve
+from zoo.rows import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -81,8 +87,8 @@ def _synthetic_root(tmp_path, cells, rule=None, claim=None):
 
 
 def _verdict(root):
-    data = ledger.load(root)
-    return ledger.evaluate_claims(data, root)[0]
+    data = load(root)
+    return evaluate_claims(data, root)[0]
 
 
 @pytest.mark.parametrize("a, b, n, expect", [
@@ -114,8 +120,8 @@ def test_mean_and_spread_over_seeds_match_a_hand_computation(tmp_path):
     assert cell.summary("test_accuracy") == expected
     assert expected in ledger.build(root)["CLAIMS.md"]
     # @all: the training length and every test length, each compared with the threshold
-    cond = ledger.Condition.parse("a.test_accuracy@all >= 0.0", "test")
-    outcome = ledger.evaluate(cond, claim.cells)
+    cond = Condition.parse("a.test_accuracy@all >= 0.0", "test")
+    outcome = evaluate(cond, claim.cells)
     assert outcome.holds and outcome.detail.count(">=") == 2
 
 
@@ -152,25 +158,25 @@ def test_legacy_seed_labels_group_with_the_cell_and_nan_means_diverged(tmp_path)
 ])
 def test_bad_definitions_raise_a_clear_error(tmp_path, change, message):
     root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)}, claim=change)
-    with pytest.raises(ledger.ClaimsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ClaimsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ledger.build(root)
 
 
 def test_missing_table_and_mixed_rows_raise(tmp_path):
     root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
     (root / "tables" / "t" / "results.jsonl").unlink()
-    with pytest.raises(ledger.ClaimsError, match=r"tables/t/results.jsonl: no such file"):
+    with pytest.raises(ClaimsError, match=r"tables/t/results.jsonl: no such file"):
         ledger.build(root)
     root = _synthetic_root(tmp_path / "2", {"a": _values(3, 0.95), "b": _values(3, 0.1)})
     path = root / "tables" / "t" / "results.jsonl"
     rows = read_rows(path)
     rows[1]["recipe"]["model"]["layers"] = ["other"]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ledger.ClaimsError, match="differ in more than the seed"):
+    with pytest.raises(ClaimsError, match="differ in more than the seed"):
         ledger.build(root)
     rows[1] = dict(rows[0])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ledger.ClaimsError, match="more than one row for seed 0"):
+    with pytest.raises(ClaimsError, match="more than one row for seed 0"):
         ledger.build(root)
 
 
@@ -255,7 +261,7 @@ def test_a_ray_table_gets_the_ray_command_and_a_per_worker_estimate(tmp_path):
     assert "on 2 Ray workers" in ray[0]
     data["tables"]["t"]["ray_workers"] = 0
     (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(ledger.ClaimsError, match=r"tables.t.ray_workers: expected a whole number of workers >= 1"):
+    with pytest.raises(ClaimsError, match=r"tables.t.ray_workers: expected a whole number of workers >= 1"):
         ledger.build(root)
 
 
@@ -265,14 +271,14 @@ def test_the_estimate_uses_a_committed_run_s_own_time_and_the_step_rate_otherwis
     for i, cell in enumerate(recipe["grid"]):  # three different recipes, so that each row can match one cell only
         cell["train.lr"] = 1e-3 * (i + 1)
     (root / "recipes" / "t.yaml").write_text(yaml.safe_dump(recipe))
-    keys = {(c.label, c.recipe.seed): c.recipe.key for c in ledger.recipe_cells(root, "recipes/t.yaml")}
+    keys = {(c.label, c.recipe.seed): c.recipe.key for c in recipe_cells(root, "recipes/t.yaml")}
     path = root / "tables" / "t" / "results.jsonl"
     rows = read_rows(path)
     for row in rows:  # cell a's rows are runs of the recipe as written; b's come from an older recipe
         if row["label"] == "a":
             row["recipe_key"] = keys[("a", row["seed"])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    est = ledger.table_estimates(root, "recipes/t.yaml", ledger.table_cells(root, "t"))
+    est = table_estimates(root, "recipes/t.yaml", table_cells(root, "t"))
     steps = resolve(TINY).train.steps
     rate = sum(2.0 * (1 + s) / 10 for s in range(3)) / 3  # b's mean seconds per step (10 steps per row)
     assert est["total"] == pytest.approx((2.0 + 4.0 + 6.0) + 3 * rate * steps)

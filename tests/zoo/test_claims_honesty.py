@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zoo.experiments import claims as ledger
+from zoo.experiments.claims import ledger
+from zoo.experiments.claims.errors import ClaimsError
+from zoo.experiments.claims.schema import Claim, load
+from zoo.experiments.claims.verdicts import evaluate_claims
 
 from .test_claims import TINY, _synthetic_root, _values
 
@@ -29,8 +32,8 @@ def _stamp_rows(root: Path, commit: str) -> None:
     path.write_text("".join(json.dumps({**r, "versions": {"git": commit}}) + "\n" for r in rows))
 
 
-def _claim(root: Path) -> ledger.Claim:
-    return ledger.evaluate_claims(ledger.load(root), root)[0]
+def _claim(root: Path) -> Claim:
+    return evaluate_claims(load(root), root)[0]
 
 
 def _repo(tmp_path) -> Path:
@@ -136,7 +139,7 @@ def test_a_baseline_at_its_no_learning_level_makes_the_claim_inconclusive(tmp_pa
 def test_a_level_must_be_declared_for_every_learned_term(tmp_path):
     root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)},
                            claim={"learned": ["a.test_accuracy"]})
-    with pytest.raises(ledger.ClaimsError, match="declares no no_learning level"):
+    with pytest.raises(ClaimsError, match="declares no no_learning level"):
         _claim(root)
 
 
@@ -219,9 +222,9 @@ def test_rows_record_their_step0_metrics_and_a_cell_without_them_is_reported(tmp
 
 def test_an_ablation_row_records_the_untrained_models_metrics(tmp_path):
     from zoo.cli import main
-    from zoo.experiments.rows import read_rows
     from zoo.experiments.untrained import untrained_metrics
     from zoo.recipes import resolve
+    from zoo.rows import read_rows
     recipe = tmp_path / "grid.yaml"
     recipe.write_text(f"extends: {TINY}\ngrid: [{{label: a, train.steps: 30}}]\n")
     assert main(["ablate", str(recipe), "--out", str(tmp_path / "out"), "--no-plot", "--no-progress"]) == 0

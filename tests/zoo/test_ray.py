@@ -16,8 +16,8 @@ from zoo.cli import main  # noqa: E402
 from zoo.errors import UserError  # noqa: E402
 from zoo.experiments.ablate import CellsFailed, run_ablation  # noqa: E402
 from zoo.experiments.executors import RayExecutor  # noqa: E402
-from zoo.experiments.rows import TIMING_METRICS, read_rows  # noqa: E402
 from zoo.recipes import resolve  # noqa: E402
+from zoo.rows import TIMING_METRICS, read_rows  # noqa: E402
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 TIMES = TIMING_METRICS

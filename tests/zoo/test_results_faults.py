@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from zoo.cli import main
-from zoo.experiments.rows import DAMAGED_NAME, TIMING_METRICS, append_row, read_rows, repair_rows
 from zoo.recipes import resolve
+from zoo.rows import DAMAGED_NAME, TIMING_METRICS, append_row, read_rows, repair_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"

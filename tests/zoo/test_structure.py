@@ -1,5 +1,6 @@
-"""The shape of the ``zoo`` package, read from its source: no import cycle, imports at the top of a module
-(except optional extras, loaded only when asked for), short functions, and a short training loop."""
+"""The shape of the ``zoo`` package, read from its source: no import cycle, floors that imports only go down,
+imports at the top of a module (except optional extras, loaded only when asked for), short functions, and a
+short training loop; and ``kernels/`` holds tensor functions only, not the tools that drive them."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +16,12 @@ OPTIONAL = {"ray", "wandb", "torch.utils.tensorboard", "datasets", "tokenizers",
 #: whichever layout the commit has, inside its functions; nothing in the zoo imports it
 OTHER_COMMITS_SCRIPT = "zoo.experiments.probe"
 MAX_FUNCTION_LINES = 80
+#: the floors inside zoo: the modules of a package on the left never import those of a package on the right
+#: (results rows, errors and the environment record stand on the ground floor, below all of them)
+FLOORS = {"zoo.training": ("zoo.experiments",),
+          "zoo.tasks": ("zoo.training", "zoo.experiments"),
+          "zoo.data": ("zoo.training", "zoo.experiments")}
+GROUND_FLOOR = ("zoo.rows", "zoo.errors", "zoo.environment")
 MAX_TRAIN_LINES = 60
 
 
@@ -85,6 +92,38 @@ def test_the_import_graph_of_zoo_has_no_cycle():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _upward(graph: dict[str, set[str]], floors: dict[str, tuple[str, ...]]) -> list[str]:
+    """``importer -> imported`` for every import that goes from a package up to one it must not import."""
+    return sorted(f"{name} -> {target}" for name, imports in graph.items() for package, above in floors.items()
+                  if _within(name, package) for target in imports if any(_within(target, a) for a in above))
+
+
+def test_imports_inside_zoo_only_go_down_the_floors():
+    modules = _modules()
+    graph = {name: _imports(name, tree, set(modules)) - {name} for name, tree in modules.items()}
+    assert any(_within(m, "zoo.training") for m in graph) and any(_within(m, "zoo.tasks") for m in graph)
+    assert not _upward(graph, FLOORS), "imports up a floor: " + "; ".join(_upward(graph, FLOORS))
+    ground = {name: graph[name] for name in GROUND_FLOOR}
+    assert all(imports <= set(GROUND_FLOOR) for imports in ground.values()), f"the ground floor imports {ground}"
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"zoo.training.evaluation": {"zoo.experiments.rows", "zoo.rows"}, "zoo.tasks.lm": {"zoo.data.windows"},
+             "zoo.data.windows": {"zoo.training.device"}, "zoo.experiments.ablate": {"zoo.training.loop"}}
+    assert _upward(graph, FLOORS) == ["zoo.data.windows -> zoo.training.device",
+                                      "zoo.training.evaluation -> zoo.experiments.rows"]
+
+
+def test_kernels_holds_no_tool_that_drives_the_launchers():
+    # kernels/ is pure tensor functions; the compile check, which drives every launcher, is a benchmark tool
+    tools = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels").rglob("compile_check.py"))
+    assert not tools, f"{tools}: tools that drive the kernels live in zoo/benchmark/, not in kernels/"
 
 
 def test_imports_stand_at_the_top_of_a_module_except_optional_extras():

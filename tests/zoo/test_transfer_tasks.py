@@ -232,7 +232,7 @@ def test_a_recipe_with_eval_tasks_trains_and_reports_task_metrics():
 
 
 def test_claims_read_the_lengths_of_task_metrics():
-    from zoo.experiments.claims import CellStats
+    from zoo.experiments.claims.cells import CellStats
     row = {"metrics": {"test_accuracy@task=niah": 0.5, "test_accuracy@task=niah@128": 0.4, "test_accuracy@128": 0.3},
            "recipe": {"seed": 0}}
     cell = CellStats("t", "c", [row])

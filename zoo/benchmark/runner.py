@@ -49,7 +49,9 @@ from ..environment import environment
 from ..errors import UserError
 from ..experiments.results import render_bench
 from ..host_memory import cpu_seconds, tune_allocator
-from ..recipes import layer_label, load_raw, resolve
+from ..recipes import resolve
+from ..recipes.loading import load_raw
+from ..recipes.plain import layer_label
 from .measure import error_text, free, measure, merge_samples
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -191,74 +193,102 @@ def _totals(result: dict, start: tuple[float, float, float]) -> dict:
     return result
 
 
+def _config(args, recipe, labels: list[str], dtype_name: str) -> dict:
+    """What ``bench.json`` records of the run's configuration."""
+    return {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"],
+            "overrides": args.overrides,
+            "seq_lens": args.seq_lens, "batch": args.batch, "d_model": recipe.model.d_model, "dtype": dtype_name,
+            "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed,
+            "decode": not args.no_decode,
+            "threads": torch.get_num_threads(), "time_limit": args.time_limit,
+            "allocator_tuned": tune_allocator()}
+
+
+class _Sweep:
+    """The mixers of one benchmark, built once each, and the rows they give: the first round measures each
+    entry at each length (or records why not), later rounds add timings to those rows."""
+
+    def __init__(self, args, device, recipe, dtype_name: str):
+        self.args, self.device, self.recipe = args, device, recipe
+        self.dtype_name, self.dtype = dtype_name, DTYPES[dtype_name]
+        self.built: dict[int, object] = {}
+        self.last: dict[int, dict] = {}  # each entry's row at its previous length
+        self.rows: dict[tuple[int, int], dict] = {}
+
+    def _build(self, i: int, name: str):
+        if i not in self.built:
+            torch.manual_seed(self.args.seed)
+            self.built[i] = MIXERS.get(name)(self.recipe.model.d_model, self.recipe.layers[i].options).to(
+                device=self.device, dtype=self.dtype)
+        return self.built[i]
+
+    def _measure(self, row: dict, i: int, T: int) -> None:
+        """Fill ``row`` with the measurements of entry ``i`` at ``T``, or the error that stopped them."""
+        a, name = self.args, self.recipe.layers[i].name
+        predicted = _predicted_seconds(self.last.get(i, {}), T, MIXERS.get(name).state_grows_with_seq_len)
+        if a.time_limit and predicted is not None and predicted > a.time_limit:
+            row["error"] = f"skipped: fwd+bwd predicted {predicted:.0f} s > --time-limit {a.time_limit:g} s"
+            return
+        try:
+            mixer = self._build(i, name)
+            row["params"] = sum(p.numel() for p in mixer.parameters())
+            torch.manual_seed(a.seed + T)
+            row.update(measure(mixer, T, a.batch, self.device, self.dtype, a.warmup, a.repeats, not a.no_decode))
+            row["rounds"] = 1
+            self.last[i] = row
+        except Exception as err:  # noqa: BLE001 - building failed: record it, go on
+            row["error"] = f"build: {error_text(err)}"
+            free(self.device)
+
+    def first(self, i: int, label: str, T: int) -> dict:
+        """The row of entry ``i`` at ``T`` from its first round."""
+        row = {"mixer": self.recipe.layers[i].name, "label": label, "T": T, "batch": self.args.batch,
+               "d_model": self.recipe.model.d_model, "dtype": self.dtype_name, "device": str(self.device)}
+        t0 = time.perf_counter()
+        self._measure(row, i, T)
+        row["wall_s"] = time.perf_counter() - t0
+        self.rows[i, T] = row
+        return row
+
+    def again(self, rnd: int, i: int, T: int) -> bool:
+        """Round ``rnd`` (> 0) of entry ``i`` at ``T``: its timings pooled into the first round's row; False
+        when that row failed or was skipped (not retried)."""
+        a, row = self.args, self.rows[i, T]
+        if row.get("error"):
+            return False
+        t0 = time.perf_counter()
+        torch.manual_seed(a.seed + T)
+        again = measure(self.built[i], T, a.batch, self.device, self.dtype, a.warmup, a.repeats, not a.no_decode,
+                        memory=False)
+        merge_samples(row, again)
+        row["wall_s"] += time.perf_counter() - t0
+        row["rounds"] = rnd + 1
+        if again.get("error"):
+            row["error"] = f"round {rnd + 1}: {again['error']}"
+        return True
+
+
 def _run(args, device, recipe, labels) -> int:
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    dtype = DTYPES[dtype_name]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    d_model = recipe.model.d_model
-    result = {
-        "machine": environment(device),
-        "config": {"mixers": labels, "baseline": args.baseline or labels[0], "recipe": recipe.plain["model"],
-                   "overrides": args.overrides,
-                   "seq_lens": args.seq_lens, "batch": args.batch, "d_model": d_model, "dtype": dtype_name,
-                   "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup, "seed": args.seed,
-                   "decode": not args.no_decode,
-                   "threads": torch.get_num_threads(), "time_limit": args.time_limit,
-                   "allocator_tuned": tune_allocator()},
-        "rows": [],
-    }
+    result = {"machine": environment(device), "config": _config(args, recipe, labels, dtype_name), "rows": []}
     start = time.perf_counter(), *cpu_seconds()
     json_path = out / "bench.json"
     jobs = [(r, i, T) for r in range(args.rounds) for i in range(len(labels)) for T in args.seq_lens]
     bar = tqdm(jobs, desc="bench", disable=True if args.no_progress else None, file=sys.stderr)
-    built: dict[int, object] = {}
-    last: dict[int, dict] = {}
-    rows: dict[tuple[int, int], dict] = {}
+    sweep = _Sweep(args, device, recipe, dtype_name)
     for rnd, i, T in bar:
-        spec, label = recipe.layers[i], labels[i]
-        bar.set_postfix_str(f"{label} T={T}" + (f" round {rnd + 1}" if args.rounds > 1 else ""))
+        bar.set_postfix_str(f"{labels[i]} T={T}" + (f" round {rnd + 1}" if args.rounds > 1 else ""))
         if rnd > 0:
-            row = rows[i, T]
-            if row.get("error"):
-                continue  # failed or skipped in the first round: not retried
-            t0 = time.perf_counter()
-            torch.manual_seed(args.seed + T)
-            again = measure(built[i], T, args.batch, device, dtype, args.warmup, args.repeats, not args.no_decode,
-                            memory=False)
-            merge_samples(row, again)
-            row["wall_s"] += time.perf_counter() - t0
-            row["rounds"] = rnd + 1
-            if again.get("error"):
-                row["error"] = f"round {rnd + 1}: {again['error']}"
-            _write_json(json_path, _totals(result, start))
+            if sweep.again(rnd, i, T):
+                _write_json(json_path, _totals(result, start))
             continue
-        row = {"mixer": spec.name, "label": label, "T": T, "batch": args.batch, "d_model": d_model,
-               "dtype": dtype_name, "device": str(device)}
-        t0 = time.perf_counter()
-        predicted = _predicted_seconds(last.get(i, {}), T, MIXERS.get(spec.name).state_grows_with_seq_len)
-        if args.time_limit and predicted is not None and predicted > args.time_limit:
-            row["error"] = f"skipped: fwd+bwd predicted {predicted:.0f} s > --time-limit {args.time_limit:g} s"
-        else:
-            try:
-                if i not in built:
-                    torch.manual_seed(args.seed)
-                    built[i] = MIXERS.get(spec.name)(d_model, spec.options).to(device=device, dtype=dtype)
-                mixer = built[i]
-                row["params"] = sum(p.numel() for p in mixer.parameters())
-                torch.manual_seed(args.seed + T)
-                row.update(measure(mixer, T, args.batch, device, dtype, args.warmup, args.repeats, not args.no_decode))
-                row["rounds"] = 1
-                last[i] = row
-            except Exception as err:  # noqa: BLE001 - building failed: record it, go on
-                row["error"] = f"build: {error_text(err)}"
-                free(device)
-        row["wall_s"] = time.perf_counter() - t0
-        rows[i, T] = row
+        row = sweep.first(i, labels[i], T)
         result["rows"].append(row)
         _write_json(json_path, _totals(result, start))  # every finished row is on disk at once
         if row.get("error"):
-            tqdm.write(f"zoo bench: {label} T={T}: {row['error']}", file=sys.stderr)
+            tqdm.write(f"zoo bench: {labels[i]} T={T}: {row['error']}", file=sys.stderr)
     text = render_bench(result, out, plot=not args.no_plot)
     print(text)
     print(f"wrote {json_path}, {out / 'bench.md'}, {out / 'bench.csv'}" + ("" if args.no_plot else f", {out / 'bench.png'}"))

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from ..config import Cell, Recipe
 from ..errors import UserError
-from ..recipes import recipe_differences
+from ..recipes.plain import recipe_differences
+from ..rows import append_row, repair_rows
 from .executors import Executor, SequentialExecutor
 from .results import render_folder, write_layout
-from .rows import append_row, repair_rows
 
 #: files an ablation writes in its folder (each must be writable before the first cell trains)
 WRITTEN = ("results.jsonl", "results.md", "results.csv", "results.png", "cells.json", "results.damaged.jsonl")

@@ -30,8 +30,8 @@ import torch
 
 from ..config import Cell
 from ..errors import UserError, error_summary
+from ..rows import make_row
 from ..training import loop
-from .rows import make_row
 from .untrained import untrained_metrics
 
 RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'

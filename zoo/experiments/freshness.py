@@ -28,7 +28,8 @@ from pathlib import Path
 from mixers import MIXERS, STATE_MIXERS
 
 from ..errors import UserError
-from ..recipes import recipe_mapping, resolve
+from ..recipes import resolve
+from ..recipes.plain import recipe_mapping
 from ..tasks import TASKS
 from .preregistration import git
 

@@ -1,6 +1,6 @@
 """Everything rendered from result files: ablation tables and ``zoo bench`` tables.
 
-``results.jsonl`` (:mod:`zoo.experiments.rows`) holds one JSON object per finished ablation cell. Tables
+``results.jsonl`` (:mod:`zoo.rows`) holds one JSON object per finished ablation cell. Tables
 (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
 table writer (:func:`write_table`) and one figure helper (:func:`figure`) for both kinds of result.
 """
@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 from tabulate import tabulate
 
 from ..errors import UserError
-from ..recipes import layer_label
-from .rows import read_rows
+from ..recipes.plain import layer_label
+from ..rows import read_rows
 
 #: an ablation's grid order, labels and title, beside its results.jsonl
 LAYOUT_NAME = "cells.json"

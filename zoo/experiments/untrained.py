@@ -2,7 +2,7 @@
 
 A rule that already holds on untrained models says nothing about training: "GKA is within 0.02 of GLA" is
 true of two models that both guess. The ledger evaluates every verdict condition on these numbers too and
-flags a condition that holds at step 0 (:mod:`zoo.experiments.claims`).
+flags a condition that holds at step 0 (:mod:`zoo.experiments.claims.verdicts`).
 
 The untrained model of a row is built exactly as training builds it (``torch.manual_seed(seed)``, then the
 model from the row's resolved recipe) and evaluated by the end-of-run evaluation
@@ -19,12 +19,14 @@ import torch
 
 from ..config import Recipe
 from ..model import HybridLM
-from ..recipes import recipe_mapping, resolve
+from ..recipes import resolve
+from ..recipes.plain import recipe_mapping
+from ..rows import read_rows
 from ..tasks import Task
-from ..training.evaluation import resolve_device, test_metrics
+from ..training.device import resolve_device
+from ..training.evaluation import test_metrics
 from .preregistration import git
 from .results import group_by_cell
-from .rows import read_rows
 
 FILENAME = "untrained.json"
 

@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import UserError
+from ..rows import read_rows
 from .freshness import CODE_PATHS, cell_staleness
 from .preregistration import git
 from .results import group_by_cell
-from .rows import read_rows
 
 FILENAME = "code_changes.json"
 LOSS_RTOL = 1e-6

@@ -38,7 +38,7 @@ import torch
 from mixers import MIXERS, STATE_MIXERS
 
 from ..errors import UserError
-from ..recipes import recipe_differences
+from ..recipes.plain import recipe_differences
 from ..tasks import TASKS
 
 FILENAME = "checkpoint.pt"

@@ -1,24 +1,9 @@
-"""Evaluation of a model, in one place: devices and precision, per-split metrics, test-time knobs,
-``eval.tasks``, and ``zoo eval`` (evaluate a checkpoint again without retraining).
+"""The metrics of a model: the loss of a batch, per-split accuracy, test-time knobs, ``eval.tasks`` and the
+language-model metrics, computed the same way during training, at its end and by ``zoo eval``.
 
 Training calls into this module (the loss of a batch, the end-of-run metrics); this module never
-imports training.
-
-``zoo eval``: the checkpoint carries its resolved recipe; :func:`eval_recipe` re-resolves it with
-overrides that leave the trained model as it is:
-
-- ``eval.*``: other test lengths (``eval.seq_lens=[64,128]``), test-time knob values
-  (``eval.test_time={knob: v}``, ``eval.test_time_sweep``), other tasks with the same vocabulary
-  (``eval.tasks``), the evaluation batch size;
-- ``task.<option>`` for options that keep the task's vocabulary (e.g. ``task.num_test``,
-  ``task.seq_len``, ``task.num_kv_pairs``), never ``task.name``;
-- ``seed`` (it selects the test data here), ``train.device``, ``train.threads``,
-  ``train.precision``, ``name``, ``description``, ``imports``.
-
-Every other override (``model.*``, the rest of ``train.*``) describes how the checkpoint was trained,
-and is refused with a one-line error. Without overrides, evaluation repeats the end-of-training
-evaluation exactly (same data, same code path, same numbers on a CPU with the recipe's threads).
-Rows go to ``results.jsonl`` in the format of ablation rows.
+imports training's loop. Device and precision choices come from :mod:`zoo.training.device`; evaluating a
+checkpoint again (``zoo eval``) is :mod:`zoo.reevaluate`.
 
 Text tasks (:class:`zoo.tasks.text.TextTask`, the ``lm`` task) also get validation bits per
 byte, perplexity, the loss by position bucket and bits per byte at every ``eval.seq_lens`` length
@@ -31,53 +16,20 @@ byte, perplexity, the loss by position bucket and bits per byte at every ``eval.
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
 from ..config import Recipe
-from ..errors import UserError
-from ..experiments.rows import make_row
 from ..model import HybridLM
-from ..recipes import parse_override, recipe_mapping, resolve
 from ..tasks import Task, TaskData
 from ..tasks.text import TextTask
-from . import checkpoint as ckpt
+from .device import autocast
 
-ALLOWED_PREFIXES = ("eval", "task", "seed", "name", "description", "imports", "train.device", "train.threads",
-                    "train.precision")
 #: text tasks: the loss by position is reported in this many equal ranges of positions
 POSITION_BUCKETS = 4
-WHY = ("zoo eval may change only eval.*, task options that keep the vocabulary, seed (the test data), "
-       "train.device/threads/precision")
 
 
-# ------------------------------------------------------------------------------------------ device, precision
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but no CUDA device is available; use train.device=cpu (or auto)")
-    return torch.device(name)
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto`` -> ``bf16`` on CUDA, ``fp32`` elsewhere."""
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision
-
-
-def autocast(device: torch.device, precision: str = "auto"):
-    precision = resolve_precision(precision, device)
-    if precision == "fp32":
-        return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
-# ------------------------------------------------------------------------------------------ metrics
 def forward_loss(model, batch: TaskData, device, precision: str = "auto",
                  reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, hits, supervised)``: cross-entropy over supervised positions (mean or sum), and
@@ -203,80 +155,3 @@ def test_metrics(model: HybridLM, recipe: Recipe, task: Task, device, precision:
     metrics["state_size"] = model.state_size(task.seq_len)
     metrics["active_state_size"] = model.active_state_size(task.seq_len)
     return metrics
-
-
-# ------------------------------------------------------------------------------------------ zoo eval
-def _override_items(overrides) -> list[tuple[str, object, str]]:
-    if isinstance(overrides, Mapping):
-        return [(k, v, f"{k}={v!r}") for k, v in overrides.items()]
-    items = []
-    for text in overrides:
-        path, value = parse_override(text)
-        items.append((".".join(str(p) for p in path), value, text))
-    return items
-
-
-def eval_recipe(plain: dict, imports: list[str] = (), overrides=()) -> tuple[Recipe, Recipe]:
-    """``(trained, for_eval)``: the checkpoint's recipe and the one with the evaluation overrides,
-    after checking that no override changes the trained model."""
-    base = recipe_mapping(plain, imports)
-    for key, _value, text in _override_items(overrides):
-        if key == "task.name" or not any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES):
-            raise UserError(f"zoo eval: override {text!r} would change the trained model; {WHY}")
-    trained = resolve(base)
-    new = resolve(base, overrides)
-    if new.task.name != trained.task.name:
-        raise UserError(f"zoo eval: the task must stay {trained.task.name!r}; {WHY}")
-    old_vocab, new_vocab = Task.from_spec(trained.task).vocab_size, Task.from_spec(new.task).vocab_size
-    if old_vocab != new_vocab:
-        raise UserError(f"zoo eval: these task options change the vocabulary from {old_vocab} to {new_vocab}, "
-                        f"which the trained embedding cannot read; {WHY}")
-    return trained, new
-
-
-def load_model(state: dict, recipe: Recipe, device) -> HybridLM:
-    model = HybridLM.from_recipe(recipe, Task.from_spec(recipe.task).vocab_size)
-    model.load_state_dict(state["model"])
-    return model.to(device).eval()
-
-
-def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> dict:
-    """Evaluate the checkpoint at ``location`` (a file or its folder); returns a results row
-    (``recipe_key``, ``label``, ``recipe``, ``metrics``, environment, ...)."""
-    path = ckpt.path_in(location)
-    state = ckpt.load(path)
-    named = [v for k, v, _t in _override_items(overrides) if k == "imports"]
-    missing = sorted(set(state.get("imports", [])) - {m for value in named for m in (value or [])})
-    if missing:  # importing runs code: only what the user names, never what a file names
-        raise UserError(f"{path}: trained with components defined in {missing}; zoo eval imports no module "
-                        f"named only by a checkpoint: add imports=[{', '.join(missing)}] if you trust them")
-    trained, recipe = eval_recipe(state["recipe"], [m for value in named for m in (value or [])], overrides)
-    if trained.key != state["recipe_key"]:
-        raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
-                        f"({trained.key} != {state['recipe_key']}); a default changed since it was written")
-    t = recipe.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
-    model = load_model(state, trained, device)
-    metrics = {"steps": state["step"]}
-    metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
-                                resolve_precision(t.precision, device)))
-    metrics["device"] = str(device)
-    items = _override_items(overrides)
-    return make_row(recipe, label or " ".join(["eval"] + [text for _k, _v, text in items]), metrics,
-                    overrides={k: v for k, v, _t in items}, device=device, checkpoint=str(path),
-                    trained_recipe_key=state["recipe_key"], finished=state["finished"])
-
-
-def evaluate(source, overrides=()) -> dict:
-    """Metrics of a trained model: ``source`` is a :class:`zoo.training.loop.TrainResult` or a checkpoint path."""
-    if isinstance(source, (str, Path)):
-        return evaluate_checkpoint(source, overrides)["metrics"]
-    result = source
-    if result.recipe is None:
-        raise UserError("evaluate: this TrainResult carries no recipe; pass a checkpoint path instead")
-    _trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
-    device = next(result.model.parameters()).device
-    return test_metrics(result.model, recipe, Task.from_spec(recipe.task), device,
-                        resolve_precision(recipe.train.precision, device))

@@ -39,7 +39,8 @@ from ..tasks import Task, TaskData
 from ..tasks.text import training_data
 from . import checkpoint as ckpt
 from . import distributed
-from .evaluation import evaluate_data, forward_loss, resolve_device, resolve_precision, test_metrics
+from .device import resolve_device, resolve_precision
+from .evaluation import evaluate_data, forward_loss, test_metrics
 from .state import TrainState
 from .tracking import Tracker, make_tracker
 

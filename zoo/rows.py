@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..environment import environment
+from .environment import environment
 
 #: what every row has, with its type
 REQUIRED_FIELDS = {"recipe_key": str, "label": str, "recipe": dict, "metrics": dict}

@@ -1,0 +1,108 @@
+"""The condition language of a claim's rule: ``<cell>.<metric> <op> <cell>.<metric> [+|- number]`` or
+``<cell>.<metric> <op> <number>``, op one of ``>= <= > < ==``, read on cell means over seeds.
+
+``nan`` is a number (``== nan`` asks for a diverged cell, and ``nan == nan`` holds); ``<metric>@all`` means the
+metric at the training length and at every test length of the cell, compared length by length when both
+sides say ``@all``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .cells import CellStats, num
+from .errors import ClaimsError
+
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+        "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or a == b}
+_COND = re.compile(r"^\s*(?P<left>.+?)\s+(?P<op>>=|<=|==|>|<)\s+(?P<right>.+?)\s*$")
+_TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+?)(?:\s*(?P<sign>[+-])\s*(?P<offset>\S+))?"
+                   r"|(?P<number>\S+))$")
+
+
+@dataclass
+class Term:
+    """One side of a condition: a cell's metric plus an offset, or a number."""
+    alias: str | None
+    metric: str | None
+    offset: float
+    number: float | None
+
+
+def parse_term(text: str, where: str) -> Term:
+    m = _TERM.match(text.strip())
+    if m is None:
+        raise ClaimsError(f"{where}: cannot read {text!r}; write <cell>.<metric> [+|- number] or a number")
+    if m.group("number") is not None:
+        try:
+            return Term(None, None, 0.0, float(m.group("number")))
+        except ValueError:
+            raise ClaimsError(f"{where}: {text!r} is neither a number nor <cell>.<metric>") from None
+    offset = 0.0
+    if m.group("offset") is not None:
+        try:
+            offset = float(m.group("offset")) * (1 if m.group("sign") == "+" else -1)
+        except ValueError:
+            raise ClaimsError(f"{where}: the offset in {text!r} is not a number") from None
+    return Term(m.group("alias"), m.group("metric"), offset, None)
+
+
+@dataclass
+class Condition:
+    text: str
+    left: Term
+    op: str
+    right: Term
+
+    @classmethod
+    def parse(cls, text, where: str) -> "Condition":
+        if not isinstance(text, str):
+            raise ClaimsError(f"{where}: a condition is a string such as 'a.test_accuracy >= 0.9', got {text!r}")
+        m = _COND.match(text)
+        if m is None:
+            raise ClaimsError(f"{where}: cannot read condition {text!r}; write <cell>.<metric> <op> <cell>.<metric> "
+                              f"[+|- number] or <cell>.<metric> <op> <number>, op one of >= <= > < ==")
+        return cls(text, parse_term(m.group("left"), where), m.group("op"), parse_term(m.group("right"), where))
+
+    def aliases(self) -> list[str]:
+        return [t.alias for t in (self.left, self.right) if t.alias is not None]
+
+
+def term_metrics(term: Term, cell: CellStats) -> list[str]:
+    """The metrics a term reads of its cell: its metric, or the metric at every length for ``@all``."""
+    return cell.lengths(term.metric[:-4]) if term.metric.endswith("@all") else [term.metric]
+
+
+def expand(term: Term, cells: dict[str, CellStats]) -> list[tuple[str, float]]:
+    """``[(metric, value)]`` of a term: one entry, or one per length for ``@all``."""
+    if term.alias is None:
+        return [("", term.number)]
+    cell = cells[term.alias]
+    return [(m, cell.mean(m) + term.offset) for m in term_metrics(term, cell)]
+
+
+@dataclass
+class ConditionResult:
+    holds: bool
+    detail: str
+
+
+def _length(metric: str) -> str:
+    return metric.rsplit("@", 1)[-1] if "@" in metric else "T"
+
+
+def evaluate(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
+    left, right = expand(cond.left, cells), expand(cond.right, cells)
+    if len(left) > 1 and len(right) > 1:
+        lm, rm = [_length(m) for m, _ in left], [_length(m) for m, _ in right]
+        if lm != rm:
+            raise ClaimsError(f"condition {cond.text!r}: the two sides have different test lengths ({lm} vs {rm})")
+        pairs = list(zip(left, right))
+    elif len(left) > 1:
+        pairs = [(x, right[0]) for x in left]
+    else:
+        pairs = [(left[0], y) for y in right]
+    results = [_OPS[cond.op](a, b) for (_, a), (_, b) in pairs]
+    shown = ", ".join(f"{num(a)} {cond.op} {num(b)}" for (_, a), (_, b) in pairs)
+    return ConditionResult(all(results), shown)

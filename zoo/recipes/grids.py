@@ -1,0 +1,87 @@
+"""Ablation grids: a recipe's ``grid`` expanded into labelled cells of overrides, and ``seeds`` crossed with them.
+
+A grid is a mapping ``{key.path: [values]}`` (every combination is a cell, labelled by its values) or a list of
+override mappings (one cell each, labelled by its ``label`` or its overrides). Cell labels must differ.
+"""
+from __future__ import annotations
+
+import itertools
+
+from ..errors import UserError
+from .plain import layer_label
+
+
+def _short(value) -> str:
+    if isinstance(value, list):
+        return "+".join(layer_label(v) if isinstance(v, (str, dict)) else str(v) for v in value)
+    return str(value)
+
+
+def _check_grid_key(key, where: str) -> None:
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise UserError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
+
+
+def _product_cells(grid: dict) -> list[tuple[str, dict]]:
+    """``{key.path: [values]}``: one cell per combination of values."""
+    keys = list(grid)
+    for key in keys:
+        _check_grid_key(key, f"grid.{key}")
+        if not isinstance(grid[key], list) or not grid[key]:
+            raise UserError(f"grid.{key}: expected a non-empty list of values to try")
+    cells = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        overrides = dict(zip(keys, values))
+        cells.append((" ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in overrides.items()), overrides))
+    return cells
+
+
+def _listed_cells(grid: list) -> list[tuple[str, dict]]:
+    """A list of override mappings: one cell each, with distinct labels."""
+    if not grid:
+        raise UserError("grid: the list of cells is empty")
+    cells = []
+    for i, cell in enumerate(grid):
+        if not isinstance(cell, dict):
+            raise UserError(f"grid.{i}: expected a mapping of key.path: value overrides")
+        cell = dict(cell)
+        label = cell.pop("label", None)
+        if label is not None and not isinstance(label, (str, int, float)):
+            raise UserError(f"grid.{i}.label: expected a short name, got {label!r}")
+        for key in cell:
+            _check_grid_key(key, f"grid.{i}.{key}")
+        label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
+        cells.append((label, cell))
+    labels = [c[0] for c in cells]
+    dupes = {x for x in labels if labels.count(x) > 1}
+    if dupes:
+        raise UserError(f"grid: duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
+    return cells
+
+
+def expand_grid(grid) -> list[tuple[str, dict]]:
+    """``[(label, {key.path: value})]`` for every cell of the grid (one empty cell without a grid)."""
+    if grid is None or grid == {}:
+        return [("base", {})]
+    if isinstance(grid, dict):
+        return _product_cells(grid)
+    if isinstance(grid, list):
+        return _listed_cells(grid)
+    raise UserError("grid: expected a mapping of key.path -> list, or a list of override mappings")
+
+
+def cross_seeds(cells: list[tuple[str, dict]], seeds: list[int] | None) -> list[tuple[str, dict]]:
+    """Every cell once per seed (cell-major order), each keeping its label; ``cells`` unchanged without seeds.
+
+    A cell that sets ``seed`` itself cannot also be crossed with the recipe's ``seeds``: that would run
+    some cells with other seeds than the rest of the comparison.
+    """
+    if seeds is None:
+        return cells
+    out = []
+    for label, overrides in cells:
+        if "seed" in overrides:
+            raise UserError(f"grid cell {label!r} sets seed: {overrides['seed']!r}, but the recipe runs every cell "
+                              f"with seeds: {seeds}; remove the cell's seed (or the seeds list)")
+        out += [(label, {**overrides, "seed": seed}) for seed in seeds]
+    return out

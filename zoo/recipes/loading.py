@@ -1,0 +1,153 @@
+"""Reading recipe files: YAML read safely, every key's file and line recorded, and ``extends`` chains merged.
+
+- YAML is read with ``yaml.safe_load`` (no code runs from a recipe; python object tags are refused),
+  and aliases may not expand past a size limit (:data:`MAX_VALUES`) or refer to themselves.
+- A key written twice in one mapping is refused (YAML would keep the last one silently).
+- ``extends: base.yaml`` (relative to the recipe's folder) deep-merges the recipe over its base; lists
+  are replaced, not merged; a base's ``grid`` is never inherited (a recipe extending an ablation is a
+  new recipe, not that ablation). A cycle of ``extends`` is refused.
+
+The file itself is read in one place, :func:`read_text`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+
+#: the most values a recipe may expand to (YAML aliases can make a small file enormous)
+MAX_VALUES = 100_000
+
+
+@dataclasses.dataclass
+class Source:
+    """Where every key path of the merged recipe came from: ``path -> "file:line"``."""
+    places: dict = dataclasses.field(default_factory=dict)
+
+    def where(self, path: tuple) -> str:
+        while path:
+            if path in self.places:
+                return self.places[path]
+            path = path[:-1]
+        return self.places.get((), "")
+
+
+def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> None:
+    if depth > 100:
+        return
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key_node, value_node in node.value:
+            path = prefix + (key_node.value,)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if (key_node.tag, key_node.value) in seen:  # YAML keeps the last silently: refuse instead
+                    raise UserError(f"{filename}:{key_node.start_mark.line + 1}: {key_node.value!r} appears twice "
+                                      f"in the same mapping; keep one")
+                seen.add((key_node.tag, key_node.value))
+            out[path] = f"{filename}:{key_node.start_mark.line + 1}"
+            _marks(value_node, path, filename, out, depth + 1)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[prefix + (i,)] = f"{filename}:{item.start_mark.line + 1}"
+            _marks(item, prefix + (i,), filename, out, depth + 1)
+
+
+def check_size(data: Any, where: str) -> None:
+    """Refuse self-referencing aliases and alias bombs before anything walks the data recursively."""
+    count, stack, open_ids = 0, [(data, False)], set()
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(node))
+            continue
+        count += 1
+        if count > MAX_VALUES:
+            raise UserError(f"{where}: the recipe expands to more than {MAX_VALUES:,} values "
+                              f"(YAML aliases repeated inside each other?)")
+        if isinstance(node, (dict, list)):
+            if id(node) in open_ids:
+                raise UserError(f"{where}: a YAML alias refers to itself (e.g. a: &a [*a]); write the value out")
+            open_ids.add(id(node))
+            stack.append((node, True))
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, False) for child in children)
+
+
+def read_text(path: Path) -> str:
+    """The text of the recipe file at ``path``: every read of a recipe file goes through here."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such recipe file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, not a recipe file") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def _parse(text: str, path: Path) -> tuple[Any, yaml.Node]:
+    """The data and the node tree of a recipe's text, with YAML's errors as one line naming the file."""
+    try:
+        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = (err.problem or err.context or "invalid YAML").strip()
+        raise UserError(f"{path}{line}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: YAML error: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"{path}: YAML nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise UserError(f"{path}: unreadable value: {str(err).splitlines()[0]}") from None
+
+
+def read_yaml(path: Path) -> tuple[dict, dict]:
+    """A recipe file's mapping and the ``file:line`` of every key path in it."""
+    data, node = _parse(read_text(path), path)
+    check_size(data, str(path))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}:1: a recipe must be a mapping of sections (model, task, train, ...)")
+    marks: dict = {(): f"{path}:1"}
+    _marks(node, (), str(path), marks)
+    return data, marks
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
+    """Read a recipe and its ``extends`` chain into one dict, with the source of every key."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise UserError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen + (path,))})")
+    data, marks = read_yaml(path)
+    base_name = data.pop("extends", None)
+    source = Source()
+    if base_name is not None:
+        if not isinstance(base_name, str) or not base_name.strip():
+            raise UserError(f"{marks.get(('extends',), path)}: extends must be a file name")
+        base_path = path.parent / base_name
+        if not base_path.is_file():
+            raise UserError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
+        base, source = load_raw(base_path, _seen + (path.resolve(),))
+        base.pop("grid", None)  # a grid belongs to the recipe that declares it
+        data = _merge(base, data)
+    source.places.update(marks)
+    return data, source

@@ -1,0 +1,80 @@
+"""Overrides ``key.path=value``, from the command line or from an ablation grid.
+
+``value`` is parsed as YAML (``train.lr=3e-3``, ``model.layers=[a,b]``), and integer segments index lists
+(``model.layers.1=<mixer>``, ``model.layers.1.<mixer>.<option>=value``). An override of one layer of a recipe
+written as a ``pattern`` first expands the pattern into its ``n_layers`` layers.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+from .loading import check_size
+
+
+def key_path(key: str) -> list:
+    """``"a.b.1"`` -> ``["a", "b", 1]``."""
+    return [int(p) if p.lstrip("-").isdigit() else p for p in key.split(".")]
+
+
+def parse_override(text: str) -> tuple[list, Any]:
+    """``"a.b.1=value"`` -> ``(["a", "b", 1], parsed YAML value)``."""
+    if "=" not in text:
+        raise UserError(f"override {text!r}: expected key.path=value, e.g. train.lr=3e-3 or model.layers.1=<mixer>")
+    key, _, value_text = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise UserError(f"override {text!r}: empty key segment in {key!r}")
+    try:
+        value = yaml.safe_load(value_text) if value_text.strip() else None
+    except yaml.YAMLError:
+        raise UserError(f"override {text!r}: the value {value_text!r} is not valid YAML "
+                        f"(quote strings with spaces)") from None
+    except RecursionError:
+        raise UserError(f"override {text[:60]!r}...: the value is nested too deeply") from None
+    except ValueError as err:  # e.g. an integer with more digits than Python converts
+        raise UserError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
+    check_size(value, f"override {text!r}")
+    return key_path(key), value
+
+
+def _expand_pattern(data: dict) -> None:
+    """A recipe written as ``pattern`` x ``n_layers`` gets its explicit ``layers`` (so one can be overridden)."""
+    model = data.setdefault("model", {})
+    if "layers" not in model and isinstance(model.get("pattern"), list) and isinstance(model.get("n_layers"), int):
+        pattern = model["pattern"]
+        model["layers"] = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(max(model["n_layers"], 0))]
+
+
+def apply_override(data: dict, path: list, value: Any, label: str) -> None:
+    """Set ``path`` in ``data`` (creating mappings as needed); ``label`` names the override in errors."""
+    if path[:2] == ["model", "layers"] and len(path) > 2:
+        _expand_pattern(data)
+    node = data
+    for i, part in enumerate(path[:-1]):
+        here = ".".join(map(str, path[: i + 1]))
+        if isinstance(node, list):
+            if not isinstance(part, int) or not -len(node) <= part < len(node):
+                raise UserError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+            if isinstance(node[part], str) and path[i + 1] == node[part]:
+                node[part] = {node[part]: {}}  # model.layers.1.<mixer>.<option>=v on a plain "<mixer>" layer
+            node = node[part]
+        elif isinstance(node, dict):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        else:
+            raise UserError(f"{label}: {here} is a {type(node).__name__}, not a mapping or list")
+    last = path[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or not -len(node) <= last < len(node):
+            where = ".".join(map(str, path))
+            raise UserError(f"{label}: {where}: index out of range (the list has {len(node)} items)")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise UserError(f"{label}: {'.'.join(map(str, path[:-1]))} is not a mapping or list")

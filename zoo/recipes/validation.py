@@ -1,0 +1,257 @@
+"""Validation of a merged, overridden recipe mapping into a :class:`zoo.config.Recipe`.
+
+Strict: unknown keys, unknown mixers / state mixers / tasks, wrong types, values out of range and missing
+fields raise :class:`UserError`, whose one-line message names the place (the file and line, or the override)
+and suggests the nearest valid names. Beyond each option's own type and range it checks what spans sections:
+the task accepts every layer, a token budget becomes a step count, every test-time knob is declared by some
+mixer and valid for each layer that declares it, and every ``eval.tasks`` entry and ``eval.seq_lens`` length
+is one the tasks can generate. ``imports: [my_pkg.my_mixer]`` imports user modules first, so out-of-tree
+mixers and tasks registered with ``@register_mixer`` / ``@register_task`` can be named.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import fields
+from typing import Callable
+
+from mixers import MIXERS, STATE_MIXERS
+from mixers.options import OptionError, build_options, nearest, plain_options
+
+from ..config import Recipe, RecipeConfig, Spec
+from ..errors import UserError
+from ..tasks import TASKS, Task
+from ..tasks.text import layer_problem
+from .loading import Source
+from .plain import plain_recipe
+
+#: an eval.tasks label names a metric column (test_accuracy@task=<label>)
+_EVAL_TASK_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+class Places:
+    """Turns a dotted key path into the place to blame: an override's label, or file:line."""
+
+    def __init__(self, source: Source, override_paths: dict):
+        self.source, self.override_paths = source, override_paths
+
+    def __call__(self, path_str: str) -> str:
+        parts = tuple(int(p) if p.isdigit() else p for p in path_str.split(".")) if path_str else ()
+        for length in range(len(parts), 0, -1):
+            if parts[:length] in self.override_paths:
+                return self.override_paths[parts[:length]]
+        for path, label in self.override_paths.items():  # an override created this key (e.g. a typo in its path)
+            if parts and path[:len(parts)] == parts and parts not in self.source.places:
+                return label
+        return self.source.where(parts)
+
+    def fail(self, path_str: str, message: str):
+        where = self(path_str)
+        place = ": ".join(p for p in (where, path_str) if p)
+        raise UserError(f"{place}: {message}" if place else message)
+
+
+def import_modules(data: dict, places: Places) -> tuple:
+    """Import the recipe's ``imports`` (removed from ``data``); their names, in order."""
+    modules = data.pop("imports", None) or []
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        places.fail("imports", f"expected a list of module names, e.g. [my_pkg.my_mixer], got {modules!r}")
+    for i, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a user module may fail in any way: report it in one line
+            places.fail(f"imports.{i}", f"cannot import {name!r}: {type(err).__name__}: {err}")
+    return tuple(modules)
+
+
+# --------------------------------------------------------------------------------------- the parts of a recipe
+def _registered(registry, name, at: str, fail):
+    """The class registered as ``name``, or a failure at ``at`` naming the nearest registered names."""
+    try:
+        return registry.get(name)
+    except OptionError as err:
+        fail(at, err.message)
+
+
+def _options(cls, values: dict, at: str, fail):
+    """``cls.Options`` built from ``values``; a bad option fails at ``at.<option path>``."""
+    try:
+        return build_options(cls.Options, values, "")
+    except OptionError as err:
+        fail(at + (f".{err.path}" if err.path else ""), err.message)
+
+
+def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
+    """A layer is ``name`` or ``{name: {options}}``."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, dict) and len(entry) == 1:
+        (name, options), = entry.items()
+        if not isinstance(name, str):
+            fail(where, f"a layer is a mixer name or {{name: {{options}}}}, got {entry!r}")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            fail(f"{where}.{name}", f"per-layer options must be a mapping, e.g. {{{name}: {{...}}}}, got {options!r}")
+        return name, options
+    fail(where, f"a layer is a mixer name or a one-key mapping {{name: {{options}}}}, got {entry!r}")
+
+
+def _layer(entry, at: str, mixer_options: dict, fail) -> Spec:
+    """One layer's spec: its own options over its type's ``model.mixer_options``; a bad option is blamed on
+    the layer when the layer sets it, else on the type's defaults."""
+    name, layer_options = _layer_entry(entry, at, fail)
+    name_at = at if isinstance(entry, str) else f"{at}.{name}"
+    cls = _registered(MIXERS, name, name_at, fail)
+    defaults = mixer_options.get(name) or {}
+    try:
+        options = build_options(cls.Options, {**defaults, **layer_options}, "")
+    except OptionError as err:
+        head = err.path.split(".")[0] if err.path else ""
+        owner = name_at if (head in layer_options or (not head and layer_options)) else f"model.mixer_options.{name}"
+        fail(owner + (f".{err.path}" if err.path else ""), err.message)
+    return Spec(name, options)
+
+
+def _layers(model, fail) -> tuple[list[Spec], str]:
+    """Every layer's spec, and the key the layers are written under (``model.layers`` or ``model.pattern``);
+    the defaults of mixer types no layer uses are checked too."""
+    written = "model.layers" if model.layers is not None else "model.pattern"
+    layers = []
+    for i, entry in enumerate(model.layer_entries()):
+        at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
+        layers.append(_layer(entry, at, model.mixer_options, fail))
+    for name, options in model.mixer_options.items():
+        try:
+            build_options(MIXERS.get(name).Options, options or {}, "")
+        except OptionError as err:
+            fail(f"model.mixer_options.{name}" + (f".{err.path}" if err.path else ""), err.message)
+    return layers, written
+
+
+def _state_mixer(model, fail) -> Spec:
+    cls = _registered(STATE_MIXERS, model.state_mixer, "model.state_mixer", fail)
+    return Spec(model.state_mixer, _options(cls, model.state_mixer_options, "model.state_mixer_options", fail))
+
+
+def _task(section: dict, fail) -> tuple[type, Spec]:
+    """The task's class and spec from the ``task`` section."""
+    values = dict(section)
+    name = values.pop("name", None)
+    if name is None:
+        fail("task.name", f"missing; choose one of {', '.join(TASKS.names())}")
+    if not isinstance(name, str):
+        fail("task.name", f"expected a task name, got {name!r}; choose one of {', '.join(TASKS.names())}")
+    cls = _registered(TASKS, name, "task.name", fail)
+    return cls, Spec(name, _options(cls, values, "task", fail))
+
+
+# --------------------------------------------------------------------------------------- the whole recipe
+def validate(data: dict, places: Places, source_name: str) -> Recipe:
+    """The :class:`Recipe` of a merged, overridden mapping (``imports`` and ``grid`` already taken out)."""
+    fail = places.fail
+    recorded = data["model"].pop("layer_options", None) if isinstance(data.get("model"), dict) else None
+    try:
+        config = build_options(RecipeConfig, data)
+    except OptionError as err:
+        fail(err.path, err.message)
+    layers, written = _layers(config.model, fail)
+    state_mixer = _state_mixer(config.model, fail)
+    task_cls, task = _task(config.task, fail)
+    _check_test_time(config.eval, layers, fail)
+    _check_task_fit(config, layers, task_cls(task.options), written, fail)
+    eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
+    for length in config.eval.seq_lens:  # the training task is tested at these lengths too
+        try:
+            task_cls(task.options).check_length(length)
+        except ValueError as err:
+            fail("eval.seq_lens", f"{err}; drop that length or lower the task's size")
+    plain = plain_recipe(config, layers, state_mixer, task, eval_tasks)
+    if recorded is not None and recorded != plain["model"]["layer_options"]:  # a recorded recipe's derived copy
+        fail("model.layer_options", "disagrees with model.layers and model.mixer_options, from which it is derived; "
+                                    "remove model.layer_options (it is only a record)")
+    return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
+                  eval_tasks=eval_tasks)
+
+
+def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, written: str, fail) -> None:
+    """The task accepts every layer (e.g. only causal mixers for next-token prediction), and a token budget
+    ``train.tokens`` becomes ``train.steps``."""
+    problem = layer_problem(task, layers)
+    if problem is not None:
+        index, message = problem
+        fail(f"{written}.{index if config.model.layers is not None else index % len(config.model.pattern)}", message)
+    t = config.train
+    if t.tokens:
+        t.steps = max(1, math.ceil(t.tokens / (t.batch_size * task.seq_len)))
+        if t.warmup_steps > t.steps:
+            fail("train.warmup_steps", f"{t.warmup_steps} exceeds the {t.steps} steps that train.tokens={t.tokens} "
+                                       f"makes; lower warmup_steps or raise tokens")
+
+
+def _check_test_time(ev, layers: list[Spec], fail) -> None:
+    """Every ``eval.test_time`` / ``eval.test_time_sweep`` knob is declared by some mixer, and every value is
+    valid for each layer that declares it (checked as the option it overrides)."""
+    declared = sorted({k for n in MIXERS.names() for k in MIXERS.get(n).test_time_knobs})
+    for section, values in (("eval.test_time", ev.test_time), ("eval.test_time_sweep", ev.test_time_sweep)):
+        for knob, value in values.items():
+            if knob not in declared:
+                fail(f"{section}.{knob}", f"no registered mixer declares a test-time knob {knob!r}"
+                                          f"{nearest(knob, declared)} (declared: {', '.join(declared) or 'none'})")
+            if section == "eval.test_time_sweep" and (not isinstance(value, list) or not value):
+                fail(f"{section}.{knob}", f"expected a non-empty list of values, got {value!r}")
+            for v in value if section == "eval.test_time_sweep" else [value]:
+                for spec in layers:
+                    if knob in MIXERS.get(spec.name).test_time_knobs:
+                        try:
+                            build_options(type(spec.options), {**plain_options(spec.options), knob: v}, "")
+                        except OptionError as err:
+                            fail(f"{section}.{knob}", f"{v!r} is not a valid {knob} for {spec.name}: {err.message}")
+
+
+# --------------------------------------------------------------------------------------- eval.tasks
+def _eval_task_label(values: dict, name: str, at: str, seen: set, fail) -> str:
+    label = values.pop("label", name)
+    if not isinstance(label, str) or not _EVAL_TASK_LABEL.match(label):
+        fail(f"{at}.label", f"expected a short name of letters, digits and _.+- (it names the metric "
+                            f"test_accuracy@task=<label>), got {label!r}")
+    if label in seen:
+        fail(f"{at}.label", f"{label!r} is used by two eval.tasks entries; give each a distinct label")
+    seen.add(label)
+    return label
+
+
+def _eval_task(entry, at: str, inherited: dict, train_vocab: int, seq_lens: list[int], seen: set,
+               fail) -> tuple[str, Spec]:
+    """One ``eval.tasks`` entry: the training task's options it shares, overridden by its own; the same
+    vocabulary as the training task; every ``eval.seq_lens`` length possible."""
+    values = dict(entry)
+    name = values.pop("name", None)
+    if not isinstance(name, str):
+        fail(f"{at}.name", f"expected a task name, got {name!r}; choose one of {', '.join(TASKS.names())}")
+    label = _eval_task_label(values, name, at, seen, fail)
+    cls = _registered(TASKS, name, f"{at}.name", fail)
+    own = {f.name for f in fields(cls.Options)}
+    spec = Spec(name, _options(cls, {**{k: v for k, v in inherited.items() if k in own}, **values}, at, fail))
+    task = cls(spec.options)
+    if task.vocab_size != train_vocab:
+        fail(at, f"task {name!r} here has vocabulary size {task.vocab_size} but the model is trained with "
+                 f"{train_vocab}; set its options so the vocabularies match (e.g. vocab_size)")
+    for length in seq_lens:
+        try:
+            task.check_length(length)
+        except ValueError as err:
+            fail(at, f"{err}; eval.seq_lens asks for {length}: drop that length or lower this entry's facts")
+    return label, spec
+
+
+def resolve_eval_tasks(entries: list, train_task: Spec, seq_lens: list[int],
+                       fail: Callable[[str, str], None]) -> list[tuple[str, Spec]]:
+    """``[(label, Spec)]`` of the ``eval.tasks`` entries, validated (also against the ``eval.seq_lens``
+    they will be generated at); ``fail(path, message)`` raises."""
+    train_vocab = Task.from_spec(train_task).vocab_size
+    inherited = {f.name: getattr(train_task.options, f.name) for f in fields(train_task.options)}
+    seen: set = set()
+    return [_eval_task(entry, f"eval.tasks.{i}", inherited, train_vocab, seq_lens, seen, fail)
+            for i, entry in enumerate(entries)]
