@@ -39,6 +39,7 @@ from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .config import Cell, Recipe, RecipeConfig, Spec
 from .errors import UserError
+from .paths import read_recipe_text, recipe_file_problem, refuse_foreign_keys
 from .tasks import TASKS, Task
 from .tasks.text import layer_problem
 
@@ -104,16 +105,7 @@ def _check_size(data: Any, where: str) -> None:
 
 
 def _read_yaml(path: Path) -> tuple[dict, dict]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such recipe file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, not a recipe file") from None
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+    text = read_recipe_text(path)  # refuses devices, pipes and oversized files before reading
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -133,6 +125,7 @@ def _read_yaml(path: Path) -> tuple[dict, dict]:
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{path}:1: a recipe must be a mapping of sections (model, task, train, ...)")
+    refuse_foreign_keys(data, node, path)  # before any key or value of another kind of file is repeated
     marks: dict = {(): f"{path}:1"}
     _marks(node, (), str(path), marks)
     return data, marks
@@ -160,8 +153,9 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
         if not isinstance(base_name, str) or not base_name.strip():
             raise UserError(f"{marks.get(('extends',), path)}: extends must be a file name")
         base_path = path.parent / base_name
-        if not base_path.is_file():
-            raise UserError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
+        problem = recipe_file_problem(base_path)
+        if problem:
+            raise UserError(f"{marks.get(('extends',), path)}: extends: {base_path}: {problem}")
         base, source = load_raw(base_path, _seen + (path.resolve(),))
         base.pop("grid", None)  # a grid belongs to the recipe that declares it
         data = _merge(base, data)

@@ -49,6 +49,7 @@ from ..environment import environment
 from ..errors import UserError
 from ..experiments.results import render_bench
 from ..host_memory import cpu_seconds, tune_allocator
+from ..paths import probe_writable
 from ..recipes import layer_label, load_raw, resolve
 from .measure import error_text, free, measure, merge_samples
 
@@ -195,6 +196,7 @@ def _run(args, device, recipe, labels) -> int:
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[dtype_name]
     out = Path(args.out)
+    probe_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     d_model = recipe.model.d_model
     result = {
