@@ -93,10 +93,10 @@ def cmd_check(args) -> int:
 
 def cmd_train(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
-    refuse_dead_layers(recipe)
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
     if main:  # the folders the run writes, before anything is printed or built
         probe_folders(recipe, args.out, "--out")
+    refuse_dead_layers(recipe)
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
               f"(run every cell with: zoo ablate {args.recipe})", file=sys.stderr)
@@ -131,7 +131,7 @@ def _print_metrics(args, record: dict) -> None:
 def cmd_eval(args) -> int:
     path = path_in(args.checkpoint)
     out = Path(args.out) if args.out else path.parent
-    probe_writable(out, "--out" if args.out else "the checkpoint's folder (or give --out)")
+    probe_writable(out, "--out" if args.out else "--out (default: the checkpoint's folder)")
     row = evaluate_checkpoint(path, args.overrides)
     out.mkdir(parents=True, exist_ok=True)
     append_row(out / "results.jsonl", row)
