@@ -31,6 +31,7 @@ from .experiments.claims.errors import ClaimsError
 from .experiments.claims.schema import claimed_cells
 from .experiments.executors import make_executor
 from .experiments.results import render_folder
+from .paths import probe_writable
 from .preflight import check_recipe, refuse_dead_layers
 from .recipes import resolve
 from .recipes.plain import layer_label
@@ -39,7 +40,7 @@ from .rows import append_row, make_row, read_rows
 from .tasks import TASKS
 from .training import distributed
 from .training.checkpoint import path_in
-from .training.loop import train
+from .training.loop import probe_folders, train
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -96,8 +97,10 @@ def cmd_check(args) -> int:
 
 def cmd_train(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
-    refuse_dead_layers(recipe)
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
+    if main:  # the folders the run writes, before anything is printed or built
+        probe_folders(recipe, args.out, "--out")
+    refuse_dead_layers(recipe)
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
               f"(run every cell with: zoo ablate {args.recipe})", file=sys.stderr)
@@ -131,8 +134,9 @@ def _print_metrics(args, record: dict) -> None:
 
 def cmd_eval(args) -> int:
     path = path_in(args.checkpoint)
-    row = evaluate_checkpoint(path, args.overrides)
     out = Path(args.out) if args.out else path.parent
+    probe_writable(out, "--out" if args.out else "--out (default: the checkpoint's folder)")
+    row = evaluate_checkpoint(path, args.overrides)
     out.mkdir(parents=True, exist_ok=True)
     append_row(out / "results.jsonl", row)
     if not args.json:

@@ -49,6 +49,7 @@ from ..environment import environment
 from ..errors import UserError
 from ..experiments.results import render_bench
 from ..host_memory import cpu_seconds, tune_allocator
+from ..paths import probe_writable
 from ..recipes import resolve
 from ..recipes.loading import load_raw
 from ..recipes.plain import layer_label
@@ -271,6 +272,7 @@ class _Sweep:
 def _run(args, device, recipe, labels) -> int:
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     out = Path(args.out)
+    probe_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     result = {"machine": environment(device), "config": _config(args, recipe, labels, dtype_name), "rows": []}
     start = time.perf_counter(), *cpu_seconds()

@@ -34,6 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..paths import probe_writable
 from . import sources
 from .tokenize import make_tokenizer, token_dtype
 
@@ -158,6 +159,7 @@ def prepare(o, workers: int = 1, progress: bool = False) -> tuple[Path, bool]:
     out = folder(o, tokenizer)
     if (out / META).exists():
         return out, False
+    probe_writable(out, "task.data_dir")
     parts_dir = out / "parts"
     parts_dir.mkdir(parents=True, exist_ok=True)
     records, source_hash = _run_parts(o, parts_dir, workers, progress)

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from ..config import Cell, Recipe
 from ..errors import UserError
+from ..paths import probe_writable
 from ..recipes.plain import recipe_differences
 from ..rows import append_row, repair_rows
+from ..training.loop import probe_folders
 from .executors import Executor, SequentialExecutor
 from .results import render_folder, write_layout
 
@@ -57,6 +59,7 @@ def check_writable(out_dir: Path) -> None:
 def exclusive(out_dir: Path):
     """Hold ``out_dir/.lock`` for the run; refuse at once if another process holds it."""
     check_writable(out_dir)
+    probe_writable(out_dir, "--out")  # what permissions do not show: a read-only mount, a full disk
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / ".lock"
@@ -137,6 +140,9 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
                  f"its cell runs again")
         write_layout(out_dir, title, cells)
         done = completed_rows(rows, cells)
+        for cell in cells:  # every folder a cell writes, before the first one trains
+            if cell.recipe.key not in done:
+                probe_folders(cell.recipe, out_dir / "checkpoints" / cell.recipe.key)
         executor = executor or SequentialExecutor(progress=progress, echo=echo)
         failures = []
         executor.echo = echo  # the driver says where messages go

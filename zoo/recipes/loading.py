@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from ..paths import read_recipe_text, recipe_file_problem, refuse_foreign_keys
 
 #: the most values a recipe may expand to (YAML aliases can make a small file enormous)
 MAX_VALUES = 100_000
@@ -79,17 +80,9 @@ def check_size(data: Any, where: str) -> None:
 
 
 def read_text(path: Path) -> str:
-    """The text of the recipe file at ``path``: every read of a recipe file goes through here."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such recipe file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, not a recipe file") from None
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8") from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot read: {err.strerror}") from None
+    """The text of the recipe file at ``path``: every read of a recipe file goes through here (devices, pipes
+    and oversized files are refused before anything is read)."""
+    return read_recipe_text(path)
 
 
 def _parse(text: str, path: Path) -> tuple[Any, yaml.Node]:
@@ -117,6 +110,7 @@ def read_yaml(path: Path) -> tuple[dict, dict]:
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{path}:1: a recipe must be a mapping of sections (model, task, train, ...)")
+    refuse_foreign_keys(data, node, path)  # before any key or value of another kind of file is repeated
     marks: dict = {(): f"{path}:1"}
     _marks(node, (), str(path), marks)
     return data, marks
@@ -144,8 +138,9 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
         if not isinstance(base_name, str) or not base_name.strip():
             raise UserError(f"{marks.get(('extends',), path)}: extends must be a file name")
         base_path = path.parent / base_name
-        if not base_path.is_file():
-            raise UserError(f"{marks.get(('extends',), path)}: extends: no such file {base_path}")
+        problem = recipe_file_problem(base_path)
+        if problem:
+            raise UserError(f"{marks.get(('extends',), path)}: extends: {base_path}: {problem}")
         base, source = load_raw(base_path, _seen + (path.resolve(),))
         base.pop("grid", None)  # a grid belongs to the recipe that declares it
         data = _merge(base, data)

@@ -35,6 +35,7 @@ from ..config import Recipe
 from ..errors import UserError
 from ..host_memory import tune_allocator
 from ..model import HybridLM
+from ..paths import probe_writable
 from ..tasks import Task, TaskData
 from ..tasks.text import training_data
 from . import checkpoint as ckpt
@@ -42,7 +43,7 @@ from . import distributed
 from .device import resolve_device, resolve_precision
 from .evaluation import evaluate_data, forward_loss, test_metrics
 from .state import TrainState
-from .tracking import Tracker, make_tracker
+from .tracking import Tracker, default_dir, make_tracker
 
 PLAIN_PROGRESS_SECONDS = 30.0
 
@@ -129,10 +130,21 @@ def _saved_state(path: Path | None, main: bool) -> dict | None:
         return None
 
 
+def probe_folders(recipe: Recipe, checkpoint_dir, what: str = "checkpoint folder") -> None:
+    """Refuse in one line, before anything is built, a checkpoint or tracking folder that cannot be written
+    (``what`` names where the checkpoint folder came from)."""
+    if checkpoint_dir is not None:
+        probe_writable(checkpoint_dir, what)
+    if recipe.train.tracking != "none":
+        probe_writable(default_dir(recipe, checkpoint_dir), "train.tracking_dir")
+
+
 def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
     t = recipe.train
     ctx = distributed.context()
+    if ctx.is_main:
+        probe_folders(recipe, checkpoint_dir)
     device = distributed.device_for(ctx, resolve_device(t.device))
     if t.threads:
         torch.set_num_threads(t.threads)
