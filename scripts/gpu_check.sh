@@ -47,7 +47,7 @@ write_table() {  # write_table FILE DIR... : the bench.md of each DIR into FILE'
 import pathlib
 import sys
 
-from zoo.benchmark.compile_check import write_block
+from zoo.benchmark.marked_block import write_block
 target, dirs = sys.argv[1], sys.argv[2:]
 parts = []
 for d in dirs:

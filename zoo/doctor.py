@@ -14,7 +14,7 @@ import torch
 
 from kernels.backend import OUTSIDE_BACKENDS, auto_choice, fla_gated_problem, package_importable, triton_importable
 from mixers import MIXERS
-from zoo.benchmark.compile_check import write_block
+from zoo.benchmark.marked_block import write_block
 
 #: backends of a family module that has no BACKENDS tuple (every family implements these three)
 _DEFAULT_BACKENDS = ("reference", "torch", "triton")

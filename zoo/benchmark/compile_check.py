@@ -30,17 +30,36 @@ Run without ``TRITON_INTERPRET=1`` (the kernels must be real ``JITFunction`` obj
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import json
+import multiprocessing as mp
+import os
 import re
+import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, replace
 
 import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
+from kernels.attention.triton import attention_triton
+from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
+from kernels.delta.triton import delta_product_triton
+from kernels.gka.triton import triton_chunk_solve
 from kernels.launch import Launch, jit_function, recording
+from kernels.ska.triton import ska_chain_triton
+from kernels.slots.triton import slot_memory_triton
+from kernels.ssd.triton import ssd_triton
+
+from .marked_block import write_block
 
 #: per-block shared memory limit (bytes) of each architecture: the opt-in maximum of one thread block.
 #: sm_100 compiles with the wheel's ptxas-blackwell; it is opt-in (--arch 80 90 100) to keep CI short.
@@ -65,7 +84,6 @@ def _fwd_bwd(outputs):
 # the cases: (family, sizes label, thunk) — a thunk runs a launcher forward and backward
 # --------------------------------------------------------------------------------------------------
 def _attention(dt, quick):
-    from kernels.attention.triton import attention_triton
     for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
         for causal in ((True,) if quick else (True, False)):
             def run(D=D, causal=causal):
@@ -75,7 +93,6 @@ def _attention(dt, quick):
 
 
 def _delta(dt, quick):
-    from kernels.delta.triton import delta_product_triton
     for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):
         for chunk in ((64,) if quick else (16, 32, 64)):
             def run(D=D, chunk=chunk):
@@ -89,7 +106,6 @@ def _delta(dt, quick):
 
 
 def _ssd(dt, quick):
-    from kernels.ssd.triton import ssd_triton
     grid = ((64, 64, 256), (128, 64, 64)) if quick else [
         (N, P, L) for N in (16, 64, 128) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
     for N, P, L in grid:
@@ -102,7 +118,6 @@ def _ssd(dt, quick):
 
 
 def _ska(dt, quick):
-    from kernels.ska.triton import ska_chain_triton
     # quick: the largest tiles first (rank 64, value dim 256, power 4: the backward's shared memory and
     # spills peak there; one H100 run failed at rank 64, value dim 128 before the backward's token tile
     # shrank with them), then the mixer's defaults
@@ -118,7 +133,6 @@ def _ska(dt, quick):
 
 
 def _gka(dt, quick):
-    from kernels.gka.triton import triton_chunk_solve
     grid = ((64, 32, "implicit"), (64, 32, "reverse_chebyshev")) if quick else [
         (d, C, grad) for d in (16, 32, 64, 128) for C in (16, 32, 64) for grad in ("implicit", "reverse_chebyshev")]
     for d, C, grad in grid:
@@ -133,7 +147,6 @@ def _gka(dt, quick):
 
 
 def _blockscan(dt, quick):
-    from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
     for m in ((16,) if quick else (1, 2, 4, 8, 16, 32)):
         def run(m=m):
             B, T, N = 2, 256, 16
@@ -149,7 +162,6 @@ def _blockscan(dt, quick):
 
 
 def _slots(dt, quick):
-    from kernels.slots.triton import slot_memory_triton
     for K, dv in (((8, 256),) if quick else [(K, dv) for K in (1, 2, 4, 8) for dv in HEAD_DIMS]):
         def run(K=K, dv=dv):
             B, T, H, M = 2, 256, 4, 1024
@@ -239,11 +251,6 @@ def _ptxas_numbers(log: str) -> tuple[int, int, int]:
 
 
 def _ptxas_log(ptx: str, arch: int) -> str:
-    import os
-    import subprocess
-    import tempfile
-
-    import triton
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
@@ -267,8 +274,6 @@ def tensor_core_counts(ptx: str) -> tuple[int, int]:
 
 def _jitted_callees(fn) -> list:
     """The jitted functions that ``fn`` (a JITFunction) calls by name."""
-    import ast
-    import textwrap
     scope = fn.fn.__globals__
     calls = (node.func.id for node in ast.walk(ast.parse(textwrap.dedent(fn.src)))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
@@ -303,10 +308,6 @@ def _case_dtypes(launch: Launch) -> set:
 
 def compile_launch(launch: Launch, arch: int) -> Result:
     """Compile one launch for ``sm_<arch>``; never raises (a failure is the result's ``error``)."""
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     sig = dict(launch.signature)
     sig.update({name: "constexpr" for name, _ in launch.constexprs})
@@ -387,24 +388,10 @@ def markdown(results: list[Result], command: str) -> str:
 
 
 def _triton_version() -> str:
-    import triton
     return triton.__version__
 
 
 BEGIN, END = "<!-- compile-check:begin -->", "<!-- compile-check:end -->"
-
-
-def write_block(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the block between ``begin`` and ``end`` in ``path`` (appended when absent)."""
-    with open(path) as f:
-        doc = f.read()
-    block = f"{begin}\n{text}\n{end}"
-    if begin in doc and end in doc:
-        doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
 
 
 def one_per_kernel_and_dtype(launches: list[Launch]) -> list[Launch]:
@@ -427,7 +414,6 @@ def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=N
             if progress:
                 progress(i + 1, len(work), results[-1])
         return results
-    import multiprocessing as mp
     global _WORK
     _WORK = work
     results = [None] * len(work)
@@ -473,7 +459,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="write every result as JSON to FILE")
     p.add_argument("--list", action="store_true", help="list the launches without compiling")
     args = p.parse_args(argv)
-    import os
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("compile_check: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)",
               file=sys.stderr)
@@ -503,7 +488,7 @@ def main(argv=None) -> int:
         cmd = "python -m zoo.benchmark.compile_check --arch " + " ".join(map(str, args.arch))
         cmd += "".join(f" --{k} " + " ".join(getattr(args, k)) for k in ("family", "dtype") if getattr(args, k))
         cmd += " --quick" * args.quick + f" --markdown {args.markdown}"
-        write_block(args.markdown, markdown(results, cmd))
+        write_block(args.markdown, markdown(results, cmd), BEGIN, END)
     return 1 if failed else 0
 
 
