@@ -56,7 +56,8 @@ class LanguageModeling(TextTask):
         tokenizer: str = opt("bytes", "bytes (256 values + EOS), or a Hugging Face tokenizer name or "
                                       "tokenizer.json path (pip install 'mixer-zoo[lm]')")
         seq_len: int = opt(128, "training window length in tokens", at_least=1, at_most=1 << 22)
-        val_fraction: float = opt(0.05, "fraction of documents held out for validation (by document hash)",
+        val_fraction: float = opt(0.05, "fraction of documents held out for validation (by document hash; "
+                                        "python-stdlib: by file path)",
                                   above=0.0, at_most=0.5)
         num_test: int = opt(64, "validation windows (fixed, non-overlapping; fewer if the split is small)",
                             at_least=1, at_most=1_000_000)
