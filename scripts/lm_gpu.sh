@@ -4,14 +4,16 @@
 # it finishes; the same command again skips the finished cells), render OUT/results.{md,csv,png}, and draw the
 # learning curves OUT/curves.{png,csv} (validation bits per byte against training tokens, every cell).
 #
-#   scripts/lm_gpu.sh [--out DIR] [--dry-run] [key.path=value ...]
+#   scripts/lm_gpu.sh [--out DIR] [--dry-run] [--keep-checkpoints] [key.path=value ...]
 #
 # --out: the table's folder (default tables/lm_gpu). --dry-run: the same pipeline at toy size on the CPU
 # (d_model 32, heads of 16, 2 steps of 2 windows of 32 bytes, evaluated after each step and at 64 and 128
 # bytes, fp32), so that it cannot rot; tests/zoo/test_lm_gpu.py runs it on a small library tree. Overrides
 # go to every zoo command, after the dry run's: task.path=DIR reads another library tree, seeds=[0,1,2]
-# adds seeds 1 and 2 to a table of seed 0 (its rows are kept). On a device machine:
-#   scripts/lm_gpu.sh --out "$OUT/lm_gpu"          # then copy the folder to tables/lm_gpu
+# adds seeds 1 and 2 to a table of seed 0 (its rows are kept). Each cell checkpoints in OUT/checkpoints
+# (about 85 MB per cell with its optimizer state) so that a killed cell resumes; once every cell has its row
+# they are removed, unless --keep-checkpoints. Where OUT is copied back from another machine:
+#   timeout 570 scripts/lm_gpu.sh --out "$OUT/lm_gpu"; rm -rf "$OUT/lm_gpu/checkpoints"
 # PYTHON (default python3) runs the zoo; the corpus is prepared under $ZOO_DATA_DIR (default
 # ~/.cache/mixer-zoo/data) unless task.data_dir says otherwise.
 set -euo pipefail
@@ -20,14 +22,16 @@ RECIPE=recipes/ablations/lm_gpu.yaml
 PY="${PYTHON:-python3}"
 OUT=tables/lm_gpu
 DRY=0
+KEEP=0
 OVERRIDES=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT="$2"; shift 2 ;;
         --out=*) OUT="${1#--out=}"; shift ;;
         --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-        -*) echo "lm_gpu.sh: unknown option $1 (options: --out DIR, --dry-run; then key.path=value overrides)" >&2
+        --keep-checkpoints) KEEP=1; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -*) echo "lm_gpu.sh: unknown option $1 (options: --out DIR, --dry-run, --keep-checkpoints; then key.path=value overrides)" >&2
             exit 2 ;;
         *) OVERRIDES+=("$1"); shift ;;
     esac
@@ -57,5 +61,8 @@ status=0
 "$PY" -m zoo ablate "$RECIPE" --out "$OUT" --no-progress "${ARGS[@]}" || status=$?
 if [ -s "$OUT/results.jsonl" ]; then  # the curves of the finished cells, even when one failed
     "$PY" -m zoo.experiments.curves "$OUT"
+fi
+if [ "$status" = 0 ] && [ "$KEEP" = 0 ]; then  # every cell has its row: nothing left to resume
+    rm -rf "$OUT/checkpoints"
 fi
 exit "$status"

@@ -125,6 +125,7 @@ def test_the_device_script_runs_the_grid_at_toy_size_on_the_cpu(tmp_path):
         assert float(mine[1]["val_bpb"]) == pytest.approx(row["history"][0]["test_loss"] / math.log(2), rel=1e-5)
         assert float(mine[2]["val_bpb"]) == pytest.approx(row["metrics"]["val_bpb"], rel=1e-6)
     assert (out / "curves.png").stat().st_size > 0 and (out / "results.md").exists()
+    assert not (out / "checkpoints").exists()  # every cell has its row: the checkpoints are gone
 
 
 @pytest.mark.gpu
