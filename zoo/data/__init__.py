@@ -1,7 +1,7 @@
 """Language-model data: document sources, tokenizers, prepared token files and seeded random windows.
 
 - :mod:`zoo.data.sources`: where documents come from (``python-docs``, ``python-stdlib``, ``files``,
-  ``shards``, ``hf``);
+  ``shards``, ``hf``); :mod:`zoo.data.stdlib`: which files of the standard library ``python-stdlib`` reads;
 - :mod:`zoo.data.tokenize`: the byte tokenizer (256 byte values + EOS) and Hugging Face tokenizers;
 - :mod:`zoo.data.prepare`: ``zoo data prepare`` — a source tokenised once into flat token files
   (``train.bin``, ``val.bin``, ``meta.json``), deterministic and resumable;

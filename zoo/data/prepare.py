@@ -2,9 +2,10 @@
 
 A prepared folder holds ``train.bin`` and ``val.bin`` (every document's tokens followed by EOS, as
 ``uint16`` or ``uint32`` by vocabulary size) and ``meta.json`` (tokenizer, vocabulary size, EOS id, dtype,
-documents, tokens and bytes per split, the source and the SHA-256 of its documents). It lives in
-``<data_dir>/<key>``, ``key`` hashing the source, the tokenizer, the split, the Python version (for the
-Python sources) and the paths, sizes and modification times of the files (for ``files``); ``data_dir``
+documents, tokens and bytes per split, the source, the SHA-256 of its documents and, for a Python source
+read from this interpreter, its Python version). It lives in ``<data_dir>/<key>``, ``key`` hashing the
+source, the tokenizer, the split, the Python version (for the Python sources) and the paths, sizes and
+modification times of the files (for ``files``, and for ``python-stdlib`` with a ``path``); ``data_dir``
 defaults to ``$ZOO_DATA_DIR`` or ``~/.cache/mixer-zoo/data``.
 
 Documents are tokenised in parts of :data:`PART_DOCUMENTS`, by several worker processes; each finished
@@ -25,6 +26,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -35,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..paths import probe_writable
-from . import sources
+from . import sources, stdlib
 from .tokenize import make_tokenizer, token_dtype
 
 PART_DOCUMENTS = 64
@@ -59,8 +61,15 @@ def folder(o, tokenizer=None) -> Path:
         what["python"] = sys.version
     if o.source == "files":  # an edited corpus is prepared again, into its own folder
         what["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources.matching_files(o.path)]
+    if o.source == "python-stdlib" and o.path:  # this interpreter's own library changes with sys.version
+        what["files"] = stdlib.fingerprint(o)
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     return data_root(o) / f"{o.source}-{key}"
+
+
+def own_python(o) -> bool:
+    """Whether the source is text of the running interpreter (its version is then the corpus's version)."""
+    return o.source == "python-docs" or (o.source == "python-stdlib" and not o.path)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -84,8 +93,8 @@ def _tokenize_part(job) -> tuple[int, dict]:
     dtype = token_dtype(tok.vocab_size)
     out = {s: [] for s in SPLITS}
     counts = {s: {"documents": 0, "tokens": 0, "bytes": 0} for s in SPLITS}
-    for doc in docs:
-        split = "val" if sources.is_validation(doc, val_fraction) else "train"
+    for key, doc in docs:
+        split = sources.split_of(key, doc, val_fraction)
         ids = tok.encode(doc) + [tok.eos_id]
         out[split].append(np.asarray(ids, dtype=dtype))
         counts[split]["documents"] += 1
@@ -95,14 +104,16 @@ def _tokenize_part(job) -> tuple[int, dict]:
     return index, {"arrays": arrays, "counts": counts}
 
 
-def _parts(o) -> Iterator[tuple[int, list[bytes], str]]:
-    docs = sources.documents(o)
+def _parts(o) -> Iterator[tuple[int, list[tuple[bytes | None, bytes]], str]]:
+    docs = sources.keyed_documents(o)
     for index in itertools.count():
         group = list(itertools.islice(docs, PART_DOCUMENTS))
         if not group:
             return
         digest = hashlib.sha256()
-        for doc in group:
+        for key, doc in group:
+            if key is not None:  # a split key other than the document (a file's path): it decides the split
+                digest.update(b"key" + len(key).to_bytes(8, "big") + key)
             digest.update(len(doc).to_bytes(8, "big") + doc)
         yield index, group, digest.hexdigest()
 
@@ -178,6 +189,7 @@ def prepare(o, workers: int = 1, progress: bool = False) -> tuple[Path, bool]:
             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
             "dtype": np.dtype(token_dtype(tokenizer.vocab_size)).name, "source": sources.describe(o),
             "source_hash": source_hash, "val_fraction": o.val_fraction,
+            **({"python": platform.python_version()} if own_python(o) else {}),
             **{k: {s: totals[s][k] for s in SPLITS} for k in ("documents", "tokens", "bytes")}}
     _write_atomic(out / META, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
     shutil.rmtree(parts_dir)

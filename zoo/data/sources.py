@@ -5,8 +5,9 @@
   records its hash). In the order of the topic names, each topic's paragraphs (blocks between blank
   lines) are joined into documents of at least :data:`DOC_BYTES` bytes (a topic's last document may be
   shorter), so validation holds a few dozen documents rather than a few long topics.
-- ``python-stdlib`` (no download): the standard library's own ``.py`` sources (about 13 MB of real
-  code, site-packages left out); one document per file, in the order of the sorted paths.
+- ``python-stdlib`` (no download): the standard library's own code, one document per ``.py`` file, tests,
+  generated files and site-packages left out by the rule of :mod:`zoo.data.stdlib` (about 10 MB for
+  CPython 3.11), in the order of the relative paths; ``path`` may name another root. Split by file.
 - ``files``: the files matching ``path`` (a glob, ``**`` recursive; several separated by ``;``), read
   as bytes in the order of the sorted paths. A file is one document; with ``doc_separator`` set (e.g.
   ``"\\n\\n\\n"``), its non-empty pieces between separators are the documents.
@@ -15,30 +16,33 @@
   ``max_documents`` bounds it.
 - ``shards``: tokens prepared elsewhere (:mod:`zoo.data.prepare` reads ``path`` directly; no documents).
 
-Split: a document goes to validation when the first 8 bytes of its SHA-256, read as a fraction of 2^64,
-fall below ``val_fraction``; so the split is deterministic, independent of the order of the documents,
-and two identical documents always land on the same side (train and validation share no document).
+Split: a document goes to validation when the first 8 bytes of the SHA-256 of its split key, read as a
+fraction of 2^64, fall below ``val_fraction``; so the split is deterministic and independent of the order
+of the documents. The split key is the document itself (two identical documents land on the same side:
+train and validation share no document), except for ``python-stdlib``, whose key is the file's relative
+path (train and validation share no file, and an edited file keeps its side).
 """
 from __future__ import annotations
 
 import glob
 import hashlib
 import pydoc_data.topics
-import sysconfig
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import UserError
+from . import stdlib
 
 #: the version of the rules above (how sources become documents): part of a prepared folder's key
-RULES_VERSION = 1
+RULES_VERSION = 2
 #: python-docs: the least bytes of a document (paragraphs of a topic are joined up to it)
 DOC_BYTES = 2000
 SOURCES = ("python-docs", "python-stdlib", "files", "hf", "shards")
 
 
-def is_validation(document: bytes, val_fraction: float) -> bool:
-    return int.from_bytes(hashlib.sha256(document).digest()[:8], "big") < val_fraction * 2.0 ** 64
+def is_validation(split_key: bytes, val_fraction: float) -> bool:
+    """Whether the document with this split key (see above) belongs to the validation split."""
+    return int.from_bytes(hashlib.sha256(split_key).digest()[:8], "big") < val_fraction * 2.0 ** 64
 
 
 def _python_docs() -> Iterator[bytes]:
@@ -52,13 +56,6 @@ def _python_docs() -> Iterator[bytes]:
                 doc = b""
         if doc:
             yield doc
-
-
-def _python_stdlib() -> Iterator[bytes]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" not in path.parts and "dist-packages" not in path.parts:
-            yield path.read_bytes()
 
 
 def matching_files(pattern: str) -> list[Path]:
@@ -109,25 +106,40 @@ def _hf(o) -> Iterator[bytes]:
         raise UserError(f"source hf {o.hf_dataset!r}: cannot stream it ({type(err).__name__}: {text[:200]})") from None
 
 
-def documents(o) -> Iterator[bytes]:
-    """The non-empty documents of the task options ``o``'s source, in their fixed order."""
+def _keyed(o) -> Iterator[tuple[bytes | None, bytes]]:
+    if o.source == "python-stdlib":
+        return stdlib.keyed_documents(o)
     if o.source == "python-docs":
         raw = _python_docs()
-    elif o.source == "python-stdlib":
-        raw = _python_stdlib()
     elif o.source == "files":
         raw = _files(o.path, o.doc_separator)
     elif o.source == "hf":
         raw = _hf(o)
     else:
         raise UserError(f"source {o.source!r} has no documents to read (shards are already tokenised)")
+    return ((None, doc) for doc in raw)
+
+
+def keyed_documents(o) -> Iterator[tuple[bytes | None, bytes]]:
+    """``(split key, document)`` for the non-empty documents of the task options ``o``'s source, in their
+    fixed order; the key is None where the document is its own split key."""
     count = 0
-    for doc in raw:
+    for key, doc in _keyed(o):
         if doc:
             count += 1
             if o.max_documents and count > o.max_documents:
                 return
-            yield doc
+            yield key, doc
+
+
+def documents(o) -> Iterator[bytes]:
+    """The non-empty documents of the task options ``o``'s source, in their fixed order."""
+    return (doc for _key, doc in keyed_documents(o))
+
+
+def split_of(key: bytes | None, doc: bytes, val_fraction: float) -> str:
+    """``"val"`` or ``"train"``: the split of a document given with its split key (None: the document)."""
+    return "val" if is_validation(doc if key is None else key, val_fraction) else "train"
 
 
 def describe(o) -> str:
@@ -136,4 +148,6 @@ def describe(o) -> str:
         return f"files {o.path}" + (f" split at {o.doc_separator!r}" if o.doc_separator else "")
     if o.source == "hf":
         return f"hf {o.hf_dataset} {o.hf_config} {o.hf_split} {o.hf_text_field} {o.hf_data_files}".strip()
+    if o.source == "python-stdlib" and o.path:
+        return f"python-stdlib {o.path}"
     return o.source

@@ -59,8 +59,9 @@ def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
 def table_columns(rows: list[dict]) -> list[str]:
     if any("val_bpb" in r["metrics"] for r in rows):  # language models: bits per byte instead of accuracy
         bpb = sorted({k for r in rows for k in r["metrics"] if k.startswith("val_bpb@")}, key=lambda k: int(k[8:]))
+        memory = ["peak_memory_mib"] if any("peak_memory_mib" in r["metrics"] for r in rows) else []
         return ["cell", "layers", "val_bpb", *bpb, "val_ppl", "params", "state_size", "train_tokens_per_second",
-                "steps", "train_seconds", "seed"]
+                *memory, "steps", "train_seconds", "seed"]
     lengths = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" not in k},
                      key=lambda k: int(k.split("@")[1]))
     knobs = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" in k},

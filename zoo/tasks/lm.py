@@ -51,11 +51,13 @@ class LanguageModeling(TextTask):
     @dataclass
     class Options:
         source: str = opt("python-docs", "where documents come from", choices=SOURCES)
-        path: str = opt("", "files: a glob of text files (';' between several); shards: the prepared folder")
+        path: str = opt("", "files: a glob of text files (';' between several); shards: the prepared folder; "
+                            "python-stdlib: another library root (empty: this Python's)")
         tokenizer: str = opt("bytes", "bytes (256 values + EOS), or a Hugging Face tokenizer name or "
                                       "tokenizer.json path (pip install 'mixer-zoo[lm]')")
         seq_len: int = opt(128, "training window length in tokens", at_least=1, at_most=1 << 22)
-        val_fraction: float = opt(0.05, "fraction of documents held out for validation (by document hash)",
+        val_fraction: float = opt(0.05, "fraction of documents held out for validation (by document hash; "
+                                        "python-stdlib: by file path)",
                                   above=0.0, at_most=0.5)
         num_test: int = opt(64, "validation windows (fixed, non-overlapping; fewer if the split is small)",
                             at_least=1, at_most=1_000_000)
@@ -149,4 +151,5 @@ class LanguageModeling(TextTask):
     def data_record(self) -> dict:
         return {"data_source": self.meta.get("source", self.options.source),
                 "data_source_hash": str(self.meta.get("source_hash", ""))[:16],
-                "data_train_tokens": self.meta["tokens"]["train"], "data_val_tokens": self.meta["tokens"]["val"]}
+                "data_train_tokens": self.meta["tokens"]["train"], "data_val_tokens": self.meta["tokens"]["val"],
+                **({"data_python": self.meta["python"]} if "python" in self.meta else {})}

@@ -3,9 +3,10 @@ checkpoints, and the end-of-run evaluation (:mod:`zoo.training.evaluation`).
 
 Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast on CUDA; ``fp32``,
 ``bf16`` and ``fp16`` (autocast plus a gradient scaler) choose explicitly. ``train.compile`` runs the
-training forward through ``torch.compile`` (evaluation stays eager). The same seed gives the same
-numbers on re-run on a CPU: the model init, the data and the batch order all derive from
-``recipe.seed``.
+training forward through ``torch.compile`` (evaluation stays eager). On CUDA the metrics include
+``peak_memory_mib``: the most device memory held by tensors during training (evaluation not counted). The
+same seed gives the same numbers on re-run on a CPU: the model init, the data and the batch order all
+derive from ``recipe.seed``.
 
 With a checkpoint folder (``train(..., checkpoint_dir=DIR)``, ``zoo train RECIPE --out DIR``) the run
 saves a checkpoint (:mod:`zoo.training.checkpoint`: the recipe plus a :class:`TrainState`) every
@@ -244,6 +245,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     t = recipe.train
     run, state, train_data = _start(recipe, checkpoint_dir)
     process_start = time.perf_counter()
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
     forward = _Forward(state.model, run.ctx, run.device, t.compile)
     test_data = run.task.make("test", recipe.seed)
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
@@ -262,6 +265,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
         shown.bar.close()
     state.stop_clock()
     metrics = state.summary(t.batch_size * run.task.seq_len)
+    if run.device.type == "cuda":  # the training peak of this process, before evaluation
+        metrics["peak_memory_mib"] = torch.cuda.max_memory_allocated(run.device) / 2**20
     metrics.update(test_metrics(state.model, recipe, run.task, run.device, run.precision))
     metrics["device"] = str(run.device)
     metrics["wall_seconds"] = time.perf_counter() - process_start

@@ -1,0 +1,95 @@
+"""Learning curves of language-model rows: validation bits per byte against the tokens trained on.
+
+A row's ``history`` holds its periodic evaluations (``train.eval_every``): the step and ``test_loss``, the
+mean loss in nats per token over the validation windows of the training length. Those windows are the
+same at every evaluation and at the end of training, where the row also has ``val_bpb`` on them; so the
+row's ratio ``val_bpb / test_loss`` (1/ln 2 times the tokens per byte of those windows) turns every
+periodic loss into bits per byte. The curve starts at the untrained model (the row's ``step0_metrics``,
+evaluated in fp32) and ends at the final evaluation. Tokens = step x ``train.batch_size`` x
+``task.seq_len``.
+
+    python -m zoo.experiments.curves DIR     # DIR/results.jsonl -> DIR/curves.png (and curves.csv)
+
+A cell with several seeds is drawn as the mean over its seeds at the steps they share.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+from ..errors import UserError
+from .results import figure, group_by_cell
+from .rows import read_rows
+
+
+def curve(row: dict) -> list[tuple[int, float]]:
+    """``[(tokens, validation bits per byte)]`` of a language-model row, its final evaluation last; empty for
+    a row without ``val_bpb``."""
+    m = row["metrics"]
+    if not isinstance(m.get("val_bpb"), (int, float)) or not m.get("test_loss"):
+        return []
+    per_nat = m["val_bpb"] / m["test_loss"]
+    tokens_per_step = row["recipe"]["train"]["batch_size"] * row["recipe"]["task"]["seq_len"]
+    start = (row.get("step0_metrics") or {}).get("val_bpb")
+    points = [(0, start)] if isinstance(start, (int, float)) else []
+    points += [(h["step"] * tokens_per_step, h["test_loss"] * per_nat) for h in row.get("history") or []
+               if math.isfinite(h.get("test_loss", math.nan))]
+    return points + [(m["steps"] * tokens_per_step, m["val_bpb"])]
+
+
+def mean_curve(rows: list[dict]) -> list[tuple[int, float]]:
+    """The mean curve of one cell's rows (one per seed), at the token counts every row has."""
+    curves = [dict(curve(r)) for r in rows]
+    shared = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return [(t, sum(c[t] for c in curves) / len(curves)) for t in shared]
+
+
+def plot_curves(rows: list[dict], path: Path, title: str = "") -> dict[str, list[tuple[int, float]]]:
+    """Draw every cell's learning curve into ``path`` (PNG); returns the curves drawn, by cell."""
+    cells = {label: mean_curve(group) for label, group in group_by_cell(rows).items()}
+    cells = {label: points for label, points in cells.items() if points}
+    if not cells:
+        raise UserError("no language-model rows with val_bpb to draw (a task: lm table, evaluated with eval_every)")
+    with figure(path, size=(9.5, 4.5), title=title) as (fig, ax):
+        if len(cells) > 10:  # the default cycle repeats after 10 colours
+            ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
+        for label, points in cells.items():
+            ax.plot([t / 1e6 for t, _ in points], [b for _, b in points], marker="o", markersize=3, label=label)
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("validation bits per byte (training length)")
+        fig.legend(*ax.get_legend_handles_labels(), loc="center right", fontsize=7)
+    return cells
+
+
+def write_curves(out_dir: Path, title: str = "") -> Path:
+    """``out_dir/curves.png`` and ``curves.csv`` (cell, tokens, val_bpb) from ``out_dir/results.jsonl``."""
+    rows = read_rows(out_dir / "results.jsonl")
+    name = rows[-1]["recipe"].get("name", "") if rows else ""
+    cells = plot_curves(rows, out_dir / "curves.png", title or name)
+    with open(out_dir / "curves.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["cell", "tokens", "val_bpb"])
+        writer.writerows([label, t, f"{b:.6f}"] for label, points in cells.items() for t, b in points)
+    return out_dir / "curves.png"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zoo.experiments.curves", description=__doc__.splitlines()[0])
+    parser.add_argument("dir", help="an ablation folder holding results.jsonl")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    try:
+        print(f"wrote {write_curves(Path(args.dir), args.title)}")
+    except UserError as err:
+        print(f"zoo: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
