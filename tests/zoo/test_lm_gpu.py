@@ -18,6 +18,7 @@ import yaml
 
 import zoo
 from mixers import MIXERS
+from tests.registry import builtin_mixer_names
 from zoo.experiments.results import table_columns
 from zoo.model import HybridLM
 from zoo.recipes import resolve
@@ -44,8 +45,8 @@ def layer_names(recipe) -> list[str]:
 
 
 def test_the_grid_holds_every_registered_mixer_and_the_three_hybrids_as_8_layer_models(cells):
-    assert set(cells) == set(MIXERS.names()) | set(HYBRIDS)
-    for name in MIXERS.names():
+    assert set(cells) == set(builtin_mixer_names()) | set(HYBRIDS)
+    for name in builtin_mixer_names():
         assert layer_names(cells[name]) == [name] * 8
     for label, mixers in HYBRIDS.items():
         assert len(cells[label].layers) == 8 and set(layer_names(cells[label])) == mixers

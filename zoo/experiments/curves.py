@@ -23,8 +23,8 @@ from pathlib import Path
 import matplotlib
 
 from ..errors import UserError
+from ..rows import read_rows
 from .results import figure, group_by_cell
-from .rows import read_rows
 
 
 def curve(row: dict) -> list[tuple[int, float]]:
