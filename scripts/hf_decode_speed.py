@@ -23,6 +23,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 import zoo
 from zoo.generate import generate_ids
 from zoo.hf import ZooConfig, ZooForCausalLM
+from zoo.hf.model import CACHE_FIELD
 
 OPTIONS = {"attention": {"n_heads": 2}, "gla": {"n_heads": 2, "head_dim": 32, "chunk_size": 64},
            "gated_deltanet": {"n_heads": 2, "head_dim": 32, "chunk_size": 64},
@@ -54,7 +55,7 @@ def ms_per_token(model: ZooForCausalLM, prompt: list[int], new: int) -> tuple[fl
                          stopping_criteria=StoppingCriteriaList([clock]), return_dict_in_generate=True)
     hf = 1000 * statistics.median(b - a for a, b in zip(clock.times, clock.times[1:]))
     ids, _, decode_s = generate_ids(model.zoo, prompt, new)
-    return hf, 1000 * decode_s / (len(ids) - 1), out.cache.state_elements()
+    return hf, 1000 * decode_s / (len(ids) - 1), getattr(out, CACHE_FIELD).state_elements()
 
 
 def best(model: ZooForCausalLM, prompt: list[int], new: int, repeats: int) -> tuple[float, float, int]:

@@ -21,6 +21,7 @@ from zoo.data.tokenize import ByteTokenizer, HFTokenizer
 from zoo.experiments.rows import append_row, make_row
 from zoo.generate import generate_ids, load_lm
 from zoo.hf import ZooCache
+from zoo.hf.model import CACHE_FIELD
 from zoo.lm_harness import ZooScorer
 from zoo.training import checkpoint as ckpt
 
@@ -83,7 +84,8 @@ def test_every_mixer_exports_to_the_same_logits_and_greedy_decodes_as_zoo_genera
     out = theirs.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
     assert out.sequences[0, len(prompt):].tolist() == expected
     assert lengths == [len(prompt)] + [1] * (len(expected) - 1)  # the prompt once, then one token per step
-    assert isinstance(out.cache, ZooCache) and out.cache.get_seq_length() == len(prompt) + len(expected) - 1
+    cache = getattr(out, CACHE_FIELD)
+    assert isinstance(cache, ZooCache) and cache.get_seq_length() == len(prompt) + len(expected) - 1
 
 
 def hybrid_recipe(**task):
@@ -135,9 +137,16 @@ def test_sampling_on_the_state_draws_what_sampling_without_a_cache_draws(tmp_pat
         draws.append(model.generate(prompt, do_sample=True, temperature=1.5, top_k=100, max_new_tokens=10,
                                     use_cache=use_cache))
     assert torch.equal(draws[0], draws[1])
-    with pytest.raises(ValueError, match="recurrent state"):  # a left-padded batch would mix padding into the state
-        model.generate(torch.randint(0, 256, (2, 6)), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]] * 2),
-                       max_new_tokens=2)
+    first = model.generate(prompt, max_new_tokens=4, return_dict_in_generate=True, **{CACHE_FIELD: ZooCache()})
+    resumed = model.generate(first.sequences, max_new_tokens=5, **{CACHE_FIELD: getattr(first, CACHE_FIELD)})
+    assert torch.equal(resumed, model.generate(prompt, max_new_tokens=9))
+    ids = torch.randint(0, 256, (2, 6))
+    right = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():  # right padding is harmless when scoring: every layer is causal
+        assert (model(ids, attention_mask=right).logits[1, :4] - model(ids[1:, :4]).logits[0]).abs().max() <= 1e-5
+    for mask in (right.flip(1), right):  # before decoding, padding would enter the states
+        with pytest.raises(ValueError, match="recurrent state"):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2)
 
 
 def test_the_exported_tokenizers_encode_as_the_zoo_tokenizers_do(tmp_path):

@@ -79,23 +79,27 @@ def _check_reloads(model: ZooForCausalLM, folder: Path) -> None:
         raise RuntimeError(f"{folder}: the written weights do not load back equal to the checkpoint's")
 
 
-def _metrics_lines(path: Path, key: str) -> list[str]:
-    rows = [r for r in read_rows(path.parent / "results.jsonl")
-            if key in (r.get("recipe_key"), r.get("trained_recipe_key"))]
-    lines = []
-    for row in rows:
-        shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row["metrics"].items()
-                          if isinstance(v, (int, float)) and not isinstance(v, bool))
-        lines.append(f"- `{row.get('label', '')}`: {shown}")
-    return lines
+def _rows(path: Path, key: str) -> list[dict]:
+    """The run's rows in ``results.jsonl`` beside the checkpoint (training, and ``zoo eval`` of it)."""
+    return [r for r in read_rows(path.parent / "results.jsonl") if key in (r.get("recipe_key"), r.get("trained_recipe_key"))]
+
+
+def _metrics_line(row: dict) -> str:
+    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row["metrics"].items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("data_"))
+    return f"- `{row.get('label', '')}`: {shown}"
 
 
 def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) -> str:
+    rows = _rows(path, recipe.key)
     task = recipe.plain["task"]
-    data = ", ".join(f"{k}: {v}" for k, v in task.items() if v not in ("", None, 0) and k != "name")
+    data = ", ".join(f"{k}: {v}" for k, v in task.items() if v not in ("", None, 0) and k != "name"
+                     and (task.get("source") == "hf" or not k.startswith("hf_")))
+    recorded = {k: v for row in rows for k, v in row["metrics"].items() if k.startswith("data_") and k != "data_source"}
+    data += "".join(f"; {k[5:].replace('_', ' ')}: {v}" for k, v in recorded.items())
     layers = " + ".join(layer_label(e) for e in recipe.model.layer_entries())
-    metrics = _metrics_lines(path, recipe.key) or [f"- no `results.jsonl` row beside the checkpoint (step "
-                                                   f"{state.get('step')}, finished: {state.get('finished')})"]
+    metrics = [_metrics_line(row) for row in rows] or [f"- no `results.jsonl` row beside the checkpoint (step "
+                                                       f"{state.get('step')}, finished: {state.get('finished')})"]
     return "\n".join([
         "---", "library_name: transformers", "tags: [mixer-zoo]", "---", "",
         f"# {recipe.name or name}", "",

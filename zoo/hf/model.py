@@ -12,13 +12,14 @@ kernels, the same weights (``model.safetensors``, the tied embedding stored once
 - a cache that has consumed tokens (each new token in ``generate``): every layer's ``step`` from its state,
   one position after another, so a linear-state layer costs the same per token at any context length.
 
-``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding on the left
-of a prompt, so a mask with a zero before a one (left padding), or any zero with a cache, is refused;
-right padding is harmless when scoring (every layer is causal). Loading runs no code named by a file: the
-modules that define out-of-tree components (``config.imports``) must be imported first.
+``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding, so a mask
+with a zero before a one (left padding), or any zero with a cache, is refused; right padding is harmless
+when scoring (every layer is causal). Loading runs no code named by a file: the modules that define
+out-of-tree components (``config.imports``) must be imported first.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -30,6 +31,9 @@ from ..model import HybridLM
 from ..recipes import recipe_mapping, resolve
 from .cache import ZooCache
 from .config import ZooConfig
+
+#: what transformers calls the cache in model inputs and outputs: ``cache`` since 5.24, ``past_key_values`` before
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 def build_hybrid(config: ZooConfig) -> HybridLM:
@@ -45,13 +49,14 @@ def build_hybrid(config: ZooConfig) -> HybridLM:
     return HybridLM.from_recipe(recipe, config.vocab_size)
 
 
-def check_padding(attention_mask: torch.Tensor | None, cached: bool) -> None:
+def check_padding(attention_mask: torch.Tensor | None, decoding: bool) -> None:
+    """Refuse padding the states would read: any zero while decoding (a cache), a zero before a one otherwise."""
     if attention_mask is None or attention_mask.ndim != 2 or bool(attention_mask.all()):
         return
     mask = attention_mask.bool()
-    if cached or bool((~mask[:, :-1] & mask[:, 1:]).any()):
-        raise ValueError("mixer-zoo models carry a recurrent state, which padding before a token would enter: give "
-                         "prompts one at a time or of equal length (right padding is fine when scoring)")
+    if decoding or bool((~mask[:, :-1] & mask[:, 1:]).any()):
+        raise ValueError("mixer-zoo models carry a recurrent state, which padding would enter: give prompts one at "
+                         "a time or of equal length (right padding is fine when scoring without a cache)")
 
 
 class ZooForCausalLM(PreTrainedModel, GenerationMixin):
@@ -95,7 +100,7 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
             if cache is not None and cache.get_seq_length() > 0:
                 raise ValueError(f"a zoo model decodes from a ZooCache, not a {type(cache).__name__}")
             cache = ZooCache()
-        check_padding(attention_mask, use_cache and cache.seen > 0)
+        check_padding(attention_mask, use_cache)
         x = self.zoo.embed(input_ids) if inputs_embeds is None else inputs_embeds
         hidden = [x]
         if not use_cache:
@@ -122,8 +127,9 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None,
-                                      hidden_states=tuple(hidden) if output_hidden_states else None)
+        hidden = tuple(hidden) if output_hidden_states else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
+                                      **{CACHE_FIELD: cache if use_cache else None})
 
     def _steps(self, x: torch.Tensor, cache: ZooCache) -> list[torch.Tensor]:
         """Every layer's ``step`` over the positions of ``x``, from and into the cache's states; the input and
