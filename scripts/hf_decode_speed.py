@@ -1,12 +1,13 @@
 """Time per generated token of the exported transformers model (``generate`` on a ZooCache) after a 1K- and a
-16K-token prompt, next to ``zoo generate``'s decoding (prefill, then step) of the same model, for a few mixers.
+16K-token prompt, next to the zoo's own decoding (``zoo generate``: prefill, then step) of the same model.
 
 A linear-state mixer carries a state of fixed size, so its time per token should not grow with the prompt;
 attention's KV cache does. The models are untrained two-layer byte models of the lm_bytes shape (d_model 64,
 SwiGLU; weights do not change the cost), the prompt is Python's own help text (no download), greedy, one
 thread by default. The transformers time of a token is the gap between two calls of a stopping criterion,
-which ``generate`` calls once per new token; the median over the new tokens is taken, and the least of
-``--repeats`` runs is reported (the machine may be shared). Prints a Markdown table.
+which ``generate`` calls once per new token; the zoo's is the time of a ``step`` and its greedy choice. The
+median over the new tokens is taken, and the least of
+``--repeats`` runs, the two prompts taking turns, is reported (the machine may be shared). Prints a Markdown table.
 
     python scripts/hf_decode_speed.py [--mixers gla mamba2 attention] [--lengths 1024 16384] [--new 64]
 """
@@ -21,7 +22,6 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import zoo
-from zoo.generate import generate_ids
 from zoo.hf import ZooConfig, ZooForCausalLM
 from zoo.hf.model import CACHE_FIELD
 
@@ -54,13 +54,27 @@ def ms_per_token(model: ZooForCausalLM, prompt: list[int], new: int) -> tuple[fl
     out = model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
                          stopping_criteria=StoppingCriteriaList([clock]), return_dict_in_generate=True)
     hf = 1000 * statistics.median(b - a for a, b in zip(clock.times, clock.times[1:]))
-    ids, _, decode_s = generate_ids(model.zoo, prompt, new)
-    return hf, 1000 * decode_s / (len(ids) - 1), getattr(out, CACHE_FIELD).state_elements()
+    return hf, zoo_ms_per_token(model.zoo, prompt, new), getattr(out, CACHE_FIELD).state_elements()
 
 
-def best(model: ZooForCausalLM, prompt: list[int], new: int, repeats: int) -> tuple[float, float, int]:
-    runs = [ms_per_token(model, prompt, new) for _ in range(repeats)]
-    return min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
+@torch.no_grad()
+def zoo_ms_per_token(model, prompt: list[int], new: int) -> float:
+    """The median time of one ``step`` and its greedy choice, as ``zoo generate`` decodes (``generate_ids``)."""
+    logits, states = model.prefill(torch.tensor([prompt]))
+    token, times = int(logits[0, -1].argmax()), []
+    for _ in range(new - 1):
+        start = time.perf_counter()
+        logits, states = model.step(torch.tensor([token]), states)
+        token = int(logits[0].argmax())
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def best(model: ZooForCausalLM, prompts: list[list[int]], new: int, repeats: int) -> list[tuple[float, float, int]]:
+    """Per prompt, the fastest of ``repeats`` runs; the prompts take turns, so a busy spell of a shared machine
+    falls on every length alike."""
+    runs = [[ms_per_token(model, prompt, new) for prompt in prompts] for _ in range(repeats)]
+    return [(min(r[i][0] for r in runs), min(r[i][1] for r in runs), runs[0][i][2]) for i in range(len(prompts))]
 
 
 def main() -> None:
@@ -80,7 +94,7 @@ def main() -> None:
     for mixer in args.mixers:
         model = model_for(mixer)
         model.generate(torch.tensor([text[:16]]), max_new_tokens=2)  # first-call costs out of the way
-        (a, za, ea), (b, zb, eb) = (best(model, text[:n], args.new, args.repeats) for n in (short, long))
+        (a, za, ea), (b, zb, eb) = best(model, [text[:short], text[:long]], args.new, args.repeats)
         print(f"| {mixer} | {a:.2f} | {b:.2f} | {b / a:.2f}x | {za:.2f} | {zb:.2f} | {ea:,} | {eb:,} |", flush=True)
 
 
