@@ -51,7 +51,7 @@ def write_run(folder, recipe, name="run") -> str:
             if p.ndim == 0 and p.abs().sum() == 0:
                 p.fill_(1.0)
     run = folder / name
-    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
+    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": ckpt.imports_for(recipe),
                                     "model": model.state_dict(), "step": 1, "finished": True})
     return str(run)
 
@@ -125,6 +125,22 @@ def test_a_hybrid_with_per_layer_options_round_trips_its_recipe_and_weights_bit_
         logits = ours(ids)
     expected = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
     assert again(ids, labels=labels).loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_model_with_an_out_of_tree_mixer_loads_once_its_module_is_imported(tmp_path, capsys, monkeypatch):
+    module = "tests.zoo.out_of_tree_mixer"
+    recipe = zoo.load({"imports": [module], "model": {"d_model": 16, "layers": ["cumulative_mean", "gla"]},
+                       "task": {"name": "lm", "seq_len": 16}})
+    run = write_run(tmp_path, recipe)
+    assert "--imports" in one_line_error(capsys, "export", run, "--to", tmp_path / "hf")
+    assert zoo_main(["export", run, "--to", str(tmp_path / "hf"), "--imports", module]) == 0
+    ours, _ = load_lm(run, imports=[module])
+    ids = torch.randint(0, 257, (2, 20))
+    with torch.no_grad():
+        assert (AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(ids).logits - ours(ids)).abs().max() <= 1e-5
+    monkeypatch.delitem(sys.modules, module)  # a fresh process that has not imported it: loading imports nothing
+    with pytest.raises(ValueError, match=f"defined in \\['{module}'\\]; import them"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
 
 
 def test_sampling_on_the_state_draws_what_sampling_without_a_cache_draws(tmp_path):
