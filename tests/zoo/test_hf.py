@@ -119,6 +119,10 @@ def test_a_hybrid_with_per_layer_options_round_trips_its_recipe_and_weights_bit_
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
     with torch.no_grad():
         assert torch.equal(again(ids).logits, loaded(ids).logits)
+    cache, split = ZooCache(), int(torch.randint(1, 32, ()))
+    with torch.no_grad():  # a prefill, then the rest through the states in one call: the same logits
+        parts = [again(ids[:, :split], cache=cache).logits, again(ids[:, split:], cache=cache).logits]
+    assert (torch.cat(parts, 1) - loaded(ids).logits).abs().max() <= 1e-5 and cache.get_seq_length() == 33
     labels = ids.clone()
     labels[0, :5] = -100
     with torch.no_grad():

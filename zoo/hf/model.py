@@ -128,8 +128,9 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
         hidden = tuple(hidden) if output_hidden_states else None
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
-                                      **{CACHE_FIELD: cache if use_cache else None})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
+                                     **{CACHE_FIELD: cache if use_cache else None})
+        return out.to_tuple() if return_dict is False else out
 
     def _steps(self, x: torch.Tensor, cache: ZooCache) -> list[torch.Tensor]:
         """Every layer's ``step`` over the positions of ``x``, from and into the cache's states; the input and
