@@ -131,8 +131,22 @@ def test_a_hybrid_with_per_layer_options_round_trips_its_recipe_and_weights_bit_
     assert again(ids, labels=labels).loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-def test_a_model_with_an_out_of_tree_mixer_loads_once_its_module_is_imported(tmp_path, capsys, monkeypatch):
-    module = "tests.zoo.out_of_tree_mixer"
+@pytest.fixture
+def out_of_tree():
+    """The module of an out-of-tree mixer (``cumulative_mean``). The test imports it, which registers the mixer,
+    and drops it from ``sys.modules``; both are put back as they were, so later tests see the registry they expect."""
+    name, mixer = "tests.zoo.out_of_tree_mixer", "cumulative_mean"
+    module, entry = sys.modules.get(name), MIXERS.entries.get(mixer)
+    yield name
+    for table, key, value in ((sys.modules, name, module), (MIXERS.entries, mixer, entry)):
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+
+def test_a_model_with_an_out_of_tree_mixer_loads_once_its_module_is_imported(tmp_path, capsys, out_of_tree):
+    module = out_of_tree
     recipe = zoo.load({"imports": [module], "model": {"d_model": 16, "layers": ["cumulative_mean", "gla"]},
                        "task": {"name": "lm", "seq_len": 16}})
     run = write_run(tmp_path, recipe)
@@ -142,7 +156,7 @@ def test_a_model_with_an_out_of_tree_mixer_loads_once_its_module_is_imported(tmp
     ids = torch.randint(0, 257, (2, 20))
     with torch.no_grad():
         assert (AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(ids).logits - ours(ids)).abs().max() <= 1e-5
-    monkeypatch.delitem(sys.modules, module)  # a fresh process that has not imported it: loading imports nothing
+    del sys.modules[module]  # as in a fresh process that has not imported it: loading imports nothing
     with pytest.raises(ValueError, match=f"defined in \\['{module}'\\]; import them"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
 
