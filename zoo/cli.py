@@ -1,4 +1,4 @@
-"""The ``zoo`` command line: list, check, train, eval, ablate, table, claims, bench, data, generate.
+"""The ``zoo`` command line: list, check, train, eval, ablate, table, claims, bench, data, generate, export.
 
 Every command reads its recipe through :func:`zoo.recipes.resolve` (extends -> overrides -> validation,
 once). Every recipe problem ends with exit code 2 and one line on stderr naming the place (file:line or
@@ -206,6 +206,11 @@ def cmd_claims(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from zoo.hf import export  # the hf extra, imported only here: without it, one line naming it
+    return export.run(args)
+
+
 def cmd_bench(args) -> int:
     return bench.run(args)
 
@@ -312,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="continue a prompt with a trained language model (prefill, then step)")
     generate.configure_parser(p)
     p.set_defaults(func=generate.run)
+    p = sub.add_parser("export", help="write a trained language model as a Hugging Face transformers folder "
+                                      "(pip install 'mixer-zoo[hf]')")
+    p.add_argument("checkpoint", help="a language-model checkpoint: file or the folder holding checkpoint.pt")
+    p.add_argument("--to", required=True, help="the folder to write (new, or empty)")
+    p.add_argument("--imports", nargs="*", help="modules defining out-of-tree components the checkpoint uses")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)
     p.set_defaults(func=cmd_bench)

@@ -40,8 +40,8 @@ class Generation:
         return self.decode_seconds / max(len(self.ids) - 1, 1)
 
 
-def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""):
-    """``(model, task)`` of a language-model checkpoint (a file or its folder)."""
+def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str = "zoo generate"):
+    """``(path, state, recipe, task)`` of a language-model checkpoint (a file or its folder), checked."""
     path = ckpt.path_in(location)
     state = ckpt.load(path)
     missing = sorted(set(state.get("imports", [])) - set(imports))
@@ -50,7 +50,7 @@ def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""
                         f"trust them")
     recipe = resolve(recipe_mapping(state["recipe"], list(imports)))
     if recipe.task.name != "lm":
-        raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); zoo generate "
+        raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); {command} "
                         f"needs an lm checkpoint")
     task = Task.from_spec(recipe.task)
     if tokenizer and tokenizer != recipe.task.options.tokenizer:
@@ -61,6 +61,12 @@ def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""
         raise UserError(f"{path}: the model has a vocabulary of {rows} tokens but its tokenizer "
                         f"{recipe.task.options.tokenizer!r} now has {task.vocab_size}; use the tokenizer it was "
                         f"trained with")
+    return path, state, recipe, task
+
+
+def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""):
+    """``(model, task)`` of a language-model checkpoint (a file or its folder)."""
+    _, state, recipe, task = read_lm(location, imports, tokenizer)
     return load_model(state, recipe, torch.device(device)), task
 
 

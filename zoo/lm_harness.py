@@ -13,15 +13,19 @@ model under the name ``zoo``. From a shell, on a machine with network for the be
 
     python -m zoo.lm_harness --model zoo --model_args checkpoint=runs/lm --tasks lambada_openai
 
-which registers the model, then hands its arguments to the harness's own command line.
+which registers the model, then hands its arguments to the harness's own command line. A folder written
+by ``zoo export`` runs through the harness's own ``hf`` model the same way (``--model hf --model_args
+pretrained=DIR``), its log-likelihoods equal to this adapter's.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from .errors import UserError
 from .generate import generate_ids, load_lm
 
 
@@ -91,8 +95,12 @@ def register():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m zoo.lm_harness ...``: register the model, then run the harness's command line."""
+    """``python -m zoo.lm_harness ...``: register the model, then run the harness's command line. With the hf
+    extra installed, a ``zoo export`` folder also loads as the harness's own ``hf`` model (``--model hf
+    --model_args pretrained=DIR``)."""
     register()
+    with contextlib.suppress(UserError):
+        import zoo.hf  # noqa: F401  (registers the exported model type with transformers' Auto classes)
     from lm_eval.__main__ import cli_evaluate
     sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
     cli_evaluate()

@@ -44,7 +44,7 @@ class ByteTokenizer:
         return "bytes"
 
 
-def _byte_level_table() -> dict[str, int]:
+def byte_level_table() -> dict[str, int]:
     """The printable-character alphabet byte-level BPE (GPT-2) writes each byte as: char -> byte."""
     kept = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     chars, extra = {}, 0
@@ -93,7 +93,7 @@ class HFTokenizer:
 
     def token_bytes(self) -> np.ndarray:
         decoder = (json.loads(self.tok.to_str()).get("decoder") or {}).get("type")
-        table = _byte_level_table() if decoder == "ByteLevel" else {}
+        table = byte_level_table() if decoder == "ByteLevel" else {}
         special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
         out = np.zeros(self.vocab_size, dtype=np.int64)
         for token, i in self.tok.get_vocab(with_added_tokens=True).items():

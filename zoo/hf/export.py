@@ -1,0 +1,127 @@
+"""``zoo export RUN --to DIR``: a trained language model as a folder ``transformers`` loads.
+
+The folder holds ``config.json`` (:class:`zoo.hf.config.ZooConfig`: the resolved recipe), the weights as
+``model.safetensors``, ``generation_config.json`` (EOS), the run's tokenizer (``tokenizer.json`` and
+``tokenizer_config.json``, :mod:`zoo.hf.tokenizer`) and a ``README.md`` with the recipe, the data and the
+run's metrics (its ``results.jsonl`` rows). Everything is written into a temporary folder beside ``DIR``,
+loaded back and compared with the checkpoint's weights bit for bit, then renamed to ``DIR``: an export that
+fails leaves nothing behind. ``DIR`` must not exist or be an empty folder.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+from transformers.utils import logging as hf_logging
+
+from ..errors import UserError
+from ..generate import read_lm
+from ..recipes.plain import layer_label
+from ..reevaluate import load_model
+from ..rows import read_rows
+from . import tokenizer as hf_tokenizer
+from .config import ZooConfig
+from .model import ZooForCausalLM
+
+
+def check_target(to: Path) -> None:
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise UserError(f"{to}: exists and is not an empty folder; zoo export writes a new folder (choose another "
+                        f"--to, or remove it)")
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No progress bars from transformers while writing and reading back."""
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def export(checkpoint, to, imports: list[str] = ()) -> tuple[Path, ZooForCausalLM]:
+    """Write the language model of ``checkpoint`` (a file or its folder) to the new folder ``to``."""
+    to = Path(to)
+    check_target(to)
+    path, state, recipe, task = read_lm(checkpoint, list(imports), command="zoo export")
+    tok = task.tokenizer
+    config = ZooConfig(recipe=recipe.plain, recipe_key=recipe.key, imports=state.get("imports", []),
+                       vocab_size=task.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id)
+    model = ZooForCausalLM(config, hybrid=load_model(state, recipe, torch.device("cpu"))).eval()
+    tmp = to.parent / f".{to.name}.export-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+        with _quiet():
+            model.save_pretrained(str(tmp))
+            hf_tokenizer.save(tok, tmp)
+            _check_reloads(model, tmp)
+        (tmp / "README.md").write_text(readme(path, state, recipe, model, to.name))
+        if to.exists():
+            to.rmdir()
+        os.replace(tmp, to)
+    except OSError as err:
+        raise UserError(f"{to}: cannot write the export ({type(err).__name__}: {err.strerror or err}); nothing was "
+                        f"written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path, model
+
+
+def _check_reloads(model: ZooForCausalLM, folder: Path) -> None:
+    again = ZooForCausalLM.from_pretrained(str(folder))
+    ours, theirs = model.state_dict(), again.state_dict()
+    if ours.keys() != theirs.keys() or any(not torch.equal(ours[k], theirs[k]) for k in ours):
+        raise RuntimeError(f"{folder}: the written weights do not load back equal to the checkpoint's")
+
+
+def _rows(path: Path, key: str) -> list[dict]:
+    """The run's rows in ``results.jsonl`` beside the checkpoint (training, and ``zoo eval`` of it)."""
+    return [r for r in read_rows(path.parent / "results.jsonl") if key in (r.get("recipe_key"), r.get("trained_recipe_key"))]
+
+
+def _metrics_line(row: dict) -> str:
+    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row["metrics"].items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("data_"))
+    return f"- `{row.get('label', '')}`: {shown}"
+
+
+def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) -> str:
+    rows = _rows(path, recipe.key)
+    task = recipe.plain["task"]
+    data = ", ".join(f"{k}: {v}" for k, v in task.items() if v not in ("", None, 0) and k != "name"
+                     and (task.get("source") == "hf" or not k.startswith("hf_")))
+    recorded = {k: v for row in rows for k, v in row["metrics"].items() if k.startswith("data_") and k != "data_source"}
+    data += "".join(f"; {k[5:].replace('_', ' ')}: {v}" for k, v in recorded.items())
+    layers = " + ".join(layer_label(e) for e in recipe.model.layer_entries())
+    metrics = [_metrics_line(row) for row in rows] or [f"- no `results.jsonl` row beside the checkpoint (step "
+                                                       f"{state.get('step')}, finished: {state.get('finished')})"]
+    return "\n".join([
+        "---", "library_name: transformers", "tags: [mixer-zoo]", "---", "",
+        f"# {recipe.name or name}", "",
+        f"A language model trained with mixer-zoo: {layers}, d_model {recipe.model.d_model}, "
+        f"{model.zoo.num_params():,} parameters (recipe key `{recipe.key}`, step {state.get('step')}).", "",
+        "## Use", "", "```python",
+        "import zoo.hf  # pip install 'mixer-zoo[hf]': registers the model type mixer_zoo",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"model, tok = AutoModelForCausalLM.from_pretrained('{name}'), AutoTokenizer.from_pretrained('{name}')",
+        "out = model.generate(**tok('The for statement', return_tensors='pt'), max_new_tokens=50)",
+        "print(tok.decode(out[0]))", "```", "",
+        "Each layer's decode state is the generation cache (`zoo.hf.ZooCache`): a linear-state layer decodes in "
+        "constant time and memory per token.", "",
+        "## Data", "", f"Task `lm`: {data}.", "",
+        "## Metrics", "", *metrics, "",
+        "## Recipe", "", "```yaml", yaml.safe_dump(recipe.plain, sort_keys=False).rstrip(), "```", "",
+    ])
+
+
+def run(args) -> int:
+    """The ``zoo export`` command."""
+    path, model = export(args.checkpoint, args.to, args.imports or [])
+    print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters) to {args.to}; "
+          f"load it with: import zoo.hf; AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
+    return 0

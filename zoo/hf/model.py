@@ -1,0 +1,146 @@
+"""A zoo language model as a ``transformers`` causal LM: :class:`ZooForCausalLM`.
+
+The model wraps the zoo's own :class:`zoo.model.HybridLM`, built from the resolved recipe in its config
+(:class:`zoo.hf.config.ZooConfig`), so it computes what the zoo computes: the same modules, the same
+kernels, the same weights (``model.safetensors``, the tied embedding stored once).
+
+``forward`` runs in one of three ways:
+
+- no cache (scoring, training with ``labels``): the parallel form of every layer, as the zoo's forward;
+- an empty :class:`zoo.hf.cache.ZooCache` (``use_cache=True``, the prompt in ``generate``): every layer's
+  ``prefill``, which also returns its decode state into the cache;
+- a cache that has consumed tokens (each new token in ``generate``): every layer's ``step`` from its state,
+  one position after another, so a linear-state layer costs the same per token at any context length.
+
+``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding, so a mask
+with a zero before a one (left padding), or any zero with a cache, is refused; right padding is harmless
+when scoring (every layer is causal). Loading runs no code named by a file: the modules that define
+out-of-tree components (``config.imports``) must be imported first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..model import HybridLM
+from ..recipes import resolve
+from ..recipes.plain import recipe_mapping
+from .cache import ZooCache
+from .config import ZooConfig
+
+#: what transformers calls the cache in model inputs and outputs: ``cache`` since 5.24, ``past_key_values`` before
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def build_hybrid(config: ZooConfig) -> HybridLM:
+    """The untrained zoo model of ``config``'s recipe (the weights come from the checkpoint)."""
+    missing = [m for m in config.imports if m not in sys.modules]
+    if missing:
+        raise ValueError(f"this model uses components defined in {missing}; import them before loading it (loading "
+                         f"imports no module a file names)")
+    recipe = resolve(recipe_mapping(config.recipe, config.imports))
+    if config.recipe_key and recipe.key != config.recipe_key:
+        raise ValueError(f"the recipe in config.json resolves to key {recipe.key}, not {config.recipe_key} as it "
+                         f"was trained: a default of this mixer-zoo version differs from the one that trained it")
+    return HybridLM.from_recipe(recipe, config.vocab_size)
+
+
+def check_padding(attention_mask: torch.Tensor | None, decoding: bool) -> None:
+    """Refuse padding the states would read: any zero while decoding (a cache), a zero before a one otherwise."""
+    if attention_mask is None or attention_mask.ndim != 2 or bool(attention_mask.all()):
+        return
+    mask = attention_mask.bool()
+    if decoding or bool((~mask[:, :-1] & mask[:, 1:]).any()):
+        raise ValueError("mixer-zoo models carry a recurrent state, which padding would enter: give prompts one at "
+                         "a time or of equal length (right padding is fine when scoring without a cache)")
+
+
+class ZooForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = ZooConfig
+    base_model_prefix = "zoo"
+    main_input_name = "input_ids"
+    _tied_weights_keys = {"zoo.head.weight": "zoo.embed.weight"}
+    _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = False
+
+    def __init__(self, config: ZooConfig, hybrid: HybridLM | None = None):
+        super().__init__(config)
+        self.zoo = hybrid if hybrid is not None else build_hybrid(config)
+        self.post_init()
+
+    def _init_weights(self, module):
+        """Nothing: the zoo's constructors initialise every weight, and a loaded model takes the checkpoint's."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model makes its own ZooCache on the first forward with use_cache
+
+    def get_input_embeddings(self):
+        return self.zoo.embed
+
+    def set_input_embeddings(self, value):
+        self.zoo.embed = value
+
+    def get_output_embeddings(self):
+        return self.zoo.head
+
+    def set_output_embeddings(self, value):
+        self.zoo.head = value
+
+    def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None, labels=None,
+                use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0, past_key_values=None,
+                **kwargs):
+        cache = cache if cache is not None else past_key_values
+        use_cache = cache is not None if use_cache is None else use_cache
+        if use_cache and not isinstance(cache, ZooCache):
+            if cache is not None and cache.get_seq_length() > 0:
+                raise ValueError(f"a zoo model decodes from a ZooCache, not a {type(cache).__name__}")
+            cache = ZooCache()
+        check_padding(attention_mask, use_cache)
+        x = self.zoo.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        hidden = [x]
+        if not use_cache:
+            for block in self.zoo.blocks:
+                hidden.append(block(x))
+                x = hidden[-1]
+        elif cache.seen == 0:
+            cache.states = []
+            for block in self.zoo.blocks:
+                x, state = block.prefill(x)
+                hidden.append(x)
+                cache.states.append(state)
+        else:
+            hidden = self._steps(x, cache)
+            x = hidden[-1]
+        if use_cache:
+            cache.seen += x.shape[1]
+        if isinstance(logits_to_keep, int):
+            kept = x[:, -logits_to_keep:] if logits_to_keep > 0 else x
+        else:
+            kept = x[:, logits_to_keep]
+        logits = self.zoo.head(self.zoo.norm(kept))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
+                                   ignore_index=-100)
+        hidden = tuple(hidden) if output_hidden_states else None
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
+                                     **{CACHE_FIELD: cache if use_cache else None})
+        return out.to_tuple() if return_dict is False else out
+
+    def _steps(self, x: torch.Tensor, cache: ZooCache) -> list[torch.Tensor]:
+        """Every layer's ``step`` over the positions of ``x``, from and into the cache's states; the input and
+        each layer's output, ``(batch, T, d_model)`` each."""
+        per_position = []
+        for t in range(x.shape[1]):
+            h, outs = x[:, t], [x[:, t]]
+            for i, block in enumerate(self.zoo.blocks):
+                h, cache.states[i] = block.step(h, cache.states[i])
+                outs.append(h)
+            per_position.append(outs)
+        return [torch.stack(layer, dim=1) for layer in zip(*per_position)]
