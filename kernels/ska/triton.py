@@ -10,11 +10,11 @@ the chunk's tokens (backward: one launch, whose programs either own a token tile
 value dims (``dW``), so every sum over tokens stays in one program, without atomics).
 
 Precision. fp32 queries: exact fp32 products (``input_precision="ieee"``). bf16/fp16 queries: every
-product takes 16-bit operands with fp32 accumulation. The queries are inputs (exact in 16 bits); ``W``
-and ``dY`` are fp32 and enter as two 16-bit pieces (``a ~= a_1 + a_2``, the remainder's rounding second;
-the ``a_2 b_2`` product, ~u^2, is left out), because ``W = C L^{-T} A^p L^{-1}`` carries ``L^{-1}``, whose
-entries reach ``1/sqrt(ridge)`` (~32 at the default ridge) along the directions the keys do not span,
-so ``W q`` cancels and one rounding of ``W`` would cost up to ~32 u. ``W``'s own products stay fp32:
+product takes 16-bit operands with fp32 accumulation. The queries are inputs and ``dY`` arrives as the
+gradient of a 16-bit output (both exact in 16 bits); ``W`` is rounded once. Measured against fp64 (SKA
+chunk_causal, chunk 64, r 32, P 64, ridge 1e-3 and 0.1, both normalisations): one rounding of ``W``
+gives 1.6e-3 (bf16) / 2.1e-4 (fp16), the same as rounding ``y`` to the output dtype; two 16-bit pieces
+of ``W`` would give 2.5e-6 / 5e-7, below anything a 16-bit output keeps. ``W``'s own products stay fp32:
 they are per chunk (~1/chunk_size of the per-token work), on the factors of a Cholesky and a triangular
 solve, in PyTorch. For fp16 (max 65504) ``W`` is divided by a power of two near its largest magnitude
 and ``dY``'s rows (products over value dims) or columns (products over tokens) likewise.
@@ -51,20 +51,12 @@ def _op(a, OP: tl.constexpr):
 
 
 @triton.jit
-def _mm(a, b, OP: tl.constexpr, SA: tl.constexpr, SB: tl.constexpr):
-    """``a @ b`` accumulated in fp32: exact fp32 (OP 0), or 16-bit operands with ``a`` (``SA``) and ``b``
-    (``SB``) taken as two pieces each (the remainder's product added, smaller first)."""
+def _mm(a, b, OP: tl.constexpr):
+    """``a @ b`` accumulated in fp32: exact fp32 products (OP 0) or 16-bit operands."""
     if OP == 0:
         out = tl.dot(a, b, input_precision="ieee")
     else:
-        a1 = _op(a, OP)
-        b1 = _op(b, OP)
-        out = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32)
-        if SA:
-            out = tl.dot(_op(a - a1.to(tl.float32), OP), b1, out)
-        if SB:
-            out = tl.dot(a1, _op(b - b1.to(tl.float32), OP), out)
-        out = tl.dot(a1, b1, out)
+        out = tl.dot(_op(a, OP), _op(b, OP))
     return out
 
 
@@ -105,7 +97,7 @@ def _ska_apply_kernel(Q, W, Y, T, H, N, CS, R, P, NPB,
         w = w / ws
     else:
         ws = 1.0
-    y = _mm(q, tl.trans(w), OP, False, True) * ws            # the queries are exact: one piece
+    y = _mm(q, tl.trans(w), OP) * ws
     ymask = (offs_t[:, None] < ntok) & (offs_p[None, :] < P) & (tok[:, None] < T)
     tl.store(Y + rows * P + offs_t[:, None] * (H * P) + offs_p[None, :], y, mask=ymask)
 
@@ -134,9 +126,9 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
             if OP == 2:  # rows of dY and all of W into fp16's range (both factor out)
                 ys = _pow2_scale(tl.max(tl.abs(dy), axis=1))
                 ws = _pow2_scale(tl.max(tl.max(tl.abs(w), axis=1), axis=0))
-                dq += _mm(dy / ys[:, None], w / ws, OP, True, True) * (ys[:, None] * ws)
+                dq += _mm(dy / ys[:, None], w / ws, OP) * (ys[:, None] * ws)
             else:
-                dq += _mm(dy, w, OP, True, True)
+                dq += _mm(dy, w, OP)
         m = (offs_t[:, None] < ntok) & (cr[None, :] < R)
         tl.store(DQ + rows * R + offs_t[:, None] * (H * R) + cr[None, :], dq, mask=m)
     else:
@@ -148,9 +140,9 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
             q = _tile(Q, rows * R, offs_t, cr, ntok, R, H * R)                             # (BT, BR)
             if OP == 2:  # columns of dY (they index dW's rows) into fp16's range
                 ys = _pow2_scale(tl.max(tl.abs(dy), axis=0))
-                dw += _mm(tl.trans(dy / ys[None, :]), q, OP, True, False) * ys[:, None]
+                dw += _mm(tl.trans(dy / ys[None, :]), q, OP) * ys[:, None]
             else:
-                dw += _mm(tl.trans(dy), q, OP, True, False)
+                dw += _mm(tl.trans(dy), q, OP)
         offs_p = pb * BPB + cp
         m = (offs_p[:, None] < P) & (cr[None, :] < R)
         tl.store(DW + mat * P * R + offs_p[:, None] * R + cr[None, :], dw, mask=m)
@@ -160,6 +152,13 @@ def _tiles(chunk_size: int, R: int, P: int):
     """``(BT, BR, BPB)``: tokens, rank (padded) and value dims per program; every tile fits any GPU's
     registers (at most 64 x 64 fp32 operands and accumulators)."""
     return min(64, _pow2(chunk_size)), _pow2(R), min(64, _pow2(P))
+
+
+def _warps(op: int, backward: bool = False) -> int:
+    """fp32 products run on the CUDA cores, whose dot layouts need twice the registers of an mma's (64 x 64
+    tiles at 4 warps spilled 744 bytes on sm_90), and the backward holds an accumulator next to its two
+    operands (fp16, whose scaling adds temporaries, spilled 344 bytes at 4 warps): 8 warps for those."""
+    return 8 if op == 0 or backward else 4
 
 
 class _SKAApply(torch.autograd.Function):
@@ -175,7 +174,7 @@ class _SKAApply(torch.autograd.Function):
         BT, BR, BPB = _tiles(chunk_size, R, P)
         npb = triton.cdiv(P, BPB)
         launch(_ska_apply_kernel, (N, B * H, triton.cdiv(chunk_size, BT) * npb), q, W, y, T, H, N, chunk_size, R,
-               P, npb, BT=BT, BR=BR, BPB=BPB, OP=op)
+               P, npb, BT=BT, BR=BR, BPB=BPB, OP=op, num_warps=_warps(op))
         ctx.save_for_backward(W, q)
         ctx.chunk_size, ctx.op = chunk_size, op
         return y
@@ -192,7 +191,7 @@ class _SKAApply(torch.autograd.Function):
         BT, BR, BPB = _tiles(cs, R, P)
         ntb, npb = triton.cdiv(cs, BT), triton.cdiv(P, BPB)
         launch(_ska_apply_bwd_kernel, (N, B * H, ntb + npb), q, W, dy, dq, dW, T, H, N, cs, R, P, ntb, npb,
-               BT=BT, BR=BR, BPB=BPB, OP=ctx.op)
+               BT=BT, BR=BR, BPB=BPB, OP=ctx.op, num_warps=_warps(ctx.op, backward=True))
         return dW, dq.to(q.dtype), None
 
 
