@@ -26,8 +26,9 @@ Kernels:
 - ``_reverse_kernel``: the paper's Algorithm 2 ("Gated KalmaNet", arXiv:2511.21016): walks the iteration
   backwards from ``xi_r, xi_{r-1}``, reconstructing earlier iterates and accumulating ``dq, dH0, dK, dG,
   dlam``; one program per system (its token tiles run one after another into the same ``dH0, dK``
-  accumulators). The weight schedule ``omega_i`` is recomputed forwards in the kernel (reversing it in
-  floating point is unstable; see :mod:`kernels.gka.chebyshev`).
+  accumulators). The weight schedule ``omega_i`` is computed forwards in the kernel into a scratch buffer
+  and read back in reverse (reversing its recursion in floating point is unstable; see
+  :mod:`kernels.gka.chebyshev`).
 
 Precision. fp32 inputs: every product is exact fp32 (``input_precision="ieee"``). bf16/fp16 inputs:
 every product takes 16-bit operands (the input dtype) with fp32 accumulation; iterates, residuals,
@@ -325,14 +326,15 @@ def _vjp_kernel(X_ptr, Z_ptr, K_ptr, G_ptr, H0_ptr, DH0_ptr, DK_ptr, DG_ptr, DLA
 
 @triton.jit
 def _reverse_kernel(Q_ptr, K_ptr, G_ptr, H0_ptr, LAM_ptr, MU_ptr, L_ptr, X_ptr, XP_ptr, DX_ptr,
-                    DQ_ptr, DH0_ptr, DK_ptr, DG_ptr, DLAM_ptr, D, min_momentum,
+                    DQ_ptr, DH0_ptr, DK_ptr, DG_ptr, DLAM_ptr, OM_ptr, D, min_momentum,
                     R: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, OP: tl.constexpr,
                     P: tl.constexpr, PX: tl.constexpr):
     """The paper's Algorithm 2 for one system: exact gradients of r Chebyshev iterations.
 
     The reconstruction of the iterates takes its products in ``PX`` pieces (fp32's products); the adjoint
     recursion ``dxi_{i-1} = omega_i dxi_i - c_i A dxi_i - (omega_{i+1} - 1) dxi_{i+1}`` and the gradient
-    products in ``P`` pieces (the first ``P`` of the same pieces of ``H0``)."""
+    products in ``P`` pieces (the first ``P`` of the same pieces of ``H0``). ``OM_ptr``: scratch ``(R, C)`` per
+    system for the weight schedule, written forwards and read backwards."""
     sys = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, C)
     offs_d = tl.arange(0, BD)
@@ -372,6 +374,12 @@ def _reverse_kernel(Q_ptr, K_ptr, G_ptr, H0_ptr, LAM_ptr, MU_ptr, L_ptr, X_ptr, 
             rg = tl.max(tl.abs(g_cur), axis=1)
             rg = tl.where(rg > 0, rg, 1.0)
             g_cur = g_cur / rg[:, None]
+        # omega_1..omega_R forwards (the reversed recursion is unstable), read back in reverse order
+        om = tl.full([BT], 2.0, tl.float32)
+        for i in range(R):
+            om = 4.0 / (4.0 - rho2 * om)
+            tl.store(OM_ptr + (sys * R + i) * C + offs_t, om)
+        tl.debug_barrier()
         g_next = tl.zeros([BT, BD], dtype=tl.float32)
         om_next = tl.full([BT], 1.0, tl.float32)
         dq = tl.zeros([BT, BD], dtype=tl.float32)
@@ -379,9 +387,7 @@ def _reverse_kernel(Q_ptr, K_ptr, G_ptr, H0_ptr, LAM_ptr, MU_ptr, L_ptr, X_ptr, 
         dlam = tl.zeros([BT], dtype=tl.float32)
         for it in range(R):
             i = R - it  # R, ..., 1
-            om = tl.full([BT], 2.0, tl.float32)
-            for _ in range(i):  # omega_i, recomputed forwards (the reversed recursion is unstable)
-                om = 4.0 / (4.0 - rho2 * om)
+            om = tl.load(OM_ptr + (sys * R + i - 1) * C + offs_t)
             c = s * om
             dq += c[:, None] * g_cur
             # xi_{i-1}'s products in PX pieces: its matvec (the reconstruction) and dG's x H0^T, x K^T
@@ -493,7 +499,8 @@ class _TritonChunkSolve(torch.autograd.Function):
         if ctx.grad == "reverse_chebyshev":
             (XP,) = rest
             dQ = torch.empty_like(Q)
-            launch(_reverse_kernel, (N,), Q, K, Gf, H0f, lamf, muf, Lf, X, XP, dX, dQ, dH0, dK, dG, dlam, D,
+            OM = torch.empty(N, ctx.r, C, device=Q.device, dtype=torch.float32)
+            launch(_reverse_kernel, (N,), Q, K, Gf, H0f, lamf, muf, Lf, X, XP, dX, dQ, dH0, dK, dG, dlam, OM, D,
                    _REVERSE_MIN_MOMENTUM, R=ctx.r, C=C, BT=BT, BD=BD, OP=ctx.op, P=_pieces_for(ctx.op),
                    PX=_pieces_for(ctx.op, exact=True), num_warps=warps)
         else:
