@@ -127,7 +127,7 @@ def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, conf
         for bt, warps, pieces in configs:
             if bt > chunk:
                 continue
-            kt._solve_config = lambda C, BD, bt=bt, warps=warps: (bt, warps)
+            kt._solve_config = lambda C, BD, op=1, bt=bt, warps=warps: (bt, warps)
             with _solve_pieces(pieces):
                 ms = _median_ms(lambda: kt._solve(Q, K, G, H0, lam, mu, L, 30, op, False), device, warmup, repeats)
             out[f"tokens={bt} warps={warps} pieces={pieces}"] = round(ms, 3)

@@ -434,12 +434,14 @@ def _block_d(d):
     return max(16, triton.next_power_of_2(d))
 
 
-def _solve_config(C, BD):
+def _solve_config(C, BD, op=1):
     """``(tokens per program, warps)`` of the solve: a tile keeps its iterate, step, right-hand side and
     products (fp32, BT x BD each) in registers next to the loop-invariant operands. From ptxas for sm_90,
     bf16, C 64, two pieces: d 128 at 32 tokens and 8 warps 255 registers, no spills (64 tokens spilled
-    832 bytes at 8 warps, 2 KB at 4); d 64 at 32 tokens and 4 warps 251 registers, no spills."""
-    if BD <= 64:
+    832 bytes at 8 warps, 2 KB at 4); d 64 at 32 tokens and 4 warps 235 registers, no spills. fp32
+    products run on the CUDA cores, whose operand layouts take more registers (d 64 at 4 warps spilled
+    368 bytes): 8 warps."""
+    if BD <= 64 and op != 0:
         return min(C, 32), 4
     return min(C, 32 if BD <= 128 else 16), 8
 
@@ -459,7 +461,7 @@ def _solve(Q, K, G, H0, lam, mu, L, r, op, store_prev, exact=False):
     X = torch.empty_like(Q)
     XP = torch.empty_like(Q) if store_prev else X
     BD = _block_d(D)
-    BT, warps = _solve_config(C, BD)
+    BT, warps = _solve_config(C, BD, op)
     launch(_solve_kernel, (N, C // BT), Q, K, G, H0, lam, mu, L, X, XP, D, R=r, C=C, BT=BT, BD=BD, OP=op,
            P=_pieces_for(op, exact), STORE_PREV=store_prev, num_warps=warps)
     return X, (XP if store_prev else None)
