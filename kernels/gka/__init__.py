@@ -10,7 +10,8 @@
 (default), ``reverse_chebyshev`` (the paper's Algorithm 2, exact), ``autograd`` (unrolled).
 
 Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CPU default),
-``triton`` (chunked with the within-chunk Chebyshev solve and its backward in Triton; Chebyshev only).
+``triton`` (chunked with the within-chunk Chebyshev solve and its backward in Triton; Chebyshev only; with
+bf16/fp16 inputs its products run on tensor cores, see :mod:`kernels.gka.triton`).
 ``gka_step`` is the one-token decode.
 """
 from __future__ import annotations

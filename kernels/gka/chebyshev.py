@@ -61,6 +61,7 @@ import abc
 import torch
 
 from ..common import causal_decay_mask
+from ..device import plan_for
 
 SOLVERS = ("chebyshev", "cg")
 GRAD_MODES = ("implicit", "reverse_chebyshev", "autograd")
@@ -144,16 +145,20 @@ class ChunkOp(Operator):
 
     #: elements of one (C, max(C, d)) operand of a block of systems: every operand of a block's matvec
     #: then stays in a core's L2 cache for the whole iteration (about 3x faster than streaming all
-    #: chunks through memory once per pass on a CPU)
+    #: chunks through memory once per pass on a CPU). The CPU plan only: on a GPU each block would be
+    #: ~7 r more kernel launches, so the GPU plan solves every system at once.
     BLOCK_ELEMENTS = 1 << 17
 
     def blocks(self, params, q, mu, L):
-        """Split the solve over chunks into cache-sized blocks of independent systems.
+        """Split the solve over chunks into cache-sized blocks of independent systems (CPU plan only).
 
-        Returns None when one block holds everything, else a list of ``(op, params, q, mu, L, rows)``
-        with every tensor flattened to ``(b*h*n, ...)`` and ``rows`` the block's slice of that axis.
+        Returns None when one block holds everything or on the GPU plan (:func:`kernels.device.plan_for`),
+        else a list of ``(op, params, q, mu, L, rows)`` with every tensor flattened to ``(b*h*n, ...)`` and
+        ``rows`` the block's slice of that axis.
         """
         H0, K, G, lam = params
+        if plan_for(K).one_pass:
+            return None
         C, d = K.shape[-2], K.shape[-1]
         lead = K.shape[:-2]
         n_sys = lead.numel()

@@ -77,18 +77,12 @@ def per_token_H(H0, K, G, M=None):
     return G.exp()[..., None, None] * H0.unsqueeze(-3) + within
 
 
-def _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, **kw):
-    """Call a solve written for the ``(b, n, C, h, ...)`` layout (the Triton kernels) from heads-first."""
-    tok = lambda t: t.movedim(1, 3)  # noqa: E731  (b, h, n, C, ...) -> (b, n, C, h, ...)
-    X = solve_fn(H0.transpose(1, 2), tok(K), tok(G), tok(lam), tok(mu), tok(L), tok(Q), **kw)
-    return X.movedim(3, 1)
-
-
 def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
                 solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
                 initial_state=None, solve_fn=None):
-    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` (in the ``(b, n, C, h, ...)``
-    layout) replaces the PyTorch Chebyshev solve (the Triton backend plugs in here)."""
+    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` (heads-first tensors
+    ``(b, h, n, C, ...)``, ``H0 (b, h, n, d, d)``) replaces the PyTorch Chebyshev solve (the Triton backend
+    plugs in here)."""
     dtype = q.dtype
     cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
@@ -130,7 +124,7 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
             eye = torch.eye(dk, dtype=cd, device=q.device)
             X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Q.unsqueeze(-1)).squeeze(-1)
         elif solve_fn is not None:
-            X = _triton_layout(solve_fn, H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
+            X = solve_fn(H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
             op = ChunkOp(M, G.exp().unsqueeze(-1), fuse=True)
             X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)

@@ -12,8 +12,9 @@ visible sets), computed batched in fp32 (fp64 stays fp64):
   running max of the per-chunk maxima (the largest key inside the chunk's statistics);
 - one batched Cholesky per (batch, chunk, head) with jitter fallback (``cholesky_ex``), triangular
   solves for ``A_w = L^{-1} M L^{-T}`` and ``L^{-1}``, detached power iteration, ``gamma`` clamp;
-- the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} q`` (:func:`ska_chain_torch`; the Triton
-  backend swaps in :func:`kernels.ska.triton.ska_chain_triton`).
+- the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} (q / s)`` (:func:`ska_chain_torch`; the Triton
+  backend swaps in :func:`kernels.ska.triton.ska_chain_triton`); bf16 / fp16 queries enter the chain as
+  given, for 16-bit products, with the key scale ``s`` folded into ``C`` instead.
 
 The recurrent form (decode step, :func:`kernels.ska.reference.ska_step`) lives beside the spec: the state
 holds the *raw* statistics ``G, M, C`` (unnormalised keys), the previous weighted key ``w_{t-1} k_{t-1}``
@@ -62,9 +63,10 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
     chain = ska_chain_torch if chain is None else chain
     out_dtype = q.dtype
     cd = compute_dtype(q.dtype)
-    q, k, v = q.to(cd), k.to(cd), v.to(cd)
+    q_in = q                          # the chain takes the queries as given (bf16 queries: 16-bit products)
+    k, v = k.to(cd), v.to(cd)
     B, T, H, r = q.shape
-    w = torch.ones(B, T, dtype=cd, device=q.device) if w is None else w.to(cd)
+    w = torch.ones(B, T, dtype=cd, device=k.device) if w is None else w.to(cd)
     wk = w[:, :, None, None] * k                                        # w_t k_t
     kprev = _prev(wk)                                                   # w_{t-1} k_{t-1}
     knorm = k.norm(dim=-1) * (w[:, :, None] > 0).to(cd)                 # (B, T, H)
@@ -91,8 +93,11 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
     s = s.clamp_min(SCALE_FLOOR)
     Linv, A, Cn = solve_operator(G, M, C, s, ridge=ridge, gamma=gamma, gamma_max=gamma_max,
                                  power_iters=power_iters)
-    s_tok = s.repeat_interleave(cs, dim=1)[:, :T]                       # (B, T, H)
-    y = chain(Linv, A, Cn, q / s_tok[..., None], power, cs)
+    if q_in.dtype == cd:  # fp32 / fp64 queries: divided by the key scale in the compute dtype, as the spec does
+        s_tok = s.repeat_interleave(cs, dim=1)[:, :T]                   # (B, T, H)
+        y = chain(Linv, A, Cn, q_in / s_tok[..., None], power, cs)
+    else:  # 16-bit queries enter the chain as given (16-bit products): the key scale is folded into C instead
+        y = chain(Linv, A, Cn / s[..., None, None], q_in, power, cs)
     return y.to(out_dtype)
 
 

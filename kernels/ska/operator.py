@@ -97,18 +97,24 @@ def solve_operator(G_raw, M_raw, C_raw, s, *, ridge: float, gamma, gamma_max: fl
     return Linv, A, C_raw / s[..., None, None]
 
 
-def ska_chain_torch(Linv, A, C, q, power: int, chunk_size: int):
-    """The post-Cholesky chain ``y_t = C_c L_c^{-T} A_c^p L_c^{-1} q_t``, c = t // chunk_size.
-
-    Linv, A (B, N, H, r, r); C (B, N, H, P, r); q (B, T, H, r) with T <= N * chunk_size.
-    Computed as the per-chunk operator ``W = C Linv^T A^p Linv`` applied to every query.
-    """
-    B, T, H, r = q.shape
-    N = Linv.shape[1]
+def chain_operator(Linv, A, C, power: int):
+    """The per-chunk readout operator ``W = C Linv^T A^p Linv`` (..., P, r), in the dtype of the factors."""
     U = C @ Linv.transpose(-1, -2)
     for _ in range(power):
         U = U @ A
-    W = U @ Linv                                                                    # (B, N, H, P, r)
-    qp = F.pad(q, (0, 0, 0, 0, 0, N * chunk_size - T)).reshape(B, N, chunk_size, H, r)
+    return U @ Linv
+
+
+def ska_chain_torch(Linv, A, C, q, power: int, chunk_size: int):
+    """The post-Cholesky chain ``y_t = C_c L_c^{-T} A_c^p L_c^{-1} q_t``, c = t // chunk_size.
+
+    Linv, A (B, N, H, r, r); C (B, N, H, P, r); q (B, T, H, r) with T <= N * chunk_size (any float dtype:
+    it is cast to the factors'). Computed as the per-chunk operator ``W`` (:func:`chain_operator`) applied to
+    every query.
+    """
+    B, T, H, r = q.shape
+    N = Linv.shape[1]
+    W = chain_operator(Linv, A, C, power)                                           # (B, N, H, P, r)
+    qp = F.pad(q.to(W.dtype), (0, 0, 0, 0, 0, N * chunk_size - T)).reshape(B, N, chunk_size, H, r)
     y = torch.einsum("bnhpr,bnchr->bnchp", W, qp)
     return y.reshape(B, N * chunk_size, H, -1)[:, :T]

@@ -126,11 +126,14 @@ def ska_readout(q_t, state: State, *, ridge: float = 1e-3, power: int = 2, gamma
     s = state["s"].clamp_min(SCALE_FLOOR)
     Linv, A, Cn = solve_operator(state["G"], state["M"], state["C"], s, ridge=ridge, gamma=gamma,
                                  gamma_max=gamma_max, power_iters=power_iters)
-    # the same chain code as the parallel form (one "chunk" of one token), so that both agree to the bit
-    # wherever the statistics do: at positions where G is barely above lambda I the chain amplifies fp32
-    # rounding by ~1/lambda
-    qn = (q_t.to(Linv.dtype) / s[..., None])[:, None]
-    return ska_chain_torch(Linv[:, None], A[:, None], Cn[:, None], qn, power, 1)[:, 0]
+    # the same chain code as the parallel form (one "chunk" of one token, the key scale applied as it does:
+    # to fp32 / fp64 queries, or folded into C for 16-bit ones), so that both agree to the bit wherever the
+    # statistics do: at positions where G is barely above lambda I the chain amplifies rounding by ~1/lambda
+    if q_t.dtype == Linv.dtype:
+        Cs, qn = Cn, q_t / s[..., None]
+    else:
+        Cs, qn = Cn / s[..., None, None], q_t.to(Linv.dtype)
+    return ska_chain_torch(Linv[:, None], A[:, None], Cs[:, None], qn[:, None], power, 1)[:, 0]
 
 
 def ska_update(k_t, v_t, state: State, w_t=None, *, normalisation: str = "seq_max") -> State:

@@ -441,3 +441,82 @@ def test_triton_on_cuda_real_size():
     bf = [t.bfloat16() for t in inputs]
     o_bf, _ = gka_triton(*bf, chunk_size=64)
     assert torch.isfinite(o_bf).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# launches on the GPU path
+# ---------------------------------------------------------------------------------------------------
+def _one_pass_chunk_scan(a, X, initial=None):
+    """``kernels.common.chunk_scan`` in a fixed number of ops: ``S_c = sum_{j<=c} e^{P_c - P_j} X_j + e^{P_c}
+    S_{-1}`` with ``P`` the inclusive cumulative log decay (one product with an (n x n) decay matrix)."""
+    lead, n = a.ndim - 1, a.shape[-1]
+    if initial is None:
+        initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
+    P = a.log().cumsum(-1)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    dec = (P.unsqueeze(-1) - P.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    S = (dec @ X.flatten(a.ndim) + P.exp().unsqueeze(-1) * initial.flatten(lead).unsqueeze(-2)).view(X.shape)
+    return torch.cat([initial.unsqueeze(lead), S.narrow(lead, 0, n - 1)], dim=lead), S.select(lead, n - 1)
+
+
+def _gka_fwd_bwd_counted(inputs, backend, grad, monkeypatch, one_pass_scan=True):
+    """Forward + backward of ``gka`` on the GPU path: (outputs and input gradients, non-view aten ops, Triton
+    launches). The launches go through :func:`kernels.launch.launch` and run with the op counter paused (the
+    interpreter's own tensor copies are not the kernel's)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    import kernels.gka.chunked as gka_chunked_module
+    import kernels.gka.triton as gka_triton_module
+    from kernels.device import gpu_path_on_cpu
+
+    ops, launches = collections.Counter(), []
+    real_launch = gka_triton_module.launch
+
+    def counted_launch(kernel, grid, *args, **kwargs):
+        launches.append(kernel)
+        with _disable_current_modes():
+            return real_launch(kernel, grid, *args, **kwargs)
+
+    class CountOps(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                ops[func.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(gka_triton_module, "launch", counted_launch)
+    monkeypatch.setattr(ChunkOp, "BLOCK_ELEMENTS", 2 * 16 * 16)  # blocks of 2 systems, were it the CPU plan
+    if one_pass_scan:
+        monkeypatch.setattr(gka_chunked_module, "chunk_scan", _one_pass_chunk_scan)
+    *inputs, upstream = [t.detach().clone().requires_grad_(True) for t in inputs]
+    with gpu_path_on_cpu(), CountOps():
+        o, _ = gka(*inputs, chunk_size=16, num_iter=4, grad=grad, backend=backend)
+        o.backward(upstream.detach())
+    monkeypatch.undo()
+    return [o.detach()] + [x.grad for x in inputs], sum(ops.values()), len(launches)
+
+
+@needs_triton
+@pytest.mark.parametrize("backend,grad", [("triton", "implicit"), ("triton", "reverse_chebyshev"),
+                                          ("torch", "implicit")])
+def test_gpu_path_launches_do_not_grow_with_length(backend, grad, monkeypatch):
+    """On the GPU plan GKA's forward + backward dispatches the same operators at T and 4T: no cache-sized
+    solver blocks (ChunkOp.BLOCK_ELEMENTS is the CPU plan's), the solve one launch.
+
+    Two pieces are not GKA's and are left out: ``kernels.common.in_segments`` (one call below its 4096-token
+    segment, as here) and ``kernels.common.chunk_scan``, still a per-chunk Python loop (2 vs 8 chunks here:
+    12 more ops at 4T); a one-pass scan (:func:`_one_pass_chunk_scan`, checked against it) takes its place.
+    Measured (d 16, chunk 16): triton 211 ops + 3 launches (implicit), 212 + 2 (reverse_chebyshev)."""
+    from kernels.backend import triton_usable_for
+    if backend == "triton" and not triton_usable_for(torch.empty(0)):
+        pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
+    drawn = {T: [*make_inputs(1, T, 1, 16, dtype=torch.float32), torch.randn(1, T, 1, 16)] for T in (32, 128)}
+    short, ops_short, launches_short = _gka_fwd_bwd_counted(drawn[32], backend, grad, monkeypatch)
+    _, ops_long, launches_long = _gka_fwd_bwd_counted(drawn[128], backend, grad, monkeypatch)
+    assert (ops_short, launches_short) == (ops_long, launches_long), \
+        f"T=32: {ops_short} ops + {launches_short} launches, T=128: {ops_long} + {launches_long}"
+    assert launches_short == (0 if backend == "torch" else 3 if grad == "implicit" else 2)
+    real, _, _ = _gka_fwd_bwd_counted(drawn[32], backend, grad, monkeypatch, one_pass_scan=False)
+    for name, a, b in zip("o q k v g alpha".split(), short, real):
+        assert_rel_close(a, b, 1e-5, f"one-pass scan stand-in: {name}")

@@ -232,19 +232,19 @@ def test_triton_chain_matches_torch(B, T, H, r, P, cs, p):
     A = torch.randn(B, N, H, r, r) * 0.3
     C = torch.randn(B, N, H, P, r)
     q = torch.randn(B, T, H, r)
-    compare_backends(lambda *a: ska_chain(*a, p, cs, backend="triton"),
+    # p = 0 reads no A: both sides add 0 * A so that A gets a (zero) gradient to compare
+    compare_backends(lambda L, A_, C_, q_: ska_chain(L, A_, C_, q_, p, cs, backend="triton") + 0 * A_.sum(),
                      lambda L, A_, C_, q_: ska_chain_torch(L, A_, C_, q_, p, cs) + 0 * A_.sum(),
                      [Linv, A, C, q], tol=1e-5)
 
 
 @needs_triton
-def test_triton_chain_backward_with_the_smallest_token_tile(monkeypatch):
-    """Large rank x value-dim tiles run the backward 16 tokens at a time (shared memory of a GPU block):
-    the gradients must not depend on the tile."""
+def test_triton_chain_with_the_smallest_tiles(monkeypatch):
+    """Tiles of 16 tokens and 16 value dims: a chunk spans two token tiles and the value dim two value
+    tiles (the backward's dQ sums over value tiles, its dW over token tiles); nothing may depend on them."""
     import kernels.ska.triton as kt
-    assert kt._block_t_backward(64, 64, 256) == 16 and kt._block_t_backward(64, 64, 128) <= 32
-    assert kt._block_t_backward(8, 16, 16) <= 16
-    monkeypatch.setattr(kt, "_block_t_backward", lambda chunk_size, BR, BP: 16)
+    assert kt._tiles(128, 64, 256) == (64, 64, 64)             # no tile above 64 x 64
+    monkeypatch.setattr(kt, "_tiles", lambda chunk_size, R, P: (16, kt._pow2(R), 16))
     B, T, H, r, P, cs, p = 1, 50, 1, 16, 20, 32, 2
     N = -(-T // cs)
     mats = [torch.randn(B, N, H, r, r).tril(), torch.randn(B, N, H, r, r) * 0.3, torch.randn(B, N, H, P, r)]

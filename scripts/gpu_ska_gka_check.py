@@ -1,0 +1,243 @@
+"""SKA's and Gated KalmaNet's Triton paths against an SDPA attention layer on one GPU, in one run.
+
+For every sequence length (default 16384 and 65536), one layer each (d_model 1024, head dim 128, batch 1,
+bf16): ``attention`` (PyTorch SDPA), ``ska`` and ``gka`` (backend triton, GKA at its paper's r = 30
+Chebyshev iterations, "Gated KalmaNet", arXiv:2511.21016), forward + backward, median of a few repetitions
+after warm-up, CUDA events. Beside them:
+
+- ``gka_one_piece``: GKA with its solve's products on one 16-bit piece per operand instead of two
+  (``kernels.gka.triton.SOLVE_PIECES``; ~1e-2 output error instead of ~1e-5, 2.5x fewer tensor-core
+  products): what the precision costs;
+- ``solve_ms``: the within-chunk solve kernel alone (``kernels.gka.triton._solve``) at the first length, per
+  (token tile, warps, pieces), to choose ``kernels.gka.triton._solve_config`` from timings;
+- ``launches``: CUDA kernels per layer forward + backward (torch.profiler), which must not grow with T;
+- ``first_call_s``: each layer's first forward + backward (compilation included) at the first length.
+
+``ratio`` is our layer's time over the attention layer's; the goals (issue: GKA at most 1.0x at 16K and
+0.5x at 64K, the same for SKA) are checked and the script exits 1 on a miss.
+
+    python scripts/gpu_ska_gka_check.py [--seq-lens 16384 65536] [--json out.json] [--no-sweep]
+    python scripts/gpu_ska_gka_check.py --dry-run     # the same pipeline at toy sizes on the CPU (fp32,
+                                                      # Triton through the interpreter; nothing judged)
+
+``measure(...)`` returns the same dict the script prints.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: layer time over the SDPA layer's, at most (issue: every linear-state mixer; GKA at r = 30 included)
+GOALS = {16384: 1.0, 65536: 0.5}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, device, warmup: int, repeats: int) -> float:
+    import torch
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _layers(d_model: int, head_dim: int, gka_chunk: int) -> dict:
+    heads = max(1, d_model // head_dim)
+    return {
+        "attention": ("attention", {"n_heads": heads, "backend": "torch"}),
+        "ska": ("ska", {"n_heads": heads, "backend": "triton"}),
+        "gka": ("gka", {"n_heads": heads, "head_dim": head_dim, "chunk_size": gka_chunk, "num_iter": 30,
+                        "backend": "triton"}),
+    }
+
+
+@contextlib.contextmanager
+def _solve_pieces(pieces: int):
+    import kernels.gka.triton as kt
+    old, kt.SOLVE_PIECES = kt.SOLVE_PIECES, pieces
+    try:
+        yield
+    finally:
+        kt.SOLVE_PIECES = old
+
+
+def _count_launches(step, device) -> int | None:
+    """CUDA kernels launched by one call of ``step`` (torch.profiler); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        _sync(device)
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+
+def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, configs) -> dict:
+    """The solve kernel alone on GKA-shaped systems (its time does not depend on the values)."""
+    import torch
+
+    import kernels.gka.triton as kt
+    N = batch * heads * (T // chunk)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    Q = torch.randn(N, chunk, d, generator=g).to(device)
+    K = (torch.randn(N, chunk, d, generator=g) / d ** 0.5).to(device, dtype)
+    G = (-torch.rand(N, chunk, generator=g) * 0.05).cumsum(-1).to(device)
+    B0 = torch.randn(N, d, d, generator=g) / d
+    H0 = (B0 @ B0.transpose(-1, -2)).to(device)
+    lam = torch.full((N, chunk), 0.05, device=device)
+    mu, L = lam.clone(), lam + 2.5
+    op = kt.operand_code(dtype)
+    out, old = {}, kt._solve_config
+    try:
+        for bt, warps, pieces in configs:
+            if bt > chunk:
+                continue
+            kt._solve_config = lambda C, BD, op=1, bt=bt, warps=warps: (bt, warps)
+            with _solve_pieces(pieces):
+                ms = _median_ms(lambda: kt._solve(Q, K, G, H0, lam, mu, L, 30, op, False), device, warmup, repeats)
+            out[f"tokens={bt} warps={warps} pieces={pieces}"] = round(ms, 3)
+    finally:
+        kt._solve_config = old
+    return out
+
+
+def measure(seq_lens=(16384, 65536), d_model: int = 1024, head_dim: int = 128, batch: int = 1, dtype: str = "bf16",
+            gka_chunk: int = 64, warmup: int = 2, repeats: int = 5, sweep: bool = True, device: str | None = None) -> dict:
+    """Time the layers (see the module docstring); returns a dict of milliseconds, ratios and checks."""
+    import torch
+
+    from mixers.base import build_mixer
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    torch.manual_seed(0)
+    layers = {}
+    for name, (mixer, options) in _layers(d_model, head_dim, gka_chunk).items():
+        layers[name] = build_mixer(mixer, d_model, options).to(dev, dt)
+    variants = dict(layers)
+    variants["gka_one_piece"] = layers["gka"]
+    result = {"card": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "commit": _commit(),
+              "dtype": dtype, "d_model": d_model, "head_dim": head_dim, "batch": batch, "gka_chunk": gka_chunk,
+              "layer_ms": {v: {} for v in variants}, "ratio": {v: {} for v in variants if v != "attention"},
+              "launches": {v: {} for v in layers}, "first_call_s": {}, "errors": {}}
+    for i, T in enumerate(seq_lens):
+        x = torch.randn(batch, T, d_model, device=dev, dtype=dt)
+        for name, layer in variants.items():
+            xg = x.detach().clone().requires_grad_(True)
+            upstream = torch.randn_like(x)
+
+            def step(layer=layer, xg=xg, upstream=upstream):
+                layer(xg).backward(upstream)
+
+            pieces = 1 if name == "gka_one_piece" else 2
+            try:
+                with _solve_pieces(pieces):
+                    if i == 0 and name in layers:
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        step()
+                        _sync(dev)
+                        result["first_call_s"][name] = round(time.perf_counter() - t0, 3)
+                    result["layer_ms"][name][str(T)] = round(_median_ms(step, dev, warmup, repeats), 3)
+                    if name in layers:
+                        result["launches"][name][str(T)] = _count_launches(step, dev)
+            except Exception as e:  # noqa: BLE001 - one failing layer keeps the others' numbers
+                result["errors"][f"{name} T={T}"] = f"{type(e).__name__}: {str(e)[:300]}"
+            finally:
+                for layer_ in layers.values():
+                    layer_.zero_grad(set_to_none=True)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        base = result["layer_ms"]["attention"].get(str(T))
+        for name in result["ratio"]:
+            ms = result["layer_ms"][name].get(str(T))
+            if base and ms:
+                result["ratio"][name][str(T)] = round(ms / base, 3)
+    if sweep:
+        configs = [(bt, w, p) for p in (2, 1) for bt, w in ((16, 8), (32, 8), (64, 8), (32, 4), (64, 4))]
+        try:
+            result["solve_ms"] = _solve_sweep(seq_lens[0], head_dim, gka_chunk, max(1, d_model // head_dim), batch,
+                                              dt, dev, warmup, repeats, configs)
+        except Exception as e:  # noqa: BLE001
+            result["errors"]["solve sweep"] = f"{type(e).__name__}: {str(e)[:300]}"
+    result["goals"] = {name: {str(T): (result["ratio"][name].get(str(T)) or float("inf")) <= GOALS[T]
+                              for T in seq_lens if T in GOALS} for name in ("ska", "gka")}
+    result["launches_constant"] = {name: len(set(n.values())) <= 1 for name, n in result["launches"].items()
+                                   if all(v is not None for v in n.values())}
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--gka-chunk", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-sweep", action="store_true", help="skip the solve kernel's configuration sweep")
+    p.add_argument("--json", metavar="FILE", help="also write the result to FILE")
+    p.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (fp32, Triton interpreter)")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is imported
+    sys.path.insert(0, str(ROOT))
+    import torch
+    if args.dry_run:
+        res = measure(seq_lens=(64, 256), d_model=32, head_dim=16, dtype="fp32", gka_chunk=16, warmup=0, repeats=1,
+                      sweep=not args.no_sweep, device="cpu")
+    else:
+        if not torch.cuda.is_available():
+            print("gpu_ska_gka_check: no CUDA device; use --dry-run", file=sys.stderr)
+            return 2
+        res = measure(seq_lens=tuple(args.seq_lens), d_model=args.d_model, head_dim=args.head_dim,
+                      gka_chunk=args.gka_chunk, repeats=args.repeats, sweep=not args.no_sweep)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    if args.dry_run:
+        return 1 if res["errors"] else 0
+    missed = [f"{name} T={T}" for name, by_T in res["goals"].items() for T, ok in by_T.items() if not ok]
+    if missed or res["errors"] or not all(res["launches_constant"].values()):
+        print(f"gpu_ska_gka_check: missed {missed}, errors {list(res['errors'])}, launches constant "
+              f"{res['launches_constant']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
