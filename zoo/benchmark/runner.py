@@ -178,7 +178,8 @@ def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
     return ms / 1e3 * (T / row["T"]) ** exponent
 
 
-def _write_json(path: Path, result: dict) -> None:
+def write_json(path: Path, result: dict) -> None:
+    """Write ``result`` to ``path`` whole or not at all (a kill mid-write leaves the previous file)."""
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     os.replace(tmp, path)
@@ -231,7 +232,7 @@ def _run(args, device, recipe, labels) -> int:
             row["rounds"] = rnd + 1
             if again.get("error"):
                 row["error"] = f"round {rnd + 1}: {again['error']}"
-            _write_json(json_path, _totals(result, start))
+            write_json(json_path, _totals(result, start))
             continue
         row = {"mixer": spec.name, "label": label, "T": T, "batch": args.batch, "d_model": d_model,
                "dtype": dtype_name, "device": str(device)}
@@ -256,7 +257,7 @@ def _run(args, device, recipe, labels) -> int:
         row["wall_s"] = time.perf_counter() - t0
         rows[i, T] = row
         result["rows"].append(row)
-        _write_json(json_path, _totals(result, start))  # every finished row is on disk at once
+        write_json(json_path, _totals(result, start))  # every finished row is on disk at once
         if row.get("error"):
             tqdm.write(f"zoo bench: {label} T={T}: {row['error']}", file=sys.stderr)
     text = render_bench(result, out, plot=not args.no_plot)
