@@ -8,8 +8,8 @@
 #   scripts/gpu_speed.sh --dry-run [--out DIR]      # the same pipeline at toy sizes on the CPU (the tests run it)
 #   scripts/gpu_speed.sh --check DIR                # the verdicts of a finished folder again
 #
-# flash-linear-attention's wheels (flash-linear-attention and fla-core), where carried in .whl/, are installed
-# first into a private folder; ZOO_COMMIT names the commit where the tree travels without its git history.
+# Wheels carried in .whl/ (flash-linear-attention's kernels: the fla-core wheel) are installed first into a
+# private folder; ZOO_COMMIT names the commit where the tree travels without its git history.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

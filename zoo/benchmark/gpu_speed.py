@@ -309,8 +309,8 @@ def stage_kernel(plan: Plan, path: Path, deadline: float) -> None:
 def stage_fla(plan: Plan, path: Path, deadline: float) -> None:
     if plan.device == "cuda":
         if not package_importable("fla"):
-            write_json(path, {"error": "flash-linear-attention is not installed: carry its wheels in .whl "
-                                       "(scripts/gpu_speed.sh installs them)", "rows": []})
+            write_json(path, {"error": "flash-linear-attention is not installed: carry the fla-core wheel in "
+                                       ".whl/ (scripts/gpu_speed.sh installs it)", "rows": []})
             return
         backend, about = "fla", "flash-linear-attention chunk_delta_rule (no forget gate), through backend fla"
     else:
