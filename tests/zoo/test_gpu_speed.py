@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.benchmark import gpu_speed, gpu_targets
+from zoo.benchmark import gpu_report, gpu_speed, gpu_targets
 from zoo.benchmark.gpu_speed import DRY, FULL, mixer_names
 from zoo.benchmark.runner import write_json
 
@@ -166,7 +166,7 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
     write_json(tmp_path / "layers.json", {"rows": layer_rows})
     write_json(tmp_path / "lm.json", {"rows": lm_rows[:-1], "stopped": "ran past its 110 s limit"})
     write_json(tmp_path / "first_call.json", {"rows": {n: {"seconds": float(i)} for i, n in enumerate(names)}})
-    summary, two_steps = gpu_speed.summarize(tmp_path)
+    summary, two_steps = gpu_report.summarize(tmp_path)
     assert _validate(summary, plan) == []
     kernel = summary["kernel_vs_fla"]["delta_rule"]
     assert kernel[str(short)] == pytest.approx(max(r[0] / r[6], r[1] / r[7]))

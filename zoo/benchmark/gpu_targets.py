@@ -29,6 +29,10 @@ import math
 import re
 from dataclasses import dataclass
 
+#: the attention layer (PyTorch's SDPA) whose time and tokens/s the others' are divided by
+BASELINE = "attention"
+#: the measuring stages of a run, in order; each writes ``<stage>.json`` (beside ``env.json``)
+STAGES = ("first_call", "kernel", "layers", "lm", "fla")
 NOT_MEASURED = "not measured"
 KEYS = ("card", "commit", "kernel_vs_fla", "layer_vs_sdpa", "lm_vs_attention", "launches", "first_call_s")
 MET, MISSED, UNMEASURED = "met", "missed", NOT_MEASURED
