@@ -3,7 +3,8 @@
 # parallel, each under a time limit) and one bf16 `zoo bench` sweep of every Triton kernel next to its
 # outside counterpart where one is installed (torch SDPA for attention, flash-linear-attention for the
 # delta rules and GLA), written into OUTDIR (default results/gpu-quick): tests.txt, tests-fla.txt,
-# bench/bench.{json,md,csv}.
+# bench/bench.{json,md,csv}. The speed targets (ours against flash-linear-attention and SDPA, judged, with
+# launches, language models and first calls) are scripts/gpu_speed.sh's.
 #
 #   scripts/gpu_quick.sh [OUTDIR]   # SEQ_LENS, D_MODEL, BATCH, TEST_SECONDS, FLA_SECONDS, BENCH_SECONDS, WITH_FLA
 set -uo pipefail

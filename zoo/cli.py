@@ -41,6 +41,7 @@ from .tasks import TASKS
 from .training import distributed
 from .training.checkpoint import path_in
 from .training.loop import probe_folders, train
+from .training.throughput import describe as describe_throughput
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +113,7 @@ def cmd_train(args) -> int:
         return 0
     if out is not None:
         _write_train_row(out, recipe, result)
+    print(describe_throughput(result.metrics, result.metrics["steps"]), file=sys.stderr)
     _print_metrics(args, {"recipe": recipe.plain, "recipe_key": recipe.key, "metrics": result.metrics})
     return 0
 

@@ -27,7 +27,8 @@ DAMAGED_NAME = "results.damaged.jsonl"
 
 
 #: metrics that measure the machine rather than the model (they differ between two runs of one recipe)
-TIMING_METRICS = ("train_seconds", "wall_seconds", "train_tokens_per_second")
+TIMING_METRICS = ("train_seconds", "wall_seconds", "train_tokens_per_second", "steady_tokens_per_second",
+                  "steady_steps", "warmup_seconds")
 
 
 def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, device=None, **extra) -> dict:

@@ -3,8 +3,9 @@
 ``python -m zoo.benchmark.loader RECIPE [key.path=value ...] [--seconds S] [--steps N]`` draws the recipe's
 training batches (``train.batch_size`` windows of ``task.seq_len`` tokens from the memory-mapped token
 file, exactly as the trainer draws them) for about ``S`` seconds, then times ``N`` optimizer steps of the
-recipe's model on such batches (after one untimed step), and prints both rates in tokens per second and
-their ratio. A text task only (``lm``): the synthetic tasks generate their whole data set up front.
+recipe's model on such batches (after one untimed step; drawing the batch is part of a step), and prints
+both rates in tokens per second and their ratio. A text task only (``lm``): the synthetic tasks generate
+their whole data set up front.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..recipes import resolve
 from ..tasks import Task
 from ..tasks.text import TextTask, training_data
 from ..training.optim import make_optimizer
+from .train_rate import lm_step, steady_rate
 
 
 def loader_tokens_per_second(task: TextTask, seed: int, batch_size: int, seconds: float) -> float:
@@ -32,23 +34,18 @@ def loader_tokens_per_second(task: TextTask, seed: int, batch_size: int, seconds
 
 
 def training_tokens_per_second(recipe, task: TextTask, steps: int) -> float:
-    """Tokens per second of forward, backward and optimizer step on the stream's batches (one warm-up step)."""
+    """Tokens per second of training steps on the stream's batches, drawing included (after one warm-up step)."""
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, task.vocab_size)
     optimizer, _ = make_optimizer(model, recipe)
     stream, generator = training_data(task, recipe.seed), torch.Generator().manual_seed(recipe.seed)
-    elapsed = tokens = 0
-    for step in range(steps + 1):
+
+    def step():
         batch = stream.draw(recipe.train.batch_size, generator)
-        start = time.perf_counter()
-        logits = model(batch.inputs)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step:  # the first step pays one-off allocations
-            elapsed, tokens = elapsed + time.perf_counter() - start, tokens + batch.inputs.numel()
-    return tokens / elapsed
+        lm_step(model, optimizer, batch.inputs, batch.labels)
+
+    tokens = recipe.train.batch_size * task.seq_len
+    return steady_rate(step, tokens, torch.device("cpu"), warmup=1, steps=steps).tokens_per_second
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _times_ms(fn, device: torch.device, warmup: int, repeats: int, cpu: list | None = None) -> list[float]:
+def times_ms(fn, device: torch.device, warmup: int, repeats: int, cpu: list | None = None) -> list[float]:
     """Wall times (ms) of ``repeats`` calls after ``warmup``; appends ``(user s, system s, calls)`` of the
     timed calls to ``cpu`` if given."""
     for _ in range(warmup):
@@ -187,7 +187,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
 
     def do_fwd():
         cpu: list = []
-        _set_time(row, "fwd_ms", _times_ms(fwd, device, warmup, repeats, cpu), cpu)
+        _set_time(row, "fwd_ms", times_ms(fwd, device, warmup, repeats, cpu), cpu)
         row["tok_s_fwd"] = n_tok / (row["fwd_ms"] / 1e3)
 
     xg = x.detach().clone().requires_grad_()
@@ -199,7 +199,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
 
     def do_fwd_bwd():
         cpu: list = []
-        _set_time(row, "fwd_bwd_ms", _times_ms(fwd_bwd, device, warmup, repeats, cpu), cpu)
+        _set_time(row, "fwd_bwd_ms", times_ms(fwd_bwd, device, warmup, repeats, cpu), cpu)
         row["tok_s_train"] = n_tok / (row["fwd_bwd_ms"] / 1e3)
         mixer.zero_grad(set_to_none=True)
 
@@ -222,7 +222,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
             row["state_bytes"] = _state_bytes(state)
             x_t = torch.randn(batch, mixer.d_model, device=device, dtype=dtype)
             cpu: list = []
-            _set_time(row, "decode_ms", _times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats, cpu), cpu)
+            _set_time(row, "decode_ms", times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats, cpu), cpu)
         row["state_size"] = mixer.state_size(T)
         row["active_state_size"] = mixer.active_state_size(T)
 

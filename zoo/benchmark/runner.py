@@ -181,7 +181,8 @@ def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
     return ms / 1e3 * (T / row["T"]) ** exponent
 
 
-def _write_json(path: Path, result: dict) -> None:
+def write_json(path: Path, result: dict) -> None:
+    """Write ``result`` to ``path`` whole or not at all (a kill mid-write leaves the previous file)."""
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     os.replace(tmp, path)
@@ -284,11 +285,11 @@ def _run(args, device, recipe, labels) -> int:
         bar.set_postfix_str(f"{labels[i]} T={T}" + (f" round {rnd + 1}" if args.rounds > 1 else ""))
         if rnd > 0:
             if sweep.again(rnd, i, T):
-                _write_json(json_path, _totals(result, start))
+                write_json(json_path, _totals(result, start))
             continue
         row = sweep.first(i, labels[i], T)
         result["rows"].append(row)
-        _write_json(json_path, _totals(result, start))  # every finished row is on disk at once
+        write_json(json_path, _totals(result, start))  # every finished row is on disk at once
         if row.get("error"):
             tqdm.write(f"zoo bench: {labels[i]} T={T}: {row['error']}", file=sys.stderr)
     text = render_bench(result, out, plot=not args.no_plot)

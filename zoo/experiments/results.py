@@ -21,6 +21,7 @@ from tabulate import tabulate
 from ..errors import UserError
 from ..recipes.plain import layer_label
 from ..rows import read_rows
+from ..training.throughput import MIN_WARMUP_STEPS, WARMUP_FRACTION
 
 #: an ablation's grid order, labels and title, beside its results.jsonl
 LAYOUT_NAME = "cells.json"
@@ -60,8 +61,8 @@ def table_columns(rows: list[dict]) -> list[str]:
     if any("val_bpb" in r["metrics"] for r in rows):  # language models: bits per byte instead of accuracy
         bpb = sorted({k for r in rows for k in r["metrics"] if k.startswith("val_bpb@")}, key=lambda k: int(k[8:]))
         memory = ["peak_memory_mib"] if any("peak_memory_mib" in r["metrics"] for r in rows) else []
-        return ["cell", "layers", "val_bpb", *bpb, "val_ppl", "params", "state_size", "train_tokens_per_second",
-                *memory, "steps", "train_seconds", "seed"]
+        return ["cell", "layers", "val_bpb", *bpb, "val_ppl", "params", "state_size", *_steady_columns(rows),
+                "train_tokens_per_second", *memory, "steps", "train_seconds", "seed"]
     lengths = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" not in k},
                      key=lambda k: int(k.split("@")[1]))
     knobs = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" in k},
@@ -71,6 +72,20 @@ def table_columns(rows: list[dict]) -> list[str]:
                                           != r["metrics"].get("state_size") for r in rows) else []
     return ["cell", "layers", "test_accuracy", *seq, *lengths, *knobs, "params", "state_size", *active, "steps",
             "train_seconds", "seed"]
+
+
+#: the steady-state throughput columns, shown where a row has them (rows written before they existed
+#: have only the overall ``train_tokens_per_second``, and their tables render as they always did)
+STEADY_COLUMNS = ("steady_tokens_per_second", "warmup_seconds")
+STEADY_NOTE = ("steady_tokens_per_second: training tokens per second after the warm-up (the first "
+               f"max({MIN_WARMUP_STEPS}, {WARMUP_FRACTION:.0%}) of a training process's steps), periodic evaluation "
+               "and checkpoints excluded; warmup_seconds: "
+               "the time of those warm-up steps, compilation included; train_tokens_per_second: the overall "
+               "rate, every step over train_seconds, warm-up and periodic evaluation included.")
+
+
+def _steady_columns(rows: list[dict]) -> list[str]:
+    return list(STEADY_COLUMNS) if any("steady_tokens_per_second" in r["metrics"] for r in rows) else []
 
 
 def _knob_order(key: str):
@@ -164,6 +179,8 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
             "touches (shown when it differs); steps: optimizer steps taken (fewer than planned when a cell "
             "stopped early at "
             "train.early_stop_acc); train_seconds: wall time of training on the device in the row.\n\n")
+    if _steady_columns(rows) and "train_tokens_per_second" in columns:
+        note = note[:-2] + " " + STEADY_NOTE + "\n\n"
     if any(len(g) > 1 for g in group_by_cell(rows).values()):
         agg_columns, agg_body = seed_table(rows)
         summary = tabulate(agg_body, headers=agg_columns, tablefmt="github")

@@ -1,5 +1,6 @@
 """Training of one recipe: AdamW (:mod:`zoo.training.optim`), gradient clipping, periodic evaluation,
-checkpoints, and the end-of-run evaluation (:mod:`zoo.training.evaluation`).
+checkpoints, and the end-of-run evaluation (:mod:`zoo.training.evaluation`). Throughput is reported
+in steady state, after a warm-up, with the warm-up's time beside it (:mod:`zoo.training.throughput`).
 
 Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast on CUDA; ``fp32``,
 ``bf16`` and ``fp16`` (autocast plus a gradient scaler) choose explicitly. ``train.compile`` runs the
@@ -44,6 +45,7 @@ from . import distributed
 from .device import resolve_device, resolve_precision
 from .evaluation import evaluate_data, forward_loss, test_metrics
 from .state import TrainState
+from .throughput import warmup_steps
 from .tracking import Tracker, default_dir, make_tracker
 
 PLAIN_PROGRESS_SECONDS = 30.0
@@ -205,7 +207,8 @@ def _periodic_eval(run: _Run, state: TrainState, test_data) -> bool:
     t = run.recipe.train
     if not (t.eval_every and state.step % t.eval_every == 0 and state.step < t.steps):
         return False
-    ev = evaluate_data(state.model, test_data, run.recipe.eval.batch_size, run.device, run.precision)
+    with state.throughput.paused():
+        ev = evaluate_data(state.model, test_data, run.recipe.eval.batch_size, run.device, run.precision)
     state.history.append({"step": state.step, "test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
     if run.tracker is not None:
         run.tracker.log(state.step, {"test/loss": ev["loss"], "test/accuracy": ev["accuracy"]})
@@ -251,6 +254,7 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     test_data = run.task.make("test", recipe.seed)
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
+    state.throughput.start(run.device, warmup_steps(t.steps))
     try:
         while state.step < t.steps and not state.finished:
             loss, accuracy = _step(run, state, forward, train_data)
@@ -259,7 +263,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
             shown.update(run, state, loss, accuracy, evaluated)
             if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
                     and not state.finished:
-                run.checkpoint(state)
+                with state.throughput.paused():
+                    run.checkpoint(state)
         state.finished = True
     finally:
         shown.bar.close()

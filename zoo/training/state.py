@@ -6,7 +6,8 @@ A checkpoint is a ``TrainState.state_dict()`` plus the recipe it belongs to, and
 the optimizer, the schedule position, the gradient scaler (fp16), the data order (current permutation,
 cursor and the order generator's state, which also draws a streaming task's windows), every RNG state,
 the step, the history of periodic evaluations, the running averages shown as ``train_loss`` /
-``train_accuracy``, elapsed training time and whether the run finished. So on a CPU a resumed run ends
+``train_accuracy``, elapsed training time, the throughput clocks (:mod:`zoo.training.throughput`) and
+whether the run finished. So on a CPU a resumed run ends
 with exactly the numbers of an uninterrupted one.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..config import Recipe
 from ..tasks import TaskData
 from . import checkpoint as ckpt
 from .optim import make_optimizer
+from .throughput import Throughput
 
 #: the batch-order generator is seeded ``recipe.seed + ORDER_SEED_OFFSET``, apart from the model init
 #: (``recipe.seed``) and the data (:meth:`zoo.tasks.Task.make`)
@@ -44,6 +46,7 @@ class TrainState:
     acc_ema: float | None = None
     elapsed_before: float = 0.0  # training seconds of earlier processes of this run
     started: float | None = field(default_factory=time.perf_counter)  # None: the clock is stopped
+    throughput: Throughput = field(default_factory=Throughput)  # warm-up and steady-state clocks
 
     @classmethod
     def fresh(cls, recipe: Recipe, model: torch.nn.Module, num_train: int | None, precision: str,
@@ -65,6 +68,7 @@ class TrainState:
     def stop_clock(self) -> None:
         """Training is over: evaluation time does not count as training time."""
         self.elapsed_before, self.started = self.elapsed, None
+        self.throughput.stop()
 
     def next_indices(self, batch_size: int) -> torch.Tensor:
         """The next ``batch_size`` example indices; a new permutation when the current one runs out."""
@@ -84,6 +88,7 @@ class TrainState:
     def record(self, loss: float, accuracy: float) -> None:
         """One finished optimizer step with its batch loss and accuracy."""
         self.step += 1
+        self.throughput.step()
         self.loss_ema = loss if self.loss_ema is None else EMA_DECAY * self.loss_ema + (1 - EMA_DECAY) * loss
         self.acc_ema = accuracy if self.acc_ema is None else EMA_DECAY * self.acc_ema + (1 - EMA_DECAY) * accuracy
 
@@ -92,7 +97,8 @@ class TrainState:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "order": {"perm": self.perm, "cursor": self.cursor, "generator": self.order.get_state()},
                 "rng": ckpt.rng_state(), "step": self.step, "finished": self.finished, "history": self.history,
-                "loss_ema": self.loss_ema, "acc_ema": self.acc_ema, "elapsed": self.elapsed}
+                "loss_ema": self.loss_ema, "acc_ema": self.acc_ema, "elapsed": self.elapsed,
+                "throughput": self.throughput.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -106,11 +112,16 @@ class TrainState:
         self.step, self.finished, self.history = state["step"], state["finished"], state["history"]
         self.loss_ema, self.acc_ema = state["loss_ema"], state["acc_ema"]
         self.elapsed_before, self.started = state["elapsed"], time.perf_counter()
+        self.throughput.load_state_dict(state.get("throughput"))
 
     def summary(self, tokens_per_step: int = 0) -> dict:
-        """The training part of a run's metrics (with ``tokens_per_step``, also tokens per second)."""
+        """The training part of a run's metrics: with ``tokens_per_step``, ``steady_tokens_per_second``
+        (after the warm-up, evaluation excluded) and ``train_tokens_per_second`` (the overall rate: every
+        step over ``train_seconds``, warm-up and periodic evaluation included, as in every committed row);
+        ``warmup_seconds`` and ``steady_steps`` beside them (:mod:`zoo.training.throughput`)."""
         out = {"steps": self.step, "train_loss": self.loss_ema, "train_accuracy": self.acc_ema,
                "train_seconds": self.elapsed}
         if tokens_per_step:
             out["train_tokens_per_second"] = self.step * tokens_per_step / max(self.elapsed, 1e-9)
+        out.update(self.throughput.metrics(tokens_per_step))
         return out

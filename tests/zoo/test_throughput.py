@@ -1,0 +1,158 @@
+"""Steady-state throughput (zoo.training.throughput): the warm-up and evaluation stay out of the steady
+rate, the device is synchronised only where a window opens or closes, and the tables show the new columns
+only for rows that have them. Time is a hand-advanced clock here, never measured."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from zoo.experiments.results import STEADY_NOTE, render, table_columns
+from zoo.recipes import resolve
+from zoo.tasks import Task
+from zoo.training import loop, throughput
+from zoo.training.throughput import Throughput, describe, warmup_steps
+
+TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
+
+
+class Clock:
+    def __init__(self):
+        self.now = float(torch.randint(0, 10**6, ()).item())
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(throughput, "clock", fake)
+    return fake
+
+
+def test_warmup_window():
+    assert [warmup_steps(n) for n in (1, 10, 20, 21, 40, 1000)] == [2, 2, 2, 3, 4, 100]
+
+
+def test_the_steady_rate_leaves_out_the_warmup_and_every_pause(clock):
+    steps = int(torch.randint(8, 60, ()))
+    warm = warmup_steps(steps)
+    per_step = [float(x) for x in torch.rand(steps) + 0.1]
+    per_step[0] += 50.0  # a compile
+    pauses = {int(i) for i in torch.randint(1, steps, (3,))}
+    t = Throughput()
+    t.start(torch.device("cpu"), warm)
+    for i, dt in enumerate(per_step, start=1):
+        clock.now += dt
+        t.step()
+        if i in pauses:
+            with t.paused():
+                clock.now += 1000.0  # an evaluation
+    t.stop()
+    clock.now += 7.0  # after the run: counts nowhere
+    t.stop()
+    assert t.warmup_seconds == pytest.approx(sum(per_step[:warm]))
+    assert t.steady_seconds == pytest.approx(sum(per_step[warm:]))
+    assert t.steady_steps == steps - warm
+    m = t.metrics(tokens_per_step=100)
+    assert m["steady_tokens_per_second"] == pytest.approx(100 * (steps - warm) / sum(per_step[warm:]))
+    assert m["warmup_seconds"] == pytest.approx(sum(per_step[:warm]))
+
+
+def test_no_steady_rate_when_the_run_ends_within_its_warmup(clock):
+    t = Throughput()
+    t.start(torch.device("cpu"), 5)
+    for _ in range(3):
+        clock.now += 2.0
+        t.step()
+    t.stop()
+    assert t.metrics(10) == {"warmup_seconds": pytest.approx(6.0), "steady_steps": 0}
+    assert "no steady rate" in describe(t.metrics(10), 3)
+
+
+def test_cuda_synchronises_at_window_boundaries_only(clock, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+
+    def run(steps):
+        calls.clear()
+        t = Throughput()
+        t.start(torch.device("cuda"), warmup_steps(steps))
+        for i in range(steps):
+            t.step()
+            if i in (steps // 2, steps - 2):
+                with t.paused():
+                    pass
+        t.stop()
+        return len(calls)
+
+    # start, the warm-up's end, two pauses (stop + resume each), the end: 7, however many steps
+    assert run(30) == run(300) == 7
+
+
+def test_a_resumed_process_warms_up_again_and_the_totals_carry_over(clock):
+    first = Throughput()
+    first.start(torch.device("cpu"), 2)
+    for dt in (30.0, 1.0, 1.0, 1.0):
+        clock.now += dt
+        first.step()
+    saved = first.state_dict()   # a checkpoint mid-run holds the running lap too
+    second = Throughput()
+    second.load_state_dict(saved)
+    second.start(torch.device("cpu"), 2)
+    for dt in (20.0, 1.0, 2.0):
+        clock.now += dt
+        second.step()
+    second.stop()
+    assert second.warmup_seconds == pytest.approx(31.0 + 21.0)
+    assert second.steady_steps == 2 + 1 and second.steady_seconds == pytest.approx(2.0 + 2.0)
+    empty = Throughput()
+    empty.load_state_dict(None)  # a checkpoint from before these clocks
+    assert empty.state_dict() == {"warmup_seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0}
+
+
+def test_train_reports_the_steady_rate_without_its_evaluations(clock, monkeypatch):
+    steps, every = 10, 3
+    recipe = resolve(TINY, [f"train.steps={steps}", f"train.eval_every={every}", "train.threads=1"])
+    real_step, real_eval = loop._step, loop.evaluate_data
+    compile_seconds = 40.0 + float(torch.rand(()))
+
+    def step(run, state, *args):
+        clock.now += compile_seconds if state.step == 0 else 1.0
+        return real_step(run, state, *args)
+
+    def evaluate(*args, **kwargs):
+        clock.now += 500.0
+        return real_eval(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_step", step)
+    monkeypatch.setattr(loop, "evaluate_data", evaluate)
+    m = loop.train(recipe, progress=False).metrics
+    warm = warmup_steps(steps)
+    tokens = recipe.train.batch_size * Task.from_spec(recipe.task).seq_len
+    assert m["steady_steps"] == steps - warm
+    assert m["warmup_seconds"] == pytest.approx(compile_seconds + warm - 1)
+    assert m["steady_tokens_per_second"] == pytest.approx(tokens)  # one step per (fake) second
+    assert m["train_tokens_per_second"] == pytest.approx(steps * tokens / m["train_seconds"])
+    line = describe(m, steps)
+    assert f"steady {tokens:,} tokens/s" in line and f"({warm} steps, compile included)" in line
+    assert "overall" in line
+
+
+def _row(metrics, seed=0):
+    return {"label": "cell", "recipe": {"model": {"layers": ["gla"]}, "seed": seed}, "metrics": metrics}
+
+
+def test_tables_show_the_steady_columns_only_for_rows_that_have_them(tmp_path):
+    old = {"val_bpb": 2.0, "val_ppl": 4.0, "params": 10, "state_size": 5, "train_tokens_per_second": 1e4,
+           "steps": 10, "train_seconds": 3.0}
+    assert "steady_tokens_per_second" not in table_columns([_row(old)])
+    render([_row(old)], tmp_path, plot=False)
+    assert STEADY_NOTE not in (tmp_path / "results.md").read_text()
+    new = {**old, "steady_tokens_per_second": 3e4, "warmup_seconds": 1.5, "steady_steps": 8}
+    columns = table_columns([_row(old), _row(new, seed=1)])
+    at = columns.index("steady_tokens_per_second")
+    assert columns[at:at + 3] == ["steady_tokens_per_second", "warmup_seconds", "train_tokens_per_second"]
+    render([_row(old), _row(new, seed=1)], tmp_path, plot=False)
+    text = (tmp_path / "results.md").read_text()
+    assert STEADY_NOTE in text and "30000" in text

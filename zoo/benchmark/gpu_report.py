@@ -1,0 +1,194 @@
+"""From a GPU speed run's stage files to its ``summary.json`` and ``summary.md`` and the verdicts.
+
+:mod:`zoo.benchmark.gpu_speed` writes one JSON file per stage into ``bench-gpu-<card>/``; :func:`conclude`
+turns them into the summary (the ratios :mod:`zoo.benchmark.gpu_targets` documents; a value that is
+missing says why: its stage did not run, ran past its limit, or its row failed) and the report, and
+:func:`check_folder` judges a folder again (building the summary first for a run stopped before it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tabulate import tabulate
+
+from ..errors import UserError
+from . import gpu_targets as targets
+from .gpu_targets import BASELINE, STAGES
+from .runner import write_json
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+
+def _rows(stage: dict | None) -> list[dict]:
+    rows = (stage or {}).get("rows", [])
+    return list(rows.values()) if isinstance(rows, dict) else rows
+
+
+def _find(stage: dict | None, **match) -> dict | None:
+    return next((r for r in _rows(stage) if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _absent(stage_name: str, stage: dict | None) -> str:
+    """Why a value of ``stage`` is missing."""
+    if stage is None:
+        return targets.not_measured(f"the {stage_name} stage did not run")
+    if stage.get("error"):
+        return targets.not_measured(stage["error"])
+    stopped = stage.get("stopped")
+    if stopped and stage_name == "fla" and "ran past" in stopped:
+        return targets.not_measured(f"autotune ran past the limit (the fla stage {stopped})")
+    if stopped:
+        return targets.not_measured(f"the {stage_name} stage {stopped}")
+    return targets.not_measured("not reached")
+
+
+def _value(stage_name: str, stage: dict | None, row: dict | None, key: str):
+    if row is not None and targets.is_number(row.get(key)):
+        return row[key]
+    if row is not None and row.get("error"):
+        return targets.not_measured(row["error"])
+    return _absent(stage_name, stage)
+
+
+def _ratio(over: tuple, under: tuple, keys: tuple, combine=max):
+    """``combine`` of ``over[key] / under[key]`` over ``keys``; each side is ``(stage name, stage, row)``."""
+    ratios = []
+    for key in keys:
+        a, b = _value(*over, key), _value(*under, key)
+        for v in (a, b):
+            if not targets.is_number(v):
+                return v
+        if b == 0:
+            return targets.not_measured(f"{key} of the baseline is 0")
+        ratios.append(a / b)
+    return combine(ratios)
+
+
+TIMES = ("fwd_ms", "fwd_bwd_ms")
+
+
+def two_step_ratios(kernel: dict | None, lengths) -> dict:
+    """DeltaProduct n_h 2 over n_h 1 by length: the larger of the forward and the forward+backward ratio."""
+    return {str(T): _ratio(("kernel", kernel, _find(kernel, T=T, n_h=2)), ("kernel", kernel, _find(kernel, T=T, n_h=1)),
+                           TIMES) for T in lengths}
+
+
+def summarize(folder: Path) -> tuple[dict, dict]:
+    """``summary.json``'s content from the stage files in ``folder``, and DeltaProduct's n_h 2 / n_h 1."""
+    stages = {name: read_json(folder / f"{name}.json") for name in ("env", *STAGES)}
+    env = stages["env"]
+    plan = env["plan"]
+    kernel, fla, layers, lm, first = (stages[n] for n in ("kernel", "fla", "layers", "lm", "first_call"))
+    kernel_vs_fla = {str(T): _ratio(("kernel", kernel, _find(kernel, T=T, n_h=1)), ("fla", fla, _find(fla, T=T)),
+                                    TIMES) for T in plan["kernel_lengths"]}
+    two_steps = two_step_ratios(kernel, plan["kernel_lengths"])
+    layer_vs_sdpa, launches = {}, {}
+    for name in env["mixers"]:
+        by_T = {str(T): ("layers", layers, _find(layers, mixer=name, T=T)) for T in plan["layer_lengths"]}
+        launches[name] = {T: _value(*side, "launches") for T, side in by_T.items()}
+        if name in env["linear"]:
+            layer_vs_sdpa[name] = {T: _ratio(side, ("layers", layers, _find(layers, mixer=BASELINE, T=int(T))),
+                                             ("fwd_bwd_ms",)) for T, side in by_T.items()}
+    lm_vs_attention = {
+        name: {str(T): _ratio(("lm", lm, _find(lm, mixer=name, T=T)), ("lm", lm, _find(lm, mixer=BASELINE, T=T)),
+                              ("tokens_per_second",)) for T in plan["lm_lengths"]}
+        for name in env["linear"]}
+    first_call_s = {name: _value("first_call", first, (first or {}).get("rows", {}).get(name), "seconds")
+                    for name in env["mixers"]}
+    summary = {"card": env["card"], "commit": env["commit"], "kernel_vs_fla": {"delta_rule": kernel_vs_fla},
+               "layer_vs_sdpa": layer_vs_sdpa, "lm_vs_attention": lm_vs_attention, "launches": launches,
+               "first_call_s": first_call_s}
+    return summary, two_steps
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def render(folder: Path, results: list, status: int, seconds: float | None) -> str:
+    """``summary.md``: the verdicts, then every stage's numbers."""
+    stage = {name: read_json(folder / f"{name}.json") or {} for name in ("env", *STAGES)}
+    env, plan = stage["env"], stage["env"]["plan"]
+    versions = ", ".join(f"{k} {v}" for k, v in env["environment"]["versions"].items())
+    meaning = {0: "every target measured and met", 1: "a target missed", 3: "no target missed, some not measured"}
+    parts = [f"# GPU speed: {env['card']}, commit {env['commit']}\n",
+             "Written by `scripts/gpu_speed.sh` (python -m zoo.benchmark.gpu_speed)"
+             + (f" in {seconds:.0f} s" if seconds is not None else "") + f"; {versions}; "
+             f"{plan['dtype']}. Exit status {status}: {meaning[status]}.\n",
+             "## Targets\n", targets.table(results) + "\n"]
+
+    def section(title: str, about: str, columns: list, body: list) -> None:
+        parts.extend([f"## {title}\n", about + "\n", tabulate(body, headers=columns, tablefmt="github") + "\n"])
+
+    def note(data: dict, row: dict | None = None) -> str:
+        return (row or {}).get("error") or data.get("stopped") or data.get("error") or ""
+
+    kernel_rows = _rows(stage["kernel"]) + _rows(stage["fla"])
+    section("Kernels", f"B 1, H {plan['kernel_heads']}, K = V = {plan['kernel_dim']}, median of {plan['repeats']} "
+            f"after {plan['warmup']} warm-up calls. Ours: {stage['kernel'].get('about', 'not run')}; theirs: "
+            f"{stage['fla'].get('about', stage['fla'].get('error', 'not run'))}.",
+            ["op", "backend", "T", "fwd ms", "fwd+bwd ms", "note"],
+            [[r["op"], r["backend"], r["T"], _fmt(r.get("fwd_ms")), _fmt(r.get("fwd_bwd_ms")),
+              note(stage["fla"] if r["op"].startswith("theirs") else stage["kernel"], r)] for r in kernel_rows])
+    section("Layers", f"d_model {plan['d_model']}, head dim {plan['head_dim']}, batch 1, median of `repeats` after "
+            f"{plan['warmup']} warm-up calls (fewer repeats where a layer's share of the stage's time is short); "
+            f"launches: device kernels of one forward+backward "
+            f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched'}).",
+            ["mixer", "backend", "T", "repeats", "fwd ms", "fwd+bwd ms", "launches", "note"],
+            [[r["mixer"], r.get("backend", ""), r["T"], _fmt(r.get("repeats")), _fmt(r.get("fwd_ms")),
+              _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("launches")), note(stage["layers"], r)]
+             for r in _rows(stage["layers"])])
+    section("Language models", f"{plan['lm_layers']} layers, d_model {plan['lm_d_model']}, {plan['lm_tokens']} tokens "
+            f"per step; steady state after {plan['lm_warmup']} warm-up steps, over up to {plan['lm_steps']} steps.",
+            ["mixer", "T", "batch", "tokens/s", "warm-up steps", "timed steps", "timed s", "note"],
+            [[r["mixer"], r["T"], r.get("batch", ""), _fmt(r.get("tokens_per_second")), _fmt(r.get("warmup_steps")),
+              _fmt(r.get("timed_steps")), _fmt(r.get("timed_seconds")), note(stage["lm"], r)]
+             for r in _rows(stage["lm"])])
+    section("First call", f"T {plan['first_call_length']}: a fresh process per mixer with an empty Triton cache, the "
+            f"first forward+backward, compilation included.", ["mixer", "backend", "seconds", "note"],
+            [[name, r.get("backend", ""), _fmt(r.get("seconds")), r.get("error", "")]
+             for name, r in (stage["first_call"].get("rows") or {}).items()])
+    return "\n".join(parts)
+
+
+def check_folder(folder: Path) -> int:
+    """The verdicts of a finished folder (its ``summary.json``, and ``kernel.json`` where present); for a
+    run stopped before its summary, the summary is built from its stage files first."""
+    if not (folder / "summary.json").exists() and (folder / "env.json").exists():
+        return conclude(folder)
+    summary = read_json(folder / "summary.json")
+    if summary is None:
+        raise UserError(f"{folder / 'summary.json'}: missing or not JSON; run scripts/gpu_speed.sh first")
+    kernel = read_json(folder / "kernel.json")
+    two_steps = two_step_ratios(kernel, sorted({r["T"] for r in _rows(kernel)})) if kernel is not None else None
+    results = targets.checks(summary, two_steps)
+    print(targets.table(results))
+    return targets.exit_status(results)
+
+
+def conclude(folder: Path, seconds: float | None = None) -> int:
+    """Build ``summary.json`` and ``summary.md`` from the stage files in ``folder``, print the verdicts and
+    return the exit status (``seconds``: how long the run took, where known)."""
+    env = read_json(folder / "env.json")
+    plan = env["plan"]
+    summary, two_steps = summarize(folder)
+    problems = targets.validate(summary, env["mixers"], env["linear"], plan["kernel_lengths"],
+                                plan["layer_lengths"], plan["lm_lengths"])
+    if problems:
+        raise RuntimeError("gpu_speed: the summary does not have its documented form: " + "; ".join(problems))
+    write_json(folder / "summary.json", summary)
+    results = targets.checks(summary, two_steps)
+    status = targets.exit_status(results)
+    (folder / "summary.md").write_text(render(folder, results, status, seconds))
+    print(targets.table(results))
+    print(f"gpu_speed: wrote {folder}/summary.json and summary.md; exit status {status}", flush=True)
+    return status
