@@ -46,6 +46,8 @@ are powers of two >= 16 (the wrapper pads others with zero columns).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -140,18 +142,20 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp,
         KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
     strict = rows[:, None] > rows[None, :]
     Ms = tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
-    Tm = _unit_lower_inverse(beta[:, None] * Ms * KK, BT, LOWP).to(DT)
-    tl.store(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :], Tm)
-    bg = beta * tl.exp(G)
+    Tm = _unit_lower_inverse(beta[:, None] * Ms * KK, BT, LOWP)
+    tl.store(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :], Tm.to(DT))
+    # diag(beta) and diag(beta e^G) folded into Tm's columns: one rounding to 16 bits per operand
+    Tw = (Tm * (beta * tl.exp(G))[None, :]).to(DT)
     for ik in range(K // BK):
         offs_k = ik * BK + tl.arange(0, BK)
         kb = tl.load(k_base + offs_k[None, :], mask=m_t, other=0.0)
-        W = tl.dot(Tm, (bg[:, None] * kb).to(DT), input_precision=_PREC)
+        W = tl.dot(Tw, kb, input_precision=_PREC)
         tl.store(W_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], W.to(DT))
+    Tu = (Tm * beta[None, :]).to(DT)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
         vv = tl.load(v_ptr + (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :], mask=m_t, other=0.0)
-        U = tl.dot(Tm, (beta[:, None] * vv).to(DT), input_precision=_PREC)
+        U = tl.dot(Tu, vv, input_precision=_PREC)
         tl.store(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], U.to(DT))
 
 
@@ -213,12 +217,12 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N,
     causal = p[:, None] >= rows[None, :]
     Mi = tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0)
     P = (tl.dot(qq, tl.trans(kk), input_precision=_PREC) * (Mi * scale)).to(DT)
-    qg = (qq * (scale * tl.exp(Gq))[:, None]).to(DT)
+    eGq = scale * tl.exp(Gq)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
         S0 = tl.load(h_ptr + (bh * N + c) * K * V + offs_k[:, None] * V + offs_v[None, :])
         D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        o = tl.dot(qg, S0, input_precision=_PREC)
+        o = tl.dot(qq, S0, input_precision=_PREC) * eGq[:, None]
         o = tl.dot(P, D, o, input_precision=_PREC)
         tl.store(o_ptr + (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V) + offs_v[None, :], o, mask=m_q)
 
@@ -364,7 +368,7 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
         v_off = (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :]
         vv = tl.load(v_ptr + v_off, mask=m_t, other=0.0)
         dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        dTm = tl.dot(dD, tl.trans((beta[:, None] * vv).to(DT)), dTm, input_precision=_PREC)
+        dTm += tl.dot(dD, tl.trans(vv), input_precision=_PREC) * beta[None, :]
         dbv = tl.dot(TmT, dD, input_precision=_PREC)
         tl.store(dv_ptr + v_off, beta[:, None] * dbv, mask=m_t)
         db += tl.sum(dbv * vv.to(tl.float32), 1)
@@ -392,7 +396,7 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
         KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
         z += e * tl.sum(dKd * kf, 1)
         dWd = (-dW).to(DT)
-        dTm = tl.dot(dWd, tl.trans((bg[:, None] * kf).to(DT)), dTm, input_precision=_PREC)
+        dTm += tl.dot(dWd, tl.trans(kb), input_precision=_PREC) * bg[None, :]
         dbgk = tl.dot(TmT, dWd, input_precision=_PREC)
         dbg += tl.sum(dbgk * kf, 1)
         k_off = bh * Lp * K + t[:, None] * K + offs_k[None, :]
@@ -437,26 +441,38 @@ MAX_HEAD_DIM = 128
 MAX_CHUNK = 64
 
 
-def _blocks(K: int, V: int, low_precision: bool) -> tuple[int, int, int]:
-    """``(BV of the state passes, BK and BV of the loops over head dims in the parallel kernels)``.
+class _Plan(NamedTuple):
+    """Block sizes and warps of one launch of the six kernels."""
 
-    BLOCK_V_MAX, halved above head dim 64 (quartered for the fp32 state passes): the state passes keep a
-    K x BV fp32 tile in registers (and more programs per head shorten the sequential pass on a GPU with many
-    SMs), and the parallel kernels keep several (BT x block) fp32 accumulators live at once. Compiled for
-    sm_90 at K = V = 128, blocks of 64 spill in ``_bwd_prep`` and blocks of 32 do not; the fp32 state passes
-    (whose products are not on tensor cores) spill least with 16."""
-    big = max(K, V) > 64
-    cap = BLOCK_V_MAX // 2 if big else BLOCK_V_MAX
-    state = cap if low_precision or not big else cap // 2
-    return min(V, state), min(K, cap), min(V, cap)
+    bv_state: int            # V block of one program of the state passes
+    bk: int                  # K block of the loops over K in the parallel kernels
+    bv: int                  # V block of the loops over V in the parallel kernels
+    warps: int               # num_warps of the parallel kernels
+    warps_fwd_state: int
+    warps_bwd_state: int
 
 
-def _warps(K: int, V: int, low_precision: bool) -> tuple[int, int, int]:
-    """``(num_warps of the parallel kernels, of the forward state pass, of the backward state pass)``: 8 above
-    head dim 64, where the fp32 accumulators of a chunk need 256 threads' registers; the forward state pass
-    keeps one warpgroup (4) with 16-bit inputs, where its state tile and operands fit without spilling."""
-    big = max(K, V) > 64
-    return (8 if big else 4), (8 if big and not low_precision else 4), (8 if big else 4)
+def _plan(BT: int, K: int, V: int, low_precision: bool) -> _Plan:
+    """Blocks and warps from the shapes (no autotuning: a first call compiles one configuration).
+
+    Chosen by compiling for sm_80 / sm_90 (``python -m zoo.benchmark.compile_check``) for registers,
+    spills and shared memory. 16-bit inputs: a chunk of 64 at head dim >= 64 keeps several (64 x block)
+    fp32 accumulators live, so its parallel kernels run 8 warps and loop over head dims in blocks of 32
+    (blocks of 64 spill in ``_bwd_prep``); the state passes keep a K x BV fp32 state in registers, BV = 32
+    at K >= 64 (more programs per head also shorten the sequential pass on a GPU with many SMs), the
+    forward one in one warpgroup. fp32 inputs: products are not on tensor cores and their operands live in
+    registers, so every tile is smaller (blocks of 32, a state of K x 16 at K >= 64) over 8 warps.
+    """
+    half, quarter = max(16, BLOCK_V_MAX // 2), max(16, BLOCK_V_MAX // 4)
+    if low_precision:
+        big = BT * max(K, V) >= 64 * 64
+        loop = half if big else BLOCK_V_MAX
+        state = half if K >= 64 else BLOCK_V_MAX
+        warps = 8 if big else 4
+        return _Plan(min(V, state), min(K, loop), min(V, loop), warps, 4, warps)
+    state = quarter if K >= 64 else half
+    warps = 8 if max(K, V) >= 32 else 4
+    return _Plan(min(V, state), min(K, half), min(V, half), warps, warps, warps)
 
 
 def _next_pow2(n: int, lo: int = 16) -> int:
@@ -468,10 +484,10 @@ def _next_pow2(n: int, lo: int = 16) -> int:
 
 def block_chunk(chunk_size: int, K: int, V: int, low_precision: bool = False) -> int:
     """The chunk the kernels run: ``chunk_size`` rounded up to a power of two >= 16 (``tl.dot`` block
-    limits), at most :data:`MAX_CHUNK`; with fp32 inputs at most 32 when a head dim is above 64 (the fp32
-    tiles of a 64-long chunk at K = V = 128 need more shared memory than an sm_80 block has). The result
-    does not depend on it."""
-    cap = MAX_CHUNK if low_precision or max(K, V) <= 64 else 32
+    limits), at most :data:`MAX_CHUNK`; with fp32 inputs at most 32 from head dim 32 on (fp32 products are
+    not on tensor cores, their 64-long chunk tiles spill heavily, and at K = V = 128 they need more shared
+    memory than an sm_80 block has). The result does not depend on it."""
+    cap = MAX_CHUNK if low_precision or max(K, V) < 32 else 32
     return min(_next_pow2(int(chunk_size)), cap)
 
 
@@ -500,7 +516,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH = B * H
         lowp = k.dtype != torch.float32
         dt = k.dtype
-        (BVs, BK, BVl), (warps, warps_fs, _) = _blocks(K, V, lowp), _warps(K, V, lowp)
+        plan = _plan(BT, K, V, lowp)
         f32 = dict(device=k.device, dtype=torch.float32)
         lo = dict(device=k.device, dtype=dt)
         G = torch.empty(BH, Lp, **f32)
@@ -509,16 +525,16 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         W = torch.empty(BH, Lp, K, **lo)
         has_g = g is not None
         launch(_fwd_prep, (N, BH), k, v, beta, g if has_g else beta, G, Tm, U, W, L, Lp,
-               H=H, K=K, V=V, BT=BT, BK=BK, BV=BVl, NQ=NQ, HAS_G=has_g, LOWP=lowp, num_warps=warps)
+               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g, LOWP=lowp, num_warps=plan.warps)
         h = torch.empty(BH, N, K, V, **lo)
         D = torch.empty(BH, Lp, V, **lo)
         hT = torch.empty(B, H, K, V, **f32)
         has_h0 = h0 is not None
-        launch(_fwd_state, (V // BVs, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BV=BVs, HAS_H0=has_h0, num_warps=warps_fs)
+        launch(_fwd_state, (V // plan.bv_state, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, L, Lp, N,
+               H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=has_h0, num_warps=plan.warps_fwd_state)
         o = torch.empty(B, L // NQ, H, V, **lo)
         launch(_fwd_out, (N, BH), q, k, G, h, D, o, float(scale), L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BV=BVl, NQ=NQ, num_warps=warps)
+               H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
         ctx.save_for_backward(q, k, v, beta, g, G, Tm, W, h, D)
         ctx.args = (scale, NQ, BT, has_h0)
         return o, hT
@@ -534,7 +550,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH = B * H
         dt = k.dtype
         lowp = dt != torch.float32
-        (BVs, BK, BVl), (warps, _, warps_bs) = _blocks(K, V, lowp), _warps(K, V, lowp)
+        plan = _plan(BT, K, V, lowp)
         do = do.to(dt).contiguous()
         f32 = dict(device=k.device, dtype=torch.float32)
         lo = dict(device=k.device, dtype=dt)
@@ -543,21 +559,22 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         dG_o = torch.empty(BH, Lp, **f32)
         dDo = torch.empty(BH, Lp, V, **f32)
         launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BK=BK, BV=BVl, NQ=NQ, num_warps=warps)
+               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
         has_dht = dhT is not None
         dh = torch.empty(BH, N, K, V, **lo)
         dU = torch.empty(BH, Lp, V, **lo)
         dh0 = torch.empty(B, H, K, V, **f32)
-        launch(_bwd_state, (V // BVs, BH), q, k, G, W, do, dDo, dhT.float().contiguous() if has_dht else dh0,
-               dh, dU, dh0, float(scale), L, Lp, N, H=H, K=K, V=V, BT=BT, BV=BVs, NQ=NQ, HAS_DHT=has_dht,
-               num_warps=warps_bs)
+        launch(_bwd_state, (V // plan.bv_state, BH), q, k, G, W, do, dDo, dhT.float().contiguous() if has_dht else dh0,
+               dh, dU, dh0, float(scale), L, Lp, N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=has_dht,
+               num_warps=plan.warps_bwd_state)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         db = torch.empty_like(beta)
         has_g = g is not None
         dg = torch.empty_like(g) if has_g else None
         launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-               dg if has_g else db, L, Lp, N, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVl, NQ=NQ, HAS_G=has_g, num_warps=warps)
+               dg if has_g else db, L, Lp, N, H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g,
+               num_warps=plan.warps)
         return dq, dk, dv, db, dg, (dh0 if has_h0 else None), None, None, None
 
 
