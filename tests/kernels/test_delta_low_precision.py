@@ -150,3 +150,27 @@ def test_bf16_gpu_against_fla(n, gate):
         assert_rel_close(ours, theirs, 2 * tol, f"tensor {i}: ours vs fla")
         e_ours, e_fla = rel_err(ours, exact), rel_err(theirs, exact)
         assert e_ours <= 1.5 * e_fla + BF16_U, f"tensor {i}: error {e_ours:.2e} vs fla's {e_fla:.2e}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(), reason="the dry run is the CPU pipeline")
+def test_gpu_delta_check_dry_run():
+    """``scripts/gpu_delta_check.py --dry-run``: the timing pipeline runs end to end on the CPU (interpreter) and
+    reports a positive ratio for every rule, length and pass, as JSON."""
+    import importlib.util
+    import json
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_delta_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_delta_check", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = json.loads(json.dumps(script.measure_delta(lengths=(48,), dry_run=True)))
+    for table in (out["kernel_vs_fla_fwd_and_fwd_bwd"], out["deltaproduct_n2_vs_n1"]):
+        assert set(table) == {"delta_rule", "gated_delta_rule"}
+        for per_length in table.values():
+            assert set(per_length) == {"48"}
+            for ratios in per_length.values():
+                assert set(ratios) == {"fwd", "fwd_bwd"} and all(math.isfinite(r) and r > 0 for r in ratios.values())
+    assert out["kernel_vs_fla"]["delta_rule"]["48"] == out["kernel_vs_fla_fwd_and_fwd_bwd"]["delta_rule"]["48"]["fwd_bwd"]
+    assert set(out["meets"]) == {"kernel_vs_fla <= 1.2", "n2_vs_n1 <= 2.4"}
