@@ -578,6 +578,47 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         return dq, dk, dv, db, dg, (dh0 if has_h0 else None), None, None, None
 
 
+def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chunk_size: int = 64, scale: float = 1.0,
+                                  query_stride: int = 1):
+    """The gated delta rule on ``(B, L, H, D)`` inputs (same contract as
+    :func:`kernels.delta.chunked.chunk_gated_delta_rule_torch` with ``q`` pre-scaled by ``scale``).
+
+    ``query_stride = NQ > 1``: ``q`` ``(B, L / NQ, H, K)`` holds the queries of positions ``NQ-1, 2 NQ-1, ...``
+    only (the others are zero), ``gamma`` ``(B, L / NQ, H)`` the gates of positions ``0, NQ, 2 NQ, ...`` (the
+    others are zero), and ``o`` is returned at the query positions only (the delta product's layout); it
+    must divide the chunk :func:`block_chunk` into tiles of at least 16 rows. bf16 / fp16 ``q, k, v`` of one
+    dtype run the 16-bit kernels (tensor cores); anything else runs in fp32. Head dims above
+    :data:`MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
+    """
+    B, L, H, K = k.shape
+    V = v.shape[-1]
+    if max(K, V) > MAX_HEAD_DIM:
+        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
+                         f"memory than a GPU block has; use backend='fla' or 'torch'")
+    lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
+    dt = q.dtype if lowp else torch.float32
+    BT = block_chunk(chunk_size, K, V, lowp)
+    NQ = int(query_stride)
+    if NQ > 1 and (BT % NQ or BT // NQ < 16 or L % NQ):
+        raise ValueError(f"delta_product (triton): query_stride {NQ} must divide the length {L} and the chunk {BT} "
+                         f"into tiles of >= 16 rows; interleave the queries instead (query_stride=1)")
+    Kp, Vp = _next_pow2(K), _next_pow2(V)
+    if (L + BT) * H * max(Kp, Vp, BT) >= 2 ** 31:
+        raise ValueError(f"delta_product (triton): {L} positions x {H} heads x head dim {max(K, V)} overflow the "
+                         f"kernels' 32-bit row offsets; run the sequence in pieces with the state carried")
+
+    def cols(x, D, Dp):   # zero columns up to a power-of-two head dim; contiguous in the compute dtype
+        x = x.to(dt)
+        return (F.pad(x, (0, Dp - D)) if Dp != D else x).contiguous()
+
+    h0 = None
+    if initial_state is not None:
+        h0 = F.pad(initial_state.float(), (0, Vp - V, 0, Kp - K)).contiguous()
+    o, S = ChunkGatedDeltaRuleTriton.apply(cols(q, K, Kp), cols(k, K, Kp), cols(v, V, Vp), beta.contiguous(),
+                                           None if gamma is None else gamma.contiguous(), h0, float(scale), NQ, BT)
+    return o[..., :V], S[..., :K, :V]
+
+
 def delta_product_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -591,36 +632,21 @@ def delta_product_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta product (layout of :mod:`kernels.delta.reference`) with the Triton chunk kernels.
 
-    bf16 / fp16 ``q, k, v`` of one dtype run the 16-bit kernels (tensor cores); anything else runs in fp32.
-    The chunk the kernels run is :func:`block_chunk` of ``chunk_size``; it does not change the result.
-    Head dims above :data:`MAX_HEAD_DIM` are refused. Returns ``(o in q's dtype, final state in fp32)``.
+    The kernels read the ``n_h`` sub-steps in place (:func:`query_stride`), or, when a chunk holds too few
+    queries for a tensor-core tile, after the queries and gates have been interleaved with zeros. The chunk
+    the kernels run is :func:`block_chunk` of ``chunk_size``; it does not change the result. Returns
+    ``(o in q's dtype, final state in fp32)``.
     """
     B, T, H, K = q.shape
     n = num_householder
     k, v, beta = (flatten_substeps(x, n, T, what) for x, what in ((k, "k"), (v, "v"), (beta, "beta")))
-    V = v.shape[-1]
-    if max(K, V) > MAX_HEAD_DIM:
-        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
-                         f"memory than a GPU block has; use backend='fla' or 'torch'")
     scale = K ** -0.5 if scale is None else scale
     lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
-    dt = q.dtype if lowp else torch.float32
-    BT = block_chunk(chunk_size, K, V, lowp)
-    NQ = query_stride(n, BT)
-    qi, gi = q.to(dt), g
+    NQ = query_stride(n, block_chunk(chunk_size, K, v.shape[-1], lowp))
+    qi, gi = q, g
     if n > 1 and NQ == 1:            # queries on the last sub-step, the gate on sub-step 0, zeros elsewhere
-        qi, gi = interleave_inputs(qi, g, n, T * n)
-    Kp, Vp = _next_pow2(K), _next_pow2(V)
-
-    def cols(x, D, Dp):   # zero columns up to a power-of-two head dim; contiguous in the compute dtype
-        x = x.to(dt)
-        return (F.pad(x, (0, Dp - D)) if Dp != D else x).contiguous()
-
-    h0 = None
-    if initial_state is not None:
-        h0 = F.pad(initial_state.float(), (0, Vp - V, 0, Kp - K)).contiguous()
-    o, S = ChunkGatedDeltaRuleTriton.apply(cols(qi, K, Kp), cols(k, K, Kp), cols(v, V, Vp), beta.contiguous(),
-                                           None if gi is None else gi.contiguous(), h0, scale, NQ, BT)
+        qi, gi = interleave_inputs(q, g, n, T * n)
+    o, S = chunk_gated_delta_rule_triton(qi, k, v, beta, gi, initial_state, chunk_size, scale, NQ)
     if n > 1 and NQ == 1:
         o = o[:, n - 1::n]
-    return o[..., :V].to(q.dtype), S[..., :K, :V]
+    return o.to(q.dtype), S
