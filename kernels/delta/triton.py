@@ -32,12 +32,14 @@ for the other passes (``h``, ``dh``), as are ``U``, ``W``, ``D``, ``Tm`` and ``d
 kernels read only as dot operands. The gates, ``beta``, ``A``, the masks, the gradient partials that
 are summed (``dD_o``, ``dK``, ``dG``) and the outputs' accumulators are fp32. The one exception is the
 triangular inverse (:func:`_unit_lower_inverse`): its 16 x 16 diagonal blocks are solved by substitution
-in fp32 and the blocks are combined with fp16 operands (not the input dtype): its entries are bounded
-(``|Tm_ri| <= beta_r <= 2`` for unit keys), where fp16 keeps 3 more mantissa bits than bf16. Measured
-(BT = 64, K = 128, unit keys, beta in (0, 2)): bf16 combination products triple the inverse's error and
-add a third to that of ``U``; fp16 ones stay below the bf16 rounding of the finished inverse (1.5e-4
-against 8e-4 relative), the same as an fp32 combination after that rounding. fp32 inputs keep every
-product in fp32 (``input_precision="ieee"``).
+in fp32 (a substitution compounds its roundings row after row), and the blocks are combined by products
+with fp16 operands, not the input dtype: the entries are bounded (``Tm_ri = -beta_r k_r^T P k_i`` with
+``P`` a product of the chunk's transitions, of norm <= 1, so ``|Tm_ri| <= beta_r <= 2`` for unit keys),
+and fp16 keeps 3 more mantissa bits than bf16. Measured (BT = 64, K = 128, unit keys, beta in (0, 2),
+fp64 truth): combining in bf16 doubles the finished inverse's error (1.2e-3 to 1.7e-3 against 8e-4 for
+the exact inverse rounded to bf16) and adds 20 to 35 % to the error of ``U``; combined in fp16 the
+inverse is within 0.7e-4 to 2.2e-4 before that rounding, and ``U``'s error is the same as with an fp32
+combination. fp32 inputs keep every product in fp32 (``input_precision="ieee"``).
 
 Sizes: ``q`` ``(B, L / NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)``, ``beta`` ``(B, L, H)``,
 ``g`` ``(B, L / NQ, H)`` in their own layout (no copies); rows past ``L`` are masked (zero ``k``, ``beta``,
