@@ -12,7 +12,8 @@ token ``t`` at ``t*n_h + j`` (``(B, T, n_h, H, ...)`` is accepted too); ``g`` ``
 ``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``.
 
 Backends: ``reference`` (token loop, :mod:`.reference`), ``torch`` (chunked UT transform,
-:mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`), ``fla``
+:mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`; bf16 / fp16 inputs on tensor cores with
+an fp32 state, fp32 inputs in exact fp32), ``fla``
 (flash-linear-attention's chunked kernels, CUDA only, imported on first use, :mod:`.outside`).
 """
 from __future__ import annotations

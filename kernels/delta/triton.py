@@ -1,34 +1,54 @@
 """Triton kernels for the chunked gated delta rule / delta product, forward and backward.
 
-Same algorithm and notation as :mod:`kernels.delta.chunked` (read its docstring first): the product's
-``n_h`` sub-steps are interleaved into a sequence ``L = n_h * T`` long, the gate sits on sub-step 0
-and the query on the last sub-step (that interleaving, the padding and the layout changes are torch
-glue with autograd; everything below works on one interleaved, padded sequence per (batch, head)).
+Same algorithm and notation as :mod:`kernels.delta.chunked` (read its docstring first). The product's
+``n_h`` sub-steps form one sequence of ``L = n_h * T`` positions (token-major, the layout of ``k``, ``v``,
+``beta``); the gate sits on sub-step 0 of each token and the query on the last. The kernels read that
+layout directly: position ``s`` has the gate ``g[s // NQ]`` when ``s % NQ == 0`` and the query
+``q[s // NQ]`` when ``s % NQ == NQ - 1``, with ``NQ = n_h`` (or ``NQ = 1`` after the torch glue has
+interleaved ``q`` and ``g`` with zeros, when a chunk holds too few queries for a tensor-core tile), so a
+chunk of ``BT`` positions has ``BT / NQ`` query rows and the output pass computes only those.
 
 Per chunk ``c`` of ``BT`` positions (``G`` = in-chunk cumulative log gate, ``gC = G[BT-1]``):
 
 forward
   1. ``_fwd_prep``  (parallel over chunks): ``G``; ``A = tril_strict(beta_r e^{G_r-G_i} k_r.k_i)``;
-     ``Tm = (I + A)^{-1}`` by forward substitution; ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K``.
+     ``Tm = (I + A)^{-1}`` (:func:`_unit_lower_inverse`); ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K``.
   2. ``_fwd_state`` (sequential over chunks, parallel over V blocks): stores the entry state ``h_c``,
-     ``D = U - W h_c`` and ``h_{c+1} = e^{gC} h_c + (e^{gC-G} K)^T D``.
-  3. ``_fwd_out``   (parallel over chunks): ``O = e^G Q h_c + ((Q K^T) * M) D``.
+     ``D = U - W h_c`` and ``h_{c+1} = e^{gC} h_c + K^T (e^{gC-G} D)``.
+  3. ``_fwd_out``   (parallel over chunks): ``O = scale (e^G Q h_c + ((Q K^T) * M) D)`` on the query rows.
 
 backward (``dO``, ``dh_final``)
   3'. ``_bwd_out``  (parallel): ``dD_o = ((QK^T)*M)^T dO``, ``dQ``, the ``dK`` and ``dG`` terms of step 3.
   2'. ``_bwd_state`` (sequential, reverse): stores ``dh_{c+1}`` (gradient of the chunk's exit state),
-      ``dD = dD_o + e^{gC-G} K dh_{c+1}``, ``dh_c = e^{gC} dh_{c+1} + (e^G Q)^T dO - W^T dD``.
+      ``dD = dD_o + e^{gC-G} K dh_{c+1}``, ``dh_c = e^{gC} dh_{c+1} + scale (e^G Q)^T dO - W^T dD``.
   1'. ``_bwd_prep`` (parallel): gradients through ``D = U - W h_c``, the state update and the UT
       transform (``dTm = dU (beta V)^T + dW (beta e^G K)^T``, ``dA = -Tm^T dTm Tm^T``) to ``dK, dV,
-      dbeta, dG``.
-  The two ``dK``/``dG`` partials are added in torch and ``dgamma`` is the in-chunk reverse cumulative
-  sum of ``dG`` (elementwise glue).
+      dbeta`` and ``dgamma`` (the in-chunk reverse cumulative sum of ``dG``).
 
-All arithmetic is fp32 (``tl.dot`` with ``input_precision="ieee"``). Sizes are padded by the wrapper:
-``L`` to a multiple of ``BT`` (zero ``k``, ``beta``, ``gamma``, ``q``: identity steps), ``K`` and ``V``
-to powers of two >= 16 (zero rows/columns), so the kernels need no masks.
+Precision. With bf16 / fp16 inputs every ``tl.dot`` takes 16-bit operands (the input dtype) and
+accumulates in fp32, on tensor cores; everything else is fp32: the state and its gradient stay fp32 in
+registers across the sequential loop and are rounded to 16 bits only as a dot operand and where stored
+for the other passes (``h``, ``dh``), as are ``U``, ``W``, ``D``, ``Tm`` and ``dD``, which the other
+kernels read only as dot operands. The gates, ``beta``, ``A``, the masks, the gradient partials that
+are summed (``dD_o``, ``dK``, ``dG``) and the outputs' accumulators are fp32. The one exception is the
+triangular inverse (:func:`_unit_lower_inverse`): its 16 x 16 diagonal blocks are solved by substitution
+in fp32 (a substitution compounds its roundings row after row), and the blocks are combined by products
+with fp16 operands, not the input dtype: the entries are bounded (``Tm_ri = -beta_r k_r^T P k_i`` with
+``P`` a product of the chunk's transitions, of norm <= 1, so ``|Tm_ri| <= beta_r <= 2`` for unit keys),
+and fp16 keeps 3 more mantissa bits than bf16. Measured (BT = 64, K = 128, unit keys, beta in (0, 2),
+fp64 truth): combining in bf16 doubles the finished inverse's error (1.2e-3 to 1.7e-3 against 8e-4 for
+the exact inverse rounded to bf16) and adds 20 to 35 % to the error of ``U``; combined in fp16 the
+inverse is within 0.7e-4 to 2.2e-4 before that rounding, and ``U``'s error is the same as with an fp32
+combination. fp32 inputs keep every product in fp32 (``input_precision="ieee"``).
+
+Sizes: ``q`` ``(B, L / NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)``, ``beta`` ``(B, L, H)``,
+``g`` ``(B, L / NQ, H)`` in their own layout (no copies); rows past ``L`` are masked (zero ``k``, ``beta``,
+``gamma``: identity steps). Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims
+are powers of two >= 16 (the wrapper pads others with zero columns).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,53 +56,120 @@ import triton
 import triton.language as tl
 
 from ..launch import launch
-from .chunked import delta_product_via_rule
+from .chunked import interleave_inputs
+from .reference import flatten_substeps
 
-#: fp32 products in every tl.dot (a constexpr: a jitted kernel may read no other kind of global)
+#: fp32 operands are multiplied exactly (16-bit operands ignore it: they run on tensor cores)
 _PREC = tl.constexpr("ieee")
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared pieces
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _unit_lower_inverse(A, BT: tl.constexpr, LOWP: tl.constexpr):
+    """``(I + tril(A, -1))^{-1}`` of a ``(BT, BT)`` fp32 tile (the diagonal and upper part of ``A`` are ignored).
+
+    Blocked: the ``BT / 16`` diagonal 16 x 16 blocks are inverted together by forward substitution (fp32,
+    16 steps on a ``(BT/16, 16, 16)`` tile), then pairs of inverted blocks are merged, 16 -> 32 -> 64:
+    ``[[P, 0], [C, Q]]^{-1} = [[P^-1, 0], [-Q^-1 C P^-1, Q^-1]]``, for all pairs at once as
+    ``Tm - (Tm Am) Tm`` with ``Tm`` block diagonal and ``Am`` the lower-left blocks ``C``. The merge products
+    take fp16 operands when ``LOWP`` (see the module docstring), fp32 ones otherwise.
+    """
+    NB: tl.constexpr = BT // 16
+    i16 = tl.arange(0, 16)
+    blk = tl.arange(0, NB)
+    same = (blk[:, None] == blk[None, :])[:, None, :, None]                 # (NB, 1, NB, 1)
+    Ad = tl.sum(tl.where(same, tl.reshape(A, (NB, 16, NB, 16)), 0.0), 2)     # (NB, 16, 16) diagonal blocks
+    Td = tl.zeros((NB, 16, 16), dtype=tl.float32) + tl.where(i16[:, None] == i16[None, :], 1.0, 0.0)[None, :, :]
+    row3 = i16[None, :, None]
+    for r in range(1, 16):
+        # row r of every block: e_r - sum_{i < r} A_ri Tm_i (rows >= r of Td are still identity rows)
+        a = tl.sum(tl.where((row3 == r) & (i16[None, None, :] < r), Ad, 0.0), 1)          # (NB, 16)
+        new = tl.where(i16 == r, 1.0, 0.0)[None, :] - tl.sum(a[:, :, None] * Td, 1)      # (NB, 16)
+        Td = tl.where(row3 == r, new[:, None, :], Td)
+    Tm = tl.reshape(tl.where(same, Td[:, :, None, :], 0.0), (BT, BT))
+    if BT >= 32:
+        Tm = _merge_pairs(Tm, A, 16, BT, LOWP)
+    if BT >= 64:
+        Tm = _merge_pairs(Tm, A, 32, BT, LOWP)
+    return Tm
+
+
+@triton.jit
+def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
+    """One merge level of :func:`_unit_lower_inverse`: ``Tm`` holds the inverses of the S x S diagonal blocks;
+    returns those of the 2S x 2S blocks."""
+    rows = tl.arange(0, BT)
+    lower_left = ((rows[:, None] // (2 * S)) == (rows[None, :] // (2 * S))) \
+        & ((rows[:, None] // S) % 2 == 1) & ((rows[None, :] // S) % 2 == 0)
+    Am = tl.where(lower_left, A, 0.0)
+    if LOWP:
+        X = tl.dot(Tm.to(tl.float16), Am.to(tl.float16))
+        Tm = Tm - tl.dot(X.to(tl.float16), Tm.to(tl.float16))
+    else:
+        X = tl.dot(Tm, Am, input_precision=_PREC)
+        Tm = Tm - tl.dot(X, Tm, input_precision=_PREC)
+    return Tm
 
 
 # ---------------------------------------------------------------------------------------------------
 # forward kernels
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_prep(k_ptr, v_ptr, b_ptr, gam_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, Lp,
-              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp,
+              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+              NQ: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr):
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = k_ptr.dtype.element_ty
     rows = tl.arange(0, BT)
-    offs_k = tl.arange(0, K)
-    offs_v = tl.arange(0, V)
     t = c * BT + rows
-    kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-    vv = tl.load(v_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-    b = tl.load(b_ptr + bh * Lp + t)
-    G = tl.cumsum(tl.load(gam_ptr + bh * Lp + t), 0)
+    m_t = (t < L)[:, None]
+    k_base = k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K)
+    beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
+    if HAS_G:
+        gam = tl.load(g_ptr + b * (L // NQ) * H + hd + (t // NQ) * H, mask=(t < L) & (t % NQ == 0),
+                      other=0.0).to(tl.float32)
+        G = tl.cumsum(gam, 0)
+    else:
+        G = tl.zeros([BT], dtype=tl.float32)
     tl.store(G_ptr + bh * Lp + t, G)
 
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    for ik in range(K // BK):
+        kb = tl.load(k_base + ik * BK + tl.arange(0, BK)[None, :], mask=m_t, other=0.0)
+        KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
     strict = rows[:, None] > rows[None, :]
-    diff = G[:, None] - G[None, :]
-    Ms = tl.where(strict, tl.exp(tl.where(strict, diff, 0.0)), 0.0)
-    KK = tl.dot(kk, tl.trans(kk), input_precision=_PREC)
-    A = b[:, None] * Ms * KK
-    # Tm = (I + A)^{-1}, unit lower triangular: row r = e_r - sum_{i<r} A_ri Tm_i
-    Tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for r in range(1, BT):
-        a_r = tl.sum(tl.where(rows[:, None] == r, A, 0.0), 0)             # A[r, :]
-        new = tl.where(rows == r, 1.0, 0.0) - tl.sum(a_r[:, None] * Tm, 0)
-        Tm = tl.where(rows[:, None] == r, new[None, :], Tm)
-    tl.store(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :], Tm)
-    U = tl.dot(Tm, b[:, None] * vv, input_precision=_PREC)
-    W = tl.dot(Tm, (b * tl.exp(G))[:, None] * kk, input_precision=_PREC)
-    tl.store(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], U)
-    tl.store(W_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], W)
+    Ms = tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
+    Tm = _unit_lower_inverse(beta[:, None] * Ms * KK, BT, LOWP)
+    tl.store(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :], Tm.to(DT))
+    # diag(beta) and diag(beta e^G) folded into Tm's columns: one rounding to 16 bits per operand
+    Tw = (Tm * (beta * tl.exp(G))[None, :]).to(DT)
+    for ik in range(K // BK):
+        offs_k = ik * BK + tl.arange(0, BK)
+        kb = tl.load(k_base + offs_k[None, :], mask=m_t, other=0.0)
+        W = tl.dot(Tw, kb, input_precision=_PREC)
+        tl.store(W_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], W.to(DT))
+    Tu = (Tm * beta[None, :]).to(DT)
+    for iv in range(V // BV):
+        offs_v = iv * BV + tl.arange(0, BV)
+        vv = tl.load(v_ptr + (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :], mask=m_t, other=0.0)
+        U = tl.dot(Tu, vv, input_precision=_PREC)
+        tl.store(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], U.to(DT))
 
 
 @triton.jit
-def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, Lp, N,
-               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr):
+def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, N,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+               HAS_H0: tl.constexpr):
     iv = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = W_ptr.dtype.element_ty
     rows = tl.arange(0, BT)
     offs_k = tl.arange(0, K)
     offs_v = iv * BV + tl.arange(0, BV)
@@ -92,90 +179,137 @@ def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, Lp, N,
     else:
         S = tl.zeros([K, BV], dtype=tl.float32)
     for c in range(N):
-        tl.store(h_ptr + (bh * N + c) * K * V + kv_off, S)
+        tl.store(h_ptr + (bh * N + c) * K * V + kv_off, S.to(DT))
         t = c * BT + rows
-        kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
         W = tl.load(W_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
         U = tl.load(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+        D = U.to(tl.float32) - tl.dot(W, S.to(DT), input_precision=_PREC)
+        tl.store(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], D.to(DT))
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
-        D = U - tl.dot(W, S, input_precision=_PREC)
-        tl.store(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], D)
-        kd = kk * tl.exp(gC - G)[:, None]
-        S = S * tl.exp(gC) + tl.dot(tl.trans(kd), D, input_precision=_PREC)
+        kT = tl.load(k_ptr + (b * L * H + hd) * K + offs_k[:, None] + t[None, :] * (H * K),
+                     mask=(t < L)[None, :], other=0.0)
+        S = S * tl.exp(gC) + tl.dot(kT, (D * tl.exp(gC - G)[:, None]).to(DT), input_precision=_PREC)
     tl.store(hT_ptr + bh * K * V + kv_off, S)
 
 
 @triton.jit
-def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, Lp, N,
-             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N,
+             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+             NQ: tl.constexpr):
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = k_ptr.dtype.element_ty
+    BQ: tl.constexpr = BT // NQ
     rows = tl.arange(0, BT)
+    qi = tl.arange(0, BQ)
+    p = qi * NQ + NQ - 1                      # in-chunk positions of the query rows
     offs_k = tl.arange(0, K)
     t = c * BT + rows
-    qq = tl.load(q_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-    kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
+    tok = c * BQ + qi
+    m_q = (tok < L // NQ)[:, None]
+    qq = tl.load(q_ptr + (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K) + offs_k[None, :], mask=m_q,
+                 other=0.0)
+    kk = tl.load(k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K) + offs_k[None, :], mask=(t < L)[:, None],
+                 other=0.0)
     G = tl.load(G_ptr + bh * Lp + t)
-    incl = rows[:, None] >= rows[None, :]
-    Mi = tl.where(incl, tl.exp(tl.where(incl, G[:, None] - G[None, :], 0.0)), 0.0)
-    P = tl.dot(qq, tl.trans(kk), input_precision=_PREC) * Mi
-    qg = qq * tl.exp(G)[:, None]
+    Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
+    causal = p[:, None] >= rows[None, :]
+    Mi = tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0)
+    P = (tl.dot(qq, tl.trans(kk), input_precision=_PREC) * (Mi * scale)).to(DT)
+    eGq = scale * tl.exp(Gq)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
         S0 = tl.load(h_ptr + (bh * N + c) * K * V + offs_k[:, None] * V + offs_v[None, :])
         D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        o = tl.dot(qg, S0, input_precision=_PREC) + tl.dot(P, D, input_precision=_PREC)
-        tl.store(o_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], o)
+        o = tl.dot(qq, S0, input_precision=_PREC) * eGq[:, None]
+        o = tl.dot(P, D, o, input_precision=_PREC)
+        tl.store(o_ptr + (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V) + offs_v[None, :], o, mask=m_q)
 
 
 # ---------------------------------------------------------------------------------------------------
 # backward kernels
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, Lp, N,
-             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N,
+             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+             BV: tl.constexpr, NQ: tl.constexpr):
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = k_ptr.dtype.element_ty
+    BQ: tl.constexpr = BT // NQ
     rows = tl.arange(0, BT)
+    qi = tl.arange(0, BQ)
+    p = qi * NQ + NQ - 1
     offs_k = tl.arange(0, K)
     t = c * BT + rows
-    qq = tl.load(q_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-    kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
+    tok = c * BQ + qi
+    m_q = (tok < L // NQ)[:, None]
+    q_base = (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K)
+    k_base = (b * L * H + hd) * K + t[:, None] * (H * K)
+    do_base = (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V)
     G = tl.load(G_ptr + bh * Lp + t)
-    eG = tl.exp(G)
-    incl = rows[:, None] >= rows[None, :]
-    Mi = tl.where(incl, tl.exp(tl.where(incl, G[:, None] - G[None, :], 0.0)), 0.0)
+    Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
+    causal = p[:, None] >= rows[None, :]
+    Mi = tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0) * scale
+    qq = tl.load(q_ptr + q_base + offs_k[None, :], mask=m_q, other=0.0)
+    kk = tl.load(k_ptr + k_base + offs_k[None, :], mask=(t < L)[:, None], other=0.0)
     QK = tl.dot(qq, tl.trans(kk), input_precision=_PREC)
-    P = QK * Mi
-    dP = tl.zeros([BT, BT], dtype=tl.float32)
-    dqS = tl.zeros([BT, K], dtype=tl.float32)       # dO h_c^T
+    Pd = (QK * Mi).to(DT)                                                    # (BQ, BT)
+    dP = tl.zeros([BQ, BT], dtype=tl.float32)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        S0 = tl.load(h_ptr + (bh * N + c) * K * V + offs_k[:, None] * V + offs_v[None, :])
-        D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        do = tl.load(do_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        dDo = tl.dot(tl.trans(P), do, input_precision=_PREC)
-        tl.store(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], dDo)
-        dP += tl.dot(do, tl.trans(D), input_precision=_PREC)
-        dqS += tl.dot(do, tl.trans(S0), input_precision=_PREC)
+        D_T = tl.load(D_ptr + bh * Lp * V + offs_v[:, None] + t[None, :] * V)                # (BV, BT)
+        do = tl.load(do_ptr + do_base + offs_v[None, :], mask=m_q, other=0.0)
+        tl.store(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :],
+                 tl.dot(tl.trans(Pd), do, input_precision=_PREC))
+        dP = tl.dot(do, D_T, dP, input_precision=_PREC)
     dQK = dP * Mi
-    dq = eG[:, None] * dqS + tl.dot(dQK, kk, input_precision=_PREC)
-    dk = tl.dot(tl.trans(dQK), qq, input_precision=_PREC)
-    Z = dP * P
-    # d/dG of e^G (Q h_c): e^G_r * sum_v dO_rv (q_r h_c)_v = e^G_r * q_r . (dO h_c^T)_r
-    dG = eG * tl.sum(qq * dqS, 1) + tl.sum(Z, 1) - tl.sum(Z, 0)
-    tl.store(dq_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], dq)
-    tl.store(dk_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], dk)
+    dQKd = dQK.to(DT)
+    Z = dQK * QK                                          # dP * P
+    at_q = tl.sum(Z, 1)                                   # d/dG at the query rows (+ e^G Q h_c below)
+    dG = -tl.sum(Z, 0)                                    # and at every column
+    eGq = scale * tl.exp(Gq)
+    # per K block: dQ = dQK K + e^G dO h_c^T, dK = dQK^T Q
+    for ik in range(K // BK):
+        offs_kb = ik * BK + tl.arange(0, BK)
+        dqS = tl.zeros([BQ, BK], dtype=tl.float32)
+        for iv in range(V // BV):
+            offs_v = iv * BV + tl.arange(0, BV)
+            S0T = tl.load(h_ptr + (bh * N + c) * K * V + offs_v[:, None] + offs_kb[None, :] * V)   # (BV, BK)
+            do = tl.load(do_ptr + do_base + offs_v[None, :], mask=m_q, other=0.0)
+            dqS = tl.dot(do, S0T, dqS, input_precision=_PREC)
+        dqg = eGq[:, None] * dqS
+        qb = tl.load(q_ptr + q_base + offs_kb[None, :], mask=m_q, other=0.0)
+        kb = tl.load(k_ptr + k_base + offs_kb[None, :], mask=(t < L)[:, None], other=0.0)
+        tl.store(dq_ptr + q_base + offs_kb[None, :], tl.dot(dQKd, kb, dqg, input_precision=_PREC), mask=m_q)
+        tl.store(dk_ptr + bh * Lp * K + t[:, None] * K + offs_kb[None, :],
+                 tl.dot(tl.trans(dQKd), qb, input_precision=_PREC))
+        at_q += tl.sum(dqg * qb.to(tl.float32), 1)
+    if NQ == 1:
+        dG += at_q
+    else:
+        dG += tl.sum(tl.where(p[:, None] == rows[None, :], at_q[:, None], 0.0), 0)
     tl.store(dG_ptr + bh * Lp + t, dG)
 
 
 @triton.jit
-def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_ptr, dh0_ptr, Lp, N,
-               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr):
+def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_ptr, dh0_ptr, scale, L, Lp, N,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+               NQ: tl.constexpr, HAS_DHT: tl.constexpr):
     iv = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = W_ptr.dtype.element_ty
+    BQ: tl.constexpr = BT // NQ
     rows = tl.arange(0, BT)
+    qi = tl.arange(0, BQ)
+    p = qi * NQ + NQ - 1
     offs_k = tl.arange(0, K)
     offs_v = iv * BV + tl.arange(0, BV)
     kv_off = offs_k[:, None] * V + offs_v[None, :]
@@ -185,175 +319,162 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
         dS = tl.zeros([K, BV], dtype=tl.float32)
     for i in range(N):
         c = N - 1 - i
-        tl.store(dh_ptr + (bh * N + c) * K * V + kv_off, dS)
+        tl.store(dh_ptr + (bh * N + c) * K * V + kv_off, dS.to(DT))
         t = c * BT + rows
-        qq = tl.load(q_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-        kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-        W = tl.load(W_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
+        tok = c * BQ + qi
+        kk = tl.load(k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K) + offs_k[None, :],
+                     mask=(t < L)[:, None], other=0.0)
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
-        do = tl.load(do_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        dD = tl.load(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        kd = kk * tl.exp(gC - G)[:, None]
-        dD += tl.dot(kd, dS, input_precision=_PREC)
-        tl.store(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], dD)
-        qg = qq * tl.exp(G)[:, None]
-        dS = dS * tl.exp(gC) + tl.dot(tl.trans(qg), do, input_precision=_PREC) \
-            - tl.dot(tl.trans(W), dD, input_precision=_PREC)
+        dD = tl.load(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :]) \
+            + tl.dot(kk, dS.to(DT), input_precision=_PREC) * tl.exp(gC - G)[:, None]
+        tl.store(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], dD.to(DT))
+        qT = tl.load(q_ptr + (b * (L // NQ) * H + hd) * K + offs_k[:, None] + tok[None, :] * (H * K),
+                     mask=(tok < L // NQ)[None, :], other=0.0)
+        Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
+        do = tl.load(do_ptr + (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V) + offs_v[None, :],
+                     mask=(tok < L // NQ)[:, None], other=0.0)
+        WT = tl.load(W_ptr + bh * Lp * K + offs_k[:, None] + t[None, :] * K)
+        dS = dS * tl.exp(gC) + tl.dot(qT, (do * (scale * tl.exp(Gq))[:, None]).to(DT), input_precision=_PREC)
+        dS = dS - tl.dot(WT, dD.to(DT), input_precision=_PREC)
     tl.store(dh0_ptr + bh * K * V + kv_off, dS)
 
 
 @triton.jit
-def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr,
-              dk_ptr, dv_ptr, db_ptr, dG_ptr, Lp, N,
-              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dko_ptr, dGo_ptr,
+              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N,
+              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr, NQ: tl.constexpr, HAS_G: tl.constexpr):
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = k_ptr.dtype.element_ty
     rows = tl.arange(0, BT)
-    offs_k = tl.arange(0, K)
     t = c * BT + rows
-    kk = tl.load(k_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-    b = tl.load(b_ptr + bh * Lp + t)
+    m_t = (t < L)[:, None]
+    k_base = (b * L * H + hd) * K + t[:, None] * (H * K)
+    beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + bh * Lp + t)
     gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
-    Tm = tl.load(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :])
+    TmT = tl.trans(tl.load(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :]))
     eG = tl.exp(G)
-    bg = b * eG
+    bg = beta * eG
     e = tl.exp(gC - G)
 
-    dW = tl.zeros([BT, K], dtype=tl.float32)
-    dKd = tl.zeros([BT, K], dtype=tl.float32)
+    # U = Tm diag(beta) V: dTm, dV, dbeta
     dTm = tl.zeros([BT, BT], dtype=tl.float32)
     db = tl.zeros([BT], dtype=tl.float32)
-    dgC = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        kv_off = offs_k[:, None] * V + offs_v[None, :]
-        S0 = tl.load(h_ptr + (bh * N + c) * K * V + kv_off)
-        dS = tl.load(dh_ptr + (bh * N + c) * K * V + kv_off)
-        vv = tl.load(v_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+        v_off = (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :]
+        vv = tl.load(v_ptr + v_off, mask=m_t, other=0.0)
         dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-        dW -= tl.dot(dD, tl.trans(S0), input_precision=_PREC)
-        dKd += tl.dot(D, tl.trans(dS), input_precision=_PREC)
-        dgC += tl.sum(tl.sum(S0 * dS, 1), 0)
-        bv = b[:, None] * vv
-        dTm += tl.dot(dD, tl.trans(bv), input_precision=_PREC)
-        dbv = tl.dot(tl.trans(Tm), dD, input_precision=_PREC)
-        tl.store(dv_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], b[:, None] * dbv)
-        db += tl.sum(dbv * vv, 1)
-    dgC = dgC * tl.exp(gC)
-    # exit state: (e^{gC - G} K)^T D
-    dk = e[:, None] * dKd
-    z = e * tl.sum(dKd * kk, 1)
-    dG = -z
-    dgC += tl.sum(z, 0)
-    # W = Tm diag(beta e^G) K
-    dTm += tl.dot(dW, tl.trans(bg[:, None] * kk), input_precision=_PREC)
-    dbgk = tl.dot(tl.trans(Tm), dW, input_precision=_PREC)
-    dk += bg[:, None] * dbgk
-    dbg = tl.sum(dbgk * kk, 1)
+        dTm += tl.dot(dD, tl.trans(vv), input_precision=_PREC) * beta[None, :]
+        dbv = tl.dot(TmT, dD, input_precision=_PREC)
+        tl.store(dv_ptr + v_off, beta[:, None] * dbv, mask=m_t)
+        db += tl.sum(dbv * vv.to(tl.float32), 1)
+    # per K block: D = U - W h_c (dW), the exit state K^T (e^{gC - G} D) (dK, dgC) and W = Tm diag(beta e^G) K
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    z = tl.zeros([BT], dtype=tl.float32)
+    dbg = tl.zeros([BT], dtype=tl.float32)
+    dgC = tl.zeros([BV], dtype=tl.float32)
+    for ik in range(K // BK):
+        offs_k = ik * BK + tl.arange(0, BK)
+        dW = tl.zeros([BT, BK], dtype=tl.float32)
+        dKd = tl.zeros([BT, BK], dtype=tl.float32)
+        for iv in range(V // BV):
+            offs_v = iv * BV + tl.arange(0, BV)
+            vk_off = (bh * N + c) * K * V + offs_v[:, None] + offs_k[None, :] * V          # (BV, BK) of h_c^T
+            S0T = tl.load(h_ptr + vk_off)
+            dST = tl.load(dh_ptr + vk_off)
+            D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+            dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+            dW = tl.dot(dD, S0T, dW, input_precision=_PREC)                  # sign applied below
+            dKd = tl.dot(D, dST, dKd, input_precision=_PREC)
+            dgC += tl.sum(S0T.to(tl.float32) * dST.to(tl.float32), 1)
+        kb = tl.load(k_ptr + k_base + offs_k[None, :], mask=m_t, other=0.0)
+        kf = kb.to(tl.float32)
+        KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
+        z += e * tl.sum(dKd * kf, 1)
+        dWd = (-dW).to(DT)
+        dTm += tl.dot(dWd, tl.trans(kb), input_precision=_PREC) * bg[None, :]
+        dbgk = tl.dot(TmT, dWd, input_precision=_PREC)
+        dbg += tl.sum(dbgk * kf, 1)
+        k_off = bh * Lp * K + t[:, None] * K + offs_k[None, :]
+        tl.store(dko_ptr + k_off, tl.load(dko_ptr + k_off) + e[:, None] * dKd + bg[:, None] * dbgk)
     db += dbg * eG
-    dG += dbg * bg
     # Tm = (I + A)^{-1}:  dA = -Tm^T dTm Tm^T  (strictly lower part)
     strict = rows[:, None] > rows[None, :]
-    dA = -tl.dot(tl.trans(Tm), tl.dot(dTm, tl.trans(Tm), input_precision=_PREC), input_precision=_PREC)
-    dA = tl.where(strict, dA, 0.0)
-    Ms = tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
-    KK = tl.dot(kk, tl.trans(kk), input_precision=_PREC)
-    dAM = dA * Ms
+    X = tl.dot(dTm.to(DT), TmT, input_precision=_PREC)
+    dA = tl.where(strict, -tl.dot(TmT, X.to(DT), input_precision=_PREC), 0.0)
+    dAM = dA * tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
     db += tl.sum(dAM * KK, 1)
-    E = b[:, None] * dAM
-    dk += tl.dot(E, kk, input_precision=_PREC) + tl.dot(tl.trans(E), kk, input_precision=_PREC)
-    Z = E * KK                                           # dA * A
-    dG += tl.sum(Z, 1) - tl.sum(Z, 0)
-    dG += tl.where(rows == BT - 1, dgC, 0.0)
-    tl.store(dk_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :], dk)
-    tl.store(db_ptr + bh * Lp + t, db)
-    tl.store(dG_ptr + bh * Lp + t, dG)
+    tl.store(db_ptr + b * L * H + hd + t * H, db, mask=t < L)
+    E = beta[:, None] * dAM
+    Ed = E.to(DT)
+    tl.debug_barrier()          # the partial dK rows above are read back below (by other threads)
+    for ik in range(K // BK):
+        offs_k = ik * BK + tl.arange(0, BK)
+        kb = tl.load(k_ptr + k_base + offs_k[None, :], mask=m_t, other=0.0)
+        dk = tl.load(dko_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
+        dk = tl.dot(Ed, kb, dk, input_precision=_PREC)
+        dk = tl.dot(tl.trans(Ed), kb, dk, input_precision=_PREC)
+        tl.store(dk_ptr + k_base + offs_k[None, :], dk, mask=m_t)
+    if HAS_G:
+        Z = E * KK                                           # dA * A
+        dG = dbg * bg - z + tl.sum(Z, 1) - tl.sum(Z, 0) + tl.load(dGo_ptr + bh * Lp + t)
+        dG += tl.where(rows == BT - 1, tl.sum(dgC, 0) * tl.exp(gC) + tl.sum(z, 0), 0.0)
+        # G = in-chunk cumsum(gamma): dgamma_r = sum_{s >= r} dG_s
+        dgam = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG
+        tl.store(dg_ptr + b * (L // NQ) * H + hd + (t // NQ) * H, dgam, mask=(t < L) & (t % NQ == 0))
 
 
 # ---------------------------------------------------------------------------------------------------
-# autograd wrapper
+# launch choices
 # ---------------------------------------------------------------------------------------------------
-#: largest V block of one program (tests lower it to exercise the loop over V blocks)
+#: largest V (and K) block of one program of the state passes or of one step of a loop over the head dims
+#: (tests lower it to exercise those loops)
 BLOCK_V_MAX = 64
+#: largest key / value head dim: the chunk tiles of 256 need more shared memory than a GPU block has
+#: (python -m zoo.benchmark.compile_check), so the launcher refuses it
+MAX_HEAD_DIM = 128
+#: largest chunk the kernels use (the inverse's merges are written for BT / 16 a power of two)
+MAX_CHUNK = 64
 
 
-def _block_v(K: int, V: int) -> int:
-    """V block of one program: BLOCK_V_MAX, halved at K > 64 (the K x BV state tile lives in registers)."""
-    return min(V, BLOCK_V_MAX if K <= 64 else BLOCK_V_MAX // 2)
+class _Plan(NamedTuple):
+    """Block sizes and warps of one launch of the six kernels."""
+
+    bv_state: int            # V block of one program of the state passes
+    bk: int                  # K block of the loops over K in the parallel kernels
+    bv: int                  # V block of the loops over V in the parallel kernels
+    warps: int               # num_warps of the parallel kernels
+    warps_fwd_state: int
+    warps_bwd_state: int
 
 
-def _num_warps(K: int) -> int:
-    """8 warps above K = 64: the fp32 (K x BT) and (K x BV) tiles then spread over 256 threads' registers."""
-    return 8 if K > 64 else 4
+def _plan(BT: int, K: int, V: int, low_precision: bool) -> _Plan:
+    """Blocks and warps from the shapes (no autotuning: a first call compiles one configuration).
 
-
-class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
-    """Chunked gated delta rule on padded, contiguous fp32 ``(BH, Lp, D)`` tensors.
-
-    Inputs: ``q, k`` ``(BH, Lp, K)``, ``v`` ``(BH, Lp, V)``, ``beta, gamma`` ``(BH, Lp)``, ``h0``
-    ``(BH, K, V)`` or None, chunk ``BT``. Returns ``o`` ``(BH, Lp, V)`` and the final state.
+    Chosen by compiling for sm_80 / sm_90 (``python -m zoo.benchmark.compile_check``) for registers,
+    spills and shared memory. 16-bit inputs: a chunk of 64 at head dim >= 64 keeps several (64 x block)
+    fp32 accumulators live, so its parallel kernels run 8 warps and loop over head dims in blocks of 32
+    (blocks of 64 spill in ``_bwd_prep``); the state passes keep a K x BV fp32 state in registers, BV = 32
+    at K >= 64 (more programs per head also shorten the sequential pass on a GPU with many SMs), the
+    forward one in one warpgroup. fp32 inputs: products are not on tensor cores and their operands live in
+    registers, so every tile is smaller (blocks of 32, a state of K x 16 at K >= 64) over 8 warps.
     """
-
-    @staticmethod
-    def forward(ctx, q, k, v, beta, gamma, h0, BT: int):
-        BH, Lp, K = k.shape
-        V = v.shape[-1]
-        N = Lp // BT
-        BV = _block_v(K, V)
-        f32 = dict(device=k.device, dtype=torch.float32)
-        G = torch.empty(BH, Lp, **f32)
-        Tm = torch.empty(BH, Lp, BT, **f32)
-        U = torch.empty(BH, Lp, V, **f32)
-        W = torch.empty(BH, Lp, K, **f32)
-        launch(_fwd_prep, (N, BH), k, v, beta, gamma, G, Tm, U, W, Lp, K=K, V=V, BT=BT, num_warps=_num_warps(K))
-        h = torch.empty(BH, N, K, V, **f32)
-        D = torch.empty(BH, Lp, V, **f32)
-        hT = torch.empty(BH, K, V, **f32)
-        has_h0 = h0 is not None
-        launch(_fwd_state, (V // BV, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, Lp, N,
-                                  K=K, V=V, BT=BT, BV=BV, HAS_H0=has_h0,
-                                  num_warps=_num_warps(K))
-        o = torch.empty(BH, Lp, V, **f32)
-        launch(_fwd_out, (N, BH), q, k, G, h, D, o, Lp, N, K=K, V=V, BT=BT, BV=BV, num_warps=_num_warps(K))
-        ctx.save_for_backward(q, k, v, beta, G, Tm, W, h, D)
-        ctx.BT, ctx.has_h0 = BT, has_h0
-        return o, hT
-
-    @staticmethod
-    def backward(ctx, do, dhT):
-        q, k, v, beta, G, Tm, W, h, D = ctx.saved_tensors
-        BT = ctx.BT
-        BH, Lp, K = k.shape
-        V = v.shape[-1]
-        N = Lp // BT
-        BV = _block_v(K, V)
-        do = do.contiguous().float()
-        f32 = dict(device=k.device, dtype=torch.float32)
-        dq = torch.empty(BH, Lp, K, **f32)
-        dk_o = torch.empty(BH, Lp, K, **f32)
-        dG_o = torch.empty(BH, Lp, **f32)
-        dDo = torch.empty(BH, Lp, V, **f32)
-        launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, Lp, N, K=K, V=V, BT=BT, BV=BV,
-               num_warps=_num_warps(K))
-        has_dht = dhT is not None
-        dh = torch.empty(BH, N, K, V, **f32)
-        dU = torch.empty(BH, Lp, V, **f32)
-        dh0 = torch.empty(BH, K, V, **f32)
-        launch(_bwd_state, (V // BV, BH), q, k, G, W, do, dDo, dhT.contiguous().float() if has_dht else dh0,
-                                  dh, dU, dh0, Lp, N, K=K, V=V, BT=BT, BV=BV, HAS_DHT=has_dht,
-                                  num_warps=_num_warps(K))
-        dk_p = torch.empty(BH, Lp, K, **f32)
-        dv = torch.empty(BH, Lp, V, **f32)
-        db = torch.empty(BH, Lp, **f32)
-        dG_p = torch.empty(BH, Lp, **f32)
-        launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_p, dv, db, dG_p, Lp, N,
-                           K=K, V=V, BT=BT, BV=BV, num_warps=_num_warps(K))
-        dG = (dG_o + dG_p).view(BH, N, BT)
-        dgamma = dG.flip(-1).cumsum(-1).flip(-1).reshape(BH, Lp)   # G = in-chunk cumsum(gamma)
-        return dq, dk_o + dk_p, dv, db, dgamma, (dh0 if ctx.has_h0 else None), None
+    half, quarter = max(16, BLOCK_V_MAX // 2), max(16, BLOCK_V_MAX // 4)
+    if low_precision:
+        big = BT * max(K, V) >= 64 * 64
+        loop = half if big else BLOCK_V_MAX
+        state = half if K >= 64 else BLOCK_V_MAX
+        warps = 8 if big else 4
+        return _Plan(min(V, state), min(K, loop), min(V, loop), warps, 4, warps)
+    state = quarter if K >= 64 else half
+    warps = 8 if max(K, V) >= 32 else 4
+    return _Plan(min(V, state), min(K, half), min(V, half), warps, warps, warps)
 
 
 def _next_pow2(n: int, lo: int = 16) -> int:
@@ -363,56 +484,141 @@ def _next_pow2(n: int, lo: int = 16) -> int:
     return p
 
 
-#: largest key / value head dim: at 256 the chunk tiles need ~190 KB of shared memory, above an sm_80
-#: block's 163 KB (python -m zoo.benchmark.compile_check), so the launcher refuses it
-MAX_HEAD_DIM = 128
-#: largest chunk the kernels use (the forward substitution is BT steps long, and the tiles grow with BT)
-MAX_CHUNK = 64
-
-
-def block_chunk(chunk_size: int, K: int, V: int) -> int:
+def block_chunk(chunk_size: int, K: int, V: int, low_precision: bool = False) -> int:
     """The chunk the kernels run: ``chunk_size`` rounded up to a power of two >= 16 (``tl.dot`` block
-    limits), at most :data:`MAX_CHUNK`, and at most 32 when a head dim is above 64 (at K = V = 128 a
-    64-long chunk's state kernels need more shared memory than an sm_80 block has). The result does not
-    depend on it."""
-    return min(_next_pow2(int(chunk_size)), MAX_CHUNK if max(K, V) <= 64 else 32)
+    limits), at most :data:`MAX_CHUNK`; with fp32 inputs at most 32 from head dim 32 on (fp32 products are
+    not on tensor cores, their 64-long chunk tiles spill heavily, and at K = V = 128 they need more shared
+    memory than an sm_80 block has). The result does not depend on it."""
+    cap = MAX_CHUNK if low_precision or max(K, V) < 32 else 32
+    return min(_next_pow2(int(chunk_size)), cap)
 
 
-def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chunk_size: int = 64):
-    """Same contract as :func:`kernels.delta.chunked.chunk_gated_delta_rule_torch` (``q`` pre-scaled).
+def query_stride(num_householder: int, BT: int) -> int:
+    """``NQ``: ``n_h`` when a chunk's query rows fill a tensor-core tile (``BT / n_h`` an integer >= 16), else 1
+    (the glue then interleaves ``q`` and ``g`` with zeros)."""
+    n = num_householder
+    return n if n > 1 and BT % n == 0 and BT // n >= 16 else 1
 
-    The chunk the kernels run is :func:`block_chunk` of ``chunk_size``; it does not change the result.
-    Head dims above :data:`MAX_HEAD_DIM` are refused.
+
+class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
+    """The six kernels with autograd.
+
+    Inputs: ``q`` ``(B, L/NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)`` (one dtype: fp32, bf16 or
+    fp16, contiguous, head dims powers of two >= 16), ``beta`` ``(B, L, H)``, ``g`` ``(B, L/NQ, H)`` or None,
+    ``h0`` ``(B, H, K, V)`` fp32 or None, ``scale``, ``NQ``, chunk ``BT``. Returns ``o`` ``(B, L/NQ, H, V)`` in
+    the inputs' dtype and the final state ``(B, H, K, V)`` in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, h0, scale: float, NQ: int, BT: int):
+        B, L, H, K = k.shape
+        V = v.shape[-1]
+        N = -(-L // BT)
+        Lp = N * BT
+        BH = B * H
+        lowp = k.dtype != torch.float32
+        dt = k.dtype
+        plan = _plan(BT, K, V, lowp)
+        f32 = dict(device=k.device, dtype=torch.float32)
+        lo = dict(device=k.device, dtype=dt)
+        G = torch.empty(BH, Lp, **f32)
+        Tm = torch.empty(BH, Lp, BT, **lo)
+        U = torch.empty(BH, Lp, V, **lo)
+        W = torch.empty(BH, Lp, K, **lo)
+        has_g = g is not None
+        launch(_fwd_prep, (N, BH), k, v, beta, g if has_g else beta, G, Tm, U, W, L, Lp,
+               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g, LOWP=lowp, num_warps=plan.warps)
+        h = torch.empty(BH, N, K, V, **lo)
+        D = torch.empty(BH, Lp, V, **lo)
+        hT = torch.empty(B, H, K, V, **f32)
+        has_h0 = h0 is not None
+        launch(_fwd_state, (V // plan.bv_state, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, L, Lp, N,
+               H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=has_h0, num_warps=plan.warps_fwd_state)
+        o = torch.empty(B, L // NQ, H, V, **lo)
+        launch(_fwd_out, (N, BH), q, k, G, h, D, o, float(scale), L, Lp, N,
+               H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+        ctx.save_for_backward(q, k, v, beta, g, G, Tm, W, h, D)
+        ctx.args = (scale, NQ, BT, has_h0)
+        return o, hT
+
+    @staticmethod
+    def backward(ctx, do, dhT):
+        q, k, v, beta, g, G, Tm, W, h, D = ctx.saved_tensors
+        scale, NQ, BT, has_h0 = ctx.args
+        B, L, H, K = k.shape
+        V = v.shape[-1]
+        N = -(-L // BT)
+        Lp = N * BT
+        BH = B * H
+        dt = k.dtype
+        lowp = dt != torch.float32
+        plan = _plan(BT, K, V, lowp)
+        do = do.to(dt).contiguous()
+        f32 = dict(device=k.device, dtype=torch.float32)
+        lo = dict(device=k.device, dtype=dt)
+        dq = torch.empty_like(q)
+        dk_o = torch.empty(BH, Lp, K, **f32)
+        dG_o = torch.empty(BH, Lp, **f32)
+        dDo = torch.empty(BH, Lp, V, **f32)
+        launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, Lp, N,
+               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+        has_dht = dhT is not None
+        dh = torch.empty(BH, N, K, V, **lo)
+        dU = torch.empty(BH, Lp, V, **lo)
+        dh0 = torch.empty(B, H, K, V, **f32)
+        launch(_bwd_state, (V // plan.bv_state, BH), q, k, G, W, do, dDo, dhT.float().contiguous() if has_dht else dh0,
+               dh, dU, dh0, float(scale), L, Lp, N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=has_dht,
+               num_warps=plan.warps_bwd_state)
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        db = torch.empty_like(beta)
+        has_g = g is not None
+        dg = torch.empty_like(g) if has_g else None
+        launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
+               dg if has_g else db, L, Lp, N, H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g,
+               num_warps=plan.warps)
+        return dq, dk, dv, db, dg, (dh0 if has_h0 else None), None, None, None
+
+
+def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chunk_size: int = 64, scale: float = 1.0,
+                                  query_stride: int = 1):
+    """The gated delta rule on ``(B, L, H, D)`` inputs (same contract as
+    :func:`kernels.delta.chunked.chunk_gated_delta_rule_torch` with ``q`` pre-scaled by ``scale``).
+
+    ``query_stride = NQ > 1``: ``q`` ``(B, L / NQ, H, K)`` holds the queries of positions ``NQ-1, 2 NQ-1, ...``
+    only (the others are zero), ``gamma`` ``(B, L / NQ, H)`` the gates of positions ``0, NQ, 2 NQ, ...`` (the
+    others are zero), and ``o`` is returned at the query positions only (the delta product's layout); it
+    must divide the chunk :func:`block_chunk` into tiles of at least 16 rows. bf16 / fp16 ``q, k, v`` of one
+    dtype run the 16-bit kernels (tensor cores); anything else runs in fp32. Head dims above
+    :data:`MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
     if max(K, V) > MAX_HEAD_DIM:
         raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
                          f"memory than a GPU block has; use backend='fla' or 'torch'")
-    # tl.dot needs blocks >= 16 and power-of-two shapes: round the chunk up (the result does not depend on it)
-    BT = block_chunk(chunk_size, K, V)
+    lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
+    dt = q.dtype if lowp else torch.float32
+    BT = block_chunk(chunk_size, K, V, lowp)
+    NQ = int(query_stride)
+    if NQ > 1 and (BT % NQ or BT // NQ < 16 or L % NQ):
+        raise ValueError(f"delta_product (triton): query_stride {NQ} must divide the length {L} and the chunk {BT} "
+                         f"into tiles of >= 16 rows; interleave the queries instead (query_stride=1)")
     Kp, Vp = _next_pow2(K), _next_pow2(V)
-    pad = (-L) % BT
-    Lp = L + pad
+    if (L + BT) * H * max(Kp, Vp, BT) >= 2 ** 31:
+        raise ValueError(f"delta_product (triton): {L} positions x {H} heads x head dim {max(K, V)} overflow the "
+                         f"kernels' 32-bit row offsets; run the sequence in pieces with the state carried")
 
-    def to_inner(x, D, Dp):  # (B, L, H, D) -> (B*H, Lp, Dp) fp32 contiguous
-        x = F.pad(x.float(), (0, Dp - D, 0, 0, 0, pad))
-        return x.transpose(1, 2).reshape(B * H, Lp, Dp).contiguous()
+    def cols(x, D, Dp):   # zero columns up to a power-of-two head dim; contiguous in the compute dtype
+        x = x.to(dt)
+        return (F.pad(x, (0, Dp - D)) if Dp != D else x).contiguous()
 
-    def to_inner1(x):       # (B, L, H) -> (B*H, Lp)
-        x = F.pad(x.float(), (0, 0, 0, pad))
-        return x.transpose(1, 2).reshape(B * H, Lp).contiguous()
-
-    qi, ki, vi = to_inner(q, K, Kp), to_inner(k, K, Kp), to_inner(v, V, Vp)
-    bi = to_inner1(beta)
-    gi = to_inner1(gamma) if gamma is not None else torch.zeros_like(bi)
     h0 = None
     if initial_state is not None:
-        h0 = F.pad(initial_state.float(), (0, Vp - V, 0, Kp - K)).reshape(B * H, Kp, Vp).contiguous()
-    o, hT = ChunkGatedDeltaRuleTriton.apply(qi, ki, vi, bi, gi, h0, BT)
-    o = o.view(B, H, Lp, Vp)[:, :, :L, :V].transpose(1, 2)
-    hT = hT.view(B, H, Kp, Vp)[..., :K, :V]
-    return o, hT
+        h0 = F.pad(initial_state.float(), (0, Vp - V, 0, Kp - K)).contiguous()
+    o, S = ChunkGatedDeltaRuleTriton.apply(cols(q, K, Kp), cols(k, K, Kp), cols(v, V, Vp), beta.contiguous(),
+                                           None if gamma is None else gamma.contiguous(), h0, float(scale), NQ, BT)
+    return o[..., :V], S[..., :K, :V]
 
 
 def delta_product_triton(
@@ -426,7 +632,23 @@ def delta_product_triton(
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated delta product (layout of :mod:`kernels.delta.reference`) with the Triton chunk kernels."""
-    o, S = delta_product_via_rule(chunk_gated_delta_rule_triton, q.float(), k, v, beta, g, num_householder, scale,
-                                  initial_state, chunk_size)  # the kernels compute in fp32
+    """Gated delta product (layout of :mod:`kernels.delta.reference`) with the Triton chunk kernels.
+
+    The kernels read the ``n_h`` sub-steps in place (:func:`query_stride`), or, when a chunk holds too few
+    queries for a tensor-core tile, after the queries and gates have been interleaved with zeros. The chunk
+    the kernels run is :func:`block_chunk` of ``chunk_size``; it does not change the result. Returns
+    ``(o in q's dtype, final state in fp32)``.
+    """
+    B, T, H, K = q.shape
+    n = num_householder
+    k, v, beta = (flatten_substeps(x, n, T, what) for x, what in ((k, "k"), (v, "v"), (beta, "beta")))
+    scale = K ** -0.5 if scale is None else scale
+    lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
+    NQ = query_stride(n, block_chunk(chunk_size, K, v.shape[-1], lowp))
+    qi, gi = q, g
+    if n > 1 and NQ == 1:            # queries on the last sub-step, the gate on sub-step 0, zeros elsewhere
+        qi, gi = interleave_inputs(q, g, n, T * n)
+    o, S = chunk_gated_delta_rule_triton(qi, k, v, beta, gi, initial_state, chunk_size, scale, NQ)
+    if n > 1 and NQ == 1:
+        o = o[:, n - 1::n]
     return o.to(q.dtype), S
