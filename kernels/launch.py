@@ -39,13 +39,14 @@ class Launch:
     num_warps: int = DEFAULT_NUM_WARPS
     num_stages: int = DEFAULT_NUM_STAGES
     tags: tuple = field(default=(), compare=False)  # where it was recorded (family, dtype, sizes)
+    aligned: tuple = ()                  # arguments Triton specialises as divisible by 16 (pointers and ints)
 
     @property
     def name(self) -> str:
         return kernel_name(self.kernel)
 
     def key(self):
-        return (self.name, self.signature, self.constexprs, self.num_warps, self.num_stages)
+        return (self.name, self.signature, self.constexprs, self.num_warps, self.num_stages, self.aligned)
 
 
 def kernel_name(kernel) -> str:
@@ -92,9 +93,35 @@ def _records(kernel, args, kwargs, tags):
         if missing:
             raise TypeError(f"launch: {kernel_name(fn)} is missing arguments {missing}")
         const_names = {fn.arg_names[i] for i in fn.constexprs}
-        sig = tuple((n, _arg_type(n, bound[n])) for n in fn.arg_names if n not in const_names)
-        consts = tuple(sorted((n, bound[n]) for n in const_names))
-        out.append(Launch(fn, sig, consts, warps, stages, tags))
+        specialised = _specialisation(fn, bound, const_names)
+        ones = {n for n, how in specialised.items() if how == "one"}
+        sig = tuple((n, _arg_type(n, bound[n])) for n in fn.arg_names if n not in const_names | ones)
+        consts = tuple(sorted((n, bound[n]) for n in const_names | ones))
+        aligned = tuple(n for n in fn.arg_names if specialised.get(n) == "aligned")
+        out.append(Launch(fn, sig, consts, warps, stages, tags, aligned))
+    return out
+
+
+def _specialisation(fn, bound: dict, const_names: set) -> dict:
+    """How Triton's launcher specialises each runtime argument, as on a GPU: an integer equal to 1 becomes the
+    constant 1 (``"one"``); a pointer whose address (its storage offset, the allocation being aligned) or an
+    integer that is a multiple of 16 is compiled as divisible by 16 (``"aligned"``), which lets loads vectorise;
+    ``do_not_specialize`` / ``do_not_specialize_on_alignment`` turn these off per argument."""
+    out = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const_names:
+            continue
+        value, param = bound[name], fn.params[i]
+        if param.do_not_specialize or isinstance(value, bool):
+            continue
+        if isinstance(value, int) and value == 1:
+            out[name] = "one"
+        elif param.do_not_specialize_on_alignment:
+            continue
+        elif isinstance(value, int) and value % 16 == 0:
+            out[name] = "aligned"
+        elif torch.is_tensor(value) and value.storage_offset() * value.element_size() % 16 == 0:
+            out[name] = "aligned"
     return out
 
 

@@ -311,7 +311,9 @@ def compile_launch(launch: Launch, arch: int) -> Result:
 
     sig = dict(launch.signature)
     sig.update({name: "constexpr" for name, _ in launch.constexprs})
-    src = ASTSource(fn=launch.kernel, signature=sig, constexprs=dict(launch.constexprs))
+    index = jit_function(launch.kernel).arg_names.index
+    attrs = {(index(name),): [["tt.divisibility", 16]] for name in launch.aligned}
+    src = ASTSource(fn=launch.kernel, signature=sig, constexprs=dict(launch.constexprs), attrs=attrs)
     res = Result(launch, arch, dot=calls_dot(launch.kernel), fp32_dots_because=fp32_dot_reason(launch.kernel))
     t0 = time.perf_counter()
     log = io.StringIO()
