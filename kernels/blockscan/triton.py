@@ -49,13 +49,15 @@ the coefficients ``E_j``, elementary symmetric functions of ``c_r / lam_r``, whi
 
 **The normed scan is sequential** (``_normed_fwd`` / ``_normed_bwd``). ``LN`` is not affine in the state,
 so two steps do not compose into one ``h -> P h + l`` and no chunk summary exists: each (batch element,
-block) is one chain of ``T`` dependent steps, ``B N`` chains in all. A program packs ``BN`` blocks (one per
-lane for ``m <= 4``) and its loop issues the loads of later steps ahead (``tl.range`` with ``num_stages``,
-copied asynchronously), so a step costs its arithmetic and not a global-memory round trip.
+block) is one chain of ``T`` dependent steps, ``B N`` chains in all, and that is its parallelism. What can
+be cut is a step's latency: a one-warp program packs ``32 / m`` blocks (an entry per lane), and its loop
+issues the loads of later steps ahead (``tl.range`` with ``num_stages``, copied asynchronously), so a step
+costs its arithmetic and not a global-memory round trip.
 
 Parallelism at B = 1, d_model 1024 (N = 256 blocks of m = 4), T = 16384, C = 64: the chunk passes run
-``4 x 256 = 1024`` programs of 64 blocks (a chunk each) and the carry 16 programs walking 256 chunks, where
-the sequential kernels ran 256 one-warp programs walking 16384 tokens.
+``4 x 256 = 1024`` programs of 64 blocks (a chunk each) and the carry 8 programs of 32 blocks walking 256
+chunks, where the sequential kernels ran 256 one-warp programs walking 16384 tokens; the normed scan runs
+32 programs of 8 chains.
 """
 from __future__ import annotations
 
@@ -556,9 +558,9 @@ class _JordanScan(torch.autograd.Function):
 
 
 def _normed_tile(N, m):
+    """One warp per program, ``32 / m`` blocks in it (an entry per lane): a step's latency is what counts."""
     BM = _block_m(m)
-    bn = _tile(N, BM * BM, 1024, cap=32)
-    return BM, bn, _warps(bn * BM * BM)
+    return BM, max(1, min(32 // BM, triton.next_power_of_2(N))), 1
 
 
 class _NormedScan(torch.autograd.Function):

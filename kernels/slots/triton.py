@@ -131,7 +131,8 @@ def _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K, DV1, 
 @triton.jit
 def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
                  BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr):
-    # the chunk's state contribution U (into XS[c]) and decay e^{A_C} (into DEC[c])
+    # the chunk's state contribution U (into XS[c]) and decay e^{A_C} (into DEC[c]), BM slots at a time (the
+    # cumulative decays run along time, so slot tiles are independent)
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -140,22 +141,23 @@ def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
     ts = c * BT + t
     valid = ts < T
     tok = (b * T + ts) * H + h
-    slot = tl.arange(0, BM)
-    ms = slot < M
-    ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
-    Acs = tl.cumsum(ad, axis=0)
-    Aend = tl.sum(ad, axis=0)
-    F = wd * tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
     DV1 = DV + 1
-    rows = ((bh * NC + c) * M + slot) * DV1
-    tl.store(DEC + (bh * NC + c) * M + slot, tl.exp(Aend), mask=ms)
-    tl.store(XS + rows + DV, tl.sum(F, axis=0), mask=ms)
-    Ft = tl.trans(F)
-    for d0 in range(0, DV, BDV):
-        dd = d0 + tl.arange(0, BDV)
-        dm = dd < DV
-        vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
-        tl.store(XS + rows[:, None] + dd[None, :], _dot_coef(Ft, vt), mask=ms[:, None] & dm[None, :])
+    for m0 in range(0, M, BM):
+        slot = m0 + tl.arange(0, BM)
+        ms = slot < M
+        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        Acs = tl.cumsum(ad, axis=0)
+        Aend = tl.sum(ad, axis=0)
+        F = wd * tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
+        rows = ((bh * NC + c) * M + slot) * DV1
+        tl.store(DEC + (bh * NC + c) * M + slot, tl.exp(Aend), mask=ms)
+        tl.store(XS + rows + DV, tl.sum(F, axis=0), mask=ms)
+        Ft = tl.trans(F)
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+            tl.store(XS + rows[:, None] + dd[None, :], _dot_coef(Ft, vt), mask=ms[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -288,9 +290,11 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
 
 @triton.jit
 def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, DV, NC,
-                     BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr):
+                     BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, ONE_TILE: tl.constexpr):
     # what the chunk's contribution U = F^T [V, 1] and decay d = e^{A_C} pass back, given G = LG[c] (the
-    # adjoint of the state after the chunk) and X = XS[c] (the state entering it)
+    # adjoint of the state after the chunk) and X = XS[c] (the state entering it), BM slots at a time; the
+    # shares of every slot tile are added into DLA, DW and DVP (this program's rows only), then DVP -> DVO
+    # (ONE_TILE: M <= BM, dv is final at once)
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -299,41 +303,58 @@ def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, 
     ts = c * BT + t
     valid = ts < T
     tok = (b * T + ts) * H + h
-    slot = tl.arange(0, BM)
-    ms = slot < M
-    ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
-    Acs = tl.cumsum(ad, axis=0)
-    Aend = tl.sum(ad, axis=0)
-    expo = tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
-    F = wd * expo
     DV1 = DV + 1
-    rows = ((bh * NC + c) * M + slot) * DV1
-    Gz = tl.load(LG + rows + DV, mask=ms, other=0.0)
-    ddec = Gz * tl.load(XS + rows + DV, mask=ms, other=0.0)
-    dF = tl.zeros([BT, BM], dtype=tl.float32) + Gz[None, :]
-    for d0 in range(0, DV, BDV):
-        dd = d0 + tl.arange(0, BDV)
-        dm = dd < DV
-        G = tl.load(LG + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
-        X = tl.load(XS + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
-        ddec += tl.sum(G * X, axis=1)
-        tm = valid[:, None] & dm[None, :]
-        vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
-        dF += dot_x_state(vt, tl.trans(G))
-        dv = tl.load(DVP + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0) + dot_x_state(F.to(vt.dtype), G)
-        tl.store(DVO + tok[:, None] * DV + dd[None, :], dv.to(DVO.dtype.element_ty), mask=tm)
-    dWd = dF * expo
-    dEx = dF * F  # the gradient of the exponent A_C - A_s
-    dAend = tl.sum(dEx, axis=0) + ddec * tl.exp(Aend)
-    dad = dAend[None, :] - tl.cumsum(dEx, axis=0, reverse=True)
-    for j in range(K):
-        wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
-        hit = wi[:, None] == slot[None, :]
-        p = tok * K + j
-        tl.store(DLA + p, tl.load(DLA + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dad, 0.0), axis=1),
-                 mask=valid)
-        tl.store(DW + p, tl.load(DW + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dWd, 0.0), axis=1),
-                 mask=valid)
+    for m0 in range(0, M, BM):
+        slot = m0 + tl.arange(0, BM)
+        ms = slot < M
+        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        Acs = tl.cumsum(ad, axis=0)
+        Aend = tl.sum(ad, axis=0)
+        expo = tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
+        F = wd * expo
+        rows = ((bh * NC + c) * M + slot) * DV1
+        Gz = tl.load(LG + rows + DV, mask=ms, other=0.0)
+        ddec = Gz * tl.load(XS + rows + DV, mask=ms, other=0.0)
+        dF = tl.zeros([BT, BM], dtype=tl.float32) + Gz[None, :]
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            G = tl.load(LG + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            X = tl.load(XS + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            ddec += tl.sum(G * X, axis=1)
+            tm = valid[:, None] & dm[None, :]
+            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+            dF += dot_x_state(vt, tl.trans(G))
+        # dv in a second pass over the value tiles: fewer tiles live at once
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            tm = valid[:, None] & dm[None, :]
+            G = tl.load(LG + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            p = tok[:, None] * DV + dd[None, :]
+            dv = tl.load(DVP + p, mask=tm, other=0.0) + dot_x_state(F.to(V.dtype.element_ty), G)
+            if ONE_TILE:
+                tl.store(DVO + p, dv.to(DVO.dtype.element_ty), mask=tm)
+            else:
+                tl.store(DVP + p, dv, mask=tm)
+        dWd = dF * expo
+        dEx = dF * F  # the gradient of the exponent A_C - A_s
+        dAend = tl.sum(dEx, axis=0) + ddec * tl.exp(Aend)
+        dad = dAend[None, :] - tl.cumsum(dEx, axis=0, reverse=True)
+        for j in range(K):
+            wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+            hit = wi[:, None] == slot[None, :]
+            p = tok * K + j
+            tl.store(DLA + p, tl.load(DLA + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dad, 0.0), axis=1),
+                     mask=valid)
+            tl.store(DW + p, tl.load(DW + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dWd, 0.0), axis=1),
+                     mask=valid)
+    if not ONE_TILE:
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            tm = valid[:, None] & (dd < DV)[None, :]
+            p = tok[:, None] * DV + dd[None, :]
+            tl.store(DVO + p, tl.load(DVP + p, mask=tm, other=0.0).to(DVO.dtype.element_ty), mask=tm)
 
 
 @triton.jit
@@ -447,11 +468,13 @@ def _pow2(x: int) -> int:
 
 
 class _ChunkPlan:
-    """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64], the ``[BT, BM]`` slot tiles within
-    4096 entries), slots ``BM``, value columns ``BDV``."""
+    """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64], keeping the read backward's
+    ``[BT, BM]`` tile of all slots within 4096 entries), slot tile ``BMS`` of the state kernels, value
+    columns ``BDV``."""
 
     def __init__(self, T, M, dv, K, chunk_size):
         self.BM = max(16, _pow2(M))
+        self.BMS = min(self.BM, 64)  # the state kernels' slot tile
         self.BT = max(16, min(64, _pow2(chunk_size), 4096 // self.BM))
         self.BDV = min(32, max(16, _pow2(dv)))
         self.BK = _pow2(K)
@@ -476,7 +499,7 @@ class _ChunkedSlots(torch.autograd.Function):
         XN = torch.empty(BH, M, dv + 1, dtype=torch.float32, device=v.device)
         O = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
         launch(_slots_state, (pl.NC, BH), wi, w, la, v, XS, DEC, T, H, M, K, dv, pl.NC,
-               BT=pl.BT, BM=pl.BM, BDV=pl.BDV, num_warps=pl.warps)
+               BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, num_warps=pl.warps)
         launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, X0 if X0 is not None else XS, XN, E, dv + 1,
                pl.NC, HAS_X0=X0 is not None, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_read, (pl.NC, BH, triton.cdiv(dv, pl.BDV)), wi, w, la, ri, r, v, XS, O, T, H, M, K, dv, pl.NC,
@@ -505,7 +528,7 @@ class _ChunkedSlots(torch.autograd.Function):
         launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), LG, DEC, dXN.contiguous() if dXN is not None else LG, DX0,
                E, dv + 1, pl.NC, HAS_X0=dXN is not None, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_state_bwd, (pl.NC, BH), wi, w, la, v, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, dv, pl.NC,
-               BT=pl.BT, BM=pl.BM, BDV=pl.BDV, num_warps=pl.warps)
+               BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
         return None, DW.to(w.dtype), DLA, None, DR, DVO, (DX0 if has_init else None), None, None, None
 
 

@@ -103,6 +103,7 @@ TRITON_CASES = [  # (B, T, H, M, K, d_v, chunk_size, initial state)
     (2, 37, 2, 16, 3, 5, 16, True),     # chunked: 3 chunks, the last one partial
     (1, 50, 2, 24, 4, 20, 16, False),   # d_v not a power of two
     (1, 33, 1, 64, 4, 70, 16, True),    # d_v in three tiles of 32
+    (1, 21, 1, 130, 3, 9, 16, True),    # the state kernels in three tiles of 64 slots
     (1, 19, 2, 300, 3, 40, 16, True),   # sparse (M > CHUNKED_MAX_SLOTS): d_v in two tiles, each with its own z
     (1, 13, 1, 300, 2, 70, 16, False),  # ... three tiles
 ]
