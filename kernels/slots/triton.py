@@ -26,17 +26,18 @@ The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (t
 intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
 ``L_c = Q^T [dO, dz]`` as a product), ``_slots_carry`` reversed (``G_c = d_c G_{c+1} + L_c``), and
 ``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
-G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``. Cost per head
-``O(T (C K^2 + K d_v + C d_v + M (d_v + 1) (1 + d_v / C)))``: the state passes and their memory
-(``M (d_v + 1)`` per chunk) grow with ``M``, hence the cutoff.
+G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``. Cost per head: time
+``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v + 1)`` numbers per chunk for the chunk states (written,
+carried and read again): the state stages grow with ``M``, hence the cutoff.
 
 Products. ``F^T V`` and ``P V`` (forward) and ``dO V^T`` and ``P^T dO`` (backward) take the 16-bit
-``v``/``dO`` tile with the fp32 coefficients ``F`` (``<= 1``) or ``P`` (``<= sum_i r_i``) rounded to the
-same type, accumulating in fp32. The products with the fp32 adjoint state ``G`` (``V G^T``, ``F G``) and
-``Q^T dO`` (``Q = q e^{A}``, which has no bound: ``z`` can be tiny) keep that fp32 operand as two 16-bit
-tiles (:mod:`kernels.blockscan.split_dot`). fp32 inputs multiply exactly (``input_precision="ieee"``). The
-states ``X``, ``G`` and all decays stay fp32. The rest is ``O(C^2 K^2)`` comparisons and exponentials per
-chunk, element-wise work with no product form (each read slot has its own decay profile).
+``v``/``dO`` tile with the fp32 coefficients ``F`` (``<= 1``) or ``P`` (``<= sum_i |r_i|``, as each
+``E_i[t, s]`` is a part of the nonnegative normaliser ``z_t``) rounded to the same type, accumulating in fp32.
+The products with the fp32 adjoint state ``G`` (``V G^T``, ``F G``) and ``Q^T dO`` (``Q = q e^{A}``, which has no
+bound: ``z`` can be tiny) keep that fp32 operand as two 16-bit tiles (:mod:`kernels.blockscan.split_dot`).
+fp32 inputs multiply exactly (``input_precision="ieee"``). The states ``X``, ``G`` and all decays stay fp32.
+The rest is ``O(C^2 K^2)`` comparisons and exponentials per chunk, element-wise work with no product form
+(each read slot has its own decay profile).
 
 **Sparse (M > CHUNKED_MAX_SLOTS)**, ``_slots_fwd`` / ``_slots_bwd``: sequential over time, touching only the
 ``K`` written and ``K`` read rows of the ``M x d_v`` memory per token (time ``O(T K d_v)`` per head,
@@ -49,8 +50,8 @@ read slot may be the one just written (read-after-write). No products here (rows
 a time).
 
 Parallelism at B = 1, d_model 1024 (8 heads, d_v 128, M = 64, K = 4), T 16384, C 32: 512 x 8 = 4096
-programs in the chunk stages (8192 in the read stage), 8 x 17 in the carry, where the sequential kernel
-ran 8.
+programs in the chunk stages (16384 in the forward read, which also splits ``d_v`` in 4 tiles), 17 x 8 in
+the carries (512 steps each), where the sequential kernel ran 8 programs of 16384 steps.
 """
 from __future__ import annotations
 
