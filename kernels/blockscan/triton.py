@@ -332,16 +332,18 @@ def _normed_fwd(LAM, CC, Bv, H0, W, BIAS, H, T, N, M, scb, sct, scn, eps,
     lam_ptr = LAM + b * T * N + n
     c_ptr = CC + b * scb + n * scn
     row0 = b * T * N * M
+    # int64 strides, as t * N M can pass 2^31 (b * 0 + x: also when the launch made x = 1 a constant)
+    n64, nm64, sct64 = b * 0 + N, b * 0 + N * M, b * 0 + sct
     for t in tl.range(0, T, num_stages=NS):
-        lam = tl.load(lam_ptr + t * N, mask=mn, other=0.0).to(acc)[:, None]
-        cc = tl.load(c_ptr + t * sct, mask=mn, other=0.0).to(acc)[:, None]
-        bv = tl.load(Bv + row0 + t * N * M + o2, mask=m2, other=0.0).to(acc)
+        lam = tl.load(lam_ptr + t * n64, mask=mn, other=0.0).to(acc)[:, None]
+        cc = tl.load(c_ptr + t * sct64, mask=mn, other=0.0).to(acc)[:, None]
+        bv = tl.load(Bv + row0 + t * nm64 + o2, mask=m2, other=0.0).to(acc)
         x = lam * h + cc * _shift_up(h, S) + bv
         mu = tl.sum(x, axis=1) / M
         d = tl.where(m2, x - mu[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / M + eps)
         h = tl.where(m2, d * rstd[:, None] * w + beta, 0.0)
-        tl.store(H + row0 + t * N * M + o2, h, mask=m2)
+        tl.store(H + row0 + t * nm64 + o2, h, mask=m2)
 
 
 @triton.jit
@@ -370,9 +372,10 @@ def _normed_bwd(LAM, CC, Bv, H0, H, W, DH, DHLAST, DLAM, DC, DB, DH0, DW, DBIAS,
     lam_ptr = LAM + b * T * N + n
     c_ptr = CC + b * scb + n * scn
     tok0 = b * T * N
+    n64, sct64 = b * 0 + N, b * 0 + sct  # int64 (see _normed_fwd)
     for k in tl.range(0, T, num_stages=NS):
         t = T - 1 - k
-        tok = tok0 + t * N
+        tok = tok0 + t * n64
         g = g + tl.load(DH + tok * M + o2, mask=m2, other=0.0).to(acc)
         prev = (tok - N) * M + o2
         hp = tl.load(H + prev, mask=m2 & (t > 0), other=0.0)
@@ -380,8 +383,8 @@ def _normed_bwd(LAM, CC, Bv, H0, H, W, DH, DHLAST, DLAM, DC, DB, DH0, DW, DBIAS,
         if HAS_INIT:
             hp += tl.load(H0 + state, mask=m2 & (t == 0), other=0.0).to(acc)
             hps += tl.load(H0 + state + 1, mask=m2s & (t == 0), other=0.0).to(acc)
-        lam = tl.load(lam_ptr + t * N, mask=mn, other=0.0).to(acc)
-        cc = tl.load(c_ptr + t * sct, mask=mn, other=0.0).to(acc)
+        lam = tl.load(lam_ptr + t * n64, mask=mn, other=0.0).to(acc)
+        cc = tl.load(c_ptr + t * sct64, mask=mn, other=0.0).to(acc)
         bv = tl.load(Bv + tok * M + o2, mask=m2, other=0.0).to(acc)
         pre = lam[:, None] * hp + cc[:, None] * hps + bv
         mu = tl.sum(pre, axis=1) / M

@@ -23,6 +23,7 @@ from kernels.slots import (
     slot_step,
 )
 from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.launches import launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -153,7 +154,6 @@ def test_launches_per_forward_backward_do_not_grow_with_T(M, expected, monkeypat
     """Chunked: state, carry and read kernels forward, their three backward kernels. Sparse: the scan forward,
     replay and reverse scan backward. The same list at T and 4T (meta tensors; nothing runs)."""
     from kernels.slots import triton as module
-    from tests.kernels.test_blockscan import launches
 
     def run(T, B=2, H=2, K=4, dv=32):
         idx = torch.zeros(B, T, H, K, dtype=torch.int64, device="meta")
