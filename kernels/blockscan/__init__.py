@@ -21,7 +21,9 @@ Backward (all backends agree): with ``g_t = dL/dh_t`` accumulated from the futur
 
 Backends: ``reference`` (token loop from the step functions, fp64-capable), ``torch`` (chunked, linear
 in ``T``, the CPU default; for the normed scan it is the reference loop: no parallel form exists),
-``triton`` (a fused recurrent kernel per (batch, block), forward and backward).
+``triton`` (chunk-parallel kernels for the linear scans, three launches forward and three backward at any
+``T``; a sequential kernel over ``B N`` chains for the normed scan). ``chunk_size`` is the chunk length of
+both chunked paths; it does not change the result.
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def block_scan(A, b, initial_state=None, chunk_size: int = 64, backend: str = "a
         return block_scan_chunked(A, b, initial_state, chunk_size=chunk_size)
     from .triton import block_scan_triton
 
-    return block_scan_triton(A, b, initial_state)
+    return block_scan_triton(A, b, initial_state, chunk_size=chunk_size)
 
 
 def jordan_transition(lam, c, m: int):
@@ -145,7 +147,7 @@ def jordan_scan(lam, c, b, initial_state=None, chunk_size: int = 64, backend: st
         return jordan_scan_chunked(lam, c, b, initial_state, chunk_size=chunk_size)
     from .triton import jordan_scan_triton
 
-    return jordan_scan_triton(lam, c, b, initial_state)
+    return jordan_scan_triton(lam, c, b, initial_state, chunk_size=chunk_size)
 
 
 @full_precision
@@ -163,7 +165,7 @@ def jordan_scan_normed(lam, c, b, weight, bias, eps: float = 1e-5, initial_state
     would erase the state (output = bias), so ``m >= 2`` is required.
 
     Nonlinear, hence sequential: backends ``reference`` (token loop), ``torch`` (the same loop — there
-    is no parallel form) and ``triton`` (a fused recurrent kernel, forward and backward).
+    is no parallel form) and ``triton`` (one fused chain per (batch, block), forward and backward).
     Returns ``(h (B, T, N, m), h_last (B, N, m))``.
     """
     op = "jordan_scan_normed"

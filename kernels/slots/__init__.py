@@ -10,8 +10,9 @@ Backends of :func:`slot_memory` (:data:`BACKENDS`): ``reference`` (token loop ov
 (:data:`LAYOUTS`): ``layout="dense"``, chunked, the intra-chunk interactions gathered at the ``K`` read
 slots and a dense ``M x d_v`` state passed between chunks, for small and moderate ``M``;
 ``layout="sparse"``, a sequential scan that touches only ``K`` rows per token, for large ``M``;
-``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), and ``triton`` (the sparse scan as Triton
-kernels, forward and backward). ``auto`` means Triton on CUDA, else torch.
+``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), and ``triton`` (Triton kernels, forward and
+backward: chunk-parallel for ``M <= kernels.slots.triton.CHUNKED_MAX_SLOTS``, the sparse scan above).
+``auto`` means Triton on CUDA, else torch. ``chunk_size`` is the chunk length of both chunked paths.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, 
         return slot_memory_reference(*args, eps=eps, initial_state=initial_state)
     if chosen == "triton":
         from .triton import slot_memory_triton
-        return slot_memory_triton(*args, eps=eps, initial_state=initial_state)
+        return slot_memory_triton(*args, eps=eps, initial_state=initial_state, chunk_size=chunk_size)
     if layout == "dense" or (layout == "auto" and num_slots <= DENSE_MAX_SLOTS):
         return slot_memory_chunked(*args, eps=eps, chunk_size=chunk_size, initial_state=initial_state)
     return slot_memory_sparse(*args, eps=eps, initial_state=initial_state)

@@ -1,25 +1,57 @@
-"""Sparse slot memory in Triton, forward and backward; contract of
-:func:`kernels.slots.reference.slot_memory_reference` (equations there, backward in
-:mod:`kernels.slots.sparse`).
+"""Slot memory in Triton, forward and backward; contract of :func:`kernels.slots.reference.slot_memory_reference`
+(Xiao et al., "RAM-Net", arXiv 2602.11958).
 
-Sequential over time: one program per (batch, head) walks the ``T`` tokens and, per token, touches only
-the ``K`` written and ``K`` read rows of the ``M x d_v`` memory (and of ``z``), which lives in global
-memory; a program holds one token's ``K x d_v`` rows in registers (``d_v`` in one tile, so the
-normaliser ``z`` is never shared between programs). Time ``O(T K d_v)`` per head, independent of ``M``;
-parallelism is ``B * H`` programs, so this is the kernel for large ``M`` (where a dense chunked form
-would cost ``O(T M)``), not a chunk-parallel one. ``tl.debug_barrier()`` orders each token's stores
-before the next loads, since a read slot may be the one just written (read-after-write).
+Two layouts, chosen by the number of slots ``M``:
 
-The decay ``d = (1 - w)^gamma`` is computed in PyTorch and passed in, so its derivative with respect to
-``w`` and ``gamma`` is left to autograd; the kernels return ``dL/dd`` next to the direct ``dL/dw``.
+**Chunked (M <= CHUNKED_MAX_SLOTS).** The memory with its normaliser as one more column, ``X = [S, z]``
+(``M x (d_v + 1)`` per head), follows a diagonal linear recurrence, ``X_t = diag(e^{a_t}) X_{t-1} +
+w_t [v_t, 1]^T`` (``a_t`` the log decays ``gamma log(1 - w)`` of the written slots, zero elsewhere); the read
+``o_t = sum_i q_{t,i} S_t[R_{t,i}]``, ``q = r / (z_t[R] + eps)``, divides by the normaliser but is linear in
+``S`` once ``z`` is known, and ``z`` is a column of the same linear recurrence. So time cuts into chunks of
+``C`` tokens (``A_t`` the cumulative log decay from the chunk start, ``X_0`` the state entering the chunk):
 
-- ``_slots_fwd``: writes, then reads; saves the pre-write rows ``P_t = S_{t-1}[W_t]`` and ``z_{t-1}[W_t]``
-  (``O(T K d_v)``). With ``READ=False`` it only replays the writes (used by the backward to rebuild the
-  final memory instead of saving an ``M x d_v`` tensor).
-- ``_slots_bwd``: the reverse scan with the adjoint memory ``G_S (M x d_v)``, ``G_z (M)``, restoring each
-  written row from ``P_t`` so the memory at every step is exact.
+1. ``_slots_state``, one program per (chunk, batch x head): the chunk's contribution to the state and its
+   decay, ``U = F^T [V, 1]`` with ``F[s, m] = w_s[m] e^{A_C[m] - A_s[m]}`` (dense over the ``M`` slots, a
+   ``(M x C) @ (C x d_v)`` product) and ``d = e^{A_C}``.
+2. ``_slots_carry``: ``X_{c+1} = d_c X_c + U_c``, an element-wise pass over the chunks, one program per
+   (batch x head, tile of the ``M (d_v + 1)`` entries); it records the state entering every chunk.
+3. ``_slots_read``, one program per (chunk, batch x head, tile of ``d_v``): for each read slot ``i`` the
+   chunk's interactions ``E_i[t, s] = w_s[m] e^{A_t[m] - A_s[m]}`` at ``m = R_{t,i}`` (``C x C``; the
+   cumulative decays ``A_s[m]`` come from comparing the read slot with every write of the chunk, so no
+   ``M``-sized tile appears), ``z_t[m] = e^{A_t[m]} z_0[m] + sum_s E_i[t, s]``, ``q``, then
+   ``o = P V + sum_i q_i e^{A_t} S_0[R_i]`` with ``P = sum_i q_i E_i`` (a ``(C x C) @ (C x d_v)`` product
+   and ``K`` row gathers of the start state). Every exponent is a difference ``A_t - A_s <= 0``.
 
-Indices within one token must be distinct (top-K gives distinct slots). Everything is fp32.
+The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (the reads' gradients, the
+intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
+``L_c = Q^T [dO, dz]`` as a product), ``_slots_carry`` reversed (``G_c = d_c G_{c+1} + L_c``), and
+``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
+G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``. Cost per head: time
+``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v + 1)`` numbers per chunk for the chunk states (written,
+carried and read again): the state stages grow with ``M``, hence the cutoff.
+
+Products. ``F^T V`` and ``P V`` (forward) and ``dO V^T`` and ``P^T dO`` (backward) take the 16-bit
+``v``/``dO`` tile with the fp32 coefficients ``F`` (``<= 1``) or ``P`` (``<= sum_i |r_i|``, as each
+``E_i[t, s]`` is a part of the nonnegative normaliser ``z_t``) rounded to the same type, accumulating in fp32.
+The products with the fp32 adjoint state ``G`` (``V G^T``, ``F G``) and ``Q^T dO`` (``Q = q e^{A}``, which has no
+bound: ``z`` can be tiny) keep that fp32 operand as two 16-bit tiles (:mod:`kernels.blockscan.split_dot`).
+fp32 inputs multiply exactly (``input_precision="ieee"``). The states ``X``, ``G`` and all decays stay fp32.
+The rest is ``O(C^2 K^2)`` comparisons and exponentials per chunk, element-wise work with no product form
+(each read slot has its own decay profile).
+
+**Sparse (M > CHUNKED_MAX_SLOTS)**, ``_slots_fwd`` / ``_slots_bwd``: sequential over time, touching only the
+``K`` written and ``K`` read rows of the ``M x d_v`` memory per token (time ``O(T K d_v)`` per head,
+independent of ``M``; the memory lives in global memory). A program owns a tile of ``d_v`` columns of one
+(batch, head) and keeps its own copy of the normaliser ``z`` (``K`` values a token, recomputed by every
+tile), so ``B H ceil(d_v / BLOCK_DV)`` programs run in parallel instead of ``B H``. In the backward the
+adjoint of ``z`` is linear in the read products, so each tile accumulates its share from its own columns
+and the shares are summed. ``tl.debug_barrier()`` orders each token's stores before the next loads, since a
+read slot may be the one just written (read-after-write). No products here (rows are gathered one token at
+a time).
+
+Parallelism at B = 1, d_model 1024 (8 heads, d_v 128, M = 64, K = 4), T 16384, C 32: 512 x 8 = 4096
+programs in the chunk stages (16384 in the forward read, which also splits ``d_v`` in 4 tiles), 17 x 8 in
+the carries (512 steps each), where the sequential kernel ran 8 programs of 16384 steps.
 """
 from __future__ import annotations
 
@@ -27,9 +59,303 @@ import torch
 import triton
 import triton.language as tl
 
+from ..blockscan.split_dot import dot_state_x, dot_x_state
 from ..launch import launch
 
-__all__ = ["slot_memory_triton"]
+__all__ = ["slot_memory_triton", "CHUNKED_MAX_SLOTS"]
+
+#: the chunked kernels run up to this many slots; above it the sparse scan (its cost does not grow with M)
+CHUNKED_MAX_SLOTS = 256
+#: loads issued ahead by the carry's loop over chunks (tl.range num_stages)
+_STAGES = 3
+
+
+@triton.jit
+def _dot_coef(coef, x):
+    # coef @ x: coef a bounded fp32 coefficient tile, x an input tile (rounded to x's 16-bit type, or exact fp32)
+    if x.dtype == tl.float32:
+        return tl.dot(coef, x, input_precision="ieee")
+    return tl.dot(coef.to(x.dtype), x)
+
+
+@triton.jit
+def _dot_inputs(x, y):
+    # x @ y for two input tiles of one type
+    if x.dtype == tl.float32:
+        return tl.dot(x, y, input_precision="ieee")
+    return tl.dot(x, y)
+
+
+@triton.jit
+def _chunk_decays(WI, LA, WW, tok, valid, slot, K):
+    # dense per-slot log decays and write weights of the chunk's tokens: ad, wd [BT, BM]
+    ad = tl.zeros([tok.shape[0], slot.shape[0]], dtype=tl.float32)
+    wd = tl.zeros([tok.shape[0], slot.shape[0]], dtype=tl.float32)
+    for j in range(K):
+        wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+        la = tl.load(LA + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        w = tl.load(WW + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        hit = wi[:, None] == slot[None, :]
+        ad += tl.where(hit, la[:, None], 0.0)
+        wd += tl.where(hit, w[:, None], 0.0)
+    return ad, wd
+
+
+@triton.jit
+def _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K, DV1, eps):
+    # read slot i of every token t of the chunk: E[t, s] (s <= t), its exponential part, A_t at the slot,
+    # the slot's start-state normaliser z0, the normaliser z_t and q = r / (z_t + eps)
+    ri = tl.load(RI + tok * K + i, mask=valid, other=-2)
+    r = tl.load(RW + tok * K + i, mask=valid, other=0.0).to(tl.float32)
+    D = tl.zeros([tok.shape[0], tok.shape[0]], dtype=tl.float32)
+    Wm = tl.zeros([tok.shape[0], tok.shape[0]], dtype=tl.float32)
+    for j in range(K):
+        wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+        la = tl.load(LA + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        w = tl.load(WW + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        hit = ri[:, None] == wi[None, :]
+        D += tl.where(hit, la[None, :], 0.0)
+        Wm += tl.where(hit, w[None, :], 0.0)
+    Acs = tl.cumsum(D, axis=1)  # [t, s]: the cumulative log decay of slot R_{t,i} up to s
+    Ar = tl.sum(tl.where(t[None, :] == t[:, None], Acs, 0.0), axis=1)
+    causal = t[None, :] <= t[:, None]
+    expo = tl.where(causal, tl.exp(tl.minimum(Ar[:, None] - Acs, 0.0)), 0.0)
+    E = Wm * expo
+    rows = chunk + ri.to(tl.int64) * DV1
+    z0 = tl.load(XS + rows + DV1 - 1, mask=valid, other=0.0)
+    eA = tl.exp(Ar)
+    z = eA * z0 + tl.sum(E, axis=1)
+    q = r / (z + eps)
+    return ri, rows, E, expo, eA, z0, z, q
+
+
+@triton.jit
+def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
+                 BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr):
+    # the chunk's state contribution U (into XS[c]) and decay e^{A_C} (into DEC[c]), BM slots at a time (the
+    # cumulative decays run along time, so slot tiles are independent)
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    t = tl.arange(0, BT)
+    ts = c * BT + t
+    valid = ts < T
+    tok = (b * T + ts) * H + h
+    DV1 = DV + 1
+    for m0 in range(0, M, BM):
+        slot = m0 + tl.arange(0, BM)
+        ms = slot < M
+        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        Acs = tl.cumsum(ad, axis=0)
+        Aend = tl.sum(ad, axis=0)
+        F = wd * tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
+        rows = ((bh * NC + c) * M + slot) * DV1
+        tl.store(DEC + (bh * NC + c) * M + slot, tl.exp(Aend), mask=ms)
+        tl.store(XS + rows + DV, tl.sum(F, axis=0), mask=ms)
+        Ft = tl.trans(F)
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+            tl.store(XS + rows[:, None] + dd[None, :], _dot_coef(Ft, vt), mask=ms[:, None] & dm[None, :])
+
+
+@triton.jit
+def _slots_carry(XS, DEC, X0, XN, E, DV1, NC, HAS_X0: tl.constexpr, REVERSE: tl.constexpr,
+                 BE: tl.constexpr, NS: tl.constexpr):
+    # forward: XS[c] holds U_c and receives X_c; X_{c+1} = d_c X_c + U_c. REVERSE: XS[c] holds L_c and
+    # receives G_{c+1}; G_c = d_c G_{c+1} + L_c. XN: X_NC, or G_0. E = M (d_v + 1) entries per head.
+    e = tl.program_id(0) * BE + tl.arange(0, BE)
+    bh = tl.program_id(1).to(tl.int64)
+    me = e < E
+    slot = e // DV1
+    M = E // DV1
+    if HAS_X0:
+        x = tl.load(X0 + bh * E + e, mask=me, other=0.0)
+    else:
+        x = tl.zeros([BE], dtype=tl.float32)
+    for k in tl.range(0, NC, num_stages=NS):
+        if REVERSE:
+            c = NC - 1 - k
+        else:
+            c = k
+        u = tl.load(XS + (bh * NC + c) * E + e, mask=me, other=0.0)
+        d = tl.load(DEC + (bh * NC + c) * M + slot, mask=me, other=0.0)
+        tl.store(XS + (bh * NC + c) * E + e, x, mask=me)
+        x = d * x + u
+    tl.store(XN + bh * E + e, x, mask=me)
+
+
+@triton.jit
+def _slots_read(WI, WW, LA, RI, RW, V, XS, O, T, H, M, K, DV, NC, eps,
+                BT: tl.constexpr, BDV: tl.constexpr):
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    t = tl.arange(0, BT)
+    ts = c * BT + t
+    valid = ts < T
+    tok = (b * T + ts) * H + h
+    dd = tl.program_id(2) * BDV + tl.arange(0, BDV)
+    dm = dd < DV
+    DV1 = DV + 1
+    chunk = (bh * NC + c) * M * DV1
+    P = tl.zeros([BT, BT], dtype=tl.float32)
+    o = tl.zeros([BT, BDV], dtype=tl.float32)
+    for i in range(K):
+        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K,
+                                                             DV1, eps)
+        P += q[:, None] * E
+        s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+        o += (q * eA)[:, None] * s0
+    vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+    o += _dot_coef(P, vt)
+    tl.store(O + tok[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & dm[None, :])
+
+
+@triton.jit
+def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M, K, DV, NC, eps,
+                    BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
+    # the reads' gradients: dr (final), the intra-chunk parts of dla, dw and dv (DLA, DW, DVP: completed by
+    # _slots_state_bwd), and L_c, the reads' adjoint of the chunk's start state (into LG[c])
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    t = tl.arange(0, BT)
+    ts = c * BT + t
+    valid = ts < T
+    tok = (b * T + ts) * H + h
+    DV1 = DV + 1
+    chunk = (bh * NC + c) * M * DV1
+    slot = tl.arange(0, BM)
+    kk = tl.arange(0, BK)
+    causal = t[None, :] <= t[:, None]
+    dOV = tl.zeros([BT, BT], dtype=tl.float32)  # dO_t . v_s
+    for d0 in range(0, DV, BDV):
+        dd = d0 + tl.arange(0, BDV)
+        tm = valid[:, None] & (dd < DV)[None, :]
+        do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+        vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+        dOV += _dot_inputs(do, tl.trans(vt))
+    P = tl.zeros([BT, BT], dtype=tl.float32)
+    Q = tl.zeros([BT, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of the start state S_0
+    Lz = tl.zeros([BM], dtype=tl.float32)     # sum_t dz_t e^{A_t} per slot: the reads' gradient of z_0
+    dla = tl.zeros([BT, BK], dtype=tl.float32)
+    dw = tl.zeros([BT, BK], dtype=tl.float32)
+    for i in range(K):
+        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K,
+                                                             DV1, eps)
+        sd = tl.zeros([BT], dtype=tl.float32)  # dO_t . S_0[R_{t,i}]
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            tm = valid[:, None] & (dd < DV)[None, :]
+            do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0).to(tl.float32)
+            sd += tl.sum(do * tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0), axis=1)
+        dq = eA * sd + tl.sum(E * dOV, axis=1)
+        dr = dq / (z + eps)
+        tl.store(DR + tok * K + i, dr.to(DR.dtype.element_ty), mask=valid)
+        dz = -dr * q
+        P += q[:, None] * E
+        hit = ri[:, None] == slot[None, :]
+        Q += tl.where(hit, (q * eA)[:, None], 0.0)
+        Lz += tl.sum(tl.where(hit, (dz * eA)[:, None], 0.0), axis=0)
+        dE = tl.where(causal, q[:, None] * dOV + dz[:, None], 0.0)
+        dEE = dE * E  # the gradient of the exponent A_t - A_s
+        dAr = eA * (q * sd + dz * z0) + tl.sum(dEE, axis=1)
+        dD = tl.where(causal, dAr[:, None], 0.0) - tl.cumsum(dEE, axis=1, reverse=True)
+        dWm = dE * expo
+        for j in range(K):
+            wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+            hitw = ri[:, None] == wi[None, :]
+            col = (kk == j)[None, :]
+            dla += tl.where(col, tl.sum(tl.where(hitw, dD, 0.0), axis=0)[:, None], 0.0)
+            dw += tl.where(col, tl.sum(tl.where(hitw, dWm, 0.0), axis=0)[:, None], 0.0)
+    tk = valid[:, None] & (kk < K)[None, :]
+    tl.store(DLA + tok[:, None] * K + kk[None, :], dla, mask=tk)
+    tl.store(DW + tok[:, None] * K + kk[None, :], dw, mask=tk)
+    lrows = chunk + slot * DV1
+    ms = slot < M
+    tl.store(LG + lrows + DV, Lz, mask=ms)
+    Pt = tl.trans(P)
+    Qt = tl.trans(Q)
+    for d0 in range(0, DV, BDV):
+        dd = d0 + tl.arange(0, BDV)
+        dm = dd < DV
+        do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+        tl.store(DVP + tok[:, None] * DV + dd[None, :], _dot_coef(Pt, do), mask=valid[:, None] & dm[None, :])
+        tl.store(LG + lrows[:, None] + dd[None, :], dot_state_x(Qt, do), mask=ms[:, None] & dm[None, :])
+
+
+@triton.jit
+def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, DV, NC,
+                     BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, ONE_TILE: tl.constexpr):
+    # what the chunk's contribution U = F^T [V, 1] and decay d = e^{A_C} pass back, given G = LG[c] (the
+    # adjoint of the state after the chunk) and X = XS[c] (the state entering it), BM slots at a time; the
+    # shares of every slot tile are added into DLA, DW and DVP (this program's rows only), then DVP -> DVO
+    # (ONE_TILE: M <= BM, dv is final at once)
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    t = tl.arange(0, BT)
+    ts = c * BT + t
+    valid = ts < T
+    tok = (b * T + ts) * H + h
+    DV1 = DV + 1
+    for m0 in range(0, M, BM):
+        slot = m0 + tl.arange(0, BM)
+        ms = slot < M
+        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        Acs = tl.cumsum(ad, axis=0)
+        Aend = tl.sum(ad, axis=0)
+        expo = tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
+        F = wd * expo
+        rows = ((bh * NC + c) * M + slot) * DV1
+        Gz = tl.load(LG + rows + DV, mask=ms, other=0.0)
+        ddec = Gz * tl.load(XS + rows + DV, mask=ms, other=0.0)
+        dF = tl.zeros([BT, BM], dtype=tl.float32) + Gz[None, :]
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            G = tl.load(LG + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            X = tl.load(XS + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            ddec += tl.sum(G * X, axis=1)
+            tm = valid[:, None] & dm[None, :]
+            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+            dF += dot_x_state(vt, tl.trans(G))
+        # dv in a second pass over the value tiles: fewer tiles live at once
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = dd < DV
+            tm = valid[:, None] & dm[None, :]
+            G = tl.load(LG + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
+            p = tok[:, None] * DV + dd[None, :]
+            dv = tl.load(DVP + p, mask=tm, other=0.0) + dot_x_state(F.to(V.dtype.element_ty), G)
+            if ONE_TILE:
+                tl.store(DVO + p, dv.to(DVO.dtype.element_ty), mask=tm)
+            else:
+                tl.store(DVP + p, dv, mask=tm)
+        dWd = dF * expo
+        dEx = dF * F  # the gradient of the exponent A_C - A_s
+        dAend = tl.sum(dEx, axis=0) + ddec * tl.exp(Aend)
+        dad = dAend[None, :] - tl.cumsum(dEx, axis=0, reverse=True)
+        for j in range(K):
+            wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+            hit = wi[:, None] == slot[None, :]
+            p = tok * K + j
+            tl.store(DLA + p, tl.load(DLA + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dad, 0.0), axis=1),
+                     mask=valid)
+            tl.store(DW + p, tl.load(DW + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dWd, 0.0), axis=1),
+                     mask=valid)
+    if not ONE_TILE:
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            tm = valid[:, None] & (dd < DV)[None, :]
+            p = tok[:, None] * DV + dd[None, :]
+            tl.store(DVO + p, tl.load(DVP + p, mask=tm, other=0.0).to(DVO.dtype.element_ty), mask=tm)
 
 
 @triton.jit
@@ -38,16 +364,18 @@ def _slots_fwd(
     T, H, M, K, DV, eps,
     READ: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
+    # sparse: one program per (batch x head, d_v tile); Z is this tile's own copy of the normaliser
+    bh = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     offs_k = tl.arange(0, BLOCK_K)
-    offs_d = tl.arange(0, BLOCK_DV)
+    offs_d = tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
     km = offs_k < K
     dm = offs_d < DV
     kd = km[:, None] & dm[None, :]
-    s_base = S + pid * M * DV
-    z_base = Z + pid * M
+    s_base = S + bh * M * DV
+    z_base = Z + (bh * tl.num_programs(1) + tile) * M
     for t in range(T):
         tok = (b * T + t) * H + h
         wi = tl.load(WI + tok * K + offs_k, mask=km, other=0)
@@ -57,9 +385,9 @@ def _slots_fwd(
         rows = tl.load(s_base + wi[:, None] * DV + offs_d[None, :], mask=kd, other=0.0)
         zr = tl.load(z_base + wi, mask=km, other=0.0)
         if READ:
-            save = (pid * T + t) * K
+            save = (bh * T + t) * K
             tl.store(P + (save + offs_k)[:, None] * DV + offs_d[None, :], rows, mask=kd)
-            tl.store(PZ + save + offs_k, zr, mask=km)
+            tl.store(PZ + save + offs_k, zr, mask=km & (tile == 0))
         tl.store(s_base + wi[:, None] * DV + offs_d[None, :], dec[:, None] * rows + w[:, None] * v[None, :], mask=kd)
         tl.store(z_base + wi, dec * zr + w, mask=km)
         tl.debug_barrier()
@@ -76,24 +404,29 @@ def _slots_fwd(
 @triton.jit
 def _slots_bwd(
     WI, WW, DEC, RI, RW, V, S, Z, P, PZ, DO, GS, GZ, DR, DW, DDEC, DVO,
-    T, H, M, K, DV, eps,
+    T, H, M, K, DV, BTH, eps,
     BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // H
-    h = pid % H
+    # sparse reverse scan of one (batch x head, d_v tile): GZ is this tile's share of the adjoint of z, and DR,
+    # DW, DDEC receive this tile's shares (summed over tiles by the launcher)
+    bh = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    n_tiles = tl.num_programs(1)
+    b = bh // H
+    h = bh % H
     offs_k = tl.arange(0, BLOCK_K)
-    offs_d = tl.arange(0, BLOCK_DV)
+    offs_d = tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
     km = offs_k < K
     dm = offs_d < DV
     kd = km[:, None] & dm[None, :]
-    s_base = S + pid * M * DV
-    z_base = Z + pid * M
-    g_base = GS + pid * M * DV
-    gz_base = GZ + pid * M
+    s_base = S + bh * M * DV
+    z_base = Z + (bh * n_tiles + tile) * M
+    g_base = GS + bh * M * DV
+    gz_base = GZ + (bh * n_tiles + tile) * M
     for i in range(T):
         t = T - 1 - i
         tok = (b * T + t) * H + h
+        out = (tile * BTH + tok) * K  # this tile's share in the (tiles, B, T, H, K) outputs
         # read of token t (it came after the write of t)
         ri = tl.load(RI + tok * K + offs_k, mask=km, other=0)
         r = tl.load(RW + tok * K + offs_k, mask=km, other=0.0)
@@ -102,7 +435,7 @@ def _slots_bwd(
         rz = tl.load(z_base + ri, mask=km, other=1.0)
         inv = 1.0 / (rz + eps)
         dot = tl.sum(rows * do[None, :], 1)
-        tl.store(DR + tok * K + offs_k, dot * inv, mask=km)
+        tl.store(DR + out + offs_k, dot * inv, mask=km)
         g = tl.load(g_base + ri[:, None] * DV + offs_d[None, :], mask=kd, other=0.0)
         tl.store(g_base + ri[:, None] * DV + offs_d[None, :], g + (r * inv)[:, None] * do[None, :], mask=kd)
         gz = tl.load(gz_base + ri, mask=km, other=0.0)
@@ -113,14 +446,14 @@ def _slots_bwd(
         w = tl.load(WW + tok * K + offs_k, mask=km, other=0.0)
         dec = tl.load(DEC + tok * K + offs_k, mask=km, other=0.0)
         v = tl.load(V + tok * DV + offs_d, mask=dm, other=0.0)
-        save = (pid * T + t) * K
+        save = (bh * T + t) * K
         prow = tl.load(P + (save + offs_k)[:, None] * DV + offs_d[None, :], mask=kd, other=0.0)
         pz = tl.load(PZ + save + offs_k, mask=km, other=0.0)
         gs = tl.load(g_base + wi[:, None] * DV + offs_d[None, :], mask=kd, other=0.0)
         gzw = tl.load(gz_base + wi, mask=km, other=0.0)
         tl.store(DVO + tok * DV + offs_d, tl.sum(w[:, None] * gs, 0), mask=dm)
-        tl.store(DDEC + tok * K + offs_k, tl.sum(gs * prow, 1) + gzw * pz, mask=km)
-        tl.store(DW + tok * K + offs_k, tl.sum(gs * v[None, :], 1) + gzw, mask=km)
+        tl.store(DDEC + out + offs_k, tl.sum(gs * prow, 1) + gzw * pz, mask=km)
+        tl.store(DW + out + offs_k, tl.sum(gs * v[None, :], 1) + gzw, mask=km)
         tl.store(g_base + wi[:, None] * DV + offs_d[None, :], dec[:, None] * gs, mask=kd)
         tl.store(gz_base + wi, dec * gzw, mask=km)
         tl.store(s_base + wi[:, None] * DV + offs_d[None, :], prow, mask=kd)
@@ -128,33 +461,107 @@ def _slots_bwd(
         tl.debug_barrier()
 
 
-def _blocks(K, dv):
-    return triton.next_power_of_2(K), triton.next_power_of_2(dv)
+# ------------------------------------------------------------------------------------------------------
+# launchers
+# ------------------------------------------------------------------------------------------------------
+def _pow2(x: int) -> int:
+    return triton.next_power_of_2(x)
 
 
-def _state(S0, z0, B, H, M, dv, like):
+class _ChunkPlan:
+    """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64], keeping the read backward's
+    ``[BT, BM]`` tile of all slots within 4096 entries), slot tile ``BMS`` of the state kernels, value
+    columns ``BDV``."""
+
+    def __init__(self, T, M, dv, K, chunk_size):
+        self.BM = max(16, _pow2(M))
+        self.BMS = min(self.BM, 64)  # the state kernels' slot tile
+        self.BT = max(16, min(64, _pow2(chunk_size), 4096 // self.BM))
+        self.BDV = min(32, max(16, _pow2(dv)))
+        self.BK = _pow2(K)
+        self.NC = triton.cdiv(T, self.BT)
+        self.warps = 8
+        self.BE = 512
+
+
+class _ChunkedSlots(torch.autograd.Function):
+    """Inputs ``wi, w, la, ri, r (B, T, H, K)`` (``la`` the log decays of the writes), ``v (B, T, H, d_v)``,
+    ``X0 (B H, M, d_v + 1)`` or None; returns ``(o (B, T, H, d_v), X_T (B H, M, d_v + 1))``."""
+
+    @staticmethod
+    def forward(ctx, wi, w, la, ri, r, v, X0, num_slots, eps, chunk_size):
+        B, T, H, K = wi.shape
+        dv, M = v.shape[-1], num_slots
+        pl = _ChunkPlan(T, M, dv, K, chunk_size)
+        wi, w, la, ri, r, v = (x.contiguous() for x in (wi, w, la, ri, r, v))
+        BH, E = B * H, M * (dv + 1)
+        XS = torch.empty(BH, pl.NC, M, dv + 1, dtype=torch.float32, device=v.device)
+        DEC = torch.empty(BH, pl.NC, M, dtype=torch.float32, device=v.device)
+        XN = torch.empty(BH, M, dv + 1, dtype=torch.float32, device=v.device)
+        O = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
+        launch(_slots_state, (pl.NC, BH), wi, w, la, v, XS, DEC, T, H, M, K, dv, pl.NC,
+               BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, num_warps=pl.warps)
+        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, X0 if X0 is not None else XS, XN, E, dv + 1,
+               pl.NC, HAS_X0=X0 is not None, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
+        launch(_slots_read, (pl.NC, BH, triton.cdiv(dv, pl.BDV)), wi, w, la, ri, r, v, XS, O, T, H, M, K, dv, pl.NC,
+               eps, BT=pl.BT, BDV=pl.BDV, num_warps=pl.warps)
+        ctx.save_for_backward(wi, w, la, ri, r, v, XS, DEC)
+        ctx.meta = (M, eps, chunk_size, X0 is not None)
+        return O, XN
+
+    @staticmethod
+    def backward(ctx, dO, dXN):
+        wi, w, la, ri, r, v, XS, DEC = ctx.saved_tensors
+        M, eps, chunk_size, has_init = ctx.meta
+        B, T, H, K = wi.shape
+        dv = v.shape[-1]
+        pl = _ChunkPlan(T, M, dv, K, chunk_size)
+        BH, E = B * H, M * (dv + 1)
+        dO = torch.zeros_like(v) if dO is None else dO.to(v.dtype).contiguous()
+        LG = torch.empty_like(XS)
+        DX0 = torch.empty(BH, M, dv + 1, dtype=torch.float32, device=v.device)
+        DR = torch.empty(B, T, H, K, dtype=r.dtype, device=v.device)
+        DLA, DW = (torch.empty(B, T, H, K, dtype=torch.float32, device=v.device) for _ in range(2))
+        DVP = torch.empty(B, T, H, dv, dtype=torch.float32, device=v.device)
+        DVO = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
+        launch(_slots_read_bwd, (pl.NC, BH), wi, w, la, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
+               pl.NC, eps, BT=pl.BT, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
+        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), LG, DEC, dXN.contiguous() if dXN is not None else LG, DX0,
+               E, dv + 1, pl.NC, HAS_X0=dXN is not None, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
+        launch(_slots_state_bwd, (pl.NC, BH), wi, w, la, v, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, dv, pl.NC,
+               BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
+        return None, DW.to(w.dtype), DLA, None, DR, DVO, (DX0 if has_init else None), None, None, None
+
+
+def _sparse_blocks(K, dv):
+    return _pow2(K), min(32, _pow2(dv))
+
+
+def _sparse_state(S0, z0, B, H, M, dv, tiles, like):
     if S0 is None:
-        return like.new_zeros(B, H, M, dv), like.new_zeros(B, H, M)
-    return S0.float().contiguous().clone(), z0.float().contiguous().clone()
+        return like.new_zeros(B, H, M, dv), like.new_zeros(B * H, tiles, M)
+    z = z0.float().reshape(B * H, 1, M).expand(B * H, tiles, M)
+    return S0.float().contiguous().clone(), z.contiguous()
 
 
-class _TritonSlots(torch.autograd.Function):
+class _SparseSlots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wi, w, dec, ri, r, v, S0, z0, num_slots, eps):
         B, T, H, K = wi.shape
         dv = v.shape[-1]
-        BK, BD = _blocks(K, dv)
+        BK, BD = _sparse_blocks(K, dv)
+        tiles = triton.cdiv(dv, BD)
         wi, ri = wi.contiguous(), ri.contiguous()
         w, dec, r, v = (x.float().contiguous() for x in (w, dec, r, v))
-        S, z = _state(S0, z0, B, H, num_slots, dv, v)
+        S, Z = _sparse_state(S0, z0, B, H, num_slots, dv, tiles, v)
         P = v.new_empty(B, H, T, K, dv)
         Pz = v.new_empty(B, H, T, K)
         o = v.new_empty(B, T, H, dv)
-        launch(_slots_fwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, o, T, H, num_slots, K, dv, eps,
-                             READ=True, BLOCK_K=BK, BLOCK_DV=BD)
+        launch(_slots_fwd, (B * H, tiles), wi, w, dec, ri, r, v, S, Z, P, Pz, o, T, H, num_slots, K, dv, eps,
+               READ=True, BLOCK_K=BK, BLOCK_DV=BD)
         ctx.save_for_backward(wi, w, dec, ri, r, v, P, Pz, *(() if S0 is None else (S0, z0)))
         ctx.meta = (num_slots, eps, S0 is None)
-        return o, S, z
+        return o, S, Z.view(B, H, tiles, num_slots)[:, :, 0].contiguous()
 
     @staticmethod
     def backward(ctx, do, dS, dz):
@@ -162,30 +569,46 @@ class _TritonSlots(torch.autograd.Function):
         M, eps, no_init = ctx.meta
         B, T, H, K = wi.shape
         dv = v.shape[-1]
-        BK, BD = _blocks(K, dv)
-        S, z = _state(*(init if init else (None, None)), B, H, M, dv, v)
+        BK, BD = _sparse_blocks(K, dv)
+        tiles = triton.cdiv(dv, BD)
+        S, Z = _sparse_state(*(init if init else (None, None)), B, H, M, dv, tiles, v)
         # rebuild the final memory by replaying the writes (nothing M-sized was saved)
-        launch(_slots_fwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, v, T, H, M, K, dv, eps,
-                             READ=False, BLOCK_K=BK, BLOCK_DV=BD)
+        launch(_slots_fwd, (B * H, tiles), wi, w, dec, ri, r, v, S, Z, P, Pz, v, T, H, M, K, dv, eps,
+               READ=False, BLOCK_K=BK, BLOCK_DV=BD)
         GS = v.new_zeros(B, H, M, dv) if dS is None else dS.float().contiguous().clone()
-        GZ = v.new_zeros(B, H, M) if dz is None else dz.float().contiguous().clone()
+        GZ = v.new_zeros(B * H, tiles, M)
+        if dz is not None:
+            GZ[:, 0] = dz.float().reshape(B * H, M)
         do = v.new_zeros(B, T, H, dv) if do is None else do.float().contiguous()
-        dr, dw, ddec = (v.new_empty(B, T, H, K) for _ in range(3))
+        dr, dw, ddec = (v.new_empty(tiles, B, T, H, K) for _ in range(3))
         dvo = v.new_empty(B, T, H, dv)
-        launch(_slots_bwd, (B * H,), wi, w, dec, ri, r, v, S, z, P, Pz, do, GS, GZ, dr, dw, ddec, dvo,
-                             T, H, M, K, dv, eps, BLOCK_K=BK, BLOCK_DV=BD)
-        dS0, dz0 = (None, None) if no_init else (GS, GZ)
-        return None, dw, ddec, None, dr, dvo, dS0, dz0, None, None
+        launch(_slots_bwd, (B * H, tiles), wi, w, dec, ri, r, v, S, Z, P, Pz, do, GS, GZ, dr, dw, ddec, dvo,
+               T, H, M, K, dv, B * T * H, eps, BLOCK_K=BK, BLOCK_DV=BD)
+        dS0, dz0 = (None, None) if no_init else (GS, GZ.view(B, H, tiles, M).sum(2))
+        return None, dw.sum(0), ddec.sum(0), None, dr.sum(0), dvo, dS0, dz0, None, None
 
 
 def slot_memory_triton(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
-                       initial_state=None):
-    """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))`` (state in fp32)."""
+                       initial_state=None, chunk_size: int = 32):
+    """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))`` (state in fp32). The chunked kernels
+    run for ``num_slots <= CHUNKED_MAX_SLOTS`` with chunks of ``chunk_size`` tokens (a power of two in
+    [16, 64], smaller for large ``M``; it does not change the result), the sparse scan above."""
     from .reference import log_keep
     if v.dtype == torch.float64:
         raise TypeError("slot_memory_triton: fp64 is not supported by the Triton kernels; use backend='torch' "
                         "or 'reference' for fp64")
-    dec = torch.exp(log_keep(write_w.float(), gamma.float()[:, None]))
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"slot_memory_triton: chunk_size must be a positive int, got {chunk_size!r}")
+    B, T, H, dv = v.shape
+    M = num_slots
     S0, z0 = (None, None) if initial_state is None else initial_state
-    o, S, z = _TritonSlots.apply(write_idx, write_w, dec, read_idx, read_w, v, S0, z0, num_slots, eps)
+    log_decay = log_keep(write_w.float(), gamma.float()[:, None])
+    if M <= CHUNKED_MAX_SLOTS:
+        X0 = None
+        if initial_state is not None:
+            X0 = torch.cat([S0.float(), z0.float().unsqueeze(-1)], -1).reshape(B * H, M, dv + 1)
+        o, X = _ChunkedSlots.apply(write_idx, write_w, log_decay, read_idx, read_w, v, X0, M, eps, chunk_size)
+        X = X.view(B, H, M, dv + 1)
+        return o, (X[..., :dv].contiguous(), X[..., dv].contiguous())
+    o, S, z = _SparseSlots.apply(write_idx, write_w, torch.exp(log_decay), read_idx, read_w, v, S0, z0, M, eps)
     return o.to(v.dtype), (S, z)

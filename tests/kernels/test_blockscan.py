@@ -2,7 +2,10 @@
 (outputs, final state and every input gradient), the Jordan polynomial path against the dense scan on
 the materialised Jordan transitions, ``m = 1`` against an independently written diagonal recurrence
 (cumulative log products), the decode steps against the scans, and the chunked path's saved-tensor
-memory growing linearly in ``T``.
+memory growing linearly in ``T``. The Triton kernels are chunk-parallel: they are checked over several
+chunks (T not a multiple of the chunk), on both products of the chunk transition (register products for
+m < 16, ``tl.dot`` for m >= 16), in fp16 against fp64, and for a number of launches that does not grow
+with ``T``.
 
 On a CPU the Triton kernels run through the interpreter (tests/conftest.py), so their shapes are tiny.
 """
@@ -21,6 +24,7 @@ from kernels.blockscan import (
     jordan_step_normed,
 )
 from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.launches import launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -141,6 +145,98 @@ def test_jordan_scan_normed_triton_matches_reference(B, T, N, m, init, w_shape):
 
     ins = [lam, c, b, weight, bias] + ([h0] if init else [])
     compare_backends(run("triton", init), run("reference", init), ins, tol=2e-5, grad_tol=5e-5)
+
+
+TRITON_CHUNKED_CASES = [  # (B, T, N, m, chunk_size, initial_state): several chunks, the last one partial
+    (2, 37, 3, 4, 8, True),
+    (1, 29, 2, 3, 4, False),
+    (1, 21, 5, 1, 5, True),
+    (1, 19, 1, 16, 8, True),   # m >= 16: the chunk transition as a tl.dot
+    (1, 13, 2, 17, 4, False),  # ... padded to 32
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,N,m,chunk,init", TRITON_CHUNKED_CASES)
+def test_block_scan_triton_over_chunks_matches_reference(B, T, N, m, chunk, init):
+    _check_block("triton", B, T, N, m, chunk, init)
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,N,m,chunk,init", TRITON_CHUNKED_CASES[:3])
+def test_jordan_scan_triton_over_chunks_matches_reference(B, T, N, m, chunk, init):
+    _check_jordan("triton", B, T, N, m, chunk, init, "BTN")  # a per-block coupling: the fp16 test below
+
+
+@needs_triton
+def test_block_scan_triton_reads_a_broadcast_transition():
+    """One transition per block for every token (a stride-0 view, as a time-invariant layer passes it): the
+    kernels read it in place and its gradient is the sum over batch and time."""
+    B, T, N, m = 2, 23, 3, 4
+    A, _, _ = _dense_inputs(1, 1, N, m)
+
+    def run(backend):
+        return lambda A, b, h0: block_scan(A.expand(B, T, N, m, m), b, h0, chunk_size=6, backend=backend)
+
+    b, h0 = torch.randn(B, T, N, m, device=DEVICE), torch.randn(B, N, m, device=DEVICE)
+    compare_backends(run("triton"), run("reference"), [A[0, 0], b, h0], tol=2e-5)
+
+
+# fp16 under the interpreter, against fp64 on the same rounded inputs. u = 2^-11 (fp16's unit roundoff): the
+# kernels compute in fp32 (the m >= 16 product with the fp32 state split into two fp16 tiles, ~2^-22
+# relative), so the forward error is the rounding of the output to fp16, at most u per entry (about u / 3
+# in the norm): tolerance 2u. Gradients: the upstream gradient handed to the kernel is rounded to fp16 (u)
+# and each gradient is rounded once more (u); the transitions are contractions here: tolerance 4u.
+FP16_U = 2.0 ** -11
+
+
+@needs_triton
+@pytest.mark.parametrize("m", [4, 16])
+def test_block_scan_triton_fp16_matches_fp64(m):
+    A, b, h0 = (x.half() for x in _dense_inputs(2, 21, 3, m))
+    compare_backends(lambda A, b, h0: block_scan(A, b, h0, chunk_size=8, backend="triton"),
+                     lambda A, b, h0: block_scan(A, b, h0, backend="reference"), [A, b, h0],
+                     tol=2 * FP16_U, grad_tol=4 * FP16_U)
+
+
+@needs_triton
+def test_jordan_scans_triton_fp16_match_fp64():
+    lam, c, b, h0 = (x.half() for x in _jordan_inputs(2, 21, 3, 4, "N"))
+    compare_backends(lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, chunk_size=8, backend="triton"),
+                     lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, backend="reference"), [lam, c, b, h0],
+                     tol=2 * FP16_U, grad_tol=4 * FP16_U)
+    w, bias = (1 + 0.1 * torch.randn(3, 4, device=DEVICE)).half(), (0.1 * torch.randn(3, 4, device=DEVICE)).half()
+    # the LayerNorm divides by the state's spread: its Jacobian amplifies the fp16 rounding of the upstream
+    # gradient by about 1 / (std of the normalised block) ~ 2 here, hence 8u for the gradients
+    compare_backends(lambda lam, c, b, w, bi, h0: jordan_scan_normed(lam, c, b, w, bi, initial_state=h0,
+                                                                     backend="triton"),
+                     lambda lam, c, b, w, bi, h0: jordan_scan_normed(lam, c, b, w, bi, initial_state=h0,
+                                                                     backend="reference"),
+                     [lam, c, b, w, bias, h0], tol=2 * FP16_U, grad_tol=8 * FP16_U)
+
+
+@needs_triton
+@pytest.mark.parametrize("op,m,expected", [("block", 4, 6), ("block", 16, 6), ("jordan", 4, 6), ("normed", 4, 2)])
+def test_launches_per_forward_backward_do_not_grow_with_T(op, m, expected, monkeypatch):
+    """Three launches forward and three backward for the linear scans (local chunk pass, carry, rerun), one and
+    one for the sequential normed scan, at T and 4T."""
+    from kernels.blockscan import triton as module
+    from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
+
+    def meta(*shape):
+        return torch.empty(shape, device="meta").requires_grad_()
+
+    def run(T, B=2, N=8):
+        h0 = meta(B, N, m)
+        if op == "block":
+            return block_scan_triton(meta(B, T, N, m, m), meta(B, T, N, m), h0, chunk_size=64)
+        lam, c, b = meta(B, T, N), meta(N), meta(B, T, N, m)
+        if op == "jordan":
+            return jordan_scan_triton(lam, c, b, h0, chunk_size=64)
+        return jordan_scan_normed_triton(lam, c, b, meta(N, m), meta(N, m), initial_state=h0)
+
+    short, long = launches(module, monkeypatch, run, 1024), launches(module, monkeypatch, run, 4096)
+    assert short == long and len(short) == expected, (short, long)
 
 
 @needs_triton
@@ -351,3 +447,32 @@ def test_triton_bf16_at_real_size_matches_chunked(m):
     h_r, _ = jordan_scan_normed(lam[:, :256].double(), c.double(), bj[:, :256].double(), w.double(),
                                 bias.double(), initial_state=hj.double(), backend="reference")
     assert_rel_close(h, h_r, 1e-4, "fp32 triton jordan_scan_normed")
+
+
+BF16_U = 2.0 ** -8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [4, 16])
+def test_triton_bf16_at_layer_size_matches_fp64_reference(m):
+    """On a GPU: bf16 inputs at one layer's size (d_model 1024 in blocks of m, T 4096: 64 chunks), the
+    chunk-parallel kernels against the fp64 token loop on the same rounded inputs. Tolerances derived as for
+    fp16 above with bf16's unit roundoff u = 2^-8: 2u forward, 4u gradients, 8u for the normed scan's."""
+    B, T, N = 1, 4096, 1024 // m
+    A, b, h0 = (x.bfloat16() for x in _dense_inputs(B, T, N, m))
+    compare_backends(lambda A, b, h0: block_scan(A, b, h0, chunk_size=64, backend="triton"),
+                     lambda A, b, h0: block_scan(A, b, h0, backend="reference"), [A, b, h0],
+                     tol=2 * BF16_U, grad_tol=4 * BF16_U)
+    if m != 4:
+        return
+    lam, c, b, h0 = (x.bfloat16() for x in _jordan_inputs(B, T, N, m, "N"))
+    compare_backends(lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, chunk_size=64, backend="triton"),
+                     lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, backend="reference"), [lam, c, b, h0],
+                     tol=2 * BF16_U, grad_tol=4 * BF16_U)
+    w, bias = (1 + 0.1 * torch.randn(N, m, device=DEVICE)).bfloat16(), (0.1 * torch.randn(N, m, device=DEVICE)).bfloat16()
+    short = [x[:, :1024] for x in (lam, b)]
+    compare_backends(lambda lam, c, b, w, bi, h0: jordan_scan_normed(lam, c, b, w, bi, initial_state=h0,
+                                                                     backend="triton"),
+                     lambda lam, c, b, w, bi, h0: jordan_scan_normed(lam, c, b, w, bi, initial_state=h0,
+                                                                     backend="reference"),
+                     [short[0], c, short[1], w, bias, h0], tol=2 * BF16_U, grad_tol=8 * BF16_U)

@@ -1,7 +1,9 @@
 """Slot memory kernels: the dense chunked, sparse and Triton paths against the fp64 token loop (outputs,
 final state and gradients of the weights, values, gamma and the initial state); the token loop against
 an independent dense-formula loop (diag(1 - w)^gamma on all M slots); sparse == dense at K = M; the
-power-decay closed form; the Kronecker top-K against the materialised product.
+power-decay closed form; the Kronecker top-K against the materialised product. The Triton kernels in both
+layouts (chunk-parallel up to ``CHUNKED_MAX_SLOTS`` slots, the sparse scan in ``d_v`` tiles above) over
+several chunks and tiles, in fp16 against fp64, and for a number of launches that does not grow with ``T``.
 
 On a CPU the Triton kernels run through the interpreter (tests/conftest.py): tiny shapes.
 """
@@ -21,6 +23,7 @@ from kernels.slots import (
     slot_step,
 )
 from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.launches import launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -95,6 +98,71 @@ def test_triton_matches_reference(init):
     ins = _inputs(2, 7, 2, M, 3, 5, init=init)
     compare_backends(_call(slot_memory, M, backend="triton"), _call(slot_memory_reference, M), ins,
                      tol=1e-5, grad_tol=1e-5)
+
+
+TRITON_CASES = [  # (B, T, H, M, K, d_v, chunk_size, initial state)
+    (2, 37, 2, 16, 3, 5, 16, True),     # chunked: 3 chunks, the last one partial
+    (1, 50, 2, 24, 4, 20, 16, False),   # d_v not a power of two
+    (1, 33, 1, 64, 4, 70, 16, True),    # d_v in three tiles of 32
+    (1, 21, 1, 130, 3, 9, 16, True),    # the state kernels in three tiles of 64 slots
+    (1, 19, 2, 300, 3, 40, 16, True),   # sparse (M > CHUNKED_MAX_SLOTS): d_v in two tiles, each with its own z
+    (1, 13, 1, 300, 2, 70, 16, False),  # ... three tiles
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,H,M,K,dv,chunk,init", TRITON_CASES)
+def test_triton_layouts_match_reference(B, T, H, M, K, dv, chunk, init):
+    ins = _inputs(B, T, H, M, K, dv, init=init)
+    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=chunk), _call(slot_memory_reference, M), ins,
+                     tol=1e-5, grad_tol=1e-5)
+
+
+@needs_triton
+def test_triton_chunked_with_strong_decays():
+    """As test_chunked_with_strong_decays_and_ragged_length, for the chunk-parallel kernels (chunks of 16)."""
+    M, T, K = 64, 45, 4
+    ins = _inputs(1, T, 2, M, K, 6, init=True)
+    ins[0] = torch.randint(0, 8, (1, T, 2, 1)) * 8 + torch.arange(K).view(1, 1, 1, K)  # 8 groups of K slots
+    ins[2] = ins[0].flip(1)
+    ins[1] = torch.rand(1, T, 2, K) * 0.35 + 0.6
+    ins[5] = torch.rand(2) * 1.5 + 0.5
+    chunked = _call(slot_memory, M, backend="triton", chunk_size=16)
+    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad_tol=1e-4)
+    ins[0], ins[2] = ins[0][..., :1], ins[2][..., :1]
+    ins[1], ins[3] = torch.ones(1, T, 2, 1), ins[3][..., :1]
+    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad=False)
+
+
+# fp16 under the interpreter against fp64 on the same rounded inputs; u = 2^-11. The output is rounded to fp16
+# once (tolerance 2u, as for the block scans); the chunked products round their coefficient tile (P, F) to fp16
+# (u each, averaged over the sum) and the gradients start from an fp16-rounded upstream gradient: 4u.
+FP16_U = 2.0 ** -11
+
+
+@needs_triton
+@pytest.mark.parametrize("M", [16, 300])
+def test_triton_fp16_matches_fp64(M):
+    ins = [x.half() if x.is_floating_point() else x for x in _inputs(1, 37, 2, M, 3, 20, init=True)]
+    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=16), _call(slot_memory_reference, M), ins,
+                     tol=2 * FP16_U, grad_tol=4 * FP16_U)
+
+
+@needs_triton
+@pytest.mark.parametrize("M,expected", [(64, 6), (1024, 3)])
+def test_launches_per_forward_backward_do_not_grow_with_T(M, expected, monkeypatch):
+    """Chunked: state, carry and read kernels forward, their three backward kernels. Sparse: the scan forward,
+    replay and reverse scan backward. The same list at T and 4T (meta tensors; nothing runs)."""
+    from kernels.slots import triton as module
+
+    def run(T, B=2, H=2, K=4, dv=32):
+        idx = torch.zeros(B, T, H, K, dtype=torch.int64, device="meta")
+        ww, rw, v = (torch.empty(shape, device="meta").requires_grad_() for shape in ((B, T, H, K),) * 2 + ((B, T, H, dv),))
+        o, (S, z) = module.slot_memory_triton(idx, ww, idx, rw, v, torch.ones(H, device="meta"), M, chunk_size=32)
+        return o, S, z
+
+    short, long = launches(module, monkeypatch, run, 1024), launches(module, monkeypatch, run, 4096)
+    assert short == long and len(short) == expected, (short, long)
 
 
 def _dense_formula(wi, ww, ri, rw, v, gamma, M, eps=1e-6):
@@ -222,3 +290,14 @@ def test_triton_at_size_on_cuda():
     ins = _inputs(2, 512, 4, M, 8, 64, init=True, device="cuda")
     compare_backends(_call(slot_memory, M, backend="triton"), _call(slot_memory, M, backend="torch", layout="sparse"),
                      ins, tol=1e-5, grad_tol=1e-4)
+
+
+@pytest.mark.gpu
+def test_triton_bf16_at_layer_size_matches_fp64():
+    """On a GPU: the chunk-parallel kernels at one layer's size (8 heads of d_v 128, M 64, K 4, T 4096) in bf16,
+    against the dense torch path in fp64 on the same rounded inputs (itself checked against the token loop
+    above). Tolerances as for fp16 with u = 2^-8."""
+    M, u = 64, 2.0 ** -8
+    ins = [x.bfloat16() if x.is_floating_point() else x for x in _inputs(1, 4096, 8, M, 4, 128, init=True, device="cuda")]
+    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=32),
+                     _call(slot_memory, M, backend="torch", layout="dense", chunk_size=32), ins, tol=2 * u, grad_tol=4 * u)

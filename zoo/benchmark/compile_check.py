@@ -9,8 +9,8 @@ launcher casts as it does on a GPU), and every distinct launch it records — on
 of an autotuned kernel — is compiled with ``triton.compile`` for each architecture (the Triton wheel
 ships ``ptxas``). A launch fails when it does not compile or when its shared memory is above the
 architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
-launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD, the scans
-and the slots, SKA's largest tiles (rank 64, value dim 256, power 4) and its defaults (rank 32, power 2),
+launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD and the slots,
+the block scans at m = 4 and 16, SKA's largest tiles (rank 64, value dim 256, power 4) and its defaults (rank 32, power 2),
 GKA's defaults (d 64, chunk 32), whose largest backward configuration (d 128 at chunk 64) takes ptxas
 several minutes;
 ``--ci`` compiles one launch per kernel and argument types of the quick grid (every
@@ -147,9 +147,10 @@ def _gka(dt, quick):
 
 
 def _blockscan(dt, quick):
-    for m in ((16,) if quick else (1, 2, 4, 8, 16, 32)):
+    # quick: m = 4 (the mixers' default: register products) and m = 16 (the chunk transition as a tl.dot)
+    for m in ((4, 16) if quick else (1, 2, 4, 8, 16, 32)):
         def run(m=m):
-            B, T, N = 2, 256, 16
+            B, T, N = 2, 256, max(1, 1024 // m)  # d_model 1024 in blocks of m: the tiles of a real layer
             h0 = _meta(B, N, m, dtype=dt)
             _fwd_bwd(block_scan_triton(_meta(B, T, N, m, m, dtype=dt), _meta(B, T, N, m, dtype=dt), h0))
             _fwd_bwd(block_scan_triton(_meta(B, T, N, m, m, dtype=dt), _meta(B, T, N, m, dtype=dt)))
@@ -162,15 +163,19 @@ def _blockscan(dt, quick):
 
 
 def _slots(dt, quick):
-    for K, dv in (((8, 256),) if quick else [(K, dv) for K in (1, 2, 4, 8) for dv in HEAD_DIMS]):
-        def run(K=K, dv=dv):
-            B, T, H, M = 2, 256, 4, 1024
+    # M <= 256 runs the chunked kernels (64: the mixer's default; 256: the largest, in chunks of 16), M = 1024 the
+    # sparse scan
+    grid = ((4, 128, 64), (8, 256, 256), (8, 256, 1024)) if quick else [
+        (K, dv, M) for K in (1, 2, 4, 8) for dv in HEAD_DIMS for M in (64, 256, 1024)]
+    for K, dv, M in grid:
+        def run(K=K, dv=dv, M=M):
+            B, T, H = 2, 256, 4
             idx = torch.empty(B, T, H, K, device="meta", dtype=torch.int64)
             w = [_meta(B, T, H, K, dtype=dt) for _ in range(2)]
             o, (S, z) = slot_memory_triton(idx, w[0], idx, w[1], _meta(B, T, H, dv, dtype=dt),
                                            _meta(H, dtype=dt), num_slots=M)
             _fwd_bwd((o, S, z))
-        yield f"K={K} d_v={dv}", run
+        yield f"K={K} d_v={dv} M={M}", run
 
 
 FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka,
