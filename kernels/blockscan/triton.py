@@ -35,7 +35,7 @@ read back ``e_t, l_t`` (``2m``) and do ``m^2 / 2`` work per token in ``P_t X_c``
 Products. The one matrix-matrix product of these scans is the dense chunk transition ``P <- A_t P``
 (``m x m x m`` per token). For ``m >= 16`` it is a ``tl.dot`` (``_dense_local_mm``: one block per program):
 fp32 inputs multiply exactly (``input_precision="ieee"``); bf16/fp16 ``A_t`` is exact in its own type and
-``P`` stays an fp32 state, fed to the tensor cores as two 16-bit tiles (:mod:`kernels.blockscan.split_dot`,
+``P`` stays an fp32 state, fed to the tensor cores as two 16-bit tiles (:mod:`kernels.split_dot`,
 about 16 bits of ``P`` in bf16, 22 in fp16; fp16 needs the chunk's ``P`` below 65504 per tile after a
 power-of-two scaling, which the scaling guarantees). For ``m < 16`` the product is below a tensor-core tile
 (an ``mma`` is 16 x 8 x 16 for 16-bit operands): at m = 4 it is 4 x 4 x 4 = 64 multiply-adds, padding to
@@ -67,7 +67,7 @@ import triton.language as tl
 
 from ..common import compute_dtype
 from ..launch import launch
-from .split_dot import dot_x_state
+from ..split_dot import dot_x_state
 
 __all__ = ["block_scan_triton", "jordan_scan_triton", "jordan_scan_normed_triton", "CHUNK"]
 

@@ -34,7 +34,7 @@ Products. ``F^T V`` and ``P V`` (forward) and ``dO V^T`` and ``P^T dO`` (backwar
 ``v``/``dO`` tile with the fp32 coefficients ``F`` (``<= 1``) or ``P`` (``<= sum_i |r_i|``, as each
 ``E_i[t, s]`` is a part of the nonnegative normaliser ``z_t``) rounded to the same type, accumulating in fp32.
 The products with the fp32 adjoint state ``G`` (``V G^T``, ``F G``) and ``Q^T dO`` (``Q = q e^{A}``, which has no
-bound: ``z`` can be tiny) keep that fp32 operand as two 16-bit tiles (:mod:`kernels.blockscan.split_dot`).
+bound: ``z`` can be tiny) keep that fp32 operand as two 16-bit tiles (:mod:`kernels.split_dot`).
 fp32 inputs multiply exactly (``input_precision="ieee"``). The states ``X``, ``G`` and all decays stay fp32.
 The rest is ``O(C^2 K^2)`` comparisons and exponentials per chunk, element-wise work with no product form
 (each read slot has its own decay profile).
@@ -59,8 +59,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..blockscan.split_dot import dot_state_x, dot_x_state
 from ..launch import launch
+from ..split_dot import dot_state_x, dot_x_state
 
 __all__ = ["slot_memory_triton", "CHUNKED_MAX_SLOTS"]
 

@@ -123,7 +123,7 @@ def test_gka(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_slot_memory(dtype):
-    """The launcher computes in fp32 whatever the input dtype (``full_precision``) and returns the input's."""
+    """bf16 / fp16 inputs through the Triton slot memory, against the fp32 reference, returned in the input dtype."""
     B, T, H, M, K, dv = 1, 9, 2, 16, 3, 8
     write_idx, read_idx = (torch.stack([torch.randperm(M)[:K] for _ in range(B * T * H)]).view(B, T, H, K).to(DEVICE)
                            for _ in range(2))
