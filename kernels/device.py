@@ -40,9 +40,14 @@ class DevicePlan:
         return self.chunk_sizes.get(family, default)
 
 
-#: the CPU plan: chunk lengths measured fastest on a CPU (small chunks keep the per-chunk matrices in cache)
-CPU = DevicePlan("cpu", one_pass=False)
-#: the GPU plan: one pass per stage, chunks that fill tensor-core tiles
+#: the CPU plan: chunk lengths measured fastest on a CPU (small chunks keep the per-chunk matrices in cache;
+#: these are the lengths the mixers' ``chunk_size`` options defaulted to before they followed the device,
+#: so recorded recipes keep their meaning, see :func:`mixers.options.chunk_size_opt`)
+CPU = DevicePlan("cpu", one_pass=False,
+                 chunk_sizes=MappingProxyType({"delta": 32, "gka": 32, "ssd": 32, "slots": 32, "gla": 64,
+                                               "blockscan": 64}))
+#: the GPU plan: one pass per stage, chunks of 64 that fill tensor-core tiles (a 64 x 64 ``tl.dot`` per
+#: chunk; flash-linear-attention's chunk kernels use 64 as well)
 GPU = DevicePlan("gpu", one_pass=True)
 
 _forced: contextvars.ContextVar[DevicePlan | None] = contextvars.ContextVar("forced_device_plan", default=None)

@@ -38,7 +38,7 @@ from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
                   "  (constant in T)")
@@ -59,8 +59,8 @@ class DeltaProduct(Mixer):
         use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")
         use_short_conv: bool = opt(True, "causal depthwise conv + SiLU on q, k, v (else SiLU only)")
         conv_size: int = opt(4, "short convolution width", at_least=1)
-        chunk_size: int = opt(32, "chunk length of the chunked kernel (does not change the result; 32 measured "
-                                  "fastest on a CPU)", at_least=1)
+        chunk_size: int | None = chunk_size_opt("delta", "chunk length of the chunked kernel (does not change "
+                                                          "the result)")
         norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm", above=0.0)
         backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunked delta rule / "
                                              "product, CUDA only)")
@@ -133,7 +133,7 @@ class DeltaProduct(Mixer):
         q, k, v, beta = self._heads(q, k, v, parts[0])
         g = self._log_gate_from(parts[2]) if self.gate is not None else None
         o, S = delta_product(q, k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2), g, n,
-                             chunk_size=self.options.chunk_size, backend=self.options.backend)
+                             chunk_size=chunk_size_for(x, "delta", self.options.chunk_size), backend=self.options.backend)
         z = parts[1].unflatten(-1, (H, K))
         y = self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
         if not want_state:

@@ -27,7 +27,7 @@ from kernels.gla import BACKENDS, gla, gla_step
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 class GatedRegressionBlock(Mixer):
@@ -126,14 +126,14 @@ class GLA(GatedRegressionBlock):
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
         conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
-        chunk_size: int = opt(64, "chunk length of the chunked form", at_least=1)
+        chunk_size: int | None = chunk_size_opt("gla", "chunk length of the chunked form")
         backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunk_simple_gla, "
                                              "CUDA only; no Triton kernel of its own: auto runs torch on CUDA)")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 
     def _core(self, q, k, v, g, alpha, initial_state):
-        o, U = gla(q, k, v, g, chunk_size=self.options.chunk_size, backend=self.options.backend)
+        o, U = gla(q, k, v, g, chunk_size=chunk_size_for(q, "gla", self.options.chunk_size), backend=self.options.backend)
         return o, {"U": U.to(self._state_dtype(q.dtype))}
 
     def _core_init(self, batch_size, device, dtype):

@@ -70,7 +70,7 @@ from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_s
 
 from .base import Mixer, State, register_mixer
 from .layers import GatedRMSNorm, ShortConv, no_weight_decay
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _POS_FEATURES = 16
 #: the spellings of ``backend`` from before ``memory_layout`` was its own option, still accepted (the
@@ -117,7 +117,7 @@ class KroneckerSlots(Mixer):
         tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
         shift_write_address: bool = opt(False, "the write address comes from the previous token's projection "
                                         "(key-then-value pairs: store v_t under the address of x_{t-1})")
-        chunk_size: int = opt(32, "chunk length of the dense chunked path", at_least=1)
+        chunk_size: int | None = chunk_size_opt("slots", "chunk length of the dense chunked path")
         backend: str = backend_opt(BACKENDS + _LAYOUT_BACKENDS,
                                    "memory kernel: torch (in the memory_layout), triton (sparse scan kernels), "
                                    "reference (token loop), auto (triton on CUDA, else torch); dense / sparse: "
@@ -228,7 +228,7 @@ class KroneckerSlots(Mixer):
         wi, w = self._address(kl)
         ri, r = self._address(ql)
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
-                                chunk_size=self.options.chunk_size, **self._kernel_args())
+                                chunk_size=chunk_size_for(v, "slots", self.options.chunk_size), **self._kernel_args())
         state = {"S": S, "z": z}
         if self.conv is not None:
             state["conv"] = self.conv.final_state(raw)
