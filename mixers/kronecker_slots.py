@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype, full_precision
+from kernels.device import plan_for
 from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
 
 from .base import Mixer, State, register_mixer
@@ -185,10 +186,19 @@ class KroneckerSlots(Mixer):
         x = at_least_fp32(x)
         return F.linear(x, proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype))
 
+    @full_precision
+    def _logit_pair(self, x):
+        """``(k logits, q logits)`` as :meth:`_logits`, from one matmul (the GPU plan's, untied addresses)."""
+        x = at_least_fp32(x)
+        return F.linear(x, torch.cat([self.k_proj.weight, self.q_proj.weight]).to(x.dtype)).chunk(2, dim=-1)
+
     def _raw(self, x, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
-        k = self._logits(self.k_proj, x)
-        q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
+        if plan_for(x).one_pass and not self.options.tie_addresses:
+            k, q = self._logit_pair(x)
+        else:
+            k = self._logits(self.k_proj, x)
+            q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
         if self.options.shift_write_address:
             k = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1) if k_prev is None else k_prev
         return torch.cat([k, q, self.v_proj(x).to(k.dtype)], dim=-1)

@@ -34,14 +34,14 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
     lead = a.ndim - 1
     if X.shape[:a.ndim] != a.shape:
         raise ValueError(f"chunk_scan: X {tuple(X.shape)} must start with the shape of a {tuple(a.shape)}")
+    which = resolve_backend(backend, X, op="chunk_scan", available=BACKENDS)
+    if which == "triton" and a.shape[-1] > 0:
+        from .triton import chunk_scan_triton  # lazy: triton is optional (a zero initial state is not formed)
+
+        return chunk_scan_triton(a, X, None if initial is None else initial.to(X.dtype))
     if initial is None:
         initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
     initial = initial.to(X.dtype)
-    which = resolve_backend(backend, X, op="chunk_scan", available=BACKENDS)
     if which == "reference":
         return chunk_scan_reference(a, X, initial)
-    if which == "triton" and a.shape[-1] > 0:
-        from .triton import chunk_scan_triton  # lazy: triton is optional
-
-        return chunk_scan_triton(a, X, initial)
     return ChunkScanLoop.apply(a, X, initial)

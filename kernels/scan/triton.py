@@ -24,12 +24,15 @@ from ..launch import launch
 
 
 @triton.jit
-def _scan_fwd(A, X, S0, STARTS, FIN, n, D, BLOCK: tl.constexpr):
+def _scan_fwd(A, X, S0, STARTS, FIN, n, D, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
     pid_d = tl.program_id(0)
     lead = tl.program_id(1).to(tl.int64)
     offs = pid_d * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
-    s = tl.load(S0 + lead * D + offs, mask=mask, other=0.0)
+    if HAS_INIT:
+        s = tl.load(S0 + lead * D + offs, mask=mask, other=0.0)
+    else:
+        s = tl.zeros([BLOCK], dtype=FIN.dtype.element_ty)
     for c in range(n):
         row = (lead * n + c) * D
         tl.store(STARTS + row + offs, s, mask=mask)
@@ -41,7 +44,7 @@ def _scan_fwd(A, X, S0, STARTS, FIN, n, D, BLOCK: tl.constexpr):
 
 @triton.jit
 def _scan_bwd(A, STARTS, DSTARTS, DFIN, DX, DA, DS0, n, D, n_blocks,
-              HAS_DSTARTS: tl.constexpr, HAS_DFIN: tl.constexpr, BLOCK: tl.constexpr):
+              HAS_DSTARTS: tl.constexpr, HAS_DFIN: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
     pid_d = tl.program_id(0)
     lead = tl.program_id(1).to(tl.int64)
     offs = pid_d * BLOCK + tl.arange(0, BLOCK)
@@ -60,7 +63,8 @@ def _scan_bwd(A, STARTS, DSTARTS, DFIN, DX, DA, DS0, n, D, n_blocks,
         g = a * g
         if HAS_DSTARTS:
             g += tl.load(DSTARTS + row + offs, mask=mask, other=0.0)
-    tl.store(DS0 + lead * D + offs, g, mask=mask)
+    if HAS_INIT:
+        tl.store(DS0 + lead * D + offs, g, mask=mask)
 
 
 def _block(D: int) -> int:
@@ -70,41 +74,47 @@ def _block(D: int) -> int:
 class _ChunkScanTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, X, initial):
+        ctx.set_materialize_grads(False)                       # an unused output is no zero-filled gradient
         lead_shape, n = a.shape[:-1], a.shape[-1]
         state_shape = X.shape[a.ndim:]
         cd = compute_dtype(X.dtype)
         L, D = math.prod(lead_shape), math.prod(state_shape)
         a_f = a.to(cd).reshape(L, n).contiguous()
         X_f = X.to(cd).reshape(L, n, D).contiguous()
-        s0 = initial.to(cd).reshape(L, D).contiguous()
+        s0 = None if initial is None else initial.to(cd).reshape(L, D).contiguous()
         starts = X_f.new_empty(L, n, D)
         fin = X_f.new_empty(L, D)
         BLOCK = _block(D)
-        launch(_scan_fwd, (triton.cdiv(D, BLOCK), L), a_f, X_f, s0, starts, fin, n, D, BLOCK=BLOCK)
+        launch(_scan_fwd, (triton.cdiv(D, BLOCK), L), a_f, X_f, fin if s0 is None else s0, starts, fin, n, D,
+               HAS_INIT=s0 is not None, BLOCK=BLOCK)
         ctx.save_for_backward(a_f, starts)
-        ctx.shapes = (a.shape, X.shape, initial.shape, a.dtype, X.dtype, initial.dtype)
-        return starts.view(X.shape).to(X.dtype), fin.view(initial.shape).to(X.dtype)
+        state_shape = X.shape[:a.ndim - 1] + X.shape[a.ndim:]
+        ctx.shapes = (a.shape, X.shape, state_shape, a.dtype, X.dtype, None if initial is None else initial.dtype)
+        return starts.view(X.shape).to(X.dtype), fin.view(state_shape).to(X.dtype)
 
     @staticmethod
     def backward(ctx, d_starts, d_final):
         a_f, starts = ctx.saved_tensors
-        a_shape, X_shape, init_shape, a_dt, X_dt, init_dt = ctx.shapes
+        a_shape, X_shape, state_shape, a_dt, X_dt, init_dt = ctx.shapes
+        if d_starts is None and d_final is None:
+            return None, None, None
         L, n, D = starts.shape
         cd = starts.dtype
         BLOCK = _block(D)
         n_blocks = triton.cdiv(D, BLOCK)
         dX = starts.new_empty(L, n, D)
         da = starts.new_empty(L, n_blocks, n)
-        ds0 = starts.new_empty(L, D)
+        has_init = init_dt is not None
+        ds0 = starts.new_empty(L, D) if has_init else da
         dst = None if d_starts is None else d_starts.to(cd).reshape(L, n, D).contiguous()
         dfin = None if d_final is None else d_final.to(cd).reshape(L, D).contiguous()
         launch(_scan_bwd, (n_blocks, L), a_f, starts, dst if dst is not None else starts,
-               dfin if dfin is not None else ds0, dX, da, ds0, n, D, n_blocks,
-               HAS_DSTARTS=dst is not None, HAS_DFIN=dfin is not None, BLOCK=BLOCK)
+               dfin if dfin is not None else dX, dX, da, ds0, n, D, n_blocks,
+               HAS_DSTARTS=dst is not None, HAS_DFIN=dfin is not None, HAS_INIT=has_init, BLOCK=BLOCK)
         da = (da.sum(1) if n_blocks > 1 else da.view(L, n)).view(a_shape).to(a_dt)
-        return da, dX.view(X_shape).to(X_dt), ds0.view(init_shape).to(init_dt)
+        return da, dX.view(X_shape).to(X_dt), ds0.view(state_shape).to(init_dt) if has_init else None
 
 
-def chunk_scan_triton(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor):
-    """Same contract as :func:`kernels.scan.reference.chunk_scan_reference` (``initial`` required)."""
+def chunk_scan_triton(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None):
+    """Same contract as :func:`kernels.scan.reference.chunk_scan_reference` (``initial`` None: zero)."""
     return _ChunkScanTriton.apply(a, X, initial)

@@ -1,7 +1,8 @@
 """The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and one backward.
 
-Layout ``x (B, T, C)`` as the projections produce it, ``weight`` taken as ``(k, C)`` (one contiguous row
-per tap), ``k`` a compile-time constant. One program per (channel block, time block, batch element):
+Layout ``x (B, T, C)`` as the projections produce it (any batch and time strides: a column block of a
+wider projection is read in place), ``weight (C, k)`` as the module holds it, ``k`` a compile-time
+constant; outputs are contiguous. One program per (channel block, time block, batch element):
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
@@ -25,7 +26,7 @@ from ..launch import launch
 
 
 @triton.jit
-def _preact(xb, W, B, t, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
+def _preact(xb, st, W, B, t, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
             BC: tl.constexpr):
     """``y`` at rows ``t`` (rows outside ``[0, T)`` read zeros), in the weights' dtype."""
     acc = tl.zeros([BT, BC], dtype=W.dtype.element_ty)
@@ -34,13 +35,13 @@ def _preact(xb, W, B, t, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, B
     for j in tl.static_range(K):
         src = t - (K - 1 - j)
         ok = (src >= 0) & (src < T)
-        x = tl.load(xb + src[:, None] * C + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
-        acc += x.to(acc.dtype) * tl.load(W + j * C + c, mask=mc, other=0.0)[None, :]
+        x = tl.load(xb + src[:, None] * st + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
+        acc += x.to(acc.dtype) * tl.load(W + c * K + j, mask=mc, other=0.0)[None, :]
     return acc
 
 
 @triton.jit
-def _conv_fwd(X, W, B, OUT, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -48,8 +49,8 @@ def _conv_fwd(X, W, B, OUT, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: 
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
     c = pid_c * BC + tl.arange(0, BC)
     mc = c < C
-    xb = X + batch * T * C
-    y = _preact(xb, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
+    xb = X + batch * sb
+    y = _preact(xb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
     if ACT:
         y = y * tl.sigmoid(y)
     tl.store(OUT + batch * T * C + t[:, None] * C + c[None, :], y.to(OUT.dtype.element_ty),
@@ -57,7 +58,7 @@ def _conv_fwd(X, W, B, OUT, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: 
 
 
 @triton.jit
-def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, n_t, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, n_t, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -65,7 +66,7 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, n_t, K: tl.constexpr, HAS_BIAS: tl.
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
     c = pid_c * BC + tl.arange(0, BC)
     mc = c < C
-    xb = X + batch * T * C
+    xb = X + batch * sb
     db = DOUT + batch * T * C
     dx = tl.zeros([BT, BC], dtype=W.dtype.element_ty)
     dy0 = tl.zeros([BT, BC], dtype=W.dtype.element_ty)
@@ -74,22 +75,22 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, n_t, K: tl.constexpr, HAS_BIAS: tl.
         ok = (r < T)[:, None] & mc[None, :]
         dy = tl.load(db + r[:, None] * C + c[None, :], mask=ok, other=0.0).to(dx.dtype)
         if ACT:
-            y = _preact(xb, W, B, r, c, mc, T, C, K, HAS_BIAS, BT, BC)
+            y = _preact(xb, st, W, B, r, c, mc, T, C, K, HAS_BIAS, BT, BC)
             sig = tl.sigmoid(y)
             dy = dy * sig * (1.0 + y * (1.0 - sig))
-        dx += tl.load(W + (K - 1 - s) * C + c, mask=mc, other=0.0)[None, :] * dy
+        dx += tl.load(W + c * K + (K - 1 - s), mask=mc, other=0.0)[None, :] * dy
         if s == 0:
             dy0 = dy
     tl.store(DX + batch * T * C + t[:, None] * C + c[None, :], dx.to(DX.dtype.element_ty),
              mask=(t < T)[:, None] & mc[None, :])
-    # this tile's share of dw_j = sum_t dy_t x_{t-(k-1)+j} (rows K) and db = sum_t dy_t (row K)
-    part = PART + ((batch * n_t + pid_t) * (K + 1)) * C
+    # this tile's share of dw_j = sum_t dy_t x_{t-(k-1)+j} (a (C, k) block) and db = sum_t dy_t (C more)
+    part = PART + (batch * n_t + pid_t) * C * (K + 1)
     for j in tl.static_range(K):
         src = t - (K - 1 - j)
         ok = (src >= 0) & (src < T)
-        x = tl.load(xb + src[:, None] * C + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
-        tl.store(part + j * C + c, tl.sum(dy0 * x.to(dy0.dtype), axis=0), mask=mc)
-    tl.store(part + K * C + c, tl.sum(dy0, axis=0), mask=mc)
+        x = tl.load(xb + src[:, None] * st + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
+        tl.store(part + c * K + j, tl.sum(dy0 * x.to(dy0.dtype), axis=0), mask=mc)
+    tl.store(part + C * K + c, tl.sum(dy0, axis=0), mask=mc)
 
 
 def _blocks(T: int, C: int) -> tuple[int, int]:
@@ -102,15 +103,16 @@ class _CausalConvTriton(torch.autograd.Function):
         Bsz, T, C = x.shape
         K = weight.shape[1]
         cd = compute_dtype(x.dtype)
-        x = x.contiguous()
-        w = weight.to(cd).t().contiguous()                     # (K, C)
+        if x.stride(2) != 1:
+            x = x.contiguous()
+        w = weight.to(cd).contiguous()                         # (C, K)
         b = bias.to(cd).contiguous() if bias is not None else w
-        out = torch.empty_like(x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BT, BC = _blocks(T, C)
-        launch(_conv_fwd, (triton.cdiv(C, BC), triton.cdiv(T, BT), Bsz), x, w, b, out, T, C, K=K,
-               HAS_BIAS=bias is not None, ACT=activation, BT=BT, BC=BC)
+        launch(_conv_fwd, (triton.cdiv(C, BC), triton.cdiv(T, BT), Bsz), x, w, b, out, T, C, x.stride(0),
+               x.stride(1), K=K, HAS_BIAS=bias is not None, ACT=activation, BT=BT, BC=BC)
         ctx.save_for_backward(x, w, b)
-        ctx.has_bias, ctx.activation = bias is not None, activation
+        ctx.has_bias, ctx.activation, ctx.K = bias is not None, activation, K
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return out
 
@@ -118,16 +120,16 @@ class _CausalConvTriton(torch.autograd.Function):
     def backward(ctx, dout):
         x, w, b = ctx.saved_tensors
         Bsz, T, C = x.shape
-        K = w.shape[0]
+        K = ctx.K
         BT, BC = _blocks(T, C)
         n_t = triton.cdiv(T, BT)
-        dx = torch.empty_like(x)
-        part = w.new_empty(Bsz * n_t, K + 1, C)
-        launch(_conv_bwd, (triton.cdiv(C, BC), n_t, Bsz), x, w, b, dout.contiguous(), dx, part, T, C, n_t, K=K,
-               HAS_BIAS=ctx.has_bias, ACT=ctx.activation, BT=BT, BC=BC)
-        sums = part.sum(0)                                      # (K + 1, C): dw (K rows), then db
-        dw = sums[:K].t().to(ctx.dtypes[0])
-        db = sums[K].to(ctx.dtypes[1]) if ctx.has_bias else None
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        part = w.new_empty(Bsz * n_t, C * (K + 1))
+        launch(_conv_bwd, (triton.cdiv(C, BC), n_t, Bsz), x, w, b, dout.contiguous(), dx, part, T, C, x.stride(0),
+               x.stride(1), n_t, K=K, HAS_BIAS=ctx.has_bias, ACT=ctx.activation, BT=BT, BC=BC)
+        sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
+        dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])
+        db = sums[C * K:].to(ctx.dtypes[1]) if ctx.has_bias else None
         return dx, dw, db, None
 
 
