@@ -4,8 +4,8 @@ about eight backward.
 
 A program handles ``BR`` rows of the ``H`` heads; ``raw`` may be a column block of a wider projection
 (any row stride) and the incoming gradient may have any strides. Backward, with ``u = raw + dt_bias`` and
-``softplus'(u) = sigmoid(u)``: ``draw = -exp(A_log) sigmoid(u) dg``, and each program's share of ``dA_log = sum_rows g dg`` and
-``ddt_bias = sum_rows draw``, summed over the programs in one reduction. ``softplus(u)`` is
+``softplus'(u) = sigmoid(u)``: ``draw = -exp(A_log) sigmoid(u) dg``, and each program's share of
+``dA_log = sum_rows g dg`` and ``ddt_bias = sum_rows draw``, summed over the programs in one reduction. ``softplus(u)`` is
 ``max(u, 0) + log1p(exp(-|u|))``, with ``log1p(e) = log(1 + e) e / ((1 + e) - 1)`` (exact to rounding for
 small ``e``, where ``log(1 + e)`` alone would lose the digits of the small step sizes ``dt``). Arithmetic
 in fp32 (fp64 stays fp64); no products for tensor cores.
