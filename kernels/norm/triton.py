@@ -112,9 +112,11 @@ def _rows(x: torch.Tensor):
     return x, v.shape[0] * inner, inner, v.stride(0), v.stride(1)
 
 
-def _block(D: int, n_rows: int) -> tuple[int, int]:
+def _block(D: int, n_rows: int) -> tuple[int, int, int]:
+    """``(rows per program, padded row length, warps)``: about 1024 elements per program, 8 per thread for
+    rows up to 1024 (the backward keeps about six such tiles live), more warps for longer rows."""
     BD = max(16, triton.next_power_of_2(D))
-    return max(1, min(32, 4096 // BD, triton.next_power_of_2(n_rows))), BD
+    return max(1, min(16, 1024 // BD, triton.next_power_of_2(n_rows))), BD, min(16, max(4, BD // 256))
 
 
 class _L2Normalize(torch.autograd.Function):
@@ -123,20 +125,21 @@ class _L2Normalize(torch.autograd.Function):
         x, n_rows, inner, sx, six = _rows(x)
         D = x.shape[-1]
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        BR, BD = _block(D, n_rows)
+        BR, BD, warps = _block(D, n_rows)
         fp64 = compute_dtype(x.dtype) == torch.float64
-        launch(_l2_fwd, (triton.cdiv(n_rows, BR),), x, y, n_rows, inner, sx, six, D, eps, FP64=fp64, BR=BR, BD=BD)
+        launch(_l2_fwd, (triton.cdiv(n_rows, BR),), x, y, n_rows, inner, sx, six, D, eps, FP64=fp64, BR=BR, BD=BD,
+               num_warps=warps)
         ctx.save_for_backward(x)
-        ctx.eps, ctx.layout = eps, (n_rows, inner, sx, six, BR, BD, fp64)
+        ctx.eps, ctx.layout = eps, (n_rows, inner, sx, six, BR, BD, warps, fp64)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        n_rows, inner, sx, six, BR, BD, fp64 = ctx.layout
+        n_rows, inner, sx, six, BR, BD, warps, fp64 = ctx.layout
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         launch(_l2_bwd, (triton.cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, x.shape[-1],
-               ctx.eps, FP64=fp64, BR=BR, BD=BD)
+               ctx.eps, FP64=fp64, BR=BR, BD=BD, num_warps=warps)
         return dx, None
 
 
@@ -150,23 +153,24 @@ class _GatedRMSNorm(torch.autograd.Function):
         D = x.shape[-1]
         w = weight.to(compute_dtype(x.dtype)).contiguous()
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        BR, BD = _block(D, n_rows)
-        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps, BR=BR, BD=BD)
+        BR, BD, warps = _block(D, n_rows)
+        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps, BR=BR, BD=BD,
+               num_warps=warps)
         ctx.save_for_backward(x, z, w)
-        ctx.eps, ctx.layout, ctx.w_dtype = eps, (n_rows, inner, sx, six, sz, siz, BR, BD), weight.dtype
+        ctx.eps, ctx.layout, ctx.w_dtype = eps, (n_rows, inner, sx, six, sz, siz, BR, BD, warps), weight.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, z, w = ctx.saved_tensors
-        n_rows, inner, sx, six, sz, siz, BR, BD = ctx.layout
+        n_rows, inner, sx, six, sz, siz, BR, BD, warps = ctx.layout
         D = x.shape[-1]
         n_prog = triton.cdiv(n_rows, BR)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         dw = w.new_empty(n_prog, D)
         launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz, D,
-               ctx.eps, BR=BR, BD=BD)
+               ctx.eps, BR=BR, BD=BD, num_warps=warps)
         return dx, dz, dw.sum(0).to(ctx.w_dtype), None
 
 
