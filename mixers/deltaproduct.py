@@ -33,12 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.delta import BACKENDS, delta_product, delta_product_step
-from kernels.device import plan_for
 
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -98,7 +97,7 @@ class DeltaProduct(Mixer):
 
     def _log_gate_from(self, a):
         """The log gate from the projection ``a = W_a x`` (one Triton kernel each way on the GPU plan)."""
-        if plan_for(a).one_pass:
+        if one_pass(a):
             return self.gate.log_decay(a)
         dt = compute_dtype(a.dtype)
         gt = self.gate
@@ -138,7 +137,7 @@ class DeltaProduct(Mixer):
         H, K, n = self.n_heads, self.head_dim, self.n_h
         sizes = [H * K, n * H * K, n * H * K]
         small = [self.b_proj, self.z_proj] + ([self.gate.proj] if self.gate is not None else [])
-        gpu = plan_for(x).one_pass
+        gpu = one_pass(x)
         if gpu:
             qkv_raw, *parts = project(x, [[self.q_proj, self.k_proj, self.v_proj], *small])
         else:

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.device import plan_for
 from kernels.gla import BACKENDS, gla, gla_step
 
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
@@ -83,7 +82,7 @@ class GatedRegressionBlock(Mixer):
     def _heads(self, qkv, p):
         """``qkv`` after the conv, ``p`` the :meth:`_projections` of the block input."""
         h, d = self.n_heads, self.head_dim
-        if plan_for(qkv).one_pass:   # q and k normalised together: one launch each way
+        if one_pass(qkv):   # q and k normalised together: one launch each way
             qk, v = qkv.split([2 * h * d, h * d], dim=-1)
             q, k = l2_normalize(qk.unflatten(-1, (2 * h, d))).split(h, dim=-2)
             v = v.unflatten(-1, (h, d))

@@ -66,11 +66,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.common import at_least_fp32, compute_dtype, full_precision
-from kernels.device import plan_for
 from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
 
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv, no_weight_decay
+from .layers import GatedRMSNorm, ShortConv, no_weight_decay, one_pass
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _POS_FEATURES = 16
@@ -194,7 +193,7 @@ class KroneckerSlots(Mixer):
 
     def _raw(self, x, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
-        if plan_for(x).one_pass and not self.options.tie_addresses:
+        if one_pass(x) and not self.options.tie_addresses:
             k, q = self._logit_pair(x)
         else:
             k = self._logits(self.k_proj, x)

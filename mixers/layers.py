@@ -69,6 +69,12 @@ def split_weight_decay(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[
     return decayed, undecayed
 
 
+def one_pass(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the GPU plan (:func:`kernels.device.plan_for`): every stage one pass (fused
+    projections, normalisations and gates, Triton kernels) instead of the CPU's cache-sized pieces."""
+    return plan_for(x).one_pass
+
+
 def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
     """``[m(x) for m in modules]`` for ``nn.Linear`` modules reading the same input; an entry may also be a
     list of bias-free modules, whose outputs come back side by side as one block.
