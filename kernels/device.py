@@ -10,6 +10,12 @@ sizes are those that fill a tensor-core tile.
 Every kernel family and mixer reads its choices from :func:`plan_for` (the plan of its inputs' device),
 never from ``tensor.is_cuda`` directly. :func:`gpu_path_on_cpu` selects the GPU plan for CPU tensors, so
 the test-suite runs the code that runs on CUDA (Triton kernels through the interpreter) without a GPU.
+
+Where the plan is read: ``backend="auto"`` (:func:`kernels.backend.resolve_backend`), the segments of
+:func:`kernels.common.in_segments`, the state pass across chunks (:mod:`kernels.scan`), the short
+convolution (:mod:`mixers.conv_time_first`), the mixers' normalisations, gates and projections
+(:mod:`mixers.layers`, :mod:`mixers.l2norm`) and the unset ``chunk_size`` options
+(:func:`mixers.options.chunk_size_for`).
 """
 from __future__ import annotations
 
