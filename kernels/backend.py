@@ -4,12 +4,14 @@ A family lists the backends it implements (``available=``) and :func:`resolve_ba
 requested name into one that can run on the given tensor, or raises :class:`BackendUnavailable`
 with what to do instead.
 
-- ``auto`` (:func:`auto_choice`): on a CUDA device the fastest correct backend the family has, in the
+- ``auto`` (:func:`auto_choice`): on the GPU plan (:func:`kernels.device.plan_for`: a CUDA device, or CPU
+  tensors inside :func:`kernels.device.gpu_path_on_cpu`) the fastest correct backend the family has, in the
   order of :data:`AUTO_ORDER_CUDA`: another project's tuned CUDA kernels when their package imports and
   the family does not mark them unsupported for these inputs, then our Triton kernels, then the
   chunked PyTorch path (a family may give its own, measured order: attention runs PyTorch's SDPA before
-  our Triton kernel); on a CPU the chunked PyTorch path (``torch``), or ``reference`` for a family
-  without one.
+  our Triton kernel); on the CPU plan the chunked PyTorch path (``torch``), or ``reference`` for a family
+  without one. The GPU plan on CPU tensors never picks an outside backend (CUDA only) and picks
+  ``triton`` only under the interpreter: it runs the code CUDA runs, through the interpreter.
 - ``triton`` on a CPU tensor is allowed only under the Triton interpreter (``TRITON_INTERPRET=1``
   set before the first kernel is defined), which is how the test-suite checks the kernels on
   machines without a GPU.
@@ -26,6 +28,8 @@ import os
 import re
 
 import torch
+
+from .device import plan_for
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 
@@ -162,7 +166,14 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
     if backend not in ALL_BACKENDS:
         raise ValueError(f"{op}: unknown backend {backend!r}; choose one of {', '.join(ALL_BACKENDS)}")
     if backend == "auto":
-        return auto_choice(available, tensor.is_cuda, unsupported, order)[0]
+        gpu = plan_for(tensor).gpu
+        if gpu and not tensor.is_cuda:  # the GPU path on CPU tensors (tests): what can run on them
+            unsupported = dict(unsupported or {})
+            for name in OUTSIDE_BACKENDS:
+                unsupported.setdefault(name, f"runs CUDA kernels only and the inputs are on {tensor.device}")
+            if not triton_usable_for(tensor):
+                unsupported.setdefault("triton", "needs TRITON_INTERPRET=1 on CPU tensors")
+        return auto_choice(available, gpu, unsupported, order)[0]
     if backend not in available:
         raise BackendUnavailable(
             f"{op}: backend {backend!r} is not implemented; available: {', '.join(a for a in available if a != 'auto')}"

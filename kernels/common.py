@@ -6,10 +6,14 @@
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
 - :func:`pad_time` / :func:`chunk_count`: pad the time axis (dim 1) to a multiple of the chunk length.
-- :func:`in_segments` / :data:`SEGMENT`: run a chunked path over a long sequence in segments of whole
-  chunks with the recurrent state carried from one to the next, so that every full-length intermediate
-  (decay masks, chunk states, their gradients) is at most one segment long: the cost per token and the
-  size of every temporary buffer no longer grow with ``T``, and the result is the same function.
+- :func:`chunk_scan`: the state pass across chunks, ``S_c = a_c S_{c-1} + X_c`` (:mod:`kernels.scan`: a
+  Python loop on the CPU, one Triton kernel on the GPU).
+- :func:`in_segments` / :data:`SEGMENT`: on the CPU plan (:mod:`kernels.device`), run a chunked path over a
+  long sequence in segments of whole chunks with the recurrent state carried from one to the next, so that
+  every full-length intermediate (decay masks, chunk states, their gradients) is at most one segment long:
+  the cost per token and the size of every temporary buffer no longer grow with ``T``, and the result is
+  the same function. On the GPU plan the whole sequence is one call (each segment would be a fixed
+  number of kernel launches more).
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
@@ -21,6 +25,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .device import plan_for
+from .scan import chunk_scan  # noqa: F401  (the state pass across chunks, re-exported for the families)
 
 
 def compute_dtype(*dtypes) -> torch.dtype:
@@ -84,75 +91,6 @@ def time_first(x: torch.Tensor) -> torch.Tensor:
     return x.movedim(1, 3).reshape(b, n * c, h, *x.shape[4:])
 
 
-class _ChunkScan(torch.autograd.Function):
-    """``S_c = a_c S_{c-1} + X_c`` over chunks; returns the chunk-start states and the final state.
-
-    The loop runs without autograd (in-place writes into preallocated outputs) and the backward is the
-    same loop reversed, so the cost is linear in the number of chunks: indexing one chunk of a tensor
-    that autograd tracks would instead allocate a full-size gradient per chunk (quadratic in T).
-    """
-
-    @staticmethod
-    def forward(ctx, a, X, initial):
-        n = a.shape[-1]
-        extra = X.ndim - a.ndim                                 # state dims after the chunk axis
-        a_n = a.movedim(-1, 0).reshape(n, *a.shape[:-1], *([1] * extra))
-        X_n = X.movedim(a.ndim - 1, 0)
-        # one op per chunk, written in place: S_c = X_c + a_c S_{c-1} lands in starts[c + 1]
-        starts = X_n.new_empty((n + 1, *X_n.shape[1:]))
-        starts[0] = initial
-        for c in range(n):
-            torch.addcmul(X_n[c], a_n[c], starts[c], out=starts[c + 1])
-        ctx.save_for_backward(a_n, starts)
-        ctx.chunk_dim, ctx.extra = a.ndim - 1, extra
-        return starts[:n].movedim(0, a.ndim - 1), starts[n].clone()
-
-    @staticmethod
-    def backward(ctx, d_starts, d_final):
-        a_n, starts = ctx.saved_tensors
-        n = a_n.shape[0]
-        dim = ctx.chunk_dim
-        d_starts = None if d_starts is None else d_starts.movedim(dim, 0)
-        # dX[c] = dLoss/dS_c = d_final (c = n - 1) or a_{c+1} dX[c+1] + d_starts[c+1]; one op per chunk
-        dX = torch.empty_like(starts[1:])
-        if n == 0:
-            g = torch.zeros_like(starts[0]) if d_final is None else d_final
-            da = a_n.new_zeros(starts.shape[:starts.ndim - ctx.extra][1:] + (0,)) if ctx.needs_input_grad[0] else None
-            return da, dX.movedim(0, dim), g
-        if d_final is None:
-            dX[n - 1] = 0
-        else:
-            dX[n - 1] = d_final
-        for c in range(n - 1, 0, -1):
-            if d_starts is None:
-                torch.mul(dX[c], a_n[c], out=dX[c - 1])
-            else:
-                torch.addcmul(d_starts[c], a_n[c], dX[c], out=dX[c - 1])
-        g = dX[0] * a_n[0]
-        if d_starts is not None:
-            g += d_starts[0]
-        da = None
-        if ctx.needs_input_grad[0]:
-            state_dims = tuple(range(starts.ndim - ctx.extra, starts.ndim))
-            da = (dX * starts[:n]).sum(state_dims).movedim(0, -1)
-        return da, dX.movedim(0, dim), g
-
-
-def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = None):
-    """Pass states across chunks: ``S_c = a_c S_{c-1} + X_c`` with ``S_{-1} = initial`` (zero if None).
-
-    ``a`` ``(*lead, n)`` per-chunk decay factors, ``X`` ``(*lead, n, *state)`` per-chunk contributions,
-    ``initial`` ``(*lead, *state)``. Returns ``(starts (*lead, n, *state), final (*lead, *state))``,
-    ``starts[..., c, ...] = S_{c-1}`` (the state each chunk starts from). Differentiable in all three.
-    """
-    lead = a.ndim - 1
-    if X.shape[:a.ndim] != a.shape:
-        raise ValueError(f"chunk_scan: X {tuple(X.shape)} must start with the shape of a {tuple(a.shape)}")
-    if initial is None:
-        initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
-    return _ChunkScan.apply(a, X, initial.to(X.dtype))
-
-
 def full_precision(fn):
     """Decorator: run ``fn`` with CPU and CUDA autocast disabled (it casts to :func:`compute_dtype` itself)."""
     @functools.wraps(fn)
@@ -162,8 +100,8 @@ def full_precision(fn):
     return wrapper
 
 
-#: time steps per segment of :func:`in_segments` (rounded down to whole chunks by :func:`segment_length`);
-#: read at call time, so a test may set a tiny value
+#: time steps per segment of :func:`in_segments` on the CPU plan (rounded down to whole chunks by
+#: :func:`segment_length`); read at call time, so a test may set a tiny value
 SEGMENT = 4096
 
 
@@ -178,11 +116,13 @@ def in_segments(fn, inputs, state, length: int, dim: int = 1):
     every tensor in ``inputs`` (a ``None`` passes through as ``None``), the state of one piece handed to the
     next; returns ``(out, final state)`` with the pieces' outputs concatenated along ``dim``.
 
-    One call of ``fn`` when the sequence is at most ``length`` long. The pieces are views (``split``), so
-    autograd sees a split and a concatenation: the gradients flow as through one call.
+    One call of ``fn`` when the sequence is at most ``length`` long, and always on the GPU plan
+    (:func:`kernels.device.plan_for` of the first input). The pieces are views (``split``), so autograd
+    sees a split and a concatenation: the gradients flow as through one call.
     """
-    T = next(x for x in inputs if x is not None).shape[dim]
-    if T <= length:
+    first = next(x for x in inputs if x is not None)
+    T = first.shape[dim]
+    if T <= length or plan_for(first).one_pass:
         return fn(*inputs, state)
     pieces = [x.split(length, dim) if x is not None else None for x in inputs]
     n = -(-T // length)

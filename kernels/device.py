@@ -10,6 +10,12 @@ sizes are those that fill a tensor-core tile.
 Every kernel family and mixer reads its choices from :func:`plan_for` (the plan of its inputs' device),
 never from ``tensor.is_cuda`` directly. :func:`gpu_path_on_cpu` selects the GPU plan for CPU tensors, so
 the test-suite runs the code that runs on CUDA (Triton kernels through the interpreter) without a GPU.
+
+Where the plan is read: ``backend="auto"`` (:func:`kernels.backend.resolve_backend`), the segments of
+:func:`kernels.common.in_segments`, the state pass across chunks (:mod:`kernels.scan`), the short
+convolution (:mod:`mixers.conv_time_first`), the mixers' normalisations, gates and projections
+(:mod:`mixers.layers`, :mod:`mixers.l2norm`) and the unset ``chunk_size`` options
+(:func:`mixers.options.chunk_size_for`).
 """
 from __future__ import annotations
 
@@ -40,9 +46,14 @@ class DevicePlan:
         return self.chunk_sizes.get(family, default)
 
 
-#: the CPU plan: chunk lengths measured fastest on a CPU (small chunks keep the per-chunk matrices in cache)
-CPU = DevicePlan("cpu", one_pass=False)
-#: the GPU plan: one pass per stage, chunks that fill tensor-core tiles
+#: the CPU plan: chunk lengths measured fastest on a CPU (small chunks keep the per-chunk matrices in cache;
+#: these are the lengths the mixers' ``chunk_size`` options defaulted to before they followed the device,
+#: so recorded recipes keep their meaning, see :func:`mixers.options.chunk_size_opt`)
+CPU = DevicePlan("cpu", one_pass=False,
+                 chunk_sizes=MappingProxyType({"delta": 32, "gka": 32, "ssd": 32, "slots": 32, "gla": 64,
+                                               "blockscan": 64}))
+#: the GPU plan: one pass per stage, chunks of 64 that fill tensor-core tiles (a 64 x 64 ``tl.dot`` per
+#: chunk; flash-linear-attention's chunk kernels use 64 as well)
 GPU = DevicePlan("gpu", one_pass=True)
 
 _forced: contextvars.ContextVar[DevicePlan | None] = contextvars.ContextVar("forced_device_plan", default=None)

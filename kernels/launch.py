@@ -8,10 +8,14 @@ scalars), the constexpr values, ``num_warps`` and ``num_stages`` — with one re
 the kernel is autotuned. Running a launcher (forward and backward) on ``meta`` tensors inside
 :func:`recording` therefore lists exactly the launches it makes at any size without a GPU, which is
 how :mod:`zoo.benchmark.compile_check` finds what to compile: the configurations come from the launchers'
-own code, never from a second copy.
+own code, never from a second copy. Inside :func:`counting` every launch is counted by kernel name (and
+runs, unless told not to), and :func:`launching` says whether a launch is running (the interpreter runs
+torch operations of its own inside a launch, which a count of a layer's operations leaves out: on a GPU
+they are the kernel).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass, field
 
@@ -127,10 +131,51 @@ def _specialisation(fn, bound: dict, const_names: set) -> dict:
 
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`."""
+    global _running
     if _recorder is not None:
         _recorder.extend(_records(kernel, args, kwargs, _recorder_tags[-1] if _recorder_tags else ()))
         return None
-    return kernel[grid](*args, **kwargs)
+    for counter in _counters:
+        counter[kernel_name(jit_function(kernel))] += 1
+    if _counters and not _counters[-1].execute:
+        return None
+    _running += 1
+    try:
+        return kernel[grid](*args, **kwargs)
+    finally:
+        _running -= 1
+
+
+_counters: list = []
+_running = 0
+
+
+def launching() -> bool:
+    """True while a kernel launched by :func:`launch` runs (under the interpreter: its own torch operations)."""
+    return _running > 0
+
+
+class LaunchCounter(collections.Counter):
+    """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run."""
+
+    execute: bool = True
+
+
+@contextlib.contextmanager
+def counting(execute: bool = True):
+    """Count the launches made inside, by kernel name; yields the :class:`LaunchCounter`.
+
+    ``execute=False`` counts without running the kernels: their outputs keep whatever the launcher
+    allocated (``torch.empty``: arbitrary values), so only what does not depend on values (the number of
+    launches and operations of code without data-dependent branches) is meaningful inside.
+    """
+    counter = LaunchCounter()
+    counter.execute = execute
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
 
 
 _recorder_tags: list = []

@@ -33,7 +33,7 @@ from kernels.blockscan import BACKENDS, block_scan, block_scan_step
 
 from .base import Mixer, State, register_mixer
 from .layers import at_least_fp32, no_weight_decay
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 @register_mixer
@@ -48,7 +48,7 @@ class BDLRU(Mixer):
         block_size: int = opt(4, "block size m (1 = diagonal recurrence with a convex gate)", at_least=1)
         selective: bool = opt(True, "transition logits from the input (W_a x + b) instead of a learned constant")
         init_std: float = opt(0.02, "std of the normal initialisation of every weight", above=0.0)
-        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
+        chunk_size: int | None = chunk_size_opt("blockscan", "chunk length of the chunked scan (does not change the result)")
         backend: str = backend_opt(BACKENDS)
 
     contract_options = {"n_blocks": 4, "block_size": 3, "chunk_size": 8}
@@ -103,7 +103,8 @@ class BDLRU(Mixer):
 
     def prefill(self, x, mask=None):
         A, b = self._inputs(x)
-        h, h_last = block_scan(A, b, chunk_size=self.options.chunk_size, backend=self.options.backend)
+        h, h_last = block_scan(A, b, chunk_size=chunk_size_for(b, "blockscan", self.options.chunk_size),
+                               backend=self.options.backend)
         y = self.out_proj(h.flatten(-2).to(x.dtype))
         return y, {"h": h_last.to(x.dtype)}
 

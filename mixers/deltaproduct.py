@@ -37,8 +37,8 @@ from kernels.delta import BACKENDS, delta_product, delta_product_step
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype
-from .options import backend_opt, opt
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype, one_pass, project
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
                   "  (constant in T)")
@@ -59,8 +59,8 @@ class DeltaProduct(Mixer):
         use_forget_gate: bool = opt(True, "Mamba-2 style per-head log forget gate applied once per token")
         use_short_conv: bool = opt(True, "causal depthwise conv + SiLU on q, k, v (else SiLU only)")
         conv_size: int = opt(4, "short convolution width", at_least=1)
-        chunk_size: int = opt(32, "chunk length of the chunked kernel (does not change the result; 32 measured "
-                                  "fastest on a CPU)", at_least=1)
+        chunk_size: int | None = chunk_size_opt("delta", "chunk length of the chunked kernel (does not change "
+                                                          "the result)")
         norm_eps: float = opt(1e-5, "epsilon of the output gated RMSNorm", above=0.0)
         backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunked delta rule / "
                                              "product, CUDA only)")
@@ -96,7 +96,9 @@ class DeltaProduct(Mixer):
         return self._log_gate_from(self.gate.proj(x))
 
     def _log_gate_from(self, a):
-        """The log gate from the projection ``a = W_a x``."""
+        """The log gate from the projection ``a = W_a x`` (one Triton kernel each way on the GPU plan)."""
+        if one_pass(a):
+            return self.gate.log_decay(a)
         dt = compute_dtype(a.dtype)
         gt = self.gate
         return -torch.exp(gt.A_log.to(dt)) * F.softplus(a.to(dt) + gt.dt_bias.to(dt))
@@ -107,10 +109,21 @@ class DeltaProduct(Mixer):
         q = l2_normalize(q.unflatten(-1, (H, K)), eps=1e-6)               # = F.normalize(..., dim=-1)
         k = l2_normalize(k.unflatten(-1, (n, H, K)), eps=1e-6)
         v = v.unflatten(-1, (n, H, K))
-        beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (n, H))
+        return q, k, v, self._beta(b)
+
+    def _beta(self, b):
+        beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (self.n_h, self.n_heads))
         if self.options.allow_neg_eigval:
             beta = 2 * beta
-        return q, k, v, beta.to(compute_dtype(b.dtype))
+        return beta.to(compute_dtype(b.dtype))
+
+    def _heads_gpu(self, qkv, b):
+        """:meth:`_heads` from the convolved ``q|k|v`` block on the GPU plan: q and k normalised together
+        (one launch each way instead of two)."""
+        H, K, n = self.n_heads, self.head_dim, self.n_h
+        qk, v = qkv.split([(1 + n) * H * K, n * H * K], dim=-1)
+        q, k = l2_normalize(qk.unflatten(-1, ((1 + n) * H, K)), eps=1e-6).split([H, n * H], dim=-2)
+        return q, k.unflatten(-2, (n, H)), v.unflatten(-1, (n, H, K)), self._beta(b)
 
     def _finish(self, o, x):
         z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
@@ -120,20 +133,27 @@ class DeltaProduct(Mixer):
         # one matmul for every input projection (q, k, v, beta, forget gate, output gate) and one pass of
         # the short convolutions over the time-first q|k|v block; same function as the per-module form
         # that ``step`` uses
+        # (on the GPU plan both matmuls are one: project() over all six modules)
         H, K, n = self.n_heads, self.head_dim, self.n_h
         sizes = [H * K, n * H * K, n * H * K]
-        qkv_raw = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0))
         small = [self.b_proj, self.z_proj] + ([self.gate.proj] if self.gate is not None else [])
-        parts = F.linear(x, torch.cat([m.weight for m in small], dim=0)).split([m.out_features for m in small], -1)
+        gpu = one_pass(x)
+        if gpu:
+            qkv_raw, *parts = project(x, [[self.q_proj, self.k_proj, self.v_proj], *small])
+        else:
+            qkv_raw = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0))
+            parts = F.linear(x, torch.cat([m.weight for m in small], dim=0)).split([m.out_features for m in small], -1)
         if self.options.use_short_conv:
             qkv = short_conv_time_first([self.q_conv, self.k_conv, self.v_conv], qkv_raw)
         else:
             qkv = F.silu(qkv_raw)
-        q, k, v = qkv.split(sizes, dim=-1)
-        q, k, v, beta = self._heads(q, k, v, parts[0])
+        if gpu:
+            q, k, v, beta = self._heads_gpu(qkv, parts[0])
+        else:
+            q, k, v, beta = self._heads(*qkv.split(sizes, dim=-1), parts[0])
         g = self._log_gate_from(parts[2]) if self.gate is not None else None
         o, S = delta_product(q, k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2), g, n,
-                             chunk_size=self.options.chunk_size, backend=self.options.backend)
+                             chunk_size=chunk_size_for(x, "delta", self.options.chunk_size), backend=self.options.backend)
         z = parts[1].unflatten(-1, (H, K))
         y = self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
         if not want_state:

@@ -32,7 +32,7 @@ from kernels.gka import BACKENDS, gka, gka_step
 
 from .base import register_mixer
 from .gla import GatedRegressionBlock
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 @register_mixer
@@ -55,7 +55,7 @@ class GKA(GatedRegressionBlock):
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t shared by H and U (off: g = 0)")
         conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
-        chunk_size: int = opt(32, "chunk length of the chunked form (32 measured fastest on a CPU)", at_least=1)
+        chunk_size: int | None = chunk_size_opt("gka", "chunk length of the chunked form")
         solver: str = opt("chebyshev", "linear solver: chebyshev (paper), cg (conjugate gradients, "
                                        "MesaNet-style) or exact (torch.linalg.solve on materialised H_t)",
                           choices=("chebyshev", "cg", "exact"))
@@ -77,7 +77,8 @@ class GKA(GatedRegressionBlock):
             if self.backend == "triton" and self.grad == "autograd":
                 raise ValueError("backend='triton' has no grad='autograd'; use grad='implicit' or "
                                  "'reverse_chebyshev', or backend='torch'")
-            if self.backend == "triton" and (self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1)):
+            if self.backend == "triton" and self.chunk_size is not None and (
+                    self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1)):
                 raise ValueError(f"backend='triton' needs chunk_size a power of two >= 16, got {self.chunk_size}")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
@@ -92,7 +93,8 @@ class GKA(GatedRegressionBlock):
                     grad=o.grad)
 
     def _core(self, q, k, v, g, alpha, initial_state):
-        o, (H, U) = gka(q, k, v, g, alpha, chunk_size=self.options.chunk_size, backend=self.options.backend,
+        o, (H, U) = gka(q, k, v, g, alpha, chunk_size=chunk_size_for(q, "gka", self.options.chunk_size),
+                        backend=self.options.backend,
                         initial_state=initial_state, **self._kw())
         sd = self._state_dtype(q.dtype)
         return o, {"H": H.to(sd), "U": U.to(sd)}

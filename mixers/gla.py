@@ -26,8 +26,8 @@ from kernels.gla import BACKENDS, gla, gla_step
 
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay
-from .options import backend_opt, opt
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay, one_pass, project
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 class GatedRegressionBlock(Mixer):
@@ -65,31 +65,50 @@ class GatedRegressionBlock(Mixer):
         self.out_proj = nn.Linear(h * d, d_model, bias=False)
 
     # --- shared pieces ---------------------------------------------------------------------------
-    def _heads(self, qkv, x):
-        """``qkv`` after the conv, ``x`` the block input (``(..., D)``, any leading dims)."""
+    def _projections(self, x):
+        """The input projections of ``x`` (``(..., D)``, any leading dims) by name: ``qkv`` (before the conv),
+        ``beta``, ``gate``, ``alpha`` where the options have them, and ``z`` (one matmul on the GPU plan)."""
+        o = self.options
+        named = {"qkv": self.in_proj}
+        if o.beta_gate:
+            named["beta"] = self.beta_proj
+        if o.forget_gate:
+            named["gate"] = self.gate.proj
+        if self.has_alpha and o.alpha_connection:
+            named["alpha"] = self.alpha_proj
+        named["z"] = self.z_proj
+        return dict(zip(named, project(x, list(named.values()))))
+
+    def _heads(self, qkv, p):
+        """``qkv`` after the conv, ``p`` the :meth:`_projections` of the block input."""
         h, d = self.n_heads, self.head_dim
-        q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
-        q = l2_normalize(q)                                               # = F.normalize(q, dim=-1)
-        k = l2_normalize(k)
+        if one_pass(qkv):   # q and k normalised together: one launch each way
+            qk, v = qkv.split([2 * h * d, h * d], dim=-1)
+            q, k = l2_normalize(qk.unflatten(-1, (2 * h, d))).split(h, dim=-2)
+            v = v.unflatten(-1, (h, d))
+        else:
+            q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
+            q = l2_normalize(q)                                           # = F.normalize(q, dim=-1)
+            k = l2_normalize(k)
         if self.options.beta_gate:
-            beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
+            beta = torch.sigmoid(p["beta"]).unsqueeze(-1)
             k, v = k * beta, v * beta
         if self.options.forget_gate:
-            g = self.gate(x)[0]
+            g = self.gate.log_decay(p["gate"])
         else:
-            g = torch.zeros(*x.shape[:-1], h, dtype=torch.float32, device=x.device)
-        alpha = torch.sigmoid(self.alpha_proj(x)) if (self.has_alpha and self.options.alpha_connection) else None
+            g = torch.zeros(*qkv.shape[:-1], h, dtype=torch.float32, device=qkv.device)
+        alpha = torch.sigmoid(p["alpha"]) if "alpha" in p else None
         return q, k, v, g.to(q.dtype), alpha
 
-    def _finish(self, o, x):
-        z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
+    def _finish(self, o, p):
+        z = p["z"].unflatten(-1, (self.n_heads, self.head_dim))
         return self.out_proj(self.norm(o, z).flatten(-2))
 
     def _forward(self, x):
-        raw = self.in_proj(x)
-        q, k, v, g, alpha = self._heads(self.conv(raw), x)
+        p = self._projections(x)
+        q, k, v, g, alpha = self._heads(self.conv(p["qkv"]), p)
         o, core_state = self._core(q, k, v, g, alpha, None)
-        return self._finish(o, x), {"conv": self.conv.final_state(raw), **core_state}
+        return self._finish(o, p), {"conv": self.conv.final_state(p["qkv"]), **core_state}
 
     # --- the Mixer contract ------------------------------------------------------------------------
     def prefill(self, x, mask=None):
@@ -99,11 +118,11 @@ class GatedRegressionBlock(Mixer):
         return {"conv": self.conv.init_state(batch_size, device, dtype), **self._core_init(batch_size, device, dtype)}
 
     def step(self, x_t, state):
-        raw = self.in_proj(x_t)
-        qkv, conv_state = self.conv.step(raw, state["conv"])
-        q, k, v, g, alpha = self._heads(qkv, x_t)
+        p = self._projections(x_t)
+        qkv, conv_state = self.conv.step(p["qkv"], state["conv"])
+        q, k, v, g, alpha = self._heads(qkv, p)
         o, core_state = self._core_step(q, k, v, g, alpha, state)
-        return self._finish(o, x_t), {"conv": conv_state, **core_state}
+        return self._finish(o, p), {"conv": conv_state, **core_state}
 
     def state_size(self, seq_len: int) -> int:
         return self._core_state_size() + self.qkv_dim * (self.options.conv_size - 1)
@@ -126,14 +145,14 @@ class GLA(GatedRegressionBlock):
         beta_gate: bool = opt(True, "sigmoid gate beta_t scaling k_t and v_t")
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
         conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
-        chunk_size: int = opt(64, "chunk length of the chunked form", at_least=1)
+        chunk_size: int | None = chunk_size_opt("gla", "chunk length of the chunked form")
         backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunk_simple_gla, "
                                              "CUDA only; no Triton kernel of its own: auto runs torch on CUDA)")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 
     def _core(self, q, k, v, g, alpha, initial_state):
-        o, U = gla(q, k, v, g, chunk_size=self.options.chunk_size, backend=self.options.backend)
+        o, U = gla(q, k, v, g, chunk_size=chunk_size_for(q, "gla", self.options.chunk_size), backend=self.options.backend)
         return o, {"U": U.to(self._state_dtype(q.dtype))}
 
     def _core_init(self, batch_size, device, dtype):

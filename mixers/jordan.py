@@ -53,7 +53,7 @@ from kernels.blockscan import (
 
 from .base import Mixer, State, register_mixer
 from .layers import DecayGate, at_least_fp32, no_weight_decay
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
@@ -84,7 +84,7 @@ class Jordan(Mixer):
                                       "'readout' (y = C LN(h), parallel) or 'none'",
                               choices=("none", "step", "readout"))
         norm_eps: float = opt(1e-5, "LayerNorm epsilon", above=0.0)
-        chunk_size: int = opt(64, "chunk length of the chunked scan (does not change the result)", at_least=1)
+        chunk_size: int | None = chunk_size_opt("blockscan", "chunk length of the chunked scan (does not change the result)")
         backend: str = backend_opt(BACKENDS)
 
         def __post_init__(self):
@@ -162,14 +162,15 @@ class Jordan(Mixer):
         o = self.options
         lam = self.decay(x)
         b = at_least_fp32(self.in_proj(x)).unflatten(-1, (self.N, self.m))
+        chunk = chunk_size_for(b, "blockscan", o.chunk_size)
         if o.init == "hippo":
             A = self.transition.to(b.dtype).expand(*b.shape[:2], self.N, self.m, self.m)
-            h, h_last = block_scan(A, b, chunk_size=o.chunk_size, backend=o.backend)
+            h, h_last = block_scan(A, b, chunk_size=chunk, backend=o.backend)
         elif o.state_norm == "step":
             h, h_last = jordan_scan_normed(lam, self.coupling.to(b.dtype), b, self.norm_weight.to(b.dtype),
                                            self.norm_bias.to(b.dtype), eps=o.norm_eps, backend=o.backend)
         else:
-            h, h_last = jordan_scan(lam, self.coupling.to(b.dtype), b, chunk_size=o.chunk_size, backend=o.backend)
+            h, h_last = jordan_scan(lam, self.coupling.to(b.dtype), b, chunk_size=chunk, backend=o.backend)
         return self._readout(h, x.dtype), {"h": h_last.to(x.dtype)}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:

@@ -69,8 +69,8 @@ from kernels.common import at_least_fp32, compute_dtype, full_precision
 from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
 
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv, no_weight_decay
-from .options import backend_opt, opt
+from .layers import GatedRMSNorm, ShortConv, no_weight_decay, one_pass
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _POS_FEATURES = 16
 #: the spellings of ``backend`` from before ``memory_layout`` was its own option, still accepted (the
@@ -117,7 +117,7 @@ class KroneckerSlots(Mixer):
         tie_addresses: bool = opt(False, "read addresses use the write-address projection (one projection)")
         shift_write_address: bool = opt(False, "the write address comes from the previous token's projection "
                                         "(key-then-value pairs: store v_t under the address of x_{t-1})")
-        chunk_size: int = opt(32, "chunk length of the dense chunked path", at_least=1)
+        chunk_size: int | None = chunk_size_opt("slots", "chunk length of the dense chunked path")
         backend: str = backend_opt(BACKENDS + _LAYOUT_BACKENDS,
                                    "memory kernel: torch (in the memory_layout), triton (sparse scan kernels), "
                                    "reference (token loop), auto (triton on CUDA, else torch); dense / sparse: "
@@ -185,10 +185,19 @@ class KroneckerSlots(Mixer):
         x = at_least_fp32(x)
         return F.linear(x, proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype))
 
+    @full_precision
+    def _logit_pair(self, x):
+        """``(k logits, q logits)`` as :meth:`_logits`, from one matmul (the GPU plan's, untied addresses)."""
+        x = at_least_fp32(x)
+        return F.linear(x, torch.cat([self.k_proj.weight, self.q_proj.weight]).to(x.dtype)).chunk(2, dim=-1)
+
     def _raw(self, x, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
-        k = self._logits(self.k_proj, x)
-        q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
+        if one_pass(x) and not self.options.tie_addresses:
+            k, q = self._logit_pair(x)
+        else:
+            k = self._logits(self.k_proj, x)
+            q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
         if self.options.shift_write_address:
             k = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1) if k_prev is None else k_prev
         return torch.cat([k, q, self.v_proj(x).to(k.dtype)], dim=-1)
@@ -228,7 +237,7 @@ class KroneckerSlots(Mixer):
         wi, w = self._address(kl)
         ri, r = self._address(ql)
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
-                                chunk_size=self.options.chunk_size, **self._kernel_args())
+                                chunk_size=chunk_size_for(v, "slots", self.options.chunk_size), **self._kernel_args())
         state = {"S": S, "z": z}
         if self.conv is not None:
             state["conv"] = self.conv.final_state(raw)

@@ -4,10 +4,17 @@ Autograd's backward of ``F.normalize`` goes through the norm, the clamp, the exp
 (about twice as many full passes over ``x`` as needed). With ``r = 1 / max(||x||, eps)`` and
 ``y = r x`` the input gradient is ``dx = r (dy - [||x|| > eps] y (dy . y))``: one reduction and two
 elementwise passes. Used by the mixers that L2-normalise their queries and keys.
+
+That is the CPU plan (:func:`kernels.device.plan_for`); on the GPU plan the same function is one Triton
+kernel each way (:func:`kernels.norm.l2_normalize`) where the five passes would be five launches.
 """
 from __future__ import annotations
 
 import torch
+
+from kernels.backend import triton_usable_for
+from kernels.device import plan_for
+from kernels.norm import l2_normalize as l2_normalize_kernel
 
 
 class _L2Normalize(torch.autograd.Function):
@@ -28,4 +35,6 @@ class _L2Normalize(torch.autograd.Function):
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """``F.normalize(x, dim=-1, eps=eps)``, same values and gradients."""
+    if plan_for(x).one_pass and triton_usable_for(x):
+        return l2_normalize_kernel(x, eps, backend="triton")
     return _L2Normalize.apply(x, eps)

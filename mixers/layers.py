@@ -14,7 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.backend import triton_usable_for
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
+from kernels.device import plan_for
+from kernels.gate import log_decay
+from kernels.norm import gated_rms_norm
 
 from .conv_time_first import causal_conv_time_first
 
@@ -65,6 +69,31 @@ def split_weight_decay(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[
     return decayed, undecayed
 
 
+def one_pass(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the GPU plan (:func:`kernels.device.plan_for`): every stage one pass (fused
+    projections, normalisations and gates, Triton kernels) instead of the CPU's cache-sized pieces."""
+    return plan_for(x).one_pass
+
+
+def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
+    """``[m(x) for m in modules]`` for ``nn.Linear`` modules reading the same input; an entry may also be a
+    list of bias-free modules, whose outputs come back side by side as one block.
+
+    On the GPU plan (:func:`kernels.device.plan_for`) one matmul over all the concatenated weights, split into
+    the parts (views) with each bias added to its part: one matmul forward and two backward for the layer,
+    where separate modules launch one and two each and the gradients of ``x`` are added up one by one. The
+    CPU plan calls each module (a group: one matmul over its weights) as before: a wider matmul may round
+    differently, and CPU results are kept as they were."""
+    groups = [list(m) if isinstance(m, (list, tuple)) else [m] for m in modules]
+    if any(len(g) > 1 and any(m.bias is not None for m in g) for g in groups):
+        raise ValueError("project: a group of modules whose outputs come back as one block must be bias-free")
+    if not plan_for(x).one_pass or len(groups) == 1:
+        return [g[0](x) if len(g) == 1 else F.linear(x, torch.cat([m.weight for m in g])) for g in groups]
+    weight = torch.cat([m.weight for g in groups for m in g])
+    parts = F.linear(x, weight).split([sum(m.out_features for m in g) for g in groups], -1)
+    return [p if g[0].bias is None else p + g[0].bias.to(p.dtype) for p, g in zip(parts, groups)]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -79,9 +108,13 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(RMSNorm):
-    """``RMSNorm(x) * silu(z)``, normalising over the last dimension (per head when reshaped)."""
+    """``RMSNorm(x) * silu(z)``, normalising over the last dimension (per head when reshaped). On the GPU plan
+    one Triton kernel each way (:func:`kernels.norm.gated_rms_norm`, the product computed in fp32 before the
+    cast to ``x``'s dtype) instead of about eight launches forward and sixteen backward."""
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if plan_for(x).one_pass and triton_usable_for(x):
+            return gated_rms_norm(x, z, self.weight, self.eps, backend="triton")
         return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
@@ -140,7 +173,18 @@ class DecayGate(nn.Module):
         no_weight_decay(self, "A_log", "dt_bias")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raw = at_least_fp32(self.proj(x))
+        return self.from_projection(self.proj(x))
+
+    def log_decay(self, raw: torch.Tensor) -> torch.Tensor:
+        """``g`` alone from ``raw = self.proj(x)``: on the GPU plan one Triton kernel each way
+        (:func:`kernels.gate.log_decay`), where the formula below launches five forward and eight backward."""
+        if plan_for(raw).one_pass and triton_usable_for(raw):
+            return log_decay(raw, self.A_log, self.dt_bias, backend="triton")
+        return self.from_projection(raw)[0]
+
+    def from_projection(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g, dt)`` from ``raw = self.proj(x)`` (computed elsewhere, e.g. by :func:`project`)."""
+        raw = at_least_fp32(raw)
         dt = F.softplus(raw + self.dt_bias.to(raw.dtype))
         g = -torch.exp(self.A_log.to(raw.dtype)) * dt
         return g, dt

@@ -24,7 +24,7 @@ from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
 from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
-from .options import backend_opt, opt
+from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
 DT_MAX = 1e3
@@ -42,8 +42,7 @@ class Mamba2(Mixer):
         headdim: int = opt(32, "head dimension P (expand * d_model must be divisible by it)", at_least=1)
         expand: int = opt(2, "inner width = expand * d_model", at_least=1)
         d_conv: int = opt(4, "short causal convolution width", at_least=1)
-        chunk_size: int = opt(32, "chunk length of the chunked scan (32 measured fastest on a CPU; 64-256 on a GPU)",
-                              at_least=1)
+        chunk_size: int | None = chunk_size_opt("ssd", "chunk length of the chunked scan (does not change the result)")
         backend: str = backend_opt(BACKENDS, "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, "
                                              "CUDA only)")
 
@@ -86,8 +85,8 @@ class Mamba2(Mixer):
         x, B, C = self._split(self.conv(xBC_raw))
         dt = self.gate(u)[1].clamp(max=DT_MAX)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
-        y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, chunk_size=self.options.chunk_size,
-                   backend=self.options.backend)
+        y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, backend=self.options.backend,
+                   chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
         return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
 
     def prefill(self, x, mask=None):

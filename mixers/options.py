@@ -13,6 +13,8 @@ import math
 import typing
 from typing import Any, Mapping
 
+from kernels.device import CPU, GPU, plan_for
+
 
 class OptionError(ValueError):
     """A bad option. ``path`` is the dotted key path, ``message`` the human explanation."""
@@ -47,10 +49,37 @@ def backend_opt(backends: tuple, help: str = "kernel backend") -> Any:
     return opt("auto", help, choices=("auto", *backends))
 
 
+def chunk_size_opt(family: str, help: str) -> Any:
+    """The ``chunk_size`` option of a mixer whose chunk length is a compute knob, not semantics: unset
+    (``None``, the default) it is the device plan's chunk length for the kernel family ``family``, resolved
+    at forward time from the input (:func:`chunk_size_for`): a CPU keeps the small chunks
+    measured fastest there, a GPU takes chunks that fill tensor-core tiles.
+
+    The plain (hashed) form of an unset chunk size is the CPU plan's length (:func:`plain_options`), which
+    was the option's fixed default before it followed the device: every recorded recipe keeps its hash,
+    and a CPU run of it computes exactly what it did. A GPU run computes the same function with its own
+    chunk (the option declares ``chunk_size_changes_output = False``, which the contract checks), as any
+    GPU run of a recipe differs from a CPU run in rounding only; the device is recorded beside each row."""
+    cpu, gpu = CPU.chunk_size(family), GPU.chunk_size(family)
+    meta = {"help": f"{help} (unset: the device's, {cpu} on a CPU and {gpu} on a GPU)", "choices": None,
+            "range": (1, None, None, None), "omit_at_default": False, "device_chunk": family}
+    return dataclasses.field(default=None, metadata=meta)
+
+
+def chunk_size_for(x, family: str, chunk_size: int | None) -> int:
+    """A :func:`chunk_size_opt` option's value: ``chunk_size`` when set, else the chunk length of the kernel
+    family ``family`` in the device plan of the tensor ``x`` (:func:`kernels.device.plan_for`)."""
+    return chunk_size if chunk_size is not None else plan_for(x).chunk_size(family)
+
+
 def plain_options(options) -> dict:
-    """``dataclasses.asdict(options)`` without the ``omit_at_default`` options that hold their default."""
+    """``dataclasses.asdict(options)`` without the ``omit_at_default`` options that hold their default, and
+    with an unset device chunk size (:func:`chunk_size_opt`) written as the CPU plan's."""
     out = dataclasses.asdict(options)
     for f in dataclasses.fields(options):
+        family = f.metadata.get("device_chunk")
+        if family is not None and out[f.name] is None:
+            out[f.name] = CPU.chunk_size(family)
         if f.metadata.get("omit_at_default"):
             default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
             if out[f.name] == default:

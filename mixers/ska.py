@@ -69,7 +69,7 @@ from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
 
 from .base import Mixer, State, register_mixer
 from .key_lift import KEY_LIFTS, key_lift, lifted_dim
-from .layers import compute_dtype, no_weight_decay
+from .layers import compute_dtype, no_weight_decay, project
 from .options import backend_opt, opt
 
 
@@ -149,10 +149,8 @@ class SKA(Mixer):
     # --- helpers -------------------------------------------------------------------------------
     def _qkv(self, x):
         H, r = self.options.n_heads, self.options.rank
-        q = self._lift(self.q_proj(x).unflatten(-1, (H, r)))
-        k = self._lift(self.k_proj(x).unflatten(-1, (H, r)))
-        v = self.v_proj(x).unflatten(-1, (H, self.P))
-        return q, k, v
+        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])     # one matmul on the GPU plan
+        return self._lift(q.unflatten(-1, (H, r))), self._lift(k.unflatten(-1, (H, r))), v.unflatten(-1, (H, self.P))
 
     def _lift(self, u):
         lift = self.options.key_lift

@@ -30,6 +30,22 @@ def test_cpu_never_picks_cuda_backends(installed):
     assert kb.resolve_backend("auto", torch.zeros(1), op="x", available=("reference", "torch", "triton", "fla")) == "torch"
 
 
+def test_auto_follows_the_device_plan_on_cpu_tensors(installed, monkeypatch):
+    """The GPU path on CPU tensors (``gpu_path_on_cpu``): auto takes the CUDA order, passes over the outside
+    backends even when installed (they run on CUDA tensors only) and takes Triton only under the interpreter."""
+    from kernels.device import gpu_path_on_cpu
+
+    installed.update({"fla", "flash_attn", "mamba_ssm"})
+    fam = ("reference", "torch", "triton", "fla", "mamba_ssm")
+    x = torch.zeros(1)
+    for interpreting, want in ((True, "triton"), (False, "torch")):
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreting else "0")
+        assert kb.resolve_backend("auto", x, op="x", available=fam) == "torch"          # the CPU plan
+        with gpu_path_on_cpu():
+            assert kb.resolve_backend("auto", x, op="x", available=fam) == want
+            assert kb.resolve_backend("auto", x, op="x", available=("reference", "fla")) == "reference"
+
+
 def test_attention_passes_over_flash_attn_for_fp32_and_prefers_sdpa_to_triton(installed, monkeypatch):
     """The family marks flash-attn unsupported for fp32, so auto on CUDA falls to PyTorch's SDPA, which the
     family's own order puts before our Triton kernel (checked on a fake CUDA tensor)."""

@@ -53,8 +53,12 @@ from triton.compiler import ASTSource
 from kernels.attention.triton import attention_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
+from kernels.gate.triton import log_decay_triton
 from kernels.gka.triton import triton_chunk_solve
 from kernels.launch import Launch, jit_function, recording
+from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton
+from kernels.scan.triton import chunk_scan_triton
+from kernels.shortconv.triton import causal_conv_triton
 from kernels.ska.triton import ska_chain_triton
 from kernels.slots.triton import slot_memory_triton
 from kernels.ssd.triton import ssd_triton
@@ -178,8 +182,44 @@ def _slots(dt, quick):
         yield f"K={K} d_v={dv} M={M}", run
 
 
+def _scan(dt, quick):
+    # state sizes: GLA at head dim 16 and 128, GKA's (H, U) pair at head dim 128
+    for D in ((2 * 128 * 128,) if quick else (16 * 16, 128 * 128, 2 * 128 * 128)):
+        def run(D=D):
+            L, n = 8, 64
+            a, X = _meta(L, n, dtype=dt), _meta(L, n, D, dtype=dt)
+            _fwd_bwd(chunk_scan_triton(a, X, _meta(L, D, dtype=dt)))
+            _fwd_bwd(chunk_scan_triton(a, X, None)[1])
+        yield f"state={D}", run
+
+
+def _shortconv(dt, quick):
+    for C, act in (((6144, True),) if quick else [(C, act) for C in (48, 768, 6144) for act in (True, False)]):
+        def run(C=C, act=act):
+            _fwd_bwd(causal_conv_triton(_meta(2, 1024, C, dtype=dt), _meta(C, 4, dtype=dt), _meta(C, dtype=dt), act))
+        yield f"C={C} activation={act}", run
+
+
+def _norm(dt, quick):
+    for D in ((128, 4096) if quick else (16, 64, 128, 256, 1024, 4096)):
+        def run(D=D):
+            if D <= 256:
+                _fwd_bwd(l2_normalize_triton(_meta(2, 512, 8, D, dtype=dt)))
+            _fwd_bwd(gated_rms_norm_triton(_meta(2, 512, D, dtype=dt), _meta(2, 512, D, dtype=dt), _meta(D, dtype=dt)))
+        yield f"D={D}", run
+
+
+def _gate(dt, quick):
+    for H in ((64,) if quick else (4, 16, 64)):
+        def run(H=H):
+            _fwd_bwd(log_decay_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32),
+                                      _meta(H, dtype=torch.float32)))
+        yield f"H={H}", run
+
+
 FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka,
-            "blockscan": _blockscan, "slots": _slots}
+            "blockscan": _blockscan, "slots": _slots, "scan": _scan, "shortconv": _shortconv, "norm": _norm,
+            "gate": _gate}
 
 
 #: (family, dtype, sizes, message) of every case a launcher refused in the last enumeration

@@ -1,0 +1,14 @@
+"""The spec of the Mamba-2 log-decay gate: ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, in at least
+fp32 (Dao & Gu, "Transformers are SSMs", arXiv 2405.21060)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..common import compute_dtype
+
+
+def log_decay_reference(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """``raw (..., H)`` (the gate projection), ``A_log (H)``, ``dt_bias (H)`` -> ``g (..., H)`` <= 0."""
+    cd = compute_dtype(raw.dtype)
+    return -torch.exp(A_log.to(cd)) * F.softplus(raw.to(cd) + dt_bias.to(cd))

@@ -1,0 +1,35 @@
+"""Row normalisations of the mixers: the L2 normalisation of queries and keys and the gated RMSNorm of the
+output path (``RMSNorm(x) * SiLU(z)``), each over the last dimension.
+
+Backends: ``reference`` (the PyTorch formulas, :mod:`.reference`) and ``triton`` (one kernel forward and
+one backward each, :mod:`.triton`), the GPU path. The CPU path is the mixers' own PyTorch code
+(:mod:`mixers.l2norm`, :class:`mixers.layers.GatedRMSNorm`), which picks between the two paths by
+:func:`kernels.device.plan_for`.
+"""
+from __future__ import annotations
+
+from ..backend import resolve_backend
+from .reference import gated_rms_norm_reference, l2_normalize_reference
+
+__all__ = ["BACKENDS", "l2_normalize", "gated_rms_norm", "l2_normalize_reference", "gated_rms_norm_reference"]
+
+#: the backends this family implements
+BACKENDS = ("reference", "triton")
+
+
+def l2_normalize(x, eps: float = 1e-12, backend: str = "auto"):
+    """``x / max(||x||, eps)`` over the last dimension."""
+    if resolve_backend(backend, x, op="l2_normalize", available=BACKENDS) == "triton":
+        from .triton import l2_normalize_triton  # lazy: triton is optional
+
+        return l2_normalize_triton(x, eps)
+    return l2_normalize_reference(x, eps)
+
+
+def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
+    """``x / sqrt(mean(x^2) + eps) * weight * SiLU(z)`` over the last dimension, in ``x``'s dtype."""
+    if resolve_backend(backend, x, op="gated_rms_norm", available=BACKENDS) == "triton":
+        from .triton import gated_rms_norm_triton  # lazy: triton is optional
+
+        return gated_rms_norm_triton(x, z, weight, eps)
+    return gated_rms_norm_reference(x, z, weight, eps)

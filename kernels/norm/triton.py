@@ -1,0 +1,182 @@
+"""Row normalisations in one Triton kernel forward and one backward each (the GPU path).
+
+Rows are the last dimension; a program normalises ``BR`` rows of ``D`` elements in registers, in fp32
+(fp64 stays fp64; ``eps`` is passed as an fp32 scalar). Inputs may be strided views (the ``q|k`` columns of
+a fused ``q|k|v`` matrix, a gate slice, heads in a heads-first layout): element ``(o, i, d)`` of the rows
+viewed as ``(outer, inner, D)`` is read at ``o * stride_outer + i * stride_inner + d``, so no copy is made
+to take them out; outputs are contiguous.
+
+- :func:`l2_normalize_triton`: ``y = x r``, ``r = 1 / max(||x||, eps)``; backward
+  ``dx = r (dy - [||x|| > eps] y (dy . y))`` from ``x`` (recomputed ``r`` and ``y``).
+- :func:`gated_rms_norm_triton`: ``y = x r w SiLU(z)``, ``r = (mean(x^2) + eps)^(-1/2)``; backward with
+  ``n = x r``, ``s = SiLU(z)``: ``dz = dy n w SiLU'(z)``, ``dx = r (da w - n mean(da w n))`` with
+  ``da = dy s``, and each program's share of ``dw = sum_rows da n``, summed over the programs in one
+  reduction.
+
+So an L2 normalisation is two launches forward+backward and a gated RMSNorm three, where autograd through
+the PyTorch formulas runs ten and about twenty-four. No products here for tensor cores.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import compute_dtype
+from ..launch import launch
+
+
+@triton.jit
+def _offsets(pid, n_rows, inner, s_outer, s_inner, D, BR: tl.constexpr, BD: tl.constexpr):
+    rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
+    cols = tl.arange(0, BD)
+    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+    return rows, cols, mask, _strided(rows, cols, inner, s_outer, s_inner), rows[:, None] * D + cols[None, :]
+
+
+@triton.jit
+def _strided(rows, cols, inner, s_outer, s_inner):
+    return ((rows // inner) * s_outer + (rows % inner) * s_inner)[:, None] + cols[None, :]
+
+
+@triton.jit
+def _l2_fwd(X, Y, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    rows, cols, mask, x_off, y_off = _offsets(tl.program_id(0), n_rows, inner, sx, six, D, BR, BD)
+    x = tl.load(X + x_off, mask=mask, other=0.0)
+    x = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    r = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+    tl.store(Y + y_off, (x * r[:, None]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _l2_bwd(X, DY, DX, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    rows, cols, mask, x_off, y_off = _offsets(tl.program_id(0), n_rows, inner, sx, six, D, BR, BD)
+    x = tl.load(X + x_off, mask=mask, other=0.0)
+    x = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    dy = tl.load(DY + y_off, mask=mask, other=0.0).to(x.dtype)
+    n = tl.sqrt(tl.sum(x * x, axis=1))
+    r = 1.0 / tl.maximum(n, eps)
+    y = x * r[:, None]
+    s = tl.where(n > eps, tl.sum(dy * y, axis=1), 0.0)
+    tl.store(DX + y_off, (r[:, None] * (dy - y * s[:, None])).to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_fwd(X, Z, W, Y, n_rows, inner, sx, six, sz, siz, D, eps, BR: tl.constexpr, BD: tl.constexpr):
+    pid = tl.program_id(0)
+    rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
+    z_off = _strided(rows, cols, inner, sz, siz)
+    w = tl.load(W + cols, mask=cols < D, other=0.0)
+    x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
+    z = tl.load(Z + z_off, mask=mask, other=0.0).to(w.dtype)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    y = x * r[:, None] * w[None, :] * (z * tl.sigmoid(z))
+    tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, D, eps, BR: tl.constexpr,
+             BD: tl.constexpr):
+    pid = tl.program_id(0)
+    rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
+    z_off = _strided(rows, cols, inner, sz, siz)
+    w = tl.load(W + cols, mask=cols < D, other=0.0)
+    x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
+    z = tl.load(Z + z_off, mask=mask, other=0.0).to(w.dtype)
+    dy = tl.load(DY + y_off, mask=mask, other=0.0).to(w.dtype)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    n = x * r[:, None]
+    sig = tl.sigmoid(z)
+    s = z * sig
+    a = n * w[None, :]
+    tl.store(DZ + y_off, (dy * a * sig * (1.0 + z * (1.0 - sig))).to(DZ.dtype.element_ty), mask=mask)
+    da = dy * s
+    tl.store(DW + pid * D + cols, tl.sum(da * n, axis=0), mask=cols < D)
+    dn = da * w[None, :]
+    dx = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
+    tl.store(DX + y_off, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor):
+    """``(x, n_rows, inner, stride_outer, stride_inner)``: ``x`` (copied only when it must be) addressed as
+    rows ``(outer, inner, D)`` with element ``(o, i, d)`` at ``o * stride_outer + i * stride_inner + d``."""
+    D = x.shape[-1]
+    inner = x.shape[-2] if x.ndim >= 2 else 1
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        v = x.view(-1, inner, D)
+    except RuntimeError:                                 # leading dims that cannot be merged
+        x = x.contiguous()
+        v = x.view(-1, inner, D)
+    return x, v.shape[0] * inner, inner, v.stride(0), v.stride(1)
+
+
+def _block(D: int, n_rows: int) -> tuple[int, int, int]:
+    """``(rows per program, padded row length, warps)``: about 1024 elements per program, 8 per thread for
+    rows up to 1024 (the backward keeps about six such tiles live), more warps for longer rows."""
+    BD = max(16, triton.next_power_of_2(D))
+    return max(1, min(16, 1024 // BD, triton.next_power_of_2(n_rows))), BD, min(16, max(4, BD // 256))
+
+
+class _L2Normalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, eps: float):
+        x, n_rows, inner, sx, six = _rows(x)
+        D = x.shape[-1]
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        BR, BD, warps = _block(D, n_rows)
+        fp64 = compute_dtype(x.dtype) == torch.float64
+        launch(_l2_fwd, (triton.cdiv(n_rows, BR),), x, y, n_rows, inner, sx, six, D, eps, FP64=fp64, BR=BR, BD=BD,
+               num_warps=warps)
+        ctx.save_for_backward(x)
+        ctx.eps, ctx.layout = eps, (n_rows, inner, sx, six, BR, BD, warps, fp64)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        n_rows, inner, sx, six, BR, BD, warps, fp64 = ctx.layout
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        launch(_l2_bwd, (triton.cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, x.shape[-1],
+               ctx.eps, FP64=fp64, BR=BR, BD=BD, num_warps=warps)
+        return dx, None
+
+
+class _GatedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, z, weight, eps: float):
+        if z.shape != x.shape:
+            raise ValueError(f"gated_rms_norm: z {tuple(z.shape)} must have the shape of x {tuple(x.shape)}")
+        x, n_rows, inner, sx, six = _rows(x)
+        z, _, _, sz, siz = _rows(z)
+        D = x.shape[-1]
+        w = weight.to(compute_dtype(x.dtype)).contiguous()
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        BR, BD, warps = _block(D, n_rows)
+        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps, BR=BR, BD=BD,
+               num_warps=warps)
+        ctx.save_for_backward(x, z, w)
+        ctx.eps, ctx.layout, ctx.w_dtype = eps, (n_rows, inner, sx, six, sz, siz, BR, BD, warps), weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, z, w = ctx.saved_tensors
+        n_rows, inner, sx, six, sz, siz, BR, BD, warps = ctx.layout
+        D = x.shape[-1]
+        n_prog = triton.cdiv(n_rows, BR)
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+        dw = w.new_empty(n_prog, D)
+        launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz, D,
+               ctx.eps, BR=BR, BD=BD, num_warps=warps)
+        return dx, dz, dw.sum(0).to(ctx.w_dtype), None
+
+
+def l2_normalize_triton(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    return _L2Normalize.apply(x, eps)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _GatedRMSNorm.apply(x, z, weight, eps)

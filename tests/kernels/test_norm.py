@@ -1,0 +1,71 @@
+"""The row normalisations' Triton kernels (:mod:`kernels.norm`, the GPU path) against their PyTorch
+formulas (``F.normalize``; ``RMSNorm(x) * SiLU(z)``), values and gradients in fp32 and fp64 through the
+interpreter, on contiguous inputs and on the strided views the mixers hand them (a column block of a wider
+projection, heads in a heads-first layout), which are read in place."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.backend import triton_usable_for
+from kernels.launch import counting
+from kernels.norm import gated_rms_norm, gated_rms_norm_reference, l2_normalize, l2_normalize_reference
+from tests.kernels.harness import assert_rel_close, compare_backends
+
+pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
+TOL = {torch.float32: 1e-6, torch.float64: 1e-13}
+
+
+def _views(dtype):
+    """name -> (B, T, H, D) tensor: contiguous, a column block of a wider matrix, heads-first."""
+    wide = torch.randn(2, 9, 3 * 4 * 16, dtype=dtype)
+    return {"contiguous": torch.randn(2, 9, 4, 16, dtype=dtype),
+            "column block": wide[..., 16:16 + 4 * 16].unflatten(-1, (4, 16)),
+            "heads first": torch.randn(2, 4, 9, 16, dtype=dtype).transpose(1, 2)}
+
+
+def _grads(fn, inputs, dy):
+    xs = [x.detach().requires_grad_() for x in inputs]      # keeps each view's strides
+    y = fn(*xs)
+    return [y.detach()] + list(torch.autograd.grad(y, xs, dy))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "column block", "heads first"])
+def test_l2_normalize(dtype, layout):
+    x = _views(dtype)[layout]
+    dy = torch.randn(x.shape, dtype=dtype)
+    got = _grads(lambda x: l2_normalize(x, backend="triton"), [x], dy)
+    want = _grads(l2_normalize_reference, [x], dy)
+    for g, w in zip(got, want):
+        assert_rel_close(g, w, TOL[dtype], layout)
+
+
+def test_l2_normalize_zero_row_and_eps():
+    """A zero row stays zero with gradient ``dy / eps`` (the clamp), as ``F.normalize``."""
+    x = torch.randn(3, 5, 8)
+    x[1, 2] = 0
+    compare_backends(lambda x: l2_normalize(x, eps=1e-3, backend="triton"),
+                     lambda x: l2_normalize_reference(x, eps=1e-3), [x], tol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "column block", "heads first"])
+def test_gated_rms_norm(dtype, layout):
+    views = _views(dtype)
+    x, z = views[layout], views["column block" if layout != "column block" else "heads first"]
+    w, dy = torch.randn(16, dtype=dtype), torch.randn(x.shape, dtype=dtype)
+    got = _grads(lambda x, z, w: gated_rms_norm(x, z, w, eps=1e-5, backend="triton"), [x, z, w], dy)
+    want = _grads(lambda x, z, w: gated_rms_norm_reference(x, z, w, eps=1e-5), [x, z, w], dy)
+    for g, w_ in zip(got, want):
+        assert_rel_close(g, w_, TOL[dtype], layout)
+
+
+def test_gated_rms_norm_wide_rows_and_one_launch_each_way():
+    """Rows of 200 (a ragged block of 256), several programs' shares of the weight gradient summed."""
+    x, z = torch.randn(3, 40, 200), torch.randn(3, 40, 200)
+    w = torch.randn(200)
+    with counting() as launches:
+        compare_backends(lambda x, z, w: gated_rms_norm(x, z, w, backend="triton"), gated_rms_norm_reference,
+                         [x, z, w], tol=1e-6)
+    assert dict(launches) == {"norm._rms_fwd": 1, "norm._rms_bwd": 1}

@@ -1,0 +1,79 @@
+"""The short convolution's Triton kernels (:mod:`kernels.shortconv`, the GPU path) against torch's
+``conv1d`` (the reference), values and gradients of input, weight and bias, in fp32 and fp64 through the
+interpreter; and the time-first layer (:func:`mixers.conv_time_first.causal_conv_time_first`) taking them on
+the GPU plan, where it makes one launch forward and one backward at every length."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from kernels.backend import triton_usable_for
+from kernels.device import gpu_path_on_cpu
+from kernels.launch import counting
+from kernels.shortconv import causal_conv, causal_conv_reference
+from mixers.conv_time_first import causal_conv_time_first
+from tests.kernels.harness import assert_rel_close, compare_backends
+
+pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
+
+
+@pytest.mark.parametrize("T,C,k,activation,bias", [(37, 80, 4, True, True), (37, 80, 4, False, False),
+                                                    (3, 20, 4, True, False), (70, 9, 2, False, True),
+                                                    (5, 16, 1, True, True)])
+def test_triton_matches_conv1d(T, C, k, activation, bias):
+    """Ragged tiles in time and channels (37 x 80 against 32 x 64 tiles), T shorter than the filter,
+    width-1 filters, with and without SiLU and bias."""
+    x, w = torch.randn(2, T, C), torch.randn(C, k)
+    ins = [x, w] + ([torch.randn(C)] if bias else [])
+
+    def fn(x, w, b=None):
+        return causal_conv(x, w, b, activation, backend="triton")
+
+    def ref(x, w, b=None):
+        return causal_conv_reference(x, w, b, activation)
+
+    compare_backends(fn, ref, ins, tol=1e-6, grad_tol=1e-6)
+    compare_backends(fn, ref, [t.double() for t in ins], tol=1e-13, grad_tol=1e-13)
+
+
+def test_backward_programs_walking_several_tiles(monkeypatch):
+    """At most two programs along time: each walks several time tiles and sums its share of dw and db, and
+    a strided input (a column block of a wider projection) is read in place."""
+    import kernels.shortconv.triton as kt
+
+    monkeypatch.setattr(kt, "_MAX_GROUPS", 2)
+    x = torch.randn(2, 75, 30, dtype=torch.float64)[..., 5:17]
+    w, b, dy = (torch.randn(*shape, dtype=torch.float64) for shape in ((12, 4), (12,), (2, 75, 12)))
+    results = []
+    for fn in (lambda *a: causal_conv(*a, backend="triton"), causal_conv_reference):
+        ins = [t.detach().requires_grad_() for t in (x, w, b)]             # the view keeps its strides
+        y = fn(*ins)
+        results.append([y.detach(), *torch.autograd.grad(y, ins, dy)])
+    for what, got, want in zip(("y", "dx", "dw", "db"), *results):
+        assert_rel_close(got, want, 1e-13, what)
+
+
+def test_bad_shapes():
+    with pytest.raises(ValueError, match="same C"):
+        causal_conv(torch.randn(1, 4, 3), torch.randn(5, 4), None, backend="triton")
+
+
+@pytest.mark.parametrize("T", [40, 100])
+def test_gpu_plan_is_one_kernel_each_way(monkeypatch, T):
+    """Time blocks of 64 elements: the CPU path runs several; the GPU plan one kernel each way, same values."""
+    import mixers.conv_time_first as ctf
+
+    monkeypatch.setattr(ctf, "_BLOCK_ELEMENTS", 64)
+    x, w, b, dy = (torch.randn(*shape, dtype=torch.float64) for shape in ((2, T, 12), (12, 4), (12,), (2, T, 12)))
+    results = []
+    for gpu in (False, True):
+        xs = [t.clone().requires_grad_() for t in (x, w, b)]
+        with (gpu_path_on_cpu() if gpu else contextlib.nullcontext()), counting() as launches:
+            y = causal_conv_time_first(*xs)
+            y.backward(dy)
+        assert sum(launches.values()) == (2 if gpu else 0)
+        results.append([y.detach()] + [t.grad for t in xs])
+    for a, b_ in zip(*results):
+        torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-12)
