@@ -43,16 +43,25 @@ def recipe_sections() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(RecipeConfig)) + EXTRA_SECTIONS
 
 
-def _not_a_recipe_file(st: os.stat_result) -> str | None:
-    """What is wrong with a file of this ``stat`` as a recipe, or None."""
+def not_a_regular_file(st: os.stat_result, what: str, instead: str) -> str | None:
+    """Why a file of this ``stat`` cannot be read as ``what`` (a folder, a pipe, a device: reading one could
+    block or never end), saying to give ``instead``; None for a regular file."""
     mode = st.st_mode
     if stat.S_ISDIR(mode):
-        return "is a folder, not a recipe file"
+        return f"is a folder, not {what}"
     if not stat.S_ISREG(mode):
         kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
                 else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "not a regular file")
-        return f"is {kind}, not a recipe file; give the path of a YAML file"
+        return f"is {kind}, not {what}; give {instead}"
+    return None
+
+
+def _not_a_recipe_file(st: os.stat_result) -> str | None:
+    """What is wrong with a file of this ``stat`` as a recipe, or None."""
+    problem = not_a_regular_file(st, "a recipe file", "the path of a YAML file")
+    if problem:
+        return problem
     if st.st_size > MAX_RECIPE_BYTES:
         return _too_large(st.st_size)
     return None

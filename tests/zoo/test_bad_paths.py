@@ -118,6 +118,17 @@ def test_a_fifo_as_the_recipe_argument_does_not_block_the_command(tmp_path):
     assert "named pipe" in out.stderr and "Traceback" not in out.stderr
 
 
+
+def test_a_checkpoint_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path, capsys, never_opened, alarm):
+    """zoo eval and zoo generate read a checkpoint with torch.load: a pipe would block it, /dev/zero never end it."""
+    for words, path in _not_regular_files(tmp_path).items():
+        if words == "folder":  # a folder is a run folder: its checkpoint.pt is missing, said in one line
+            continue
+        never_opened.add(path.absolute())
+        for argv in (["eval", path], ["generate", path, "--prompt", "x"]):
+            err = _one_line_error(capsys, *argv)
+            assert f"{path}: is a {words}" in err and "not a checkpoint" in err, err
+
 def _padded(text: str, size: int) -> bytes:
     """``text`` followed by comment lines, exactly ``size`` bytes."""
     body = text.encode()

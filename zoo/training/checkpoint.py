@@ -38,6 +38,7 @@ import torch
 from mixers import MIXERS, STATE_MIXERS
 
 from ..errors import UserError
+from ..paths import not_a_regular_file
 from ..recipes.plain import recipe_differences
 from ..tasks import TASKS
 
@@ -47,9 +48,11 @@ READABLE_FORMATS = (1, 2)
 
 
 def path_in(location: str | Path) -> Path:
-    """``location`` itself if it is a file, else ``location/checkpoint.pt``."""
+    """``location`` itself if it is a file (or a pipe or device, which :func:`load` refuses by name), else
+    ``location/checkpoint.pt``."""
     location = Path(location)
-    return location if location.is_file() or location.suffix == ".pt" else location / FILENAME
+    is_file = location.exists() and not location.is_dir()
+    return location if is_file or location.suffix == ".pt" else location / FILENAME
 
 
 def save(path: Path, state: dict) -> None:
@@ -81,6 +84,9 @@ def _torch_load(source, map_location, path: Path):
 def load(path: Path, map_location="cpu") -> dict:
     if not path.exists():
         raise UserError(f"{path}: no checkpoint here (zoo train RECIPE --out DIR writes DIR/{FILENAME})")
+    problem = not_a_regular_file(path.stat(), "a checkpoint", f"a run folder or its {FILENAME}")
+    if problem:  # a pipe or a device would block the read or never end it
+        raise UserError(f"{path}: {problem}")
     outer = _torch_load(path, map_location, path)
     if not isinstance(outer, dict) or outer.get("format") not in READABLE_FORMATS:
         raise UserError(f"{path}: not a mixer-zoo checkpoint (formats {READABLE_FORMATS})")
