@@ -49,8 +49,8 @@ from the regenerated text.
   the training length, or every cell replaced by its base): such a rule could not fail for lack of the change.
 - **post hoc**: the rule took its current form (read from git: the oldest commit since which claims.yaml gives
   it the same rule and cells) after some row of a cell it judges existed: a row whose code commit (each row
-  records it) or whose first commit in the table's `results.jsonl` does not descend from the rule's commit,
-  read over the whole git history of the file, so a row since replaced by a re-run counts too. Such a rule
+  records it), or a commit in which the table's `results.jsonl` held it, does not descend from the rule's
+  commit, read over the whole git history of the file, so a row since replaced by a re-run counts too. Such a rule
   could have been chosen knowing the numbers. A claim that discloses runs made outside the table before its
   rule (`calibration`) is post hoc as well. Each claim's details say which.
 - **step 0**: every verdict condition is also evaluated on the untrained models of its cells (each row
