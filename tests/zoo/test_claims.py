@@ -75,13 +75,15 @@ def _synthetic_root(tmp_path, cells, rule=None, claim=None):
         for label, accs in cells.items():
             for seed, acc in enumerate(accs):
                 fh.write(json.dumps(_row(label, seed, acc)) + "\n")
-    spec = {"id": "c", "paper": "p", "claim": "a beats b", "paper_result": "1.0 vs 0.1", "table": "t",
+    spec = {"id": "c", "paper": "p", "claim": "a beats b", "paper_result": "1.0 vs 0.1", "quote": "a: 1.0, b: 0.1",
+            "section": "Table 1", "table": "t",
             "cells": {"a": "a", "b": "b"}, "show": ["a.test_accuracy"],
             "rule": rule or {"reproduced": ["a.test_accuracy >= 0.9", "b.test_accuracy <= 0.2"],
                              "partly": ["a.test_accuracy >= b.test_accuracy + 0.3"]}}
     spec.update(claim or {})
     data = {"papers": {"p": {"title": "A paper", "id": "arXiv 0000.00000"}},
-            "tables": {"t": {"recipe": "recipes/t.yaml", "measured": "1 s"}}, "claims": [spec]}
+            "tables": {"t": {"recipe": "recipes/t.yaml", "measured": "1 s", "no_learning": {"*": {"test_accuracy": 0.0}}}},
+            "claims": [spec]}
     (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return root
 
@@ -155,6 +157,14 @@ def test_legacy_seed_labels_group_with_the_cell_and_nan_means_diverged(tmp_path)
     ({"table": "missing"}, "table 'missing' is not listed under tables"),
     ({"paper": "q"}, "unknown paper 'q'"),
     ({"unit_test": "tests/nothing.py::test_x"}, "names no test function"),
+    ({"quote": None, "section": None}, "give the exact sentence or table cell"),
+    ({"section": None}, "give quote (the paper's exact sentence or table cell) and section"),
+    ({"unguarded": {"a": ""}}, "unguarded must map a cell to why"),
+    ({"learned": ["a.test_accuracy"], "unguarded": {"a": "predicted"}}, "both in learned and in unguarded"),
+    ({"soruce": "x"}, "unknown field 'soruce'; did you mean 'source'"),
+    ({"rule": {"reproduced": ["per seed: a.test_accuracy@all >= 0.9"]}}, "per-seed condition reads one length"),
+    ({"change": {"kind": "speed"}}, "change must be"),
+    ({"change": {"kind": "size"}}, "change.base must map"),
 ])
 def test_bad_definitions_raise_a_clear_error(tmp_path, change, message):
     root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)}, claim=change)

@@ -110,6 +110,24 @@ def test_mask_marks_facts_and_everything_else_is_filler():
             assert all(x[t] < voc.filler[0] for t in range(first_query, 72)), "no filler among the queries"
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_body_mask_marks_every_token_before_the_queries_and_keeps_the_sequences(name):
+    seed = int(torch.randint(1 << 30, ()))
+    facts = make(name, vocab_size=128, seq_len=72, num_kv_pairs=4).make("test", seed, num_examples=20)
+    body = make(name, vocab_size=128, seq_len=72, num_kv_pairs=4, mask="body").make("test", seed, num_examples=20)
+    assert torch.equal(facts.inputs, body.inputs) and torch.equal(facts.labels, body.labels), seed
+    for x, y, m in zip(body.inputs.tolist(), body.labels.tolist(), body.mask.tolist()):
+        first_query = min(query_start(name, x, t) for t in supervised(y))
+        assert m == [1.0] * first_query + [0.0] * (72 - first_query), (seed, name)
+    assert bool((body.mask >= facts.mask).all()), "the facts lie in the body"
+
+
+def test_the_default_mask_is_left_out_of_the_resolved_recipe_and_body_is_recorded():
+    assert "mask" not in resolve(recipe()).plain["task"]
+    body = resolve(recipe(tasks=[{"name": "niah"}]), ["task.mask=body"])
+    assert body.plain["task"]["mask"] == "body" and body.eval_tasks[0][1].options.mask == "body"
+
+
 def test_niah_needles_sit_at_varied_depths():
     data = make("niah", seq_len=128, num_kv_pairs=1, num_queries=1).make("train", 0, num_examples=200)
     depth = data.mask.argmax(dim=1).float()

@@ -1,12 +1,15 @@
-"""Pre-registration, checked from git: was a claim's rule committed before the rows it judges were computed?
+"""Pre-registration, checked from git: was a claim's rule committed before any row of the cells it judges?
 
 A claim's rule "takes its current form" in the oldest commit from which ``claims.yaml`` gives the claim the
 same rule and the same cells up to now (later edits elsewhere in the file do not count). Every results row
 records the commit its code was at (``versions.git``). A row *predates* the rule when the rule's commit is not
-an ancestor of (or equal to) the row's commit: the numbers existed before the rule that judges them, so the
-rule could have been chosen knowing them, and the verdict is marked **post hoc**. A rule not committed yet, a
-row without a recorded commit or with a commit unknown to this history cannot show pre-registration either.
-Outside a git checkout nothing can be checked, and the ledger says so.
+an ancestor of (or equal to) the row's commit, or when the row was in the table's ``results.jsonl`` in a
+commit that does not descend from the rule's commit. Rows are read from the whole git history of the file,
+not only from the rows present now: a cell re-run after its rule was written still had numbers before it, and
+the rule could have been chosen knowing them. A verdict that judges a cell with such a row is marked
+**post hoc**. A rule not committed yet, a row without a recorded commit or with a commit unknown to this
+history cannot show pre-registration either. Outside a git checkout nothing can be checked, and the ledger
+says so.
 """
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ from pathlib import Path
 
 import yaml
 
-#: the claims.yaml fields whose change gives a rule a new form (what must have learned, and which step-0
-#: outcomes are accepted, decide a verdict as much as the conditions do)
-RULE_FIELDS = ("rule", "cells", "learned", "step0_ok")
+from .results import cell_of
+
+#: the claims.yaml fields whose change gives a rule a new form (what must have learned or may fail to, the change a
+#: claim states and which step-0 outcomes are accepted decide a verdict as much as the conditions do)
+RULE_FIELDS = ("rule", "cells", "learned", "unguarded", "change", "step0_ok")
 
 
 def git(root: Path, *args: str) -> str | None:
@@ -40,10 +45,16 @@ def rule_form(spec: dict) -> str:
     return json.dumps({k: spec.get(k) for k in RULE_FIELDS}, sort_keys=True, default=str)
 
 
+def head(root: Path) -> str:
+    """The checkout's HEAD commit ('' without one): the key of the caches of history below."""
+    return (git(root, "rev-parse", "HEAD") or "").strip()
+
+
 @lru_cache(maxsize=8)
-def _history(root: str) -> tuple[tuple[str, dict], ...]:
-    """``(commit, {claim id: rule form})`` for every commit that changed claims.yaml, newest first."""
-    log = git(Path(root), "log", "--format=%H", "--", "claims.yaml") or ""
+def _history(root: str, at: str) -> tuple[tuple[str, dict], ...]:
+    """``(commit, {claim id: rule form})`` for every commit that changed claims.yaml up to ``at``, newest
+    first."""
+    log = git(Path(root), "log", "--format=%H", at, "--", "claims.yaml") or ""
     out = []
     for commit in log.split():
         text = git(Path(root), "show", f"{commit}:claims.yaml")
@@ -60,7 +71,7 @@ def _history(root: str) -> tuple[tuple[str, dict], ...]:
 def rule_commit(root: Path, spec: dict) -> str | None:
     """The commit where the claim's rule took its current form; None when the current form is not committed."""
     form = rule_form(spec)
-    history = _history(str(root))
+    history = _history(str(root), head(root))
     committed = git(root, "show", "HEAD:claims.yaml")
     if not history or committed is None:
         return None
@@ -89,6 +100,41 @@ def _is_ancestor(root: str, ancestor: str, commit: str) -> bool | None:
     return {0: True, 1: False}.get(done.returncode)
 
 
+@dataclass(frozen=True)
+class PastRow:
+    """A row that ``tables/<table>/results.jsonl`` held in some commit: its cell, its code commit, the commit."""
+    cell: str
+    code: str
+    commit: str
+
+
+@lru_cache(maxsize=64)
+def table_history(root: str, table: str, at: str) -> tuple[PastRow, ...]:
+    """Every row of ``tables/<table>/results.jsonl`` in every commit up to ``at`` that changed the file (once
+    per commit)."""
+    rel = f"tables/{table}/results.jsonl"
+    out = []
+    for commit in (git(Path(root), "log", "--format=%H", at, "--", rel) or "").split():
+        for line in (git(Path(root), "show", f"{commit}:{rel}") or "").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "label" in row:
+                out.append(PastRow(cell_of(str(row["label"])), (row.get("versions") or {}).get("git") or "", commit))
+    return tuple(out)
+
+
+def _after(root: Path, rule: str, commit: str) -> bool:
+    return _is_ancestor(str(root), rule, commit) is True
+
+
+def _early_past_rows(root: Path, rule: str, table: str, cells: set[str]) -> list[PastRow]:
+    """The rows of ``cells`` in the history of the table that predate the rule's commit."""
+    return [r for r in table_history(str(root), table, head(root)) if r.cell in cells
+            and (not r.code or not _after(root, rule, r.code) or not _after(root, rule, r.commit))]
+
+
 @dataclass
 class Registration:
     """Whether a claim's rule was committed before every row it judges."""
@@ -97,7 +143,19 @@ class Registration:
     text: str
 
 
-def registration(root: Path, spec: dict, rows: list[dict]) -> Registration:
+def _past_text(rows: list[PastRow]) -> str:
+    """``cell (in the table at <commits>)`` for each cell of ``rows``."""
+    by_cell: dict[str, set[str]] = {}
+    for r in rows:
+        by_cell.setdefault(r.cell, set()).add(r.commit[:7])
+    return "; ".join(f"{cell!r} (in the table at {', '.join(sorted(c))})" for cell, c in sorted(by_cell.items()))
+
+
+def registration(root: Path, spec: dict, rows: list[dict], table: str | None = None,
+                 labels: tuple[str, ...] = ()) -> Registration:
+    """Whether the claim's rule (``spec``) was committed before every row of the cells it judges: ``rows``
+    (those present now) and, when ``table`` is given, every row that the table's history holds of the cells
+    ``labels`` (default: the cells of ``rows``)."""
     if not in_git_checkout(root):
         return Registration(False, False, "not checked: not a git checkout")
     commit = rule_commit(root, spec)
@@ -108,6 +166,11 @@ def registration(root: Path, spec: dict, rows: list[dict]) -> Registration:
     if early:
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, after the code of rows "
                                         f"computed at {', '.join(early)}")
+    cells = {cell_of(str(label)) for label in labels} or {cell_of(str(r.get("label", ""))) for r in rows}
+    past = _early_past_rows(root, commit, table, cells) if table else []
+    if past:
+        return Registration(True, True, f"post hoc: rule committed in {commit[:7]}; before it the table already "
+                                        f"held rows of cells it judges (since replaced or not): {_past_text(past)}")
     if not row_commits:
         return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}; no row yet")
     return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}, before every row it judges "

@@ -16,7 +16,10 @@ Every sequence has the same three parts: **facts** (the key-value bindings, wher
 ``Q <key ...> <answer>``. The label sits at the last key token of a query (the next token is the
 answer, fed in as input after it, as in ``?Agent:Tool=Result``); every other label is -100. The mask
 (``TaskData.mask``, SKA's prefix / action mask) is 1 exactly on the fact tokens, like MQAR's mask on
-its key-value context.
+its key-value context (``mask: facts``, the default: the generator tells where the facts are); with
+``mask: body`` it is 1 on every token before the queries, facts and distractors alike, the prefix over
+which Echo's prefix mode accumulates its statistics (section 3.2.2), so that nothing but the layout of a
+sequence (context, then queries) marks it.
 
 The paper names the tasks and their fact/distractor/query structure but not their token layouts, the
 number of queries or the vocabulary; those are our choices, documented in each task's docstring and
@@ -38,6 +41,8 @@ from .base import Task, TaskData
 IGNORE = -100
 QUERY = 1
 NUM_SPECIAL = 4
+#: what the mask of a transfer task marks (see the module docstring)
+MASKS = ("facts", "body")
 
 
 @dataclass
@@ -74,6 +79,8 @@ class TransferOptions:
                               "0 = one per fact)", at_least=0)
     num_train: int = opt(10_000, "training examples", at_least=1, at_most=10_000_000)
     num_test: int = opt(300, "test examples", at_least=1, at_most=10_000_000)
+    mask: str = opt("facts", "which tokens the mask marks: facts (exactly the fact tokens) or body (every token "
+                             "before the queries, distractors included)", choices=MASKS, omit_at_default=True)
 
     def __post_init__(self):
         if self.min_kv_pairs > self.num_kv_pairs:
@@ -138,7 +145,10 @@ class TransferTask(Task):
     def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
         self.check_length(seq_len)
         rng = np.random.default_rng(int(torch.randint(1 << 62, (1,), generator=generator)))
-        return stack(self.rows(rng, self.pair_counts(rng, num_examples), seq_len))
+        rows = self.rows(rng, self.pair_counts(rng, num_examples), seq_len)
+        if self.options.mask == "body":
+            rows = [(inputs, labels, body_mask(inputs)) for inputs, labels, _ in rows]
+        return stack(rows)
 
 
 class OneLayoutTask(TransferTask):
@@ -187,6 +197,12 @@ def assemble(body: np.ndarray, body_mask: np.ndarray, query_tokens: np.ndarray,
     labels = np.concatenate([np.full(len(body), IGNORE, dtype=np.int64), query_labels])
     mask = np.concatenate([body_mask, np.zeros(len(query_tokens))])
     return inputs, labels, mask
+
+
+def body_mask(inputs: np.ndarray) -> np.ndarray:
+    """1 on every token before the first query marker (the body: facts and distractors), 0 from it on."""
+    first = int(np.argmax(inputs == QUERY))  # every row ends with its queries, and no body token is QUERY
+    return (np.arange(len(inputs)) < first).astype(np.float64)
 
 
 def stack(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> TaskData:

@@ -6,7 +6,9 @@
 
 - :mod:`.schema`: claims.yaml read and checked, a claim bound to the cells and rule it names;
 - :mod:`.cells`: the rows of a table's cell over its seeds, checked, and their statistics;
-- :mod:`.conditions`: the language of a rule's conditions, and their evaluation on cell means;
+- :mod:`.conditions`: the language of a rule's conditions, and their evaluation on cell means or per seed;
+- :mod:`.guard`: the learned guard, every judged cell above its table's no-learning level on every seed;
+- :mod:`.changes`: a claim about a change (length, budget, size) states it and does not hold without it;
 - :mod:`.verdicts`: the verdict pipeline (seeds, learning, rule, step 0, pre-registration, staleness);
 - :mod:`.render`: CLAIMS.md and the README's results table;
 - :mod:`.costs`: tables/README.md, the command behind each table and the estimated cost of re-running it;

@@ -3,7 +3,12 @@
 
 ``nan`` is a number (``== nan`` asks for a diverged cell, and ``nan == nan`` holds); ``<metric>@all`` means the
 metric at the training length and at every test length of the cell, compared length by length when both
-sides say ``@all``.
+sides say ``@all``. A condition written ``per seed: <condition>`` is read on every seed's value instead of the
+means (both sides' cells must have the same seeds) and holds when it holds for every seed, e.g.
+``per seed: attn.test_accuracy@4096 <= attn.test_accuracy - 0.2`` (every seed of attn falls by 0.2).
+
+A condition is **inconclusive** when it reads a cell that the verdict's learned guard found at its no-learning
+level on some seed (:mod:`.verdicts`): its numbers say nothing about the claim.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from .errors import ClaimsError
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
         "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or a == b}
 _COND = re.compile(r"^\s*(?P<left>.+?)\s+(?P<op>>=|<=|==|>|<)\s+(?P<right>.+?)\s*$")
+_PER_SEED = re.compile(r"^\s*per seed:\s*", re.I)
 _TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+?)(?:\s*(?P<sign>[+-])\s*(?P<offset>\S+))?"
                    r"|(?P<number>\S+))$")
 
@@ -54,16 +60,25 @@ class Condition:
     left: Term
     op: str
     right: Term
+    per_seed: bool = False
 
     @classmethod
     def parse(cls, text, where: str) -> "Condition":
         if not isinstance(text, str):
             raise ClaimsError(f"{where}: a condition is a string such as 'a.test_accuracy >= 0.9', got {text!r}")
-        m = _COND.match(text)
+        body = _PER_SEED.sub("", text, count=1)
+        m = _COND.match(body)
         if m is None:
-            raise ClaimsError(f"{where}: cannot read condition {text!r}; write <cell>.<metric> <op> <cell>.<metric> "
-                              f"[+|- number] or <cell>.<metric> <op> <number>, op one of >= <= > < ==")
-        return cls(text, parse_term(m.group("left"), where), m.group("op"), parse_term(m.group("right"), where))
+            raise ClaimsError(f"{where}: cannot read condition {text!r}; write [per seed:] <cell>.<metric> <op> "
+                              f"<cell>.<metric> [+|- number] or <cell>.<metric> <op> <number>, op one of >= <= > < ==")
+        cond = cls(text, parse_term(m.group("left"), where), m.group("op"), parse_term(m.group("right"), where),
+                   per_seed=body != text)
+        if cond.per_seed and any(t.metric and t.metric.endswith("@all") for t in (cond.left, cond.right)):
+            raise ClaimsError(f"{where}: {text!r}: a per-seed condition reads one length per side; write one "
+                              f"condition per length instead of @all")
+        if cond.per_seed and not cond.aliases():
+            raise ClaimsError(f"{where}: {text!r}: a per-seed condition must read a cell")
+        return cond
 
     def aliases(self) -> list[str]:
         return [t.alias for t in (self.left, self.right) if t.alias is not None]
@@ -86,13 +101,38 @@ def expand(term: Term, cells: dict[str, CellStats]) -> list[tuple[str, float]]:
 class ConditionResult:
     holds: bool
     detail: str
+    #: why the outcome says nothing (a cell it reads did not learn on some seed); empty when it is conclusive
+    inconclusive: str = ""
+
+    @property
+    def outcome(self) -> str:
+        return "inconclusive" if self.inconclusive else ("holds" if self.holds else "fails")
 
 
 def _length(metric: str) -> str:
     return metric.rsplit("@", 1)[-1] if "@" in metric else "T"
 
 
+def _per_seed(term: Term, cells: dict[str, CellStats]) -> dict | None:
+    """``{seed: value}`` of a cell term (None for a number)."""
+    if term.alias is None:
+        return None
+    cell = cells[term.alias]
+    return {seed: v + term.offset for seed, v in zip(cell.seeds, cell.values(term.metric))}
+
+
+def _evaluate_per_seed(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
+    left, right = _per_seed(cond.left, cells), _per_seed(cond.right, cells)
+    # the seeds both cells have (a verdict needs the same seeds in every cell anyway)
+    seeds = sorted(set(left or right) & set(right if right is not None else left))
+    pairs = [(s, left[s] if left else cond.left.number, right[s] if right else cond.right.number) for s in seeds]
+    shown = ", ".join(f"seed {s}: {num(a)} {cond.op} {num(b)}" for s, a, b in pairs)
+    return ConditionResult(bool(pairs) and all(_OPS[cond.op](a, b) for _, a, b in pairs), shown)
+
+
 def evaluate(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
+    if cond.per_seed:
+        return _evaluate_per_seed(cond, cells)
     left, right = expand(cond.left, cells), expand(cond.right, cells)
     if len(left) > 1 and len(right) > 1:
         lm, rm = [_length(m) for m, _ in left], [_length(m) for m, _ in right]

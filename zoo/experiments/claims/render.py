@@ -11,8 +11,9 @@ from pathlib import Path
 from ..results import mean_std
 from .cells import num
 from .conditions import parse_term, term_metrics
+from .guard import LEARNING_MARGIN
 from .schema import RULE_KINDS, Claim, command
-from .verdicts import LEARNING_MARGIN, MIN_SEEDS
+from .verdicts import MIN_SEEDS
 
 HEADER = """# Claims ledger
 
@@ -29,23 +30,35 @@ from the regenerated text.
 - A cell's number is its mean over seeds, written `mean ± sample standard deviation (n seeds)`; the
   details below also give the min-max and every seed's value.
 - A rule is a list of conditions on cell means, written next to the claim in `claims.yaml`, e.g.
-  `masked.test_accuracy@all >= 0.9` (`@all`: at the training length and at every test length of the cell).
-  **reproduced**: every `reproduced` condition holds; **partly**: otherwise, every `partly` condition holds;
-  **not reproduced**: otherwise. `exploration` conditions (cells or settings other than the paper's) are
-  shown with their outcome and never give the verdict.
-- **inconclusive (nothing learned)**: a cell the comparison needs (the claim's `learned` list) did not rise
-  above its table's no-learning level (chance, or the level of an answer that ignores the binding) by
-  {margin}; a baseline that never learned its training task cannot be beaten, and a rule read on untrained
-  models says nothing.
+  `masked.test_accuracy@all >= 0.9` (`@all`: at the training length and at every test length of the cell);
+  a condition written `per seed: ...` is read on every seed's value instead and holds when it holds for every
+  seed. **reproduced**: every `reproduced` condition holds; **partly**: otherwise, every `partly` condition
+  holds; **not reproduced**: otherwise. `exploration` conditions (cells or settings other than the paper's)
+  are shown with their outcome and never give the verdict.
+- **The learned guard**: every table declares its no-learning level (chance, or the level of an answer that
+  ignores the binding), and every cell a verdict judges must rise above it by {margin} on every seed. A
+  condition that reads a cell with a seed at that level is **inconclusive** (a baseline that learned nothing
+  cannot be beaten, and a model that learned nothing says nothing about how it does once it learns), and so
+  is the verdict where it depends on it: **inconclusive (a judged seed did not learn)**, or **partly
+  (reproduced: inconclusive)** / **not reproduced (partly: inconclusive)** where the other conditions decide.
+  A claim exempts a cell only by saying why its not learning is itself the result (`unguarded`: the claim
+  predicts it, or the cell is compared with one that learned at the same budget); the reason is printed.
+- **A claim about a change** (a test length beyond the training length, a budget, a size) states the change
+  in its rule (for length transfer, e.g. `per seed: attn.test_accuracy@4096 <= attn.test_accuracy - 0.2`),
+  and the ledger refuses a rule that would hold on the rows of the base setting alone (every metric read at
+  the training length, or every cell replaced by its base): such a rule could not fail for lack of the change.
 - **post hoc**: the rule took its current form (read from git: the oldest commit since which claims.yaml gives
-  it the same rule and cells) after the code of some row it judges (each row records its commit); such a
-  rule could have been chosen knowing the numbers. Each claim's details say which.
+  it the same rule and cells) after some row of a cell it judges existed: a row whose code commit (each row
+  records it), or a commit in which the table's `results.jsonl` held it, does not descend from the rule's
+  commit, read over the whole git history of the file, so a row since replaced by a re-run counts too. Such a rule
+  could have been chosen knowing the numbers. A claim that discloses runs made outside the table before its
+  rule (`calibration`) is post hoc as well. Each claim's details say which.
 - **step 0**: every verdict condition is also evaluated on the untrained models of its cells (each row
   records their metrics; older tables keep them in `tables/<name>/untrained.json`, written by
   `zoo claims --untrained <table>`), and the conditions that already hold there are listed. A verdict
   that the untrained models would already get is **vacuous** and fails `zoo claims --check`, unless its
-  conditions read a cell that must have learned (`learned`: untrained, the verdict is inconclusive) or the
-  claim says why a condition is meant to hold at step 0 (`step0_ok`).
+  conditions read a cell that must have learned (a guarded cell: untrained, the verdict is inconclusive) or
+  the claim says why a condition is meant to hold at step 0 (`step0_ok`).
 - **stale by code**: a cell the verdict reads was computed at a commit older than a change to the code of
   its mixers, kernels or task (compared as syntax trees, so wording, comments and import order do not count;
   `zoo.experiments.freshness`), and its table does not vouch for that change in `claims.yaml`
@@ -60,7 +73,8 @@ from the regenerated text.
 """
 
 #: a claim's optional one-paragraph fields, each shown as ``- <title>: <text>`` under its paper
-DETAIL_FIELDS = (("source", "Source"), ("unit_test_differs", "Measured here"), ("setting", "Here"))
+DETAIL_FIELDS = (("source", "Source"), ("unit_test_differs", "Measured here"), ("setting", "Here"),
+                 ("budget_needed", "The source's budget"), ("calibration", "Runs before the rule"))
 README_BEGIN = "<!-- results table: generated by zoo claims from claims.yaml and the ledger; do not edit -->"
 README_END = "<!-- end of the generated results table -->"
 
@@ -121,11 +135,21 @@ def _step0_line(claim: Claim) -> str:
     return "- Step 0: no verdict condition holds on the untrained models"
 
 
+def _guard_lines(claim: Claim) -> list[str]:
+    """The learned guard: the seeds that did not learn, and the cells exempt from it with why."""
+    lines = [f"- Did not learn (no-learning level + {LEARNING_MARGIN}, per seed): "
+             f"{'; '.join(u.text() for u in claim.unlearned)}"] if claim.unlearned else []
+    return lines + [f"- Not guarded, `{alias}`: {_words(why)}" for alias, why in
+                    (claim.spec.get("unguarded") or {}).items()]
+
+
 def _findings(claim: Claim) -> list[str]:
-    """What qualifies a table verdict: nothing learned, step 0, conditions allowed at step 0, stale code."""
+    """What qualifies a table verdict: the learned guard, step 0, conditions allowed at step 0, stale code."""
     s = claim.spec
-    lines = [f"- Nothing learned (no-learning level + {LEARNING_MARGIN}): {'; '.join(claim.unlearned)}"] \
-        if claim.unlearned else []
+    lines = _guard_lines(claim)
+    if claim.change:
+        lines.append(f"- A claim about a change of {claim.change['kind']}: the rule states it and does not hold "
+                     f"in the base setting alone")
     lines.append(_step0_line(claim))
     lines += [f"- `{text}` may hold at step 0: {_words(why)}" for text, why in (s.get("step0_ok") or {}).items()]
     if claim.stale:
@@ -140,7 +164,8 @@ def _rule_lines(claim: Claim) -> list[str]:
     for kind in RULE_KINDS:
         for j, cond in enumerate(claim.rule.get(kind, [])):
             outcome = claim.outcomes[kind][j] if claim.outcomes.get(kind) else None
-            result = (f"{outcome.detail} -> {'holds' if outcome.holds else 'fails'}" if outcome
+            result = (f"{outcome.detail} -> {outcome.outcome}"
+                      + (f" ({outcome.inconclusive})" if outcome.inconclusive else "") if outcome
                       else "not evaluated (no rows)")
             lines.append(f"- {kind}: `{cond.text}`: {result}")
     return lines
@@ -192,6 +217,8 @@ def _verdict_lines(data: dict, claim: Claim) -> list[str]:
 def _details(data: dict, i: int, claim: Claim) -> list[str]:
     s = claim.spec
     lines = [f"### {i}. `{s['id']}`: {s['claim']}\n", f"- Paper: {_paper(data, s['paper'])}; {s['paper_result']}"]
+    if s.get("quote"):
+        lines.append(f"- Quote ({_words(s['section'])}): \u201c{_words(s['quote'])}\u201d")
     lines += [f"- {title}: {_words(s[key])}" for key, title in DETAIL_FIELDS if s.get(key)]
     lines += _verdict_lines(data, claim)
     if s.get("discrepancy"):

@@ -1,7 +1,8 @@
 """The ledger's schema: ``claims.yaml`` read and checked, and a claim bound to the cells and rule it names.
 
 ``claims.yaml`` (repository root) holds the ledger's definition as data: the papers (title and id), the tables
-(the recipe that produces each, its no-learning levels, the code changes it vouches for) and, for every claim,
+(the recipe that produces each, its no-learning levels, which every table must declare, the code changes it
+vouches for) and, for every claim,
 the paper, the claim in one line, the paper's number and setting, the table and the cells of it that test the
 claim (short name -> cell label), the rule (:mod:`.conditions`) that turns their numbers into a verdict, and a
 paragraph on any discrepancy. A claim with ``pending: <why>`` has no table yet; a claim that is an exact
@@ -29,6 +30,10 @@ from .errors import ClaimsError
 RULE_KINDS = ("reproduced", "partly", "exploration")
 VERDICT_KINDS = ("reproduced", "partly")
 REQUIRED = ("id", "paper", "claim", "paper_result")
+#: claims.yaml fields of a claim beyond REQUIRED (a misspelt field is refused rather than ignored)
+OPTIONAL = ("quote", "section", "source", "setting", "table", "cells", "show", "rule", "learned", "unguarded",
+            "change", "step0_ok", "discrepancy", "pending", "unit_test", "unit_test_differs", "budget_needed",
+            "calibration")
 
 
 @dataclass
@@ -40,7 +45,9 @@ class Claim:
     outcomes: dict[str, list[ConditionResult]] = field(default_factory=dict)
     verdict: str = ""
     registration: Registration | None = None
-    unlearned: list[str] = field(default_factory=list)  # "alias.metric mean <= level + margin" for cells at no-learning
+    change: dict | None = None  # the change the claim is about (changes.py), or None
+    guarded: dict[str, list[str]] = field(default_factory=dict)  # cells the learned guard checks -> metrics
+    unlearned: list = field(default_factory=list)  # guard.Unlearned: the judged seeds at their no-learning level
     stale: list[Staleness] = field(default_factory=list)  # verdict cells whose code changed since their rows
     step0_holds: list[str] = field(default_factory=list)  # verdict conditions that hold on the untrained models
     vacuous: list[str] = field(default_factory=list)  # verdicts the untrained models would get
@@ -60,14 +67,28 @@ def load(root: Path) -> dict:
     return data
 
 
+def _check_levels(name: str, levels) -> None:
+    """A table's ``no_learning``: ``{<cell label or '*'>: {<metric>: level}}``, at least one level."""
+    ok = isinstance(levels, dict) and levels and all(
+        isinstance(v, dict) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+        for v in levels.values())
+    if not ok:
+        raise ClaimsError(f"claims.yaml: tables.{name}: declare no_learning: {{<cell label or '*'>: {{<metric>: "
+                          f"level}}}}, the score of a model that learned nothing (chance, or an answer that "
+                          f"ignores the binding); every table needs one, so that every verdict can check per seed "
+                          f"that its cells learned")
+
+
 def check_tables(data: dict) -> None:
-    """The papers and tables sections: mappings, every table with its recipe and a valid ``ray_workers``."""
+    """The papers and tables sections: mappings, every table with its recipe, its no-learning levels and a
+    valid ``ray_workers``."""
     for key in ("papers", "tables"):
         if not isinstance(data.get(key), dict):
             raise ClaimsError(f"claims.yaml: {key} must be a mapping")
     for name, spec in data["tables"].items():
         if not isinstance(spec, dict) or not spec.get("recipe"):
             raise ClaimsError(f"claims.yaml: tables.{name}: give the recipe that produces the table")
+        _check_levels(name, spec.get("no_learning"))
         workers = spec.get("ray_workers")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ClaimsError(f"claims.yaml: tables.{name}.ray_workers: expected a whole number of workers >= 1 "
@@ -88,12 +109,28 @@ def check_spec(spec, where: str, papers: dict, ids: set) -> None:
     for key in REQUIRED:
         if not spec.get(key):
             raise ClaimsError(f"{where}: missing {key!r}")
+    unknown = sorted(set(spec) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise ClaimsError(f"{where}: unknown field {unknown[0]!r}{nearest(unknown[0], REQUIRED + OPTIONAL)}")
     if spec["id"] in ids:
         raise ClaimsError(f"{where}: the id {spec['id']!r} is used twice")
     ids.add(spec["id"])
     if spec["paper"] not in papers or not {"title", "id"} <= set(papers[spec["paper"]] or {}):
         raise ClaimsError(f"{where}: unknown paper {spec['paper']!r}{nearest(spec['paper'], papers)} "
                           f"(papers, each with a title and an id: {', '.join(papers)})")
+    _check_quote(spec, where)
+
+
+def _check_quote(spec: dict, where: str) -> None:
+    """What ``paper_result`` rests on: the paper's exact sentence or table cell (``quote``) and where it is
+    (``section``), or, for a number or sentence that is not in the paper, ``source`` saying where it is from."""
+    if bool(spec.get("quote")) != bool(spec.get("section")):
+        raise ClaimsError(f"{where}: give quote (the paper's exact sentence or table cell) and section (where it "
+                          f"is) together")
+    if not spec.get("quote") and not spec.get("source"):
+        raise ClaimsError(f"{where}: give the exact sentence or table cell of the paper that paper_result rests on "
+                          f"(quote) and its section, or, when the number or sentence is not in the paper, say "
+                          f"where it comes from (source)")
 
 
 def check_unit_test(root: Path, ref: str, where: str) -> None:

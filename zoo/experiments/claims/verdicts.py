@@ -3,17 +3,20 @@
 - every cell a rule reads needs at least :data:`MIN_SEEDS` seeds, else the verdict is "not tested (N seeds;
   needs 3)"; otherwise "reproduced" when every ``reproduced`` condition holds, "partly" when every ``partly``
   condition holds, else "not reproduced";
-- a claim lists in ``learned`` the ``<cell>.<metric>`` terms that must have left the table's declared
-  no-learning level (``no_learning`` of the table: chance, or the level of an answer that ignores the
-  binding) by :data:`LEARNING_MARGIN`; when one has not, the verdict is "inconclusive (nothing learned)",
-  whatever the rule says: a baseline that never learned its training task cannot be beaten;
+- the learned guard (:mod:`.guard`) checks seed by seed that every cell the verdict judges left its table's
+  no-learning level (every table declares one); a condition that reads a cell with a seed at that level is
+  inconclusive, and so is a verdict that depends on it: "inconclusive (a judged seed did not learn)", or
+  "partly (reproduced: inconclusive)" / "not reproduced (partly: inconclusive)" where the other kind decides;
+- a claim about a change (length, budget, size) must state it, and its rule must not hold in the base
+  setting alone (:mod:`.changes`);
 - ``exploration`` conditions (other cells or settings than the paper's) are evaluated and shown, never a
   verdict;
 - every verdict condition is also evaluated on the untrained models of its cells (step 0), and a verdict the
   untrained models would already get is vacuous unless the claim accounts for it;
 - pre-registration is read from git (:mod:`zoo.experiments.preregistration`): a verdict whose rule took its
-  current form after the code of any row it judges is marked ", post hoc"; one that reads cells whose code
-  changed since their rows (:mod:`zoo.experiments.freshness`) is marked ", stale by code";
+  current form after any row of a cell it judges (present now or since replaced) is marked ", post hoc", and
+  so is one whose claim discloses runs that informed the rule (``calibration``); one that reads cells whose
+  code changed since their rows (:mod:`zoo.experiments.freshness`) is marked ", stale by code";
 - a claim with ``pending: <why>`` (no table yet) is "not tested (<why>)"; a claim checked by a unit test
   says so.
 """
@@ -26,18 +29,20 @@ from mixers.options import nearest
 
 from ..ablate import row_seed
 from ..freshness import Staleness, cell_staleness
-from ..preregistration import in_git_checkout, registration
+from ..preregistration import Registration, in_git_checkout, registration
 from ..untrained import load as load_untrained
 from ..vouch import load as load_vouches
-from .cells import CellStats, num, recipe_cells, table_cells
-from .conditions import evaluate, parse_term
+from .cells import CellStats, recipe_cells, table_cells
+from .changes import check_change, parse_change
+from .conditions import ConditionResult, evaluate
 from .errors import ClaimsError
+from .guard import check_learning, guarded
 from .schema import VERDICT_KINDS, Claim, bind_cells, check_spec, check_unit_test, parse_rule, vouched
 
 #: seeds every cell a verdict reads must have
 MIN_SEEDS = 3
-#: a cell has learned its training task when its mean is above the table's no-learning level by this much
-LEARNING_MARGIN = 0.05
+#: the verdict when a judged seed did not learn and nothing else decides
+INCONCLUSIVE = "inconclusive (a judged seed did not learn)"
 #: the verdict of a claim checked by a unit test, by whether the test measures another number than the paper's
 UNIT_TEST_VERDICTS = {False: "exact property: checked by a unit test, not by a table",
                       True: "partly: checked by a unit test that measures another number than the paper's"}
@@ -94,52 +99,72 @@ def _judge_by_table(claim: Claim, where: str, root: Path, tables: _Tables) -> No
     spec = tables.specs[table]
     bind_cells(claim, where, table, spec["recipe"], *tables.load(table))
     parse_rule(claim, where)
-    claim.unlearned = _unlearned(claim, spec, where)
+    claim.change = parse_change(claim.spec, claim.cells, where)
+    check_change(claim, VERDICT_KINDS, where)
+    claim.guarded = guarded(claim.spec, _condition_aliases(claim), claim.cells, where)
+    claim.unlearned = check_learning(claim, spec.get("no_learning") or {}, where)
     verdict = _judge(claim)
     _check_step0(claim, tables.untrained(table), where)
-    claim.registration = registration(root, claim.spec, [r for a in _judged_aliases(claim) for r in claim.cells[a].rows])
+    judged = _judged_aliases(claim)
+    claim.registration = _disclosed(claim.spec, registration(
+        root, claim.spec, [r for a in judged for r in claim.cells[a].rows], table,
+        tuple(claim.cells[a].label for a in judged)))
     claim.stale = _stale_cells(root, claim, spec, where)
     flags = [flag for flag, on in (("post hoc", claim.registration.post_hoc), ("stale by code", claim.stale)) if on]
     claim.verdict = verdict if verdict.startswith("not tested") else ", ".join([verdict, *flags])
 
 
-def _unlearned(claim: Claim, table_spec: dict, where: str) -> list[str]:
-    """The claim's ``learned`` terms whose cell mean is not above its table's no-learning level by the margin.
+def _disclosed(spec: dict, found: Registration) -> Registration:
+    """The registration, post hoc when the claim discloses runs made before its rule (``calibration``)."""
+    runs = spec.get("calibration")
+    if not runs:
+        return found
+    if not isinstance(runs, str):
+        raise ClaimsError(f"claims.yaml: {spec['id']}: calibration must say in words which runs informed the rule")
+    runs = " ".join(runs.split())
+    if found.post_hoc or not found.checked:
+        return Registration(found.checked, found.post_hoc, f"{found.text}; runs before the rule: {runs}")
+    return Registration(True, True, f"post hoc: {found.text.removeprefix('pre-registered: ')}, but runs before "
+                                    f"the rule informed it: {runs}")
 
-    A table declares ``no_learning: {<cell label or '*'>: {<metric>: level}}`` (chance, or the level of an
-    answer that ignores the binding); a claim lists in ``learned`` the ``<cell>.<metric>`` terms that must have
-    risen above it for its comparison to mean anything (a baseline that never learned its training task
-    cannot be beaten)."""
-    levels = table_spec.get("no_learning") or {}
-    out = []
-    for text in claim.spec.get("learned") or []:
-        term = parse_term(text, f"{where}: learned")
-        if term.alias not in claim.cells:
-            raise ClaimsError(f"{where}: learned names cell {term.alias!r}, which is not in cells")
-        cell = claim.cells[term.alias]
-        level = (levels.get(cell.label) or levels.get("*") or {}).get(term.metric)
-        if level is None:
-            raise ClaimsError(f"{where}: learned {text!r}: table {cell.table} declares no no_learning level of "
-                              f"{term.metric} for cell {cell.label!r} (or '*')")
-        if cell.rows and not cell.mean(term.metric) > level + LEARNING_MARGIN:
-            out.append(f"{text} = {num(cell.mean(term.metric))} <= {num(level)} + {LEARNING_MARGIN}")
-    return out
+
+def _mark(claim: Claim, conds, results: list[ConditionResult]) -> list[ConditionResult]:
+    """The outcomes of ``conds``, inconclusive where a condition reads a cell with an unlearned seed."""
+    bad: dict[str, set[str]] = {}
+    for u in claim.unlearned:
+        bad.setdefault(u.alias, set()).add(str(u.seed))
+    for cond, result in zip(conds, results):
+        result.inconclusive = "; ".join(f"{a} seed{'s' * (len(bad[a]) > 1)} {', '.join(sorted(bad[a]))} did not "
+                                        f"learn" for a in dict.fromkeys(cond.aliases()) if a in bad)
+    return results
+
+
+def _status(results: list[ConditionResult]) -> str:
+    """``holds``, ``fails`` (a conclusive condition fails, or there is none) or ``inconclusive``."""
+    if not results or any(not r.holds and not r.inconclusive for r in results):
+        return "fails"
+    return "inconclusive" if any(r.inconclusive for r in results) else "holds"
+
+
+def _verdict(reproduced: str, partly: str) -> str:
+    """The verdict from the status of the ``reproduced`` and ``partly`` conditions."""
+    if reproduced == "holds":
+        return "reproduced"
+    if partly == "holds":
+        return "partly" if reproduced == "fails" else "partly (reproduced: inconclusive)"
+    if reproduced == "fails":
+        return "not reproduced" if partly == "fails" else "not reproduced (partly: inconclusive)"
+    return INCONCLUSIVE
 
 
 def _judge(claim: Claim) -> str:
     """``claim.outcomes`` by the claim's rule, and the verdict they give."""
     fewest = min(claim.cells[a].n for a in _condition_aliases(claim))
-    claim.outcomes = {kind: [evaluate(c, claim.cells) for c in conds] if fewest else []
+    claim.outcomes = {kind: _mark(claim, conds, [evaluate(c, claim.cells) for c in conds]) if fewest else []
                       for kind, conds in claim.rule.items()}
     if fewest < MIN_SEEDS:
         return f"not tested ({fewest} seed{'s' * (fewest != 1)}; needs {MIN_SEEDS})"
-    if claim.unlearned:
-        return "inconclusive (nothing learned)"
-    if all(o.holds for o in claim.outcomes["reproduced"]):
-        return "reproduced"
-    if claim.outcomes["partly"] and all(o.holds for o in claim.outcomes["partly"]):
-        return "partly"
-    return "not reproduced"
+    return _verdict(_status(claim.outcomes["reproduced"]), _status(claim.outcomes["partly"]))
 
 
 def _step0_cells(claim: Claim, untrained: dict[str, dict[int, dict]]) -> dict[str, CellStats]:
@@ -160,13 +185,12 @@ def _check_step0(claim: Claim, untrained: dict[str, dict[int, dict]], where: str
     """``claim.step0_holds``: the verdict conditions that already hold on the untrained models of their cells;
     ``claim.vacuous``: the verdicts (reproduced, partly) that the untrained models would already get.
 
-    A verdict is not vacuous when one of its conditions reads a cell that must have learned (the claim's
-    ``learned``: untrained models then give "inconclusive"), or when the claim says why a condition is meant
-    to hold at step 0 (``step0_ok: {<condition>: <why>}``)."""
+    A verdict is not vacuous when one of its conditions reads a cell that must have learned (a guarded cell:
+    untrained models then give "inconclusive"), or when the claim says why a condition is meant to hold at
+    step 0 (``step0_ok: {<condition>: <why>}``)."""
     ok = claim.spec.get("step0_ok") or {}
     if not isinstance(ok, dict) or not all(isinstance(v, str) and v.strip() for v in ok.values()):
         raise ClaimsError(f"{where}: step0_ok must map a rule condition to why it may hold at step 0")
-    guarded = {parse_term(t, f"{where}: learned").alias for t in claim.spec.get("learned") or []}
     cells = _step0_cells(claim, untrained)
     if claim.step0_missing:
         return
@@ -174,7 +198,7 @@ def _check_step0(claim: Claim, untrained: dict[str, dict[int, dict]], where: str
         conds = [c for c in claim.rule[kind] if all(cells[a].rows for a in c.aliases())]
         outcomes = [evaluate(c, cells) for c in conds]
         claim.step0_holds += [f"{kind}: `{c.text}` ({o.detail})" for c, o in zip(conds, outcomes) if o.holds]
-        accounted = any(set(c.aliases()) & guarded or c.text in ok for c in conds)
+        accounted = any(set(c.aliases()) & set(claim.guarded) or c.text in ok for c in conds)
         if conds and len(conds) == len(claim.rule[kind]) and all(o.holds for o in outcomes) and not accounted:
             claim.vacuous.append(f"every {kind} condition holds at step 0")
 
@@ -187,8 +211,7 @@ def _condition_aliases(claim: Claim) -> set[str]:
 def _judged_aliases(claim: Claim) -> list[str]:
     """The cells a verdict rests on: those its conditions read and those that must have learned. Exploration
     cells are shown, never judged, so their rows neither make a verdict post hoc nor stale."""
-    learned = {parse_term(t, "learned").alias for t in claim.spec.get("learned") or []}
-    return sorted(_condition_aliases(claim) | learned)
+    return sorted(_condition_aliases(claim) | set(claim.guarded))
 
 
 def _stale_cells(root: Path, claim: Claim, table_spec: dict, where: str) -> list[Staleness]:
