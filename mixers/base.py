@@ -226,6 +226,11 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self.entries)
 
+    def builtin_names(self, package: str) -> list[str]:
+        """The entries defined in ``package`` itself, not by a user's module, a test or an imported recipe
+        module: what a benchmark of the library (or a fresh process) sees."""
+        return [name for name in self.names() if self.entries[name].__module__.split(".")[0] == package]
+
     def build(self, name: str, d_model: int, options: Mapping[str, Any] | None = None, path: str = ""):
         cls = self.get(name, path)
         return cls(d_model, build_options(cls.Options, options, path))

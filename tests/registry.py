@@ -5,4 +5,4 @@ from mixers import MIXERS
 
 def builtin_mixer_names() -> list[str]:
     """Registered mixers defined in the ``mixers`` package (not by a test or an out-of-tree module)."""
-    return [name for name in MIXERS.names() if MIXERS.get(name).__module__.split(".")[0] == "mixers"]
+    return MIXERS.builtin_names("mixers")

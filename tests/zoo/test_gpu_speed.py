@@ -232,3 +232,12 @@ def test_the_lm_rate_leaves_out_the_warmup_and_keeps_to_its_time(monkeypatch):
     costs = iter([30.0] * 100)
     rate = steady_rate(step, 1000, torch.device("cpu"), warmup=20, steps=50, seconds=20.0)
     assert (rate.warmup_steps, rate.timed_steps) == (MIN_WARMUP_STEPS, MIN_TIMED_STEPS)
+
+
+def test_a_mixer_registered_outside_the_library_is_not_benchmarked():
+    from mixers import MIXERS, register_mixer
+    from tests.mixers.example_mixer import CumulativeMean
+    register_mixer(CumulativeMean)  # as a test module or a recipe's imports do, for the rest of the process
+    every, linear = mixer_names()
+    assert "cumulative_mean" in MIXERS.names() and "cumulative_mean" not in every + linear
+    assert set(every) == set(MIXERS.builtin_names("mixers")) and every[0] == "attention"
