@@ -140,7 +140,12 @@ def test_jordan_scan_normed_triton_matches_reference(B, T, N, m, init, w_shape):
         return lambda lam, c, b, w, bi: jordan_scan_normed(lam, c, b, w, bi, backend=backend)
 
     ins = [lam, c, b, weight, bias] + ([h0] if init else [])
-    compare_backends(run("triton", init), run("reference", init), ins, tol=2e-5, grad_tol=5e-5)
+    # A block whose pre-norm components are nearly equal has a tiny variance, and the norm's Jacobian
+    # amplifies rounding by 1/std: over 2000 draws of the first case, the fp32 reference itself misses
+    # the fp64 one by more than 5e-5 in 0.5% of them (up to 7e-4), and Triton by the same amount (on 40
+    # of the worst draws, Triton's error / the fp32 reference's = 0.6..1.2; up to 3.6 where both are
+    # below 2e-5). So each tolerance is at least 4x the fp32 reference's own error on the draw.
+    compare_backends(run("triton", init), run("reference", init), ins, tol=2e-5, grad_tol=5e-5, rounding_factor=4)
 
 
 @needs_triton
