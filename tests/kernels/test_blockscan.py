@@ -79,10 +79,15 @@ def _check_jordan(backend, B, T, N, m, chunk, init, c_shape, tol=2e-5):
     lam, c, b, h0 = _jordan_inputs(B, T, N, m, c_shape)
     fn_i, fn = _jordan(backend, chunk)
     ref_i, ref = _jordan("reference")
+    # a c shared across tokens gets the sum of per-token gradients, which can cancel: with B = N = 1 its
+    # fp32 error relative to the sum passed 2e-5 on 0.4% of 1000 draws (chunked, T = 37; up to 7e-5), so it
+    # is judged against the sum of the terms' magnitudes (compare_backends' shared), over which the fp32
+    # reference's error stays below 2.4e-7 (2000 draws, T = 16) and the chunked path passed 2000 of 2000
+    shared = None if c_shape == "BTN" else {1: tuple(lam.shape)}
     if init:
-        compare_backends(fn_i, ref_i, [lam, c, b, h0], tol=tol)
+        compare_backends(fn_i, ref_i, [lam, c, b, h0], tol=tol, shared=shared)
     else:
-        compare_backends(fn, ref, [lam, c, b], tol=tol)
+        compare_backends(fn, ref, [lam, c, b], tol=tol, shared=shared)
 
 
 CHUNKED_CASES = [  # (B, T, N, m, chunk_size, initial_state)
@@ -144,7 +149,17 @@ def test_jordan_scan_normed_triton_matches_reference(B, T, N, m, init, w_shape):
         return lambda lam, c, b, w, bi: jordan_scan_normed(lam, c, b, w, bi, backend=backend)
 
     ins = [lam, c, b, weight, bias] + ([h0] if init else [])
-    compare_backends(run("triton", init), run("reference", init), ins, tol=2e-5, grad_tol=5e-5)
+    # A block whose pre-norm components are nearly equal has a tiny variance, and the norm's Jacobian
+    # amplifies rounding by 1/std: over 2000 draws of the first case, the fp32 reference itself misses
+    # the fp64 one by more than 5e-5 in 0.5% of them (up to 7e-4), and Triton by the same amount (on the
+    # 92 draws where the fp32 reference's error passes 1e-5 and 20 others, Triton's error / the fp32
+    # reference's = 0.79..1.12 wherever Triton's passes 2e-5; up to 3.6 below that). So each tolerance is
+    # at least 4x the fp32 reference's own error on the draw. The gradient of the shared c sums per-token
+    # terms that can cancel (_check_jordan): with N = 1, T = 20 the fp32 reference's own error passes 5e-5
+    # on 3 of 2000 draws (up to 1.7e-4), independently of Triton's (0.1..2.5x on the 20 worst draws);
+    # over the sum of the terms' magnitudes it stays below 1.2e-6 (2000 draws).
+    compare_backends(run("triton", init), run("reference", init), ins, tol=2e-5, grad_tol=5e-5, rounding_factor=4,
+                     shared={1: tuple(lam.shape)})
 
 
 TRITON_CHUNKED_CASES = [  # (B, T, N, m, chunk_size, initial_state): several chunks, the last one partial

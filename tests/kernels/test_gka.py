@@ -150,10 +150,11 @@ def test_omega_schedule_reversal_is_unstable_in_fp32():
 
 def test_fp16_chebyshev_stays_finite_cg_breaks_down():
     """Half-precision arithmetic (compute_dtype=fp16): Chebyshev has no inner products and stays finite
-    and accurate to fp16 level; CG's inner products underflow/lose orthogonality beyond d steps and its
-    residual blows up (or goes NaN). Measured: Chebyshev max residual ~0.5e-2..2.6e-2 at r=64, CG >= 0.9
-    (mostly inf/NaN)."""
-    B, T, H, d = 1, 48, 2, 16
+    and accurate to fp16 level on every system; CG's inner products underflow/lose orthogonality beyond d
+    steps and its residual blows up (or goes NaN) on some system of most heads, not all: CG stops at
+    convergence, and a head whose systems converge before the breakdown stays accurate. So the claim
+    about CG is made over B * H = 16 independent heads (margins below)."""
+    B, T, H, d = 8, 48, 2, 16
     q, k, v, g, alpha = (t.half() for t in make_inputs(B, T, H, d, dtype=torch.float32, decay=0.05))
     o16, _ = gka_reference(q, k, v, g, alpha, num_iter=30, compute_dtype=torch.float16)
     o_exact, _ = gka_reference(*(t.double() for t in (q, k, v, g, alpha)), solver="exact")
@@ -178,8 +179,15 @@ def test_fp16_chebyshev_stays_finite_cg_breaks_down():
     x_cg = cg_iterate(mv16, q, r)
     assert torch.isfinite(x_ch).all()
     res_ch, res_cg = max_res(x_ch), max_res(x_cg)
-    assert res_ch < 5e-2, f"fp16 Chebyshev residual {res_ch:.2e}"
-    assert res_cg > 10 * res_ch, f"fp16 CG residual {res_cg:.2e} vs Chebyshev {res_ch:.2e}"
+    # fp16 Chebyshev stalls where rounding its residual q - A xi (A xi, the subtraction, xi itself) is as
+    # large as the residual: a few kappa u, u = 2^-11, kappa = L / mu = 51 here (kappa u = 2.5e-2). Over
+    # 72000 heads of 48 systems: median 0.28 kappa u, max 2.4 kappa u, the tail halving every 0.2 kappa u
+    # (P(head > 2 kappa u) = 1e-4), so one of 16 heads passes 4 kappa u with probability ~1e-6.
+    bound = 4 * (L / mu).max().item() * torch.finfo(torch.float16).eps / 2
+    assert res_ch < bound, f"fp16 Chebyshev residual {res_ch:.2e} above 4 kappa u = {bound:.2e}"
+    # CG stays within that bound on all 48 systems of a head with probability 0.24 (72000 heads; half
+    # of them go non-finite), so on all 16 heads with probability 0.24^16 ~ 1e-10
+    assert res_cg > bound, f"fp16 CG residual {res_cg:.2e} within Chebyshev's 4 kappa u = {bound:.2e} on all heads"
     # in fp32 arithmetic CG is fine: the failure is a precision effect, not a bug
     x_cg32 = cg_iterate(lambda x: DenseOp.matvec((Hm.float(), lam.float()), x), q.float(), r)
     assert max_res(x_cg32) < 1e-4
