@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["operand", "pieces", "mm", "pow2_scale", "mm_rows", "mm_tn", "OPERAND_CODES"]
+__all__ = ["operand", "pieces", "mm", "mm_acc", "pow2_scale", "mm_rows", "mm_tn", "state_pieces", "OPERAND_CODES"]
 
 #: constexpr codes of the product operand dtype, by torch dtype name
 OPERAND_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
@@ -54,6 +54,23 @@ def pieces(b, OP: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
+def _chain(out, a, b1, b2, b3, OP: tl.constexpr, PA: tl.constexpr, PB: tl.constexpr):
+    """``out + a @ b`` with ``a`` split into ``PA`` pieces and ``b`` given as ``PB`` pieces (16-bit ``OP``)."""
+    a1, a2, a3 = pieces(a, OP, PA)
+    if PA > 2:
+        out = tl.dot(a3, b1, out)
+        if PB > 1:
+            out = tl.dot(a2, b2, out)
+    if PB > 2:
+        out = tl.dot(a1, b3, out)
+    if PA > 1:
+        out = tl.dot(a2, b1, out)
+    if PB > 1:
+        out = tl.dot(a1, b2, out)
+    return tl.dot(a1, b1, out)
+
+
+@triton.jit
 def mm(a, b1, b2, b3, OP: tl.constexpr, PA: tl.constexpr, PB: tl.constexpr):
     """``a @ b`` accumulated in fp32, ``b`` given as pieces ``(b1, b2, b3)`` (:func:`pieces`, ``PB`` of them).
     OP 0: exact fp32 products of ``a`` and ``b1``. 16-bit: ``a`` in ``PA`` pieces, the products of pieces
@@ -61,19 +78,21 @@ def mm(a, b1, b2, b3, OP: tl.constexpr, PA: tl.constexpr, PB: tl.constexpr):
     if OP == 0:
         out = tl.dot(a.to(tl.float32), b1, input_precision="ieee")
     else:
-        a1, a2, a3 = pieces(a, OP, PA)
-        out = tl.zeros([a.shape[0], b1.shape[1]], dtype=tl.float32)
-        if PA > 2:
-            out = tl.dot(a3, b1, out)
-            if PB > 1:
-                out = tl.dot(a2, b2, out)
-        if PB > 2:
-            out = tl.dot(a1, b3, out)
-        if PA > 1:
-            out = tl.dot(a2, b1, out)
-        if PB > 1:
-            out = tl.dot(a1, b2, out)
-        out = tl.dot(a1, b1, out)
+        out = _chain(tl.zeros([a.shape[0], b1.shape[1]], dtype=tl.float32), a, b1, b2, b3, OP, PA, PB)
+    return out
+
+
+@triton.jit
+def mm_acc(acc, a, b1, b2, b3, s, OP: tl.constexpr, PA: tl.constexpr, PB: tl.constexpr):
+    """``acc + s (a @ b)`` as :func:`mm`, accumulated into ``acc`` by the products themselves (no product-sized
+    temporary) where ``s`` is 1: ``s`` is the power of two the pieces of ``b`` were divided by
+    (:func:`state_pieces`), 1 unless fp16."""
+    if OP == 0:
+        out = tl.dot(a.to(tl.float32), b1, acc, input_precision="ieee")
+    elif OP == 2:
+        out = acc + mm(a, b1, b2, b3, OP, PA, PB) * s
+    else:
+        out = _chain(acc, a, b1, b2, b3, OP, PA, PB)
     return out
 
 

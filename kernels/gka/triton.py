@@ -162,21 +162,20 @@ def _norm_terms(K, G, STARTS, b, h, bh, c, T, n, D, R, skb, skt, skh, sgb, sgt, 
     Gc, _gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, CUM)
     eG = tl.exp(Gc)
     M = decay_mask(Gc, Gc, offs_c, offs_c)
-    k = tokens(K, b, h, offs_t, T, skb, skt, skh, offs_d, D)
-    kop = operand(k, OP)
+    kop = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_d, D), OP)
     h0, hs = _load_h0(STARTS, bh, c, n, R, D, BD, OP)
+    h0n = tl.sum(tl.sum(h0 * h0, axis=1), axis=0) * hs * hs
     h1, h2, h3 = pieces(tl.trans(h0), OP, P)
     kh = mm(kop, h1, h2, h3, OP, 1, P) * hs                        # rows H0 k_s
-    khk = tl.sum(kh * k, axis=1)                                    # k_s^T H0 k_s
+    khk = tl.sum(kh * kop.to(tl.float32), axis=1)                   # k_s^T H0 k_s
     kt = tl.trans(kop)
     kk = mm(kop, kt, kt, kt, OP, 1, 1)                              # k_s . k_u
     qm = kk * kk
     mq = M * qm
     diag = tl.sum(tl.where(offs_c[:, None] == offs_c[None, :], qm, 0.0), axis=1)
     cs = 2.0 * (eG * khk + tl.sum(mq, axis=1)) - diag
-    h0n = tl.sum(tl.sum(h0 * h0, axis=1), axis=0) * hs * hs
     n2 = eG * eG * h0n + tl.sum(M * M * cs[None, :], axis=1)
-    return offs_c, offs_t, eG, M, k, kop, kh, khk, kk, mq, cs, n2
+    return offs_c, offs_t, eG, M, kop, kh, khk, kk, mq, cs, n2
 
 
 @triton.jit
@@ -187,7 +186,7 @@ def _norm_fwd(K, G, STARTS, N2, T, H, n, D, R, skb, skt, skh, sgb, sgt, sgh,
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
-    offs_c, offs_t, eG, M, k, kop, kh, khk, kk, mq, cs, n2 = _norm_terms(
+    offs_c, offs_t, eG, M, kop, kh, khk, kk, mq, cs, n2 = _norm_terms(
         K, G, STARTS, b, h, bh, c, T, n, D, R, skb, skt, skh, sgb, sgt, sgh, C, BD, OP, P, CUM)
     tl.store(N2 + bh * (n * C) + offs_t, n2)
 
@@ -204,7 +203,7 @@ def _norm_bwd(K, G, STARTS, DN2, E, DKP, DGP, T, H, n, D, R, skb, skt, skh, sgb,
     b = bh // H
     h = bh % H
     Tp = n * C
-    offs_c, offs_t, eG, M, k, kop, kh, khk, kk, mq, cs, n2 = _norm_terms(
+    offs_c, offs_t, eG, M, kop, kh, khk, kk, mq, cs, n2 = _norm_terms(
         K, G, STARTS, b, h, bh, c, T, n, D, R, skb, skt, skh, sgb, sgt, sgh, C, BD, OP, P, CUM)
     dn2 = tl.load(DN2 + bh * Tp + offs_t)
     dh0 = tl.sum(eG * eG * dn2, axis=0)
@@ -221,9 +220,10 @@ def _norm_bwd(K, G, STARTS, DN2, E, DKP, DGP, T, H, n, D, R, skb, skt, skh, sgb,
     for rb in range(tl.cdiv(D, RB)):   # dH0 rows: 2 dh0 H0 + K^T diag(dkhk) K
         offs_r = rb * RB + tl.arange(0, RB)
         mr = offs_r < D
-        kw_r = tokens(K, b, h, offs_t, T, skb, skt, skh, offs_r, D) * dkhk[:, None]
+        kw_r = tl.trans(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_r, D) * dkhk[:, None])
         e_off = ((bh * n + c) * D + offs_r)[:, None] * D + offs_d[None, :]
-        upd = mm_tn(kw_r, k, OP, P) + 2.0 * dh0 * state_tile(STARTS, bh, c, n, R, D, offs_r, mr, offs_d, md)
+        upd = mm_rows(kw_r, kop, kop, kop, OP, P, 1) + 2.0 * dh0 * state_tile(STARTS, bh, c, n, R, D, offs_r, mr,
+                                                                             offs_d, md)
         if ACC:
             upd += tl.load(E + e_off, mask=mr[:, None] & md[None, :], other=0.0)
         tl.store(E + e_off, upd, mask=mr[:, None] & md[None, :])

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..launch import launch
-from ..pieces import OPERAND_CODES, mm, mm_rows, mm_tn, operand, state_pieces
+from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
 
 #: 16-bit pieces per computed fp32 operand for GLA (GKA passes two)
 GLA_PIECES = 1
@@ -245,19 +245,16 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
     mk = offs_k < DK
     Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
     w = tl.exp(gl - Gc)
-    M = decay_mask(Gc, Gc, offs_c, offs_c)
     kop = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP)
-    dk = tl.zeros([C, BK], dtype=tl.float32)
-    dG = tl.zeros([C], dtype=tl.float32)
-    st = tl.zeros([C], dtype=tl.float32)     # sum over rows of a_s^T D k_s (before the weight e^{gl - G_s})
-    gc = tl.zeros([C], dtype=tl.float32)     # <D, S_c>, summed over the tokens' share of rows
+    dks = tl.zeros([C, BK], dtype=tl.float32)   # sum over U's row blocks of V D (the state part, before w)
+    gc = tl.zeros([C], dtype=tl.float32)        # <D, S_c> (in its first entry)
     p = tl.zeros([C, C], dtype=tl.float32)
     dp = tl.zeros([C, C], dtype=tl.float32)
     dqi = tl.zeros([C, BK], dtype=tl.float32)
     if LOCAL:
-        q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
         kt = tl.trans(kop)
-        p = mm_rows(q, kt, kt, kt, OP, QP, 1) * M
+        p = mm_rows(tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK), kt, kt, kt, OP, QP, 1) \
+            * decay_mask(Gc, Gc, offs_c, offs_c)
     for vb in range(tl.cdiv(DV, BV)):
         offs_v = vb * BV + tl.arange(0, BV)
         mv = offs_v < DV
@@ -265,47 +262,49 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
         if LOCAL:
             do = operand(tokens(DO, b, h, offs_t, T, sdb, sdt, sdh, offs_v, DV), OP)
             vt = tl.trans(vop)
-            dp += mm(do, vt, vt, vt, OP, 1, 1)
-            s0 = state_tile(STARTS, bh, c, n, R, DK, U_ROW + offs_v, mv, offs_k, mk)
-            s1, s2, s3, ss = state_pieces(s0, OP, P)
-            dqi += mm(do, s1, s2, s3, OP, 1, P) * ss
+            dp = mm_acc(dp, do, vt, vt, vt, 1.0, OP, 1, 1)
+            s1, s2, s3, ss = state_pieces(state_tile(STARTS, bh, c, n, R, DK, U_ROW + offs_v, mv, offs_k, mk), OP, P)
+            dqi = mm_acc(dqi, do, s1, s2, s3, ss, OP, 1, P)
             dv = mm_rows(tl.trans(p), do, do, do, OP, P, 1) * scale
         else:
             dv = tl.load(DVP + (bh * Tp + offs_t)[:, None] * DV + offs_v[None, :], mask=mv[None, :], other=0.0)
         if STATE:
             dsu = state_tile(DS, bh, c, n, R, DK, U_ROW + offs_v, mv, offs_k, mk)
-            d1, d2, d3, dss = state_pieces(tl.trans(dsu), OP, P)
-            dv += w[:, None] * (mm(kop, d1, d2, d3, OP, 1, P) * dss)
-            e1, e2, e3, ess = state_pieces(dsu, OP, P)
-            vd = mm(vop, e1, e2, e3, OP, 1, P) * ess
-            dk += w[:, None] * vd
-            st += tl.sum(vd * kop.to(tl.float32), axis=1)
+            e1, e2, e3, es = state_pieces(dsu, OP, P)
+            dv += w[:, None] * (mm(kop, tl.trans(e1), tl.trans(e2), tl.trans(e3), OP, 1, P) * es)
+            dks = mm_acc(dks, vop, e1, e2, e3, es, OP, 1, P)
             s0u = state_tile(STARTS, bh, c, n, R, DK, U_ROW + offs_v, mv, offs_k, mk)
             gc += tl.where(offs_c == 0, tl.sum(tl.sum(dsu * s0u, axis=1), axis=0), 0.0)
             store_tokens(DVO, dv, b, h, offs_t, T, svob, svot, svoh, offs_v, DV)
         else:
             tl.store(DVP + (bh * Tp + offs_t)[:, None] * DV + offs_v[None, :], dv, mask=mv[None, :])
-    if LOCAL:
-        q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
-        dp = dp * scale
-        ds = dp * M
-        wm = dp * p
-        dqi = dqi * (scale * tl.exp(Gc))[:, None]
-        dq = mm_rows(ds, kop, kop, kop, OP, P, 1) + dqi
-        dk += mm_tn(ds, q, OP, P)
-        dG += tl.sum(q * dqi, axis=1) + tl.sum(wm, axis=1) - tl.sum(wm, axis=0)
-        store_tokens(DQ, dq, b, h, offs_t, TQ, sqob, sqot, sqoh, offs_k, DK)
+    dG = tl.zeros([C], dtype=tl.float32)
+    st = tl.zeros([C], dtype=tl.float32)
     if STATE:
-        if KK:
+        st = tl.sum(dks * kop.to(tl.float32), axis=1)     # a_s^T D k_s over U's rows
+        dk = w[:, None] * dks
+    else:
+        dk = tl.zeros([C, BK], dtype=tl.float32)
+    if LOCAL:   # in this order, so that each C x C and C x d_k tile dies before the next is formed
+        dp = dp * scale
+        wm = dp * p
+        dG += tl.sum(wm, axis=1) - tl.sum(wm, axis=0)
+        ds = dp * decay_mask(Gc, Gc, offs_c, offs_c)
+        q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
+        dqi = dqi * (scale * tl.exp(Gc))[:, None]
+        dG += tl.sum(q * dqi, axis=1)
+        store_tokens(DQ, mm_rows(ds, kop, kop, kop, OP, P, 1) + dqi, b, h, offs_t, TQ, sqob, sqot, sqoh, offs_k, DK)
+        dk += mm_tn(ds, q, OP, P)
+    if STATE:
+        if KK:   # H's rows (a = k): dk_s += w_s (D + D^T) k_s, and k_s^T D k_s = k_s^T (D + D^T) k_s / 2
             rows = tl.arange(0, BK)
             dsh = state_tile(DS, bh, c, n, R, DK, rows, mk, offs_k, mk)
-            d1, d2, d3, dss = state_pieces(tl.trans(dsh), OP, P)
-            e1, e2, e3, ess = state_pieces(dsh, OP, P)
-            kd = mm(kop, e1, e2, e3, OP, 1, P) * ess                  # K D
-            dk += w[:, None] * (kd + mm(kop, d1, d2, d3, OP, 1, P) * dss)
-            st += tl.sum(kd * kop.to(tl.float32), axis=1)
-            s0h = state_tile(STARTS, bh, c, n, R, DK, rows, mk, offs_k, mk)
-            gc += tl.where(offs_c == 0, tl.sum(tl.sum(dsh * s0h, axis=1), axis=0), 0.0)
+            gc += tl.where(offs_c == 0, tl.sum(tl.sum(dsh * state_tile(STARTS, bh, c, n, R, DK, rows, mk, offs_k, mk),
+                                                      axis=1), axis=0), 0.0)
+            h1, h2, h3, hs = state_pieces(dsh + tl.trans(dsh), OP, P)
+            kd = mm(kop, h1, h2, h3, OP, 1, P) * hs
+            dk += w[:, None] * kd
+            st += 0.5 * tl.sum(kd * kop.to(tl.float32), axis=1)
         wst = w * st
         dG += tl.where(offs_c == C - 1, tl.exp(gl) * tl.sum(gc, axis=0) + tl.sum(wst, axis=0), 0.0) - wst
         if not LOCAL:
@@ -346,11 +345,12 @@ def unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def state_config(DK: int, rows: int):
-    """``(BK, BR, warps)`` of the state passes: a program keeps ``BR x d_k`` fp32 state rows in registers."""
+def state_config(DK: int, rows: int, P: int = 1):
+    """``(BK, BR, warps)`` of the state passes: a program keeps ``BR x d_k`` fp32 state rows in registers next
+    to a chunk's ``C x d_k`` operand (in ``P`` pieces)."""
     BK = block(DK)
     BR = min(block(rows), 64 if BK <= 64 else 32)
-    return BK, BR, 4 if BK * BR <= 64 * 64 else 8
+    return BK, BR, 4 if BK * BR * P <= 64 * 64 else 8
 
 
 def output_config(DK: int, DV: int):
@@ -362,7 +362,7 @@ def output_config(DK: int, DV: int):
 def chunk_bwd_config(DK: int, DV: int):
     """``(BK, BV, warps)`` of the chunk backward (the whole ``d_k``, value blocks in a loop)."""
     BK = block(DK)
-    return BK, min(block(DV), 32 if BK > 64 else 64), 4 if BK <= 32 else 8
+    return BK, min(block(DV), 16 if BK > 64 else 64), 4 if BK <= 32 else 8
 
 
 def state_pass(k, v, g, initial, C: int, KK: bool, op: int, P: int):
@@ -373,7 +373,7 @@ def state_pass(k, v, g, initial, C: int, KK: bool, op: int, P: int):
     R = DV + (DK if KK else 0)
     starts = torch.empty(B, H, n, R, DK, device=k.device, dtype=torch.float32)
     fin = torch.empty(B, H, R, DK, device=k.device, dtype=torch.float32)
-    BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV)
+    BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV, P)
     blocks = triton.cdiv(DV, BR) + (triton.cdiv(DK, BR) if KK else 0)
     launch(_state_fwd, (blocks, B * H), k, v, g, fin if initial is None else initial, starts, fin, T, H, n, DK, DV,
            *tok_strides(k), *tok_strides(v), *tok_strides(g), C=C, BK=BK, BR=BR, KK=KK,
@@ -401,7 +401,7 @@ def state_grads(q, do, g, E, dfin, has_init: bool, scale: float, C: int, R: int,
     KK = R > DV
     ds = torch.empty(B, H, n, R, DK, device=do.device, dtype=torch.float32)
     ds0 = torch.empty(B, H, R, DK, device=do.device, dtype=torch.float32) if has_init else None
-    BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV)
+    BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV, P)
     blocks = triton.cdiv(DV, BR) + (triton.cdiv(DK, BR) if KK else 0)
     launch(_state_bwd, (blocks, B * H), q, do, g, ds if E is None else E, ds if dfin is None else dfin, ds,
            ds if ds0 is None else ds0, float(scale), T, H, n, DK, DV, *tok_strides(q), *tok_strides(do),
