@@ -772,3 +772,37 @@ def chunk_solve_heads_first(H0, K, G, n2, Q, *, num_iter: int, grad: str = "impl
     _check(grad, Q.shape[3])
     op = operand_code(Q.dtype if operand is None else operand)
     return _ChunkSolve.apply(grad, num_iter, op, (ridge_a, ridge_eps), Q, H0, K, G, n2)
+
+
+class _ChunkNorm(torch.autograd.Function):
+    """``n2 = ||H_t||_F^2`` of every token (:func:`kernels.gka.chunked.frob_norm_sq`) on heads-first tensors."""
+
+    @staticmethod
+    def forward(ctx, op, H0, K, G):
+        b, h, n, C, D = K.shape
+        tf = lambda t: t.movedim(1, 3).reshape(b, n * C, h, *t.shape[4:])  # noqa: E731  (b, n*C, h, ...)
+        Kf, Gf, starts = tf(K.to(stages_dtype(op))), tf(G.float()), H0.float().contiguous()
+        lay = _Layout(Kf, C)
+        n2 = _norm(Kf, Gf, starts, lay, op, cum=False)
+        ctx.save_for_backward(Kf, Gf, starts)
+        ctx.meta = (op, K.shape, K.dtype)
+        return n2.view(b, h, n, C).to(K.dtype)
+
+    @staticmethod
+    def backward(ctx, dn2):
+        Kf, Gf, starts = ctx.saved_tensors
+        op, shape, dtype = ctx.meta
+        b, h, n, C, D = shape
+        lay = _Layout(Kf, C)
+        E, dk, dg = torch.empty_like(starts), lay.buf(Kf, D), lay.buf(Kf)
+        _norm_grads(Kf, Gf, starts, dn2.float().reshape(b * h, n * C).contiguous(), E, dk, dg, lay, op, acc=False,
+                    cum=False)
+        return None, E.to(dtype), dk.view(shape).to(dtype), dg.view(b, h, n, C).to(dtype)
+
+
+def frob_norm_sq_heads_first(H0, K, G, *, operand: torch.dtype | None = None):
+    """The norm stage alone: :func:`kernels.gka.chunked.frob_norm_sq` (``H0 (b, h, n, d, d)``, heads-first ``K``
+    and cumulative ``G``) in ``_norm_fwd``, differentiable through ``_norm_bwd``. ``operand`` as in
+    :func:`chunk_solve_heads_first`."""
+    stages.check_chunk(K.shape[3], "gka")
+    return _ChunkNorm.apply(operand_code(K.dtype if operand is None else operand), H0, K, G)

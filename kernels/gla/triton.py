@@ -9,7 +9,10 @@ log decay from the chunk start, computed in the kernels from ``g``; ``M_ts = e^{
     S_{c+1} = e^{gl} S_c + sum_s e^{gl - G_s} a_s k_s^T                                     (state pass)
     o_t = scale (sum_{s<=t} M_ts (q_t . k_s) v_s + e^{G_t} U_c q_t)                          (output)
 
-Four kernels, one launch each (whatever the length), each with its reference in :mod:`kernels.gla.stages`:
+Four kernels, one launch each (whatever the length). Their references are the PyTorch stages of the CPU path:
+:func:`kernels.gla.chunked.gla_chunk_states` (GKA's ``(H, U)`` pair: :func:`kernels.gka.chunked.chunk_states`)
+for the state pass, :func:`kernels.gla.chunked.gla_chunk_readout` for the output, and autograd through them for
+the two backward kernels:
 
 - ``_state_fwd`` (grid: row blocks of the state x heads): walks the chunks in order with its block of rows of
   ``S`` in registers, storing every chunk-start state ``S_c`` (fp32) and the final state.
