@@ -656,6 +656,7 @@ class _GKATriton(torch.autograd.Function):
         if do is None:
             do = torch.zeros(*v.shape, device=v.device, dtype=v.dtype)
         do = stages.unit_last(do)
+        dfin = None if dfin is None else dfin.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dg = torch.empty(g.shape, device=g.device, dtype=g.dtype)
         if r == 0:   # gated linear attention with the key covariance carried along: one chunk backward
@@ -697,9 +698,13 @@ def gka_triton(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: floa
     dtype: they are then exact in it; else exact fp32)."""
     if solver != "chebyshev" and num_iter > 0:
         raise ValueError(f"gka triton backend implements solver='chebyshev' only, not {solver!r}")
-    _check(grad, chunk_size)
+    _check(grad if num_iter > 0 else "implicit", chunk_size)
     if q.dtype == torch.float64:
         raise TypeError("gka triton backend: fp64 is not supported by the Triton kernels; use backend='torch'")
+    if q.shape[1] == 0:     # nothing to launch
+        from .chunked import gka_chunked
+        return gka_chunked(q, k, v, g, alpha, ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver,
+                           grad=grad, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     q, k, v = unit_last(q), unit_last(k), unit_last(v)

@@ -449,6 +449,7 @@ class _GLATriton(torch.autograd.Function):
         if do is None:
             do = torch.zeros(*v.shape, device=v.device, dtype=v.dtype)
         do = unit_last(do)
+        dfin = None if dfin is None else dfin.contiguous()
         ds, ds0 = state_grads(q, do, g, None, dfin, init_dtype is not None, scale, C, v.shape[-1], k.shape[-1],
                               op, GLA_PIECES)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -464,11 +465,15 @@ def gla_triton(q, k, v, g, scale: float | None = None, chunk_size: int = 64, ini
         raise TypeError("gla triton backend: fp64 is not supported by the Triton kernels; use backend='torch'")
     check_chunk(chunk_size, "gla")
     B, T, H, DV = v.shape
+    if T == 0:     # nothing to launch
+        from .chunked import gla_chunked
+        return gla_chunked(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if q.shape[2] != H:      # one query/key head shared by every value head: read with a zero head stride
         q, k = q.expand(B, T, H, q.shape[-1]), k.expand(B, T, H, k.shape[-1])
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    o, fin = _GLATriton.apply(q, k, v, g, initial_state, scale, chunk_size)
+    init = None if initial_state is None else initial_state.contiguous()
+    o, fin = _GLATriton.apply(q, k, v, g, init, scale, chunk_size)
     return o, fin.to(q.dtype)
 
 
