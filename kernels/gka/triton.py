@@ -427,11 +427,10 @@ def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP,
         rho2 = rho * rho
         xi_cur = _vec(X, bh, Tp, offs_t, offs_d, D)
         xi_prev = _vec(XP, bh, Tp, offs_t, offs_d, D)
-        dqt = _vec(DQT, bh, Tp, offs_t, offs_d, D)
-        g_cur = dqt
+        g_cur = _vec(DQT, bh, Tp, offs_t, offs_d, D)
         if MIX == 2:
             if HAS_ALPHA:
-                g_cur = dqt * _gate(ALPHA, b, h, offs_t, T, sab, sat, sah)[:, None]
+                g_cur = g_cur * _gate(ALPHA, b, h, offs_t, T, sab, sat, sah)[:, None]
         if OP == 0:
             rx = tl.full([BT], 1.0, tl.float32)
             rg = tl.full([BT], 1.0, tl.float32)
@@ -492,6 +491,7 @@ def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP,
         if MIX == 2:
             if HAS_ALPHA:
                 al = _gate(ALPHA, b, h, offs_t, T, sab, sat, sah)
+                dqt = _vec(DQT, bh, Tp, offs_t, offs_d, D)      # read again: not held through the iterations
                 qin = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_d, D)
                 xf = _vec(X, bh, Tp, offs_t, offs_d, D)
                 tl.store(DA + b * sdab + h * sdah + offs_t.to(tl.int64) * sdat,
