@@ -146,8 +146,9 @@ class GLA(GatedRegressionBlock):
         forget_gate: bool = opt(True, "Mamba-2 style log-decay gate g_t (off: no forgetting, g = 0)")
         conv_size: int = opt(4, "causal short-convolution width on q, k, v", at_least=1)
         chunk_size: int | None = chunk_size_opt("gla", "chunk length of the chunked form")
-        backend: str = backend_opt(BACKENDS, "kernel backend (fla: flash-linear-attention's chunk_simple_gla, "
-                                             "CUDA only; no Triton kernel of its own: auto runs torch on CUDA)")
+        backend: str = backend_opt(BACKENDS, "kernel backend (triton: the chunk stages it shares with GKA, chunk "
+                                             "sizes powers of two >= 16; fla: flash-linear-attention's "
+                                             "chunk_simple_gla, CUDA only, auto's choice on CUDA where installed)")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 

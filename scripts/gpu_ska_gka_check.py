@@ -112,15 +112,16 @@ def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, conf
     import torch
 
     import kernels.gka.triton as kt
-    N = batch * heads * (T // chunk)
+    n = T // chunk
     g = torch.Generator(device="cpu").manual_seed(0)
-    Q = torch.randn(N, chunk, d, generator=g).to(device)
-    K = (torch.randn(N, chunk, d, generator=g) / d ** 0.5).to(device, dtype)
-    G = (-torch.rand(N, chunk, generator=g) * 0.05).cumsum(-1).to(device)
-    B0 = torch.randn(N, d, d, generator=g) / d
+    Q = torch.randn(batch, T, heads, d, generator=g).to(device)
+    K = (torch.randn(batch, T, heads, d, generator=g) / d ** 0.5).to(device, dtype)
+    G = (-torch.rand(batch, n, chunk, heads, generator=g) * 0.05).cumsum(2).reshape(batch, T, heads).to(device)
+    B0 = torch.randn(batch, heads, n, d, d, generator=g) / d
     H0 = (B0 @ B0.transpose(-1, -2)).to(device)
-    lam = torch.full((N, chunk), 0.05, device=device)
-    mu, L = lam.clone(), lam + 2.5
+    # ||H_t||_F = 2.5 everywhere: lam = 0.05 and the bounds [0.05, 2.55] at the default ridge
+    n2 = torch.full((batch * heads, T), 6.25, device=device)
+    lay = kt._Layout(K, chunk)
     op = kt.operand_code(dtype)
     out, old = {}, kt._solve_config
     try:
@@ -129,7 +130,8 @@ def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, conf
                 continue
             kt._solve_config = lambda C, BD, op=1, bt=bt, warps=warps: (bt, warps)
             with _solve_pieces(pieces):
-                ms = _median_ms(lambda: kt._solve(Q, K, G, H0, lam, mu, L, 30, op, False), device, warmup, repeats)
+                ms = _median_ms(lambda: kt._solve(Q, T, None, None, K, G, H0, n2, lay, 30, op, (0.02, 1e-6), mix=0,
+                                                  cum=False), device, warmup, repeats)
             out[f"tokens={bt} warps={warps} pieces={pieces}"] = round(ms, 3)
     finally:
         kt._solve_config = old

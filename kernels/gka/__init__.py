@@ -10,11 +10,14 @@
 (default), ``reverse_chebyshev`` (the paper's Algorithm 2, exact), ``autograd`` (unrolled).
 
 Backends: ``reference`` (token recurrence, dense solves), ``torch`` (chunked, CPU default),
-``triton`` (chunked with the within-chunk Chebyshev solve and its backward in Triton; Chebyshev only; with
-bf16/fp16 inputs its products run on tensor cores, see :mod:`kernels.gka.triton`).
+``triton`` (the GPU path: the whole core in ten Triton launches forward and backward, whatever the length;
+Chebyshev only, chunk sizes powers of two >= 16, fp32 and 16-bit inputs; with bf16/fp16 inputs its products
+run on tensor cores, see :mod:`kernels.gka.triton`).
 ``gka_step`` is the one-token decode.
 """
 from __future__ import annotations
+
+import torch
 
 from ..backend import BackendUnavailable, resolve_backend
 from ..common import full_precision
@@ -49,14 +52,8 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
     kw = dict(ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad, scale=scale,
               initial_state=initial_state)
     chosen = resolve_backend(backend, q, op="gka", available=BACKENDS)
-    if chosen == "triton" and num_iter > 0:
-        why = None
-        if solver != "chebyshev":
-            why = f"implements solver='chebyshev' only, not {solver!r}"
-        elif grad == "autograd":
-            why = "has no grad='autograd' (use 'implicit' or 'reverse_chebyshev')"
-        elif chunk_size < 16 or chunk_size & (chunk_size - 1):
-            why = f"needs chunk_size a power of two >= 16, got {chunk_size}"
+    if chosen == "triton":
+        why = _triton_refuses(q, solver, grad, num_iter, chunk_size)
         if why is not None:
             if backend == "triton":
                 raise BackendUnavailable(f"gka: the triton backend {why}; or use backend='torch'")
@@ -67,3 +64,16 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         from .triton import gka_triton
         return gka_triton(q, k, v, g, alpha, chunk_size=chunk_size, **kw)
     return gka_chunked(q, k, v, g, alpha, chunk_size=chunk_size, **kw)
+
+
+def _triton_refuses(q, solver: str, grad: str, num_iter: int, chunk_size: int) -> str | None:
+    """Why the triton backend cannot take these settings, or None."""
+    if num_iter > 0 and solver != "chebyshev":
+        return f"implements solver='chebyshev' only, not {solver!r}"
+    if num_iter > 0 and grad == "autograd":
+        return "has no grad='autograd' (use 'implicit' or 'reverse_chebyshev')"
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        return f"needs chunk_size a power of two >= 16, got {chunk_size}"
+    if q.dtype == torch.float64:
+        return "computes in fp32 and 16-bit, not fp64"
+    return None

@@ -1,6 +1,7 @@
 """Chunked GKA in pure PyTorch, the ``torch`` backend: ``auto`` runs it on a CPU, and on CUDA for the settings
 :mod:`kernels.gka.triton` does not implement (a solver other than Chebyshev, ``grad="autograd"``, a chunk size
-that is not a power of two >= 16). Same contract as :func:`kernels.gka.reference.gka_reference`.
+that is not a power of two >= 16, fp64). Same contract as :func:`kernels.gka.reference.gka_reference`; its
+pieces (:func:`chunk_states`, :func:`frob_norm_sq`, the readout) are the references of the Triton stages.
 
 Per chunk ``c`` of length ``C`` (``G_t`` = inclusive cumulative log decay from the chunk start,
 ``M_ts = e^{G_t - G_s}`` for ``s <= t``, ``H_0, U_0`` = states before the chunk):
@@ -79,10 +80,8 @@ def per_token_H(H0, K, G, M=None):
 
 def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-6, num_iter: int = 30,
                 solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
-                initial_state=None, solve_fn=None):
-    """Chunked GKA. ``solve_fn(H0, K, G, lam, mu, L, q, num_iter=, grad=)`` (heads-first tensors
-    ``(b, h, n, C, ...)``, ``H0 (b, h, n, d, d)``) replaces the PyTorch Chebyshev solve (the Triton backend
-    plugs in here)."""
+                initial_state=None):
+    """Chunked GKA (see the module docstring)."""
     dtype = q.dtype
     cd = compute_dtype(dtype)
     b, T, h, dk = q.shape
@@ -95,14 +94,13 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
 
     def segment(q, k, v, g, alpha, state):
         return _gka_segment(q, k, v, g, alpha, state, ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter,
-                            solver=solver, grad=grad, scale=scale, chunk_size=chunk_size, solve_fn=solve_fn)
+                            solver=solver, grad=grad, scale=scale, chunk_size=chunk_size)
 
     o, (H_fin, U_fin) = in_segments(segment, (q, k, v, g, alpha), state, segment_length(chunk_size))
     return o.to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
 
 
-def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solver, grad, scale, chunk_size,
-                 solve_fn):
+def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solver, grad, scale, chunk_size):
     """:func:`gka_chunked` on one segment from the compute-dtype state ``(H, U)``; output in the compute dtype."""
     cd = compute_dtype(q.dtype)
     T, dk = q.shape[1], q.shape[-1]
@@ -123,8 +121,6 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
             Ht = per_token_H(H0, K, G, M)
             eye = torch.eye(dk, dtype=cd, device=q.device)
             X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Q.unsqueeze(-1)).squeeze(-1)
-        elif solve_fn is not None:
-            X = solve_fn(H0, K, G, lam, mu, L, Q, num_iter=num_iter, grad=grad)
         else:
             op = ChunkOp(M, G.exp().unsqueeze(-1), fuse=True)
             X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)

@@ -2,14 +2,16 @@
 
     U_t = e^{g_t} U_{t-1} + v_t k_t^T,   o_t = U_t q_t * scale
 
-Backends: ``reference`` (token recurrence), ``torch`` (chunked, the default everywhere; there is no
-Triton kernel of our own in this family, so on CUDA ``auto`` runs the chunked PyTorch path) and
-``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only, imported on first use).
-``gla_step`` is the decode step.
+Backends: ``reference`` (token recurrence), ``torch`` (chunked, the CPU path), ``triton`` (the chunk stages
+of :mod:`kernels.gla.triton`: four launches forward and backward whatever the length; chunk sizes powers of
+two >= 16, fp32 and 16-bit inputs) and ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only,
+imported on first use; ``auto`` prefers it on CUDA where it is installed). ``gla_step`` is the decode step.
 """
 from __future__ import annotations
 
-from ..backend import fla_unsupported, resolve_backend
+import torch
+
+from ..backend import BackendUnavailable, fla_unsupported, resolve_backend
 from ..common import full_precision
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
@@ -17,7 +19,7 @@ from .reference import gla_reference, gla_step
 __all__ = ["BACKENDS", "fla_runs_gated", "gla", "gla_chunked", "gla_reference", "gla_step"]
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
-BACKENDS = ("reference", "torch", "fla")
+BACKENDS = ("reference", "torch", "triton", "fla")
 
 
 def fla_runs_gated(dtype, gated: bool) -> bool:
@@ -32,7 +34,23 @@ def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_st
                              unsupported=fla_unsupported(q, fla_runs_gated(q.dtype, True)))
     if chosen == "reference":
         return gla_reference(q, k, v, g, scale=scale, initial_state=initial_state)
+    if chosen == "triton":
+        why = _triton_refuses(q, chunk_size)
+        if why is None:
+            from .triton import gla_triton
+            return gla_triton(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
+        if backend == "triton":
+            raise BackendUnavailable(f"gla: the triton backend {why}; or use backend='torch'")
     if chosen == "fla":
         from .outside import gla_fla
         return gla_fla(q, k, v, g, scale=scale, initial_state=initial_state)
     return gla_chunked(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
+
+
+def _triton_refuses(q, chunk_size: int) -> str | None:
+    """Why the triton backend cannot take these inputs, or None (``auto`` then runs the chunked path)."""
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        return f"needs chunk_size a power of two >= 16, got {chunk_size}"
+    if q.dtype == torch.float64:
+        return "computes in fp32 and 16-bit, not fp64"
+    return None

@@ -1,6 +1,7 @@
-"""Chunked gated linear attention in pure PyTorch, the ``torch`` backend: ``auto`` runs it on a CPU, and on CUDA
-unless flash-linear-attention is installed (this family has no Triton kernel of its own); contract of
-:func:`kernels.gla.reference.gla_reference`.
+"""Chunked gated linear attention in pure PyTorch, the ``torch`` backend: ``auto`` runs it on a CPU (on CUDA the
+Triton stages of :mod:`kernels.gla.triton` or flash-linear-attention run, except for chunk sizes they do not
+take and fp64); contract of :func:`kernels.gla.reference.gla_reference`. :func:`gla_chunk_states` and
+:func:`gla_chunk_readout` are the references of the Triton state pass and output stage.
 
 Within chunk c (``G_t`` inclusive cumulative log decay from the chunk start, ``U_0`` the state
 before the chunk):

@@ -35,7 +35,7 @@ def test_doctor_reports_where_fla_refuses_its_gated_backward(monkeypatch):
     monkeypatch.setattr(doctor, "cuda_fla_problem", lambda: "fla refuses here")
     rows = {(name, family): (on_cuda, why) for name, family, _, on_cuda, why in doctor.mixer_rows(cuda=True)}
     assert rows["gated_deltanet", "delta"] == ("triton", "fla: fla refuses here")
-    assert rows["deltaproduct", "delta"][0] == "triton" and rows["gla", "gla"][0] == "torch"
+    assert rows["deltaproduct", "delta"][0] == "triton" and rows["gla", "gla"][0] == "triton"
     assert rows["deltanet", "delta"][0] == "fla"
     monkeypatch.setattr(doctor, "cuda_fla_problem", lambda: None)
     rows = {(name, family): on_cuda for name, family, _, on_cuda, _ in doctor.mixer_rows(cuda=True)}

@@ -11,8 +11,8 @@ ships ``ptxas``). A launch fails when it does not compile or when its shared mem
 architecture's per-block limit; ``ptxas -v`` gives registers and spills. The process exits 1 if any
 launch fails. ``--quick`` compiles one large size of every case: the largest for attention, delta, SSD and the slots,
 the block scans at m = 4 and 16, SKA's largest tiles (rank 64, value dim 256, power 4) and its defaults (rank 32, power 2),
-GKA's defaults (d 64, chunk 32), whose largest backward configuration (d 128 at chunk 64) takes ptxas
-several minutes;
+GKA and GLA at the GPU plan's chunk (64) and head dims 64 and 128 (GKA's reverse-Chebyshev backward at d 128
+takes ptxas several minutes: quick compiles it at d 64);
 ``--ci`` compiles one launch per kernel and argument types of the quick grid (every
 kernel in every dtype for both architectures, one configuration each: the test-suite's check);
 ``--markdown FILE`` writes the resource table into the marked block of ``FILE`` (BENCHMARKS.md).
@@ -54,7 +54,8 @@ from kernels.attention.triton import attention_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
 from kernels.gate.triton import log_decay_triton
-from kernels.gka.triton import triton_chunk_solve
+from kernels.gka.triton import chunk_solve_heads_first, gka_triton
+from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
 from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton
 from kernels.scan.triton import chunk_scan_triton
@@ -137,17 +138,39 @@ def _ska(dt, quick):
 
 
 def _gka(dt, quick):
-    grid = ((64, 32, "implicit"), (64, 32, "reverse_chebyshev")) if quick else [
+    # quick: the GPU plan's chunk (64) at head dims 64 and 128, both gradient modes; then the solve stage alone
+    # (heads-first, cumulative decays given: other constexprs of the same kernels)
+    grid = ((64, 64, "implicit"), (64, 64, "reverse_chebyshev"), (128, 64, "implicit")) if quick else [
         (d, C, grad) for d in (16, 32, 64, 128) for C in (16, 32, 64) for grad in ("implicit", "reverse_chebyshev")]
     for d, C, grad in grid:
         def run(d=d, C=C, grad=grad):
-            b, n, h = 2, 8, 4
-            vec = [_meta(b, n, C, h, d, dtype=dt) for _ in range(2)]
-            tok = [_meta(b, n, C, h, dtype=dt) for _ in range(3)]
-            x = triton_chunk_solve(_meta(b, n, h, d, d, dtype=dt), vec[0], tok[0], tok[1], tok[2], tok[2], vec[1],
-                                   num_iter=30, grad=grad)
-            _fwd_bwd(x)
+            B, T, H = 2, 512, 4
+            q, k, v = (_meta(B, T, H, d, dtype=dt) for _ in range(3))
+            g, alpha = _meta(B, T, H, dtype=dt), _meta(B, T, H, dtype=dt)
+            init = (_meta(B, H, d, d, dtype=torch.float32), _meta(B, H, d, d, dtype=torch.float32))
+            o, (Hs, Us) = gka_triton(q, k, v, g, alpha, chunk_size=C, num_iter=30, grad=grad, initial_state=init)
+            _fwd_bwd((o, Hs, Us))
         yield f"d={d} chunk={C} grad={grad}", run
+    for d, C, grad in grid[:2]:
+        def run_stage(d=d, C=C, grad=grad):
+            b, h, n = 2, 4, 8
+            vec = [_meta(b, h, n, C, d, dtype=dt) for _ in range(2)]
+            tok = [_meta(b, h, n, C, dtype=torch.float32) for _ in range(2)]
+            _fwd_bwd(chunk_solve_heads_first(_meta(b, h, n, d, d), vec[0], tok[0], tok[1], vec[1], num_iter=30,
+                                             grad=grad))
+        yield f"solve stage d={d} chunk={C} grad={grad}", run_stage
+
+
+def _gla(dt, quick):
+    grid = ((64, 64), (128, 64)) if quick else [(d, C) for d in HEAD_DIMS for C in (16, 32, 64)]
+    for d, C in grid:
+        def run(d=d, C=C):
+            B, T, H = 2, 512, 4
+            q, k, v = (_meta(B, T, H, d, dtype=dt) for _ in range(3))
+            o, U = gla_triton(q, k, v, _meta(B, T, H, dtype=dt), chunk_size=C,
+                              initial_state=_meta(B, H, d, d, dtype=torch.float32))
+            _fwd_bwd((o, U))
+        yield f"d={d} chunk={C}", run
 
 
 def _blockscan(dt, quick):
@@ -217,7 +240,7 @@ def _gate(dt, quick):
         yield f"H={H}", run
 
 
-FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka,
+FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka, "gla": _gla,
             "blockscan": _blockscan, "slots": _slots, "scan": _scan, "shortconv": _shortconv, "norm": _norm,
             "gate": _gate}
 
