@@ -9,7 +9,8 @@ The product is never materialised. Every factor is nonnegative, so an entry of t
 uses, in every factor, one of that factor's top-K entries (otherwise K larger entries of that factor
 would give K strictly larger products). The search keeps the top-K partial products after each factor:
 ``K * min(K, d_p)`` candidates per step, ``O(U K^2)`` per token instead of ``O(d_p^U)``. Ties are broken
-arbitrarily (as ``torch.topk``).
+arbitrarily: in ``torch.topk``'s order here, to the lowest candidate by the Triton backend, so the two may
+choose different slots among equal products (all-zero logits, say: the shifted write address of a first token).
 
 The selection is piecewise constant; the returned weights ``prod_u p_u[i_u]`` are differentiable
 functions of the logits (the gradient reaches every logit through the factor softmaxes). Optionally the
