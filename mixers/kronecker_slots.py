@@ -169,14 +169,23 @@ class KroneckerSlots(Mixer):
     def gamma(self, dtype):
         return F.softplus(self.gamma_raw.to(compute_dtype(dtype)))
 
-    def _address(self, logits):
+    def _address(self, logits, pairs: int = 0):
+        """``(idx, w)`` of address logits ``(..., H U d_p)``; ``pairs = 2``: logits ``(..., 2 H U d_p)`` holding the
+        write and the read logits side by side, addressed in one call, ``(..., 2, H, K)`` out."""
         o = self.options
-        idx, w = kronecker_topk(logits.unflatten(-1, (self.n_heads, o.U, o.d_p)), o.top_k, o.tau)
-        if o.renormalize:
-            w = w / w.sum(-1, keepdim=True)
-        if o.topk_grad == "straight_through":
-            w = w + (torch.full_like(w, 1.0 / o.top_k) - w).detach()
-        return idx, w
+        shape = (self.n_heads, o.U, o.d_p) if not pairs else (pairs, self.n_heads, o.U, o.d_p)
+        b = o.backend
+        return kronecker_topk(logits.unflatten(-1, shape), o.top_k, o.tau, renormalize=o.renormalize,
+                              straight_through=o.topk_grad == "straight_through",
+                              backend=b if b in ("auto", "triton") else "torch")
+
+    def _addresses(self, mixed, kl, ql, x):
+        """``(wi, w, ri, r)``. On the GPU plan the write and read logits, adjacent columns of the convolved
+        projections, are addressed in one call (one kernel each way), and the four results are views."""
+        if one_pass(x) and not self.options.pos_address:
+            (wi, ri), (w, r) = (t.unbind(-3) for t in self._address(mixed[..., :2 * self.addr_dim], pairs=2))
+            return wi, w, ri, r
+        return (*self._address(kl), *self._address(ql))
 
     @full_precision
     def _logits(self, proj, x):
@@ -230,12 +239,12 @@ class KroneckerSlots(Mixer):
     # --- the Mixer contract ------------------------------------------------------------------------
     def prefill(self, x, mask=None):
         B, T, _ = x.shape
-        start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype))
+        start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype)) if self.options.pos_address else None
         raw = self._raw(x)
-        kl, ql, v = self._split(self.conv(raw) if self.conv is not None else raw, x, start)
+        mixed = self.conv(raw) if self.conv is not None else raw
+        kl, ql, v = self._split(mixed, x, start)
         k_last = self._logits(self.k_proj, x[:, -1]) if self.options.shift_write_address else None
-        wi, w = self._address(kl)
-        ri, r = self._address(ql)
+        wi, w, ri, r = self._addresses(mixed, kl, ql, x)
         o, (S, z) = slot_memory(wi, w, ri, r, v, self.gamma(x.dtype), self.num_slots, eps=self.options.eps,
                                 chunk_size=chunk_size_for(v, "slots", self.options.chunk_size), **self._kernel_args())
         state = {"S": S, "z": z}

@@ -13,6 +13,8 @@ slots and a dense ``M x d_v`` state passed between chunks, for small and moderat
 ``layout="auto"`` picks dense when ``M <= DENSE_MAX_SLOTS``), and ``triton`` (Triton kernels, forward and
 backward: chunk-parallel for ``M <= kernels.slots.triton.CHUNKED_MAX_SLOTS``, the sparse scan above).
 ``auto`` means Triton on CUDA, else torch. ``chunk_size`` is the chunk length of both chunked paths.
+:func:`kronecker_topk` has a ``torch`` and a ``triton`` backend (:data:`ADDRESS_BACKENDS`; one kernel each way,
+for any number of addresses), ``auto`` choosing as for the memory.
 """
 from __future__ import annotations
 
@@ -20,14 +22,14 @@ import torch
 
 from ..backend import resolve_backend
 from ..common import full_precision
-from .addressing import kronecker_dense, kronecker_topk
+from .addressing import ADDRESS_BACKENDS, kronecker_dense, kronecker_topk
 from .chunked import slot_memory_chunked
 from .reference import init_slot_state, slot_memory_reference, slot_step
 from .sparse import slot_memory_sparse
 
 __all__ = ["slot_memory", "kronecker_topk", "kronecker_dense", "slot_step", "init_slot_state",
            "slot_memory_reference", "slot_memory_chunked", "slot_memory_sparse", "DENSE_MAX_SLOTS",
-           "BACKENDS", "LAYOUTS"]
+           "BACKENDS", "ADDRESS_BACKENDS", "LAYOUTS"]
 
 #: ``layout="auto"`` uses the dense chunked path up to this many slots. The chunked path costs
 #: O(T (C K d_v + M d_v)) per head (the chunk-start states are M x d_v per chunk of C tokens), the sparse

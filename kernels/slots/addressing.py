@@ -9,23 +9,36 @@ The product is never materialised. Every factor is nonnegative, so an entry of t
 uses, in every factor, one of that factor's top-K entries (otherwise K larger entries of that factor
 would give K strictly larger products). The search keeps the top-K partial products after each factor:
 ``K * min(K, d_p)`` candidates per step, ``O(U K^2)`` per token instead of ``O(d_p^U)``. Ties are broken
-arbitrarily (as ``torch.topk``).
+arbitrarily: in ``torch.topk``'s order here, to the lowest candidate by the Triton backend, so the two may
+choose different slots among equal products (all-zero logits, say: the shifted write address of a first token).
 
 The selection is piecewise constant; the returned weights ``prod_u p_u[i_u]`` are differentiable
-functions of the logits (the gradient reaches every logit through the factor softmaxes).
+functions of the logits (the gradient reaches every logit through the factor softmaxes). Optionally the
+weights are renormalised to sum to one, and a straight-through variant returns ``1/K`` forward with the
+gradient of the soft weights.
+
+Backends: ``torch`` (below, the CPU path) and ``triton`` (:func:`kernels.slots.triton.kronecker_topk_triton`:
+softmaxes, search, product, renormalisation in one kernel, their gradient in one more); ``auto`` follows
+the device plan (:func:`kernels.backend.resolve_backend`).
 """
 from __future__ import annotations
 
 import torch
 
+from ..backend import resolve_backend
 from ..common import at_least_fp32
 
+#: the backends of :func:`kronecker_topk`
+ADDRESS_BACKENDS = ("torch", "triton")
 
-def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+
+def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0, renormalize: bool = False,
+                   straight_through: bool = False, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """``logits (..., U, d_p)`` -> ``(idx (..., k) int64, weights (..., k))``, best first.
 
-    ``weights`` are the product probabilities of the selected slots (not renormalised), in fp32 (fp64 for
-    fp64 logits).
+    ``weights`` are the product probabilities of the selected slots, in fp32 (fp64 for fp64 logits);
+    ``renormalize``: divided by their sum; ``straight_through``: ``1/k`` forward, the gradient of the (possibly
+    renormalised) product probabilities backward.
     """
     if logits.ndim < 2:
         raise ValueError(f"kronecker_topk: logits must have shape (..., U, d_p), got {tuple(logits.shape)}")
@@ -34,6 +47,10 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torc
         raise ValueError(f"kronecker_topk: k={k} must be in [1, d_p^U = {dp ** U}]; lower k or enlarge d_p / U")
     if tau <= 0:
         raise ValueError(f"kronecker_topk: tau must be positive, got {tau}")
+    fp64 = {"triton": "the Triton kernels take fp32, bf16 and fp16 logits"} if logits.dtype == torch.float64 else {}
+    if resolve_backend(backend, logits, op="kronecker_topk", available=ADDRESS_BACKENDS, unsupported=fp64) == "triton":
+        from .triton import kronecker_topk_triton
+        return kronecker_topk_triton(logits, k, tau, renormalize, straight_through)
     # softmax written out: torch.softmax over a last axis of a few logits is several times slower on CPU
     z = at_least_fp32(logits) / tau
     e = (z - z.detach().amax(-1, keepdim=True)).exp()
@@ -54,6 +71,10 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0) -> tuple[torc
     # differentiable weights: the product of the selected factor probabilities
     weights = torch.gather(p.unsqueeze(-3).expand(*digits.shape[:-1], U, dp), -1,
                            digits.unsqueeze(-1)).squeeze(-1).prod(-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    if straight_through:
+        weights = weights + (torch.full_like(weights, 1.0 / k) - weights).detach()
     return idx, weights
 
 

@@ -1,7 +1,8 @@
 """Slot memory in Triton, forward and backward; contract of :func:`kernels.slots.reference.slot_memory_reference`
-(Xiao et al., "RAM-Net", arXiv 2602.11958).
+(Xiao et al., "RAM-Net", arXiv 2602.11958). Also the Kronecker top-K addressing (:func:`kronecker_topk_triton`,
+contract of :func:`kernels.slots.addressing.kronecker_topk`), at the end.
 
-Two layouts, chosen by the number of slots ``M``:
+Two layouts of the memory, chosen by the number of slots ``M``:
 
 **Chunked (M <= CHUNKED_MAX_SLOTS).** The memory with its normaliser as one more column, ``X = [S, z]``
 (``M x (d_v + 1)`` per head), follows a diagonal linear recurrence, ``X_t = diag(e^{a_t}) X_{t-1} +
@@ -26,7 +27,13 @@ The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (t
 intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
 ``L_c = Q^T [dO, dz]`` as a product), ``_slots_carry`` reversed (``G_c = d_c G_{c+1} + L_c``), and
 ``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
-G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``. Cost per head: time
+G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``, and no other operation: the log
+decays ``gamma log(1 - min(w, W_MAX))`` are computed from ``w`` and ``gamma`` where they are used, and
+``_slots_state_bwd`` ends by passing their gradient to ``w`` (the weights' final gradient) and to ``gamma``
+(one partial sum per chunk, added up by the launcher: the one torch operation of the backward); the
+addresses and values are read through a token stride (:func:`_token_stride`), so the halves of a joint
+write-and-read address tensor and the value columns of a layer's projections are read in place; the final
+state is written as ``S`` and ``z`` directly. Cost per head: time
 ``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v + 1)`` numbers per chunk for the chunk states (written,
 carried and read again): the state stages grow with ``M``, hence the cutoff.
 
@@ -52,8 +59,20 @@ a time).
 Parallelism at B = 1, d_model 1024 (8 heads, d_v 128, M = 64, K = 4), T 16384, C 32: 512 x 8 = 4096
 programs in the chunk stages (16384 in the forward read, which also splits ``d_v`` in 4 tiles), 17 x 8 in
 the carries (512 steps each), where the sequential kernel ran 8 programs of 16384 steps.
+
+**Addressing**, ``_topk_fwd`` / ``_topk_bwd``, one program per ``BR`` addresses (rows of ``U d_p`` logits):
+the softmax of every factor, then the search of :mod:`kernels.slots.addressing` (keep the ``K`` best partial
+products after each factor: ``K`` picks of the best of ``K d_p`` candidates, ties to the lowest candidate), the
+product weights, the renormalisation and the straight-through value, all in fp32 whatever the logits' type. The
+backward recomputes the softmaxes and passes the weights' gradient through the renormalisation, the product
+(the share of factor ``u`` is the product of the other factors' entries, never a division by a possibly zero
+probability) and each softmax; the selection passes no gradient. One launch each way for any number of
+addresses, such as a layer's write and read addresses together. No products: ``O(U K^2 d_p)`` comparisons per
+address.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -61,13 +80,15 @@ import triton.language as tl
 
 from ..launch import launch
 from ..split_dot import dot_state_x, dot_x_state
+from .reference import W_MAX, log_keep
 
-__all__ = ["slot_memory_triton", "CHUNKED_MAX_SLOTS"]
+__all__ = ["slot_memory_triton", "kronecker_topk_triton", "CHUNKED_MAX_SLOTS"]
 
 #: the chunked kernels run up to this many slots; above it the sparse scan (its cost does not grow with M)
 CHUNKED_MAX_SLOTS = 256
 #: loads issued ahead by the carry's loop over chunks (tl.range num_stages)
 _STAGES = 3
+_W_MAX = tl.constexpr(W_MAX)
 
 
 @triton.jit
@@ -87,14 +108,29 @@ def _dot_inputs(x, y):
 
 
 @triton.jit
-def _chunk_decays(WI, LA, WW, tok, valid, slot, K):
+def _log1p_neg(x):
+    # log(1 - x) for x in [0, 1): log(u) x / (1 - u) with u = 1 - x rounded is exact to a few ulps (log(u) alone
+    # loses the low bits of a small x), and -x where u rounds to 1
+    u = 1.0 - x
+    exact = u == 1.0
+    return tl.where(exact, -x, tl.log(u) * (x / tl.where(exact, 1.0, 1.0 - u)))
+
+
+@triton.jit
+def _log_keep(w, gamma):
+    # the log decay gamma log(1 - min(w, W_MAX)) of a write of weight w (kernels.slots.reference.log_keep)
+    return gamma * _log1p_neg(tl.minimum(w, _W_MAX))
+
+
+@triton.jit
+def _chunk_decays(WI, WW, gam, atok, valid, slot, K):
     # dense per-slot log decays and write weights of the chunk's tokens: ad, wd [BT, BM]
-    ad = tl.zeros([tok.shape[0], slot.shape[0]], dtype=tl.float32)
-    wd = tl.zeros([tok.shape[0], slot.shape[0]], dtype=tl.float32)
+    ad = tl.zeros([atok.shape[0], slot.shape[0]], dtype=tl.float32)
+    wd = tl.zeros([atok.shape[0], slot.shape[0]], dtype=tl.float32)
     for j in range(K):
-        wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
-        la = tl.load(LA + tok * K + j, mask=valid, other=0.0).to(tl.float32)
-        w = tl.load(WW + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        wi = tl.load(WI + atok + j, mask=valid, other=-1)
+        w = tl.load(WW + atok + j, mask=valid, other=0.0).to(tl.float32)
+        la = _log_keep(w, gam)
         hit = wi[:, None] == slot[None, :]
         ad += tl.where(hit, la[:, None], 0.0)
         wd += tl.where(hit, w[:, None], 0.0)
@@ -102,17 +138,17 @@ def _chunk_decays(WI, LA, WW, tok, valid, slot, K):
 
 
 @triton.jit
-def _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K, DV1, eps):
+def _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i, K, DV1, eps):
     # read slot i of every token t of the chunk: E[t, s] (s <= t), its exponential part, A_t at the slot,
     # the slot's start-state normaliser z0, the normaliser z_t and q = r / (z_t + eps)
-    ri = tl.load(RI + tok * K + i, mask=valid, other=-2)
-    r = tl.load(RW + tok * K + i, mask=valid, other=0.0).to(tl.float32)
-    D = tl.zeros([tok.shape[0], tok.shape[0]], dtype=tl.float32)
-    Wm = tl.zeros([tok.shape[0], tok.shape[0]], dtype=tl.float32)
+    ri = tl.load(RI + atok + i, mask=valid, other=-2)
+    r = tl.load(RW + atok + i, mask=valid, other=0.0).to(tl.float32)
+    D = tl.zeros([atok.shape[0], atok.shape[0]], dtype=tl.float32)
+    Wm = tl.zeros([atok.shape[0], atok.shape[0]], dtype=tl.float32)
     for j in range(K):
-        wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
-        la = tl.load(LA + tok * K + j, mask=valid, other=0.0).to(tl.float32)
-        w = tl.load(WW + tok * K + j, mask=valid, other=0.0).to(tl.float32)
+        wi = tl.load(WI + atok + j, mask=valid, other=-1)
+        w = tl.load(WW + atok + j, mask=valid, other=0.0).to(tl.float32)
+        la = _log_keep(w, gam)
         hit = ri[:, None] == wi[None, :]
         D += tl.where(hit, la[None, :], 0.0)
         Wm += tl.where(hit, w[None, :], 0.0)
@@ -130,7 +166,7 @@ def _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K, DV1, 
 
 
 @triton.jit
-def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
+def _slots_state(WI, WW, GAM, V, XS, DEC, T, H, M, K, DV, NC, SA, SV,
                  BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr):
     # the chunk's state contribution U (into XS[c]) and decay e^{A_C} (into DEC[c]), BM slots at a time (the
     # cumulative decays run along time, so slot tiles are independent)
@@ -141,12 +177,14 @@ def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
     t = tl.arange(0, BT)
     ts = c * BT + t
     valid = ts < T
-    tok = (b * T + ts) * H + h
+    atok = (b * T + ts) * SA + h * K
+    vtok = (b * T + ts) * SV + h * DV
+    gam = tl.load(GAM + h).to(tl.float32)
     DV1 = DV + 1
     for m0 in range(0, M, BM):
         slot = m0 + tl.arange(0, BM)
         ms = slot < M
-        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        ad, wd = _chunk_decays(WI, WW, gam, atok, valid, slot, K)
         Acs = tl.cumsum(ad, axis=0)
         Aend = tl.sum(ad, axis=0)
         F = wd * tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
@@ -157,22 +195,30 @@ def _slots_state(WI, WW, LA, V, XS, DEC, T, H, M, K, DV, NC,
         for d0 in range(0, DV, BDV):
             dd = d0 + tl.arange(0, BDV)
             dm = dd < DV
-            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+            vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
             tl.store(XS + rows[:, None] + dd[None, :], _dot_coef(Ft, vt), mask=ms[:, None] & dm[None, :])
 
 
 @triton.jit
-def _slots_carry(XS, DEC, X0, XN, E, DV1, NC, HAS_X0: tl.constexpr, REVERSE: tl.constexpr,
+def _slots_carry(XS, DEC, S0, Z0, SN, ZN, E, DV1, NC, HAS_X0: tl.constexpr, REVERSE: tl.constexpr,
                  BE: tl.constexpr, NS: tl.constexpr):
-    # forward: XS[c] holds U_c and receives X_c; X_{c+1} = d_c X_c + U_c. REVERSE: XS[c] holds L_c and
-    # receives G_{c+1}; G_c = d_c G_{c+1} + L_c. XN: X_NC, or G_0. E = M (d_v + 1) entries per head.
+    # forward: XS[c] holds U_c and receives X_c; X_{c+1} = d_c X_c + U_c, from X_0 = [S0, Z0] to [SN, ZN] = X_NC.
+    # REVERSE: XS[c] holds L_c and receives G_{c+1}; G_c = d_c G_{c+1} + L_c, from G_NC = [S0, Z0] (the
+    # gradient of the final state) to [SN, ZN] = G_0. E = M (d_v + 1) entries per head; S (M, d_v) and z (M,)
+    # are separate tensors outside.
     e = tl.program_id(0) * BE + tl.arange(0, BE)
     bh = tl.program_id(1).to(tl.int64)
     me = e < E
     slot = e // DV1
+    col = e % DV1
     M = E // DV1
+    DV = DV1 - 1
+    ins = me & (col < DV)
+    inz = me & (col == DV)
+    srow = (bh * M + slot) * DV + col
+    zrow = bh * M + slot
     if HAS_X0:
-        x = tl.load(X0 + bh * E + e, mask=me, other=0.0)
+        x = tl.where(ins, tl.load(S0 + srow, mask=ins, other=0.0), tl.load(Z0 + zrow, mask=inz, other=0.0))
     else:
         x = tl.zeros([BE], dtype=tl.float32)
     for k in tl.range(0, NC, num_stages=NS):
@@ -184,11 +230,12 @@ def _slots_carry(XS, DEC, X0, XN, E, DV1, NC, HAS_X0: tl.constexpr, REVERSE: tl.
         d = tl.load(DEC + (bh * NC + c) * M + slot, mask=me, other=0.0)
         tl.store(XS + (bh * NC + c) * E + e, x, mask=me)
         x = d * x + u
-    tl.store(XN + bh * E + e, x, mask=me)
+    tl.store(SN + srow, x, mask=ins)
+    tl.store(ZN + zrow, x, mask=inz)
 
 
 @triton.jit
-def _slots_read(WI, WW, LA, RI, RW, V, XS, O, T, H, M, K, DV, NC, eps,
+def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
                 BT: tl.constexpr, BDV: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -198,6 +245,9 @@ def _slots_read(WI, WW, LA, RI, RW, V, XS, O, T, H, M, K, DV, NC, eps,
     ts = c * BT + t
     valid = ts < T
     tok = (b * T + ts) * H + h
+    atok = (b * T + ts) * SA + h * K
+    vtok = (b * T + ts) * SV + h * DV
+    gam = tl.load(GAM + h).to(tl.float32)
     dd = tl.program_id(2) * BDV + tl.arange(0, BDV)
     dm = dd < DV
     DV1 = DV + 1
@@ -205,18 +255,18 @@ def _slots_read(WI, WW, LA, RI, RW, V, XS, O, T, H, M, K, DV, NC, eps,
     P = tl.zeros([BT, BT], dtype=tl.float32)
     o = tl.zeros([BT, BDV], dtype=tl.float32)
     for i in range(K):
-        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K,
-                                                             DV1, eps)
+        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i,
+                                                             K, DV1, eps)
         P += q[:, None] * E
         s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
         o += (q * eA)[:, None] * s0
-    vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+    vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
     o += _dot_coef(P, vt)
     tl.store(O + tok[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & dm[None, :])
 
 
 @triton.jit
-def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M, K, DV, NC, eps,
+def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M, K, DV, NC, SA, SV, eps,
                     BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
     # the reads' gradients: dr (final), the intra-chunk parts of dla, dw and dv (DLA, DW, DVP: completed by
     # _slots_state_bwd), and L_c, the reads' adjoint of the chunk's start state (into LG[c])
@@ -228,6 +278,9 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
     ts = c * BT + t
     valid = ts < T
     tok = (b * T + ts) * H + h
+    atok = (b * T + ts) * SA + h * K
+    vtok = (b * T + ts) * SV + h * DV
+    gam = tl.load(GAM + h).to(tl.float32)
     DV1 = DV + 1
     chunk = (bh * NC + c) * M * DV1
     slot = tl.arange(0, BM)
@@ -238,7 +291,7 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
         dd = d0 + tl.arange(0, BDV)
         tm = valid[:, None] & (dd < DV)[None, :]
         do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
-        vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+        vt = tl.load(V + vtok[:, None] + dd[None, :], mask=tm, other=0.0)
         dOV += _dot_inputs(do, tl.trans(vt))
     P = tl.zeros([BT, BT], dtype=tl.float32)
     Q = tl.zeros([BT, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of the start state S_0
@@ -246,8 +299,8 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
     dla = tl.zeros([BT, BK], dtype=tl.float32)
     dw = tl.zeros([BT, BK], dtype=tl.float32)
     for i in range(K):
-        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, LA, WW, RI, RW, XS, tok, valid, t, chunk, i, K,
-                                                             DV1, eps)
+        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i,
+                                                             K, DV1, eps)
         sd = tl.zeros([BT], dtype=tl.float32)  # dO_t . S_0[R_{t,i}]
         for d0 in range(0, DV, BDV):
             dd = d0 + tl.arange(0, BDV)
@@ -268,7 +321,7 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
         dD = tl.where(causal, dAr[:, None], 0.0) - tl.cumsum(dEE, axis=1, reverse=True)
         dWm = dE * expo
         for j in range(K):
-            wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+            wi = tl.load(WI + atok + j, mask=valid, other=-1)
             hitw = ri[:, None] == wi[None, :]
             col = (kk == j)[None, :]
             dla += tl.where(col, tl.sum(tl.where(hitw, dD, 0.0), axis=0)[:, None], 0.0)
@@ -290,12 +343,13 @@ def _slots_read_bwd(WI, WW, LA, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M
 
 
 @triton.jit
-def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, DV, NC,
+def _slots_state_bwd(WI, WW, GAM, V, XS, LG, DEC, DLA, DW, DWO, DG, DVP, DVO, T, H, M, K, DV, NC, SA, SV,
                      BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, ONE_TILE: tl.constexpr):
     # what the chunk's contribution U = F^T [V, 1] and decay d = e^{A_C} pass back, given G = LG[c] (the
     # adjoint of the state after the chunk) and X = XS[c] (the state entering it), BM slots at a time; the
     # shares of every slot tile are added into DLA, DW and DVP (this program's rows only), then DVP -> DVO
-    # (ONE_TILE: M <= BM, dv is final at once)
+    # (ONE_TILE: M <= BM, dv is final at once). Last, the log decays' gradient DLA passes to the weights
+    # (into DWO) and to gamma (this chunk's share into DG)
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -304,11 +358,14 @@ def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, 
     ts = c * BT + t
     valid = ts < T
     tok = (b * T + ts) * H + h
+    atok = (b * T + ts) * SA + h * K
+    vtok = (b * T + ts) * SV + h * DV
+    gam = tl.load(GAM + h).to(tl.float32)
     DV1 = DV + 1
     for m0 in range(0, M, BM):
         slot = m0 + tl.arange(0, BM)
         ms = slot < M
-        ad, wd = _chunk_decays(WI, LA, WW, tok, valid, slot, K)
+        ad, wd = _chunk_decays(WI, WW, gam, atok, valid, slot, K)
         Acs = tl.cumsum(ad, axis=0)
         Aend = tl.sum(ad, axis=0)
         expo = tl.exp(tl.minimum(Aend[None, :] - Acs, 0.0))
@@ -324,7 +381,7 @@ def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, 
             X = tl.load(XS + rows[:, None] + dd[None, :], mask=ms[:, None] & dm[None, :], other=0.0)
             ddec += tl.sum(G * X, axis=1)
             tm = valid[:, None] & dm[None, :]
-            vt = tl.load(V + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
+            vt = tl.load(V + vtok[:, None] + dd[None, :], mask=tm, other=0.0)
             dF += dot_x_state(vt, tl.trans(G))
         # dv in a second pass over the value tiles: fewer tiles live at once
         for d0 in range(0, DV, BDV):
@@ -343,13 +400,24 @@ def _slots_state_bwd(WI, WW, LA, V, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, 
         dAend = tl.sum(dEx, axis=0) + ddec * tl.exp(Aend)
         dad = dAend[None, :] - tl.cumsum(dEx, axis=0, reverse=True)
         for j in range(K):
-            wi = tl.load(WI + tok * K + j, mask=valid, other=-1)
+            wi = tl.load(WI + atok + j, mask=valid, other=-1)
             hit = wi[:, None] == slot[None, :]
             p = tok * K + j
             tl.store(DLA + p, tl.load(DLA + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dad, 0.0), axis=1),
                      mask=valid)
             tl.store(DW + p, tl.load(DW + p, mask=valid, other=0.0) + tl.sum(tl.where(hit, dWd, 0.0), axis=1),
                      mask=valid)
+    # la = gamma log(1 - min(w, W_MAX)): dw += dla gamma d/dw log(1 - min(w, W_MAX)), dgamma = sum dla log(..)
+    dg = tl.zeros([BT], dtype=tl.float32)
+    for j in range(K):
+        p = tok * K + j
+        w = tl.load(WW + atok + j, mask=valid, other=0.0).to(tl.float32)
+        x = tl.minimum(w, _W_MAX)
+        dla = tl.load(DLA + p, mask=valid, other=0.0)
+        dw = tl.load(DW + p, mask=valid, other=0.0) + tl.where(w <= _W_MAX, -dla * gam / (1.0 - x), 0.0)
+        tl.store(DWO + p, dw.to(DWO.dtype.element_ty), mask=valid)
+        dg += dla * _log1p_neg(x)
+    tl.store(DG + bh * NC + c, tl.sum(dg, axis=0))
     if not ONE_TILE:
         for d0 in range(0, DV, BDV):
             dd = d0 + tl.arange(0, BDV)
@@ -484,53 +552,89 @@ class _ChunkPlan:
         self.BE = 512
 
 
+def _token_stride(x: torch.Tensor) -> int | None:
+    """The stride between tokens of ``x (B, T, H, n)`` when the kernels can address it as rows ``(b T + t) stride
+    + h n + i`` (the ``H n`` entries of a token contiguous, batches ``T`` tokens apart), else None. A slice of a
+    wider tensor, such as the read half of a joint write-and-read address or the value columns of a layer's
+    projections, qualifies without a copy."""
+    B, T, H, n = x.shape
+    st = x.stride()
+    ok = (n == 1 or st[3] == 1) and (H == 1 or st[2] == n) and (B == 1 or st[0] == T * st[1])
+    return st[1] if ok else None
+
+
+def _addressable(*xs):
+    """``(tensors, stride)``: the tensors as they are when they share one token stride, else contiguous copies."""
+    strides = {_token_stride(x) for x in xs}
+    if len(strides) == 1 and None not in strides:
+        return xs, strides.pop()
+    xs = tuple(x.contiguous() for x in xs)
+    return xs, xs[0].shape[2] * xs[0].shape[3]
+
+
 class _ChunkedSlots(torch.autograd.Function):
-    """Inputs ``wi, w, la, ri, r (B, T, H, K)`` (``la`` the log decays of the writes), ``v (B, T, H, d_v)``,
-    ``X0 (B H, M, d_v + 1)`` or None; returns ``(o (B, T, H, d_v), X_T (B H, M, d_v + 1))``."""
+    """Inputs ``wi, w, ri, r (B, T, H, K)``, ``v (B, T, H, d_v)`` (each may be a slice with a token stride, see
+    :func:`_token_stride`), ``gamma (H,)``, ``S0 (B, H, M, d_v)``, ``z0 (B, H, M)`` (fp32) or None; returns
+    ``(o (B, T, H, d_v), S_T (B, H, M, d_v), z_T (B, H, M))``. The log decays of the writes are computed from
+    ``w`` and ``gamma`` inside the kernels, and their gradient passed to ``w`` and ``gamma`` there."""
 
     @staticmethod
-    def forward(ctx, wi, w, la, ri, r, v, X0, num_slots, eps, chunk_size):
+    def forward(ctx, wi, w, ri, r, v, gamma, S0, z0, num_slots, eps, chunk_size):
+        ctx.set_materialize_grads(False)
         B, T, H, K = wi.shape
         dv, M = v.shape[-1], num_slots
         pl = _ChunkPlan(T, M, dv, K, chunk_size)
-        wi, w, la, ri, r, v = (x.contiguous() for x in (wi, w, la, ri, r, v))
+        (wi, w, ri, r), SA = _addressable(wi, w, ri, r)
+        (v,), SV = _addressable(v)
+        gamma = gamma.contiguous()
         BH, E = B * H, M * (dv + 1)
         XS = torch.empty(BH, pl.NC, M, dv + 1, dtype=torch.float32, device=v.device)
         DEC = torch.empty(BH, pl.NC, M, dtype=torch.float32, device=v.device)
-        XN = torch.empty(BH, M, dv + 1, dtype=torch.float32, device=v.device)
+        S = torch.empty(B, H, M, dv, dtype=torch.float32, device=v.device)
+        z = torch.empty(B, H, M, dtype=torch.float32, device=v.device)
         O = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
-        launch(_slots_state, (pl.NC, BH), wi, w, la, v, XS, DEC, T, H, M, K, dv, pl.NC,
+        launch(_slots_state, (pl.NC, BH), wi, w, gamma, v, XS, DEC, T, H, M, K, dv, pl.NC, SA, SV,
                BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, num_warps=pl.warps)
-        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, X0 if X0 is not None else XS, XN, E, dv + 1,
-               pl.NC, HAS_X0=X0 is not None, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
-        launch(_slots_read, (pl.NC, BH, triton.cdiv(dv, pl.BDV)), wi, w, la, ri, r, v, XS, O, T, H, M, K, dv, pl.NC,
-               eps, BT=pl.BT, BDV=pl.BDV, num_warps=pl.warps)
-        ctx.save_for_backward(wi, w, la, ri, r, v, XS, DEC)
-        ctx.meta = (M, eps, chunk_size, X0 is not None)
-        return O, XN
+        has_init = S0 is not None
+        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, S0 if has_init else XS, z0 if has_init else XS,
+               S, z, E, dv + 1, pl.NC, HAS_X0=has_init, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
+        launch(_slots_read, (pl.NC, BH, triton.cdiv(dv, pl.BDV)), wi, w, gamma, ri, r, v, XS, O, T, H, M, K, dv,
+               pl.NC, SA, SV, eps, BT=pl.BT, BDV=pl.BDV, num_warps=pl.warps)
+        ctx.save_for_backward(wi, w, ri, r, v, gamma, XS, DEC)
+        ctx.meta = (M, eps, chunk_size, SA, SV, has_init)
+        return O, S, z
 
     @staticmethod
-    def backward(ctx, dO, dXN):
-        wi, w, la, ri, r, v, XS, DEC = ctx.saved_tensors
-        M, eps, chunk_size, has_init = ctx.meta
+    def backward(ctx, dO, dS, dz):
+        wi, w, ri, r, v, gamma, XS, DEC = ctx.saved_tensors
+        M, eps, chunk_size, SA, SV, has_init = ctx.meta
         B, T, H, K = wi.shape
         dv = v.shape[-1]
         pl = _ChunkPlan(T, M, dv, K, chunk_size)
         BH, E = B * H, M * (dv + 1)
-        dO = torch.zeros_like(v) if dO is None else dO.to(v.dtype).contiguous()
+        f32 = dict(dtype=torch.float32, device=v.device)
+        dO = torch.zeros(B, T, H, dv, dtype=v.dtype, device=v.device) if dO is None else dO.to(v.dtype).contiguous()
+        has_final = dS is not None or dz is not None
+        if has_final:
+            dS = torch.zeros(B, H, M, dv, **f32) if dS is None else dS.float().contiguous()
+            dz = torch.zeros(B, H, M, **f32) if dz is None else dz.float().contiguous()
         LG = torch.empty_like(XS)
-        DX0 = torch.empty(BH, M, dv + 1, dtype=torch.float32, device=v.device)
+        dS0, dz0 = torch.empty(B, H, M, dv, **f32), torch.empty(B, H, M, **f32)
         DR = torch.empty(B, T, H, K, dtype=r.dtype, device=v.device)
-        DLA, DW = (torch.empty(B, T, H, K, dtype=torch.float32, device=v.device) for _ in range(2))
-        DVP = torch.empty(B, T, H, dv, dtype=torch.float32, device=v.device)
+        DLA, DW = (torch.empty(B, T, H, K, **f32) for _ in range(2))
+        DWO = torch.empty(B, T, H, K, dtype=w.dtype, device=v.device)
+        DG = torch.empty(BH, pl.NC, **f32)
+        DVP = torch.empty(B, T, H, dv, **f32)
         DVO = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
-        launch(_slots_read_bwd, (pl.NC, BH), wi, w, la, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
-               pl.NC, eps, BT=pl.BT, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
-        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), LG, DEC, dXN.contiguous() if dXN is not None else LG, DX0,
-               E, dv + 1, pl.NC, HAS_X0=dXN is not None, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
-        launch(_slots_state_bwd, (pl.NC, BH), wi, w, la, v, XS, LG, DEC, DLA, DW, DVP, DVO, T, H, M, K, dv, pl.NC,
-               BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
-        return None, DW.to(w.dtype), DLA, None, DR, DVO, (DX0 if has_init else None), None, None, None
+        launch(_slots_read_bwd, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
+               pl.NC, SA, SV, eps, BT=pl.BT, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
+        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), LG, DEC, dS if has_final else LG, dz if has_final else LG,
+               dS0, dz0, E, dv + 1, pl.NC, HAS_X0=has_final, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
+        launch(_slots_state_bwd, (pl.NC, BH), wi, w, gamma, v, XS, LG, DEC, DLA, DW, DWO, DG, DVP, DVO, T, H, M, K,
+               dv, pl.NC, SA, SV, BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
+        dgamma = DG.view(B, H, pl.NC).sum((0, 2)).to(gamma.dtype) if ctx.needs_input_grad[5] else None
+        init = (dS0, dz0) if has_init else (None, None)
+        return None, DWO, None, DR, DVO, dgamma, *init, None, None, None
 
 
 def _sparse_blocks(K, dv):
@@ -593,7 +697,6 @@ def slot_memory_triton(write_idx, write_w, read_idx, read_w, v, gamma, num_slots
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))`` (state in fp32). The chunked kernels
     run for ``num_slots <= CHUNKED_MAX_SLOTS`` with chunks of ``chunk_size`` tokens (a power of two in
     [16, 64], smaller for large ``M``; it does not change the result), the sparse scan above."""
-    from .reference import log_keep
     if v.dtype == torch.float64:
         raise TypeError("slot_memory_triton: fp64 is not supported by the Triton kernels; use backend='torch' "
                         "or 'reference' for fp64")
@@ -602,13 +705,183 @@ def slot_memory_triton(write_idx, write_w, read_idx, read_w, v, gamma, num_slots
     B, T, H, dv = v.shape
     M = num_slots
     S0, z0 = (None, None) if initial_state is None else initial_state
-    log_decay = log_keep(write_w.float(), gamma.float()[:, None])
     if M <= CHUNKED_MAX_SLOTS:
-        X0 = None
         if initial_state is not None:
-            X0 = torch.cat([S0.float(), z0.float().unsqueeze(-1)], -1).reshape(B * H, M, dv + 1)
-        o, X = _ChunkedSlots.apply(write_idx, write_w, log_decay, read_idx, read_w, v, X0, M, eps, chunk_size)
-        X = X.view(B, H, M, dv + 1)
-        return o, (X[..., :dv].contiguous(), X[..., dv].contiguous())
-    o, S, z = _SparseSlots.apply(write_idx, write_w, torch.exp(log_decay), read_idx, read_w, v, S0, z0, M, eps)
+            S0, z0 = S0.float().contiguous(), z0.float().contiguous()
+        o, S, z = _ChunkedSlots.apply(write_idx, write_w, read_idx, read_w, v, gamma, S0, z0, M, eps, chunk_size)
+        return o, (S, z)
+    decay = torch.exp(log_keep(write_w.float(), gamma.float()[:, None]))
+    o, S, z = _SparseSlots.apply(write_idx, write_w, decay, read_idx, read_w, v, S0, z0, M, eps)
     return o.to(v.dtype), (S, z)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Kronecker top-K addressing (kernels.slots.addressing.kronecker_topk)
+# ------------------------------------------------------------------------------------------------------
+@triton.jit
+def _factor_probs(L, roff, rm, u: tl.constexpr, DP: tl.constexpr, tau, BD: tl.constexpr):
+    # softmax(l_u / tau) of factor u of every row: [BR, BD], zero in the padding
+    d = tl.arange(0, BD)
+    dm = d < DP
+    lg = tl.load(L + roff[:, None] + u * DP + d[None, :], mask=rm[:, None] & dm[None, :], other=0.0)
+    zt = tl.where(dm[None, :], lg.to(tl.float32) / tau, float("-inf"))
+    e = tl.exp(zt - tl.max(zt, axis=1)[:, None])
+    return e / tl.sum(e, axis=1)[:, None]
+
+
+@triton.jit
+def _digit(slot, u: tl.constexpr, U: tl.constexpr, DP: tl.constexpr):
+    # digit u (most significant first) of slot numbers in base DP
+    for _ in tl.static_range(U - 1 - u):
+        slot = slot // DP
+    return slot % DP
+
+
+@triton.jit
+def _at_digits(p, digit, BD: tl.constexpr):
+    # p [BR, BD] read at digit [BR, BC] -> [BR, BC]
+    d = tl.arange(0, BD)
+    return tl.sum(tl.where(digit[:, :, None] == d[None, None, :], p[:, None, :], 0.0), axis=2)
+
+
+@triton.jit
+def _topk_fwd(L, IDX, W, R, NI, SO, SI, tau, U: tl.constexpr, DP: tl.constexpr, K: tl.constexpr,
+              RENORM: tl.constexpr, HARD: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    # BR rows (addresses) per program; row r's U DP logits start at (r // NI) SO + (r % NI) SI. The K best
+    # partial products are kept after every factor: candidates [BR, BC (kept prefixes), BD (digits)], the
+    # best taken K times (ties to the lowest candidate), a padding prefix (value -1) never beating a real one
+    row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rm = row < R
+    roff = (row // NI) * SO + (row % NI) * SI
+    a = tl.arange(0, BC)
+    d = tl.arange(0, BD)
+    n = a[:, None] * BD + d[None, :]
+    val = tl.where(a == 0, 1.0, -1.0)[None, :] + tl.zeros([BR, BC], dtype=tl.float32)  # one empty prefix
+    slot = tl.zeros([BR, BC], dtype=tl.int64)
+    for u in tl.static_range(U):
+        p = _factor_probs(L, roff, rm, u, DP, tau, BD)
+        ok = (val[:, :, None] >= 0.0) & (d < DP)[None, None, :]
+        cand = tl.where(ok, val[:, :, None] * p[:, None, :], -1.0)
+        cslot = slot[:, :, None] * DP + d[None, None, :]
+        val = tl.full([BR, BC], -1.0, dtype=tl.float32)
+        slot = tl.zeros([BR, BC], dtype=tl.int64)
+        for j in range(K):
+            best = tl.max(tl.max(cand, axis=2), axis=1)
+            at = tl.min(tl.min(tl.where(cand == best[:, None, None], n[None, :, :], BC * BD), axis=2), axis=1)
+            hit = n[None, :, :] == at[:, None, None]
+            val = tl.where(a[None, :] == j, best[:, None], val)
+            slot = tl.where(a[None, :] == j, tl.sum(tl.sum(tl.where(hit, cslot, 0), axis=2), axis=1)[:, None], slot)
+            cand = tl.where(hit, -2.0, cand)
+    km = a < K
+    w = tl.where(km[None, :], val, 0.0)
+    if RENORM:
+        w = w / tl.sum(w, axis=1)[:, None]
+    if HARD:
+        w = tl.zeros([BR, BC], dtype=tl.float32) + 1.0 / K
+    out = row[:, None] * K + a[None, :]
+    m2 = rm[:, None] & km[None, :]
+    tl.store(IDX + out, slot, mask=m2)
+    tl.store(W + out, w, mask=m2)
+
+
+@triton.jit
+def _topk_bwd(L, IDX, DW, DL, R, NI, SO, SI, tau, U: tl.constexpr, DP: tl.constexpr, K: tl.constexpr,
+              RENORM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    # the gradient of the logits from that of the weights: through the renormalisation, then the product
+    # w_j = prod_u p_u[i_uj] (the factor u's share is the product of the other factors, never a division), then
+    # each factor's softmax; the selection itself passes nothing. DL: contiguous rows of U DP.
+    row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rm = row < R
+    roff = (row // NI) * SO + (row % NI) * SI
+    a = tl.arange(0, BC)
+    d = tl.arange(0, BD)
+    km = a < K
+    out = row[:, None] * K + a[None, :]
+    m2 = rm[:, None] & km[None, :]
+    slot = tl.load(IDX + out, mask=m2, other=0)
+    g = tl.load(DW + out, mask=m2, other=0.0).to(tl.float32)
+    if RENORM:  # wn = w / s: dw = (g - sum_j g_j wn_j) / s
+        w = tl.where(km[None, :], 1.0, 0.0) + tl.zeros([BR, BC], dtype=tl.float32)
+        for u in tl.static_range(U):
+            w *= _at_digits(_factor_probs(L, roff, rm, u, DP, tau, BD), _digit(slot, u, U, DP), BD)
+        s = tl.sum(w, axis=1)
+        g = tl.where(km[None, :], (g - (tl.sum(g * w, axis=1) / s)[:, None]) / s[:, None], 0.0)
+    for u in tl.static_range(U):
+        others = tl.zeros([BR, BC], dtype=tl.float32) + 1.0
+        for u2 in tl.static_range(U):
+            if u2 != u:
+                others *= _at_digits(_factor_probs(L, roff, rm, u2, DP, tau, BD), _digit(slot, u2, U, DP), BD)
+        p = _factor_probs(L, roff, rm, u, DP, tau, BD)
+        du = _digit(slot, u, U, DP)
+        gp = tl.sum(tl.where(du[:, :, None] == d[None, None, :], (g * others)[:, :, None], 0.0), axis=1)
+        dl = p * (gp - tl.sum(p * gp, axis=1)[:, None]) / tau
+        tl.store(DL + row[:, None] * (U * DP) + u * DP + d[None, :], dl.to(DL.dtype.element_ty),
+                 mask=rm[:, None] & (d < DP)[None, :])
+
+
+def _logit_rows(logits: torch.Tensor):
+    """``(rows, NI, SO, SI)``: ``logits (..., U, d_p)`` as ``(outer, NI, U d_p)`` rows that the kernels address as
+    ``(r // NI) SO + (r % NI) SI`` without a copy where the strides allow it (a slice of a wider tensor whose
+    leading dimensions merge into two), else a contiguous copy."""
+    lead, width = logits.shape[:-2], logits.shape[-2] * logits.shape[-1]
+    for j in range(len(lead) + 1):
+        try:
+            rows = logits.view(math.prod(lead[:j]), math.prod(lead[j:]), width)
+        except RuntimeError:
+            continue
+        if rows.stride(2) == 1 or width == 1:
+            return rows, rows.shape[1], rows.stride(0), rows.stride(1)
+    rows = logits.contiguous().view(1, -1, width)
+    return rows, rows.shape[1], rows.stride(0), rows.stride(1)
+
+
+def _topk_blocks(K: int, dp: int):
+    """Rows per program ``BR`` and tiles ``BC`` (kept prefixes, >= K) and ``BD`` (digits): ``BR BC BD <= 2048``
+    candidates per program."""
+    BC, BD = _pow2(K), _pow2(dp)
+    return max(1, min(64, 2048 // (BC * BD))), BC, BD
+
+
+class _KroneckerTopk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, k, tau, renormalize, hard):
+        ctx.set_materialize_grads(False)
+        lead, (U, dp) = logits.shape[:-2], logits.shape[-2:]
+        R = math.prod(lead)
+        idx = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)
+        w = torch.empty(*lead, k, dtype=torch.float32, device=logits.device)
+        BR, BC, BD = _topk_blocks(k, dp)
+        if R:
+            rows, NI, SO, SI = _logit_rows(logits)
+            launch(_topk_fwd, (triton.cdiv(R, BR),), rows, idx, w, R, NI, SO, SI, float(tau), U=U, DP=dp, K=k,
+                   RENORM=renormalize, HARD=hard, BR=BR, BC=BC, BD=BD, num_warps=4)
+        ctx.mark_non_differentiable(idx)
+        ctx.save_for_backward(logits, idx)
+        ctx.meta = (k, tau, renormalize)
+        return idx, w
+
+    @staticmethod
+    def backward(ctx, didx, dw):
+        logits, idx = ctx.saved_tensors
+        k, tau, renormalize = ctx.meta
+        if dw is None:
+            return None, None, None, None, None
+        U, dp = logits.shape[-2:]
+        R = math.prod(logits.shape[:-2])
+        dl = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        BR, BC, BD = _topk_blocks(k, dp)
+        if R:
+            rows, NI, SO, SI = _logit_rows(logits)
+            launch(_topk_bwd, (triton.cdiv(R, BR),), rows, idx, dw.contiguous(), dl, R, NI, SO, SI, float(tau),
+                   U=U, DP=dp, K=k, RENORM=renormalize, BR=BR, BC=BC, BD=BD, num_warps=4)
+        return dl, None, None, None, None
+
+
+def kronecker_topk_triton(logits: torch.Tensor, k: int, tau: float = 1.0, renormalize: bool = False,
+                          straight_through: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kernels.slots.addressing.kronecker_topk` in one kernel forward and one backward: ``logits (..., U, d_p)``
+    (fp32, bf16 or fp16; any strides that merge the leading dimensions into two, such as the address columns
+    of a layer's projections) -> ``(idx (..., k) int64, weights (..., k) fp32)``, best first."""
+    if logits.dtype == torch.float64:
+        raise TypeError("kronecker_topk_triton: fp64 is not supported by the Triton kernels; use backend='torch'")
+    return _KroneckerTopk.apply(logits, k, tau, renormalize, straight_through)

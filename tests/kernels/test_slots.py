@@ -23,7 +23,7 @@ from kernels.slots import (
     slot_step,
 )
 from tests.kernels.harness import assert_rel_close, compare_backends
-from tests.kernels.launches import launches
+from tests.mixers.launches import count_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
@@ -134,6 +134,30 @@ def test_triton_chunked_with_strong_decays():
     compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad=False)
 
 
+@needs_triton
+def test_triton_reads_strided_inputs_as_their_copies():
+    """The chunked kernels read the write and read halves of one joint address tensor and a column slice of a
+    wider value tensor in place: outputs, final state and gradients (of the joint weights, the wide values and
+    gamma) equal, bit for bit, those of the same call on contiguous copies."""
+    B, T, H, M, K, dv = 2, 21, 2, 16, 3, 5
+    wi, ww, ri, rw, v, gamma = _inputs(B, T, H, M, K, dv)
+    idx, wr = torch.stack([wi, ri], 2), torch.stack([ww, rw], 2)  # (B, T, 2, H, K)
+    wide = torch.cat([torch.randn(B, T, 3), v.flatten(-2)], -1)
+    up = torch.randn(B, T, H, dv), torch.randn(B, H, M, dv), torch.randn(B, H, M)
+    results = []
+    for strided in (True, False):
+        wr_, wide_, g_ = (x.clone().requires_grad_() for x in (wr, wide, gamma))
+        (i, j), (w, r) = idx.unbind(2), wr_.unbind(2)
+        vv = wide_[..., 3:].unflatten(-1, (H, dv))
+        if not strided:
+            i, j, w, r, vv = (x.contiguous() for x in (i, j, w, r, vv))
+        o, (S, z) = slot_memory(i, w, j, r, vv, g_, M, backend="triton", chunk_size=16)
+        sum((a * u).sum() for a, u in zip((o, S, z), up)).backward()
+        results.append((o, S, z, wr_.grad, wide_.grad, g_.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 # fp16 under the interpreter against fp64 on the same rounded inputs; u = 2^-11. The output is rounded to fp16
 # once (tolerance 2u, as for the block scans); the chunked products round their coefficient tile (P, F) to fp16
 # (u each, averaged over the sum) and the gradients start from an fp16-rounded upstream gradient: 4u.
@@ -148,21 +172,67 @@ def test_triton_fp16_matches_fp64(M):
                      tol=2 * FP16_U, grad_tol=4 * FP16_U)
 
 
+def fwd_bwd_launches(run, T):
+    """Launches by name (:func:`tests.mixers.launches.count_launches`: ATen operations and Triton kernels) of
+    ``run(T)`` and a backward through the sum of its outputs, on meta tensors with the kernels counted, not run."""
+    def go():
+        sum(o.float().sum() for o in run(T)).backward()
+    return count_launches(go, execute=False)[1]
+
+
+def triton_launches(by_name):
+    return {k: v for k, v in by_name.items() if k.startswith("triton:")}
+
+
+CHUNKED_LAUNCHES = {"triton:slots._slots_state": 1, "triton:slots._slots_carry": 2, "triton:slots._slots_read": 1,
+                    "triton:slots._slots_read_bwd": 1, "triton:slots._slots_state_bwd": 1}
+SPARSE_LAUNCHES = {"triton:slots._slots_fwd": 2, "triton:slots._slots_bwd": 1}
+
+
 @needs_triton
-@pytest.mark.parametrize("M,expected", [(64, 6), (1024, 3)])
-def test_launches_per_forward_backward_do_not_grow_with_T(M, expected, monkeypatch):
+@pytest.mark.parametrize("M,expected", [(64, CHUNKED_LAUNCHES), (1024, SPARSE_LAUNCHES)])
+def test_launches_per_forward_backward_do_not_grow_with_T(M, expected):
     """Chunked: state, carry and read kernels forward, their three backward kernels. Sparse: the scan forward,
-    replay and reverse scan backward. The same list at T and 4T (meta tensors; nothing runs)."""
-    from kernels.slots import triton as module
+    replay and reverse scan backward. The same operations and kernels at T and 4T (meta tensors; nothing runs),
+    with gamma's gradient requested."""
+    from kernels.slots.triton import slot_memory_triton
 
     def run(T, B=2, H=2, K=4, dv=32):
         idx = torch.zeros(B, T, H, K, dtype=torch.int64, device="meta")
         ww, rw, v = (torch.empty(shape, device="meta").requires_grad_() for shape in ((B, T, H, K),) * 2 + ((B, T, H, dv),))
-        o, (S, z) = module.slot_memory_triton(idx, ww, idx, rw, v, torch.ones(H, device="meta"), M, chunk_size=32)
+        o, (S, z) = slot_memory_triton(idx, ww, idx, rw, v, torch.ones(H, device="meta", requires_grad=True), M,
+                                       chunk_size=32)
         return o, S, z
 
-    short, long = launches(module, monkeypatch, run, 1024), launches(module, monkeypatch, run, 4096)
-    assert short == long and len(short) == expected, (short, long)
+    short, long = fwd_bwd_launches(run, 1024), fwd_bwd_launches(run, 4096)
+    assert short == long, (short, long)
+    assert triton_launches(short) == expected, short
+
+
+@needs_triton
+def test_strided_inputs_are_read_in_place():
+    """As a layer passes them, the write and read addresses are the two halves of one joint tensor and the values
+    a column slice of the projections, and the address logits a column slice too: the chunked memory's forward
+    is its three kernels and the addressing's its one kernel, with no copy (meta tensors; nothing runs)."""
+    from kernels.slots.triton import kronecker_topk_triton, slot_memory_triton
+    B, T, H, K, dv, U, dp = 2, 256, 2, 4, 32, 3, 4
+    a = H * U * dp
+    mixed = torch.empty(B, T, 2 * a + H * dv, device="meta", requires_grad=True)
+    idx = torch.empty(B, T, 2, H, K, dtype=torch.int64, device="meta")
+    wr = torch.empty(B, T, 2, H, K, device="meta", requires_grad=True)
+    gamma = torch.empty(H, device="meta", requires_grad=True)
+
+    def memory():
+        (wi, ri), (w, r) = idx.unbind(2), wr.unbind(2)
+        slot_memory_triton(wi, w, ri, r, mixed[..., 2 * a:].unflatten(-1, (H, dv)), gamma, 64, chunk_size=32)
+
+    def address():
+        kronecker_topk_triton(mixed[..., :2 * a].unflatten(-1, (2, H, U, dp)), K, 1.0, True)
+
+    assert count_launches(memory, execute=False) == (3, {k: 1 for k in ("triton:slots._slots_state",
+                                                                        "triton:slots._slots_carry",
+                                                                        "triton:slots._slots_read")})
+    assert count_launches(address, execute=False) == (1, {"triton:slots._topk_fwd": 1})
 
 
 def _dense_formula(wi, ww, ri, rw, v, gamma, M, eps=1e-6):

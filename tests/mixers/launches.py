@@ -1,6 +1,8 @@
 """Counting the kernel launches of a piece of code without a GPU: what ``tests/mixers/test_launches.py``
 asserts about every registered mixer's layer on the GPU path (:func:`kernels.device.gpu_path_on_cpu`,
-Triton kernels through the interpreter).
+Triton kernels through the interpreter), and what the kernel tests (``tests/kernels/test_slots.py``,
+``test_blockscan.py``) assert about a family's launchers, run on ``meta`` tensors with the kernels counted but
+not run (any length costs nothing).
 
 What counts as a launch (what ``torch.profiler`` lists as CUDA kernels and copies for the same code on a
 GPU):

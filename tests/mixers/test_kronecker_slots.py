@@ -1,8 +1,11 @@
 """kronecker_slots mixer: every memory backend gives the same mixer (outputs and parameter gradients);
-the non-default options keep parallel == recurrent; finite outputs and gradients at T = 4096 and with
-all-equal keys; honest state and active-state sizes; straight-through forward weights; option checks.
+the GPU path gives the CPU path's layer for the non-default options; the non-default options keep parallel ==
+recurrent; finite outputs and gradients at T = 4096 and with all-equal keys; honest state and active-state
+sizes; straight-through forward weights; option checks.
 """
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -77,6 +80,46 @@ def test_options_keep_parallel_equal_to_recurrent(opts):
             ys.append(y_t[:, None])
     assert_rel_close(y_rec, y, 1e-10, "recurrent")
     assert_rel_close(torch.cat(ys, 1), y, 1e-10, "prefill + decode")
+
+
+@pytest.mark.skipif(not (triton_importable() and triton_usable_for(torch.empty(0))),
+                    reason="triton is not installed, or there is no CUDA device and TRITON_INTERPRET is unset")
+@pytest.mark.parametrize("opts,sparse", [
+    ({"renormalize": False, "tau": 0.5}, False),
+    ({"topk_grad": "straight_through", "tie_addresses": True}, False),
+    ({"shift_write_address": True, "conv_size": 1, "pos_address": True}, False),
+    ({"d_p": 3, "U": 3, "top_k": 5}, False),
+    ({"d_p": 3, "U": 3, "top_k": 5}, True),
+], ids=str)
+def test_gpu_path_equals_cpu_path_for_the_options(opts, sparse, monkeypatch):
+    """The GPU path (joint write-and-read addressing in one Triton kernel, the decays inside the memory kernels,
+    strided inputs) against the CPU path of the same fp32 layer, for the options the default-options check of
+    tests/mixers/test_gpu_path.py does not reach: outputs, final state, input and parameter gradients.
+    ``sparse``: the Triton memory's sequential scan, which runs above CHUNKED_MAX_SLOTS (lowered here: at a
+    real M of 512 slots a short sequence hardly ever writes a slot twice, and the gradients of the addresses
+    and of gamma would be ~0 on both paths, a comparison of rounding noise)."""
+    import kernels.slots.triton as slots_triton
+    from kernels.device import gpu_path_on_cpu
+    from kernels.launch import counting
+    if sparse:
+        monkeypatch.setattr(slots_triton, "CHUNKED_MAX_SLOTS", 8)
+    m = make(torch.float32, **opts)
+    x, dy = torch.randn(1, 13, D), torch.randn(1, 13, D)
+    results = []
+    for gpu in (False, True):
+        m.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        with gpu_path_on_cpu() if gpu else contextlib.nullcontext(), counting() as kernels:
+            y, state = m.prefill(xg)
+            y.backward(dy)
+        results.append({"output": y.detach(), "input gradient": xg.grad, **{f"state {k}": v for k, v in state.items()},
+                        **{f"gradient of {n}": p.grad for n, p in m.named_parameters() if p.grad is not None}})
+    assert kernels["slots._topk_fwd"] == (1 if opts.get("pos_address") else 0) + 1 and kernels["slots._topk_bwd"]
+    assert kernels["slots._slots_fwd" if sparse else "slots._slots_state"] == 1 + sparse  # the sparse scan replays
+    cpu, gpu = results
+    assert cpu.keys() == gpu.keys()
+    for what in cpu:
+        assert_rel_close(gpu[what], cpu[what], 1e-4, what)
 
 
 @pytest.mark.parametrize("case", ["long", "all_equal"])

@@ -40,8 +40,6 @@ LENGTHS = (128, 512)
 PENDING_FAMILIES = {
     "ska": "kernels/ska (reference.py and chunked.py: per-chunk statistics, exclusive sums, Cholesky, "
            "triangular solves, power iteration, clamps) runs ~200 operations around the Triton chain",
-    "slots": "kernels/slots (addressing.py: kronecker_topk, per-factor softmax, top-k, gathers and products, "
-             "~95 operations; reference.py and triton.py: decay and glue, ~25) runs ~120 operations",
 }
 
 

@@ -34,6 +34,7 @@ import ast
 import contextlib
 import io
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -61,7 +62,7 @@ from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton
 from kernels.scan.triton import chunk_scan_triton
 from kernels.shortconv.triton import causal_conv_triton
 from kernels.ska.triton import ska_chain_triton
-from kernels.slots.triton import slot_memory_triton
+from kernels.slots.triton import kronecker_topk_triton, slot_memory_triton
 from kernels.ssd.triton import ssd_triton
 
 from .marked_block import write_block
@@ -191,7 +192,8 @@ def _blockscan(dt, quick):
 
 def _slots(dt, quick):
     # M <= 256 runs the chunked kernels (64: the mixer's default; 256: the largest, in chunks of 16), M = 1024 the
-    # sparse scan
+    # sparse scan; the addressing of M = d_p^U slots at d_p = 4 (the mixer's default) and d_p = 32 (M = 1024), on
+    # the joint write-and-read logits of a layer (a slice of its projections, in the input dtype)
     grid = ((4, 128, 64), (8, 256, 256), (8, 256, 1024)) if quick else [
         (K, dv, M) for K in (1, 2, 4, 8) for dv in HEAD_DIMS for M in (64, 256, 1024)]
     for K, dv, M in grid:
@@ -202,6 +204,12 @@ def _slots(dt, quick):
             o, (S, z) = slot_memory_triton(idx, w[0], idx, w[1], _meta(B, T, H, dv, dtype=dt),
                                            _meta(H, dtype=dt), num_slots=M)
             _fwd_bwd((o, S, z))
+            for dp in (4, 32):
+                U = round(math.log(M, dp))
+                if dp ** U == M:
+                    a = H * U * dp
+                    logits = _meta(B, T, 2 * a + H * dv, dtype=dt)[..., :2 * a].unflatten(-1, (2, H, U, dp))
+                    _fwd_bwd(kronecker_topk_triton(logits, K, 1.0, renormalize=True)[1])
         yield f"K={K} d_v={dv} M={M}", run
 
 
