@@ -41,8 +41,6 @@ PENDING_FAMILIES = {
     "gka": "kernels/gka (chunked.py: chunk states, closed-form ||H_t||_F, ridge and bounds, query mix; "
            "reference.py: ridge, mix_query; triton.py: layout copies) runs ~130 operations around the Triton "
            "solve, plus ~25 of the shared GLA readout: a fused chunk kernel would replace them",
-    "ska": "kernels/ska (reference.py and chunked.py: per-chunk statistics, exclusive sums, Cholesky, "
-           "triangular solves, power iteration, clamps) runs ~200 operations around the Triton chain",
     "slots": "kernels/slots (addressing.py: kronecker_topk, per-factor softmax, top-k, gathers and products, "
              "~95 operations; reference.py and triton.py: decay and glue, ~25) runs ~120 operations",
 }
