@@ -598,7 +598,7 @@ def _operator_tiles(R: int, P: int):
     """``(BR, BP, warps)``: the operator kernels hold several ``r x r`` fp32 tiles and multiply them on the
     CUDA cores, whose product layouts repeat each operand row and column across threads, so the warps grow
     with the rank (ptxas on sm_90, backward spills: rank 32 3.8 KB at 4 warps, 2 KB at 8; rank 64 47 KB at
-    8, 12 KB at 16), and value tiles of 32 rows."""
+    8, 7.4 KB at 16), and value tiles of 32 rows."""
     BR = _pow2(R)
     return BR, min(32, _pow2(P)), 4 if BR <= 16 else 8 if BR <= 32 else 16
 
