@@ -17,7 +17,8 @@ Normalisation: ``seq_max`` (one scale from the whole sequence, non-causal) or ``
 Public functions:
 
 - :func:`ska` -- the whole op, ``backend`` = ``reference`` (explicit per-position solve, fp64-capable),
-  ``torch`` (chunked, CPU default), ``triton`` (torch statistics + Cholesky, Triton post-Cholesky chain);
+  ``torch`` (chunked, CPU default), ``triton`` (the GPU path: statistics, the per-chunk operator and the
+  readout in Triton kernels, forward and backward; :mod:`kernels.ska.triton`);
 - :func:`ska_chain` -- the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} q`` alone (torch or Triton);
 - :func:`ska_step`, :func:`ska_init_state`, :func:`ska_final_state` -- the recurrent decode (the step
   and the recurrent-mode loop built from it live in :mod:`kernels.ska.reference`).
@@ -58,8 +59,8 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
     if mode == "recurrent":
         return ska_recurrent(q, k, v, w, **kw)
     if chosen == "triton":
-        from .triton import ska_chain_triton
-        return ska_chunked(q, k, v, w, mode=mode, chunk_size=chunk_size, chain=ska_chain_triton, **kw)
+        from .triton import ska_triton
+        return ska_triton(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
     return ska_chunked(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
 
 

@@ -1,5 +1,6 @@
 """Spectral Koopman Attention, the fast pure-PyTorch path: the ``torch`` backend, which ``auto`` runs on a CPU; on
-CUDA ``auto`` runs the ``triton`` backend, which is this same function with the post-Cholesky chain in Triton.
+CUDA ``auto`` runs the ``triton`` backend (:mod:`kernels.ska.triton`: the same function in Triton kernels; above
+their largest rank, this function with the post-Cholesky chain in Triton).
 
 Same function as :mod:`kernels.ska.reference` (read its docstring for the equations and the exact
 visible sets), computed batched in fp32 (fp64 stays fp64):
@@ -13,8 +14,8 @@ visible sets), computed batched in fp32 (fp64 stays fp64):
 - one batched Cholesky per (batch, chunk, head) with jitter fallback (``cholesky_ex``), triangular
   solves for ``A_w = L^{-1} M L^{-T}`` and ``L^{-1}``, detached power iteration, ``gamma`` clamp;
 - the post-Cholesky chain ``y = C L^{-T} A^p L^{-1} (q / s)`` (:func:`ska_chain_torch`; the Triton
-  backend swaps in :func:`kernels.ska.triton.ska_chain_triton`); bf16 / fp16 queries enter the chain as
-  given, for 16-bit products, with the key scale ``s`` folded into ``C`` instead.
+  backend above its kernels' rank swaps in :func:`kernels.ska.triton.ska_chain_triton`); bf16 / fp16
+  queries enter the chain as given, for 16-bit products, with the key scale ``s`` folded into ``C`` instead.
 
 The recurrent form (decode step, :func:`kernels.ska.reference.ska_step`) lives beside the spec: the state
 holds the *raw* statistics ``G, M, C`` (unnormalised keys), the previous weighted key ``w_{t-1} k_{t-1}``

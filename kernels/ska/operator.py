@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import plan_for
+
 JITTERS = tuple(1e-4 * 10.0 ** j for j in range(4))
 SCALE_FLOOR = 1e-6
 
@@ -20,8 +22,12 @@ def cholesky_jitter(G: torch.Tensor) -> torch.Tensor:
 
     The jitter is chosen without gradient and the factor recomputed once on the jittered matrix, so
     a failed factorisation never enters the backward pass (its garbage would turn 0 * inf into NaN).
+    On the GPU plan the jitter is chosen without reading anything back to the host
+    (:func:`_jitter_on_device`); the factor is the same.
     """
     G = 0.5 * (G + G.transpose(-1, -2))
+    if plan_for(G).one_pass:
+        return _jitter_on_device(G)
     L, info = torch.linalg.cholesky_ex(G)
     if not bool((info != 0).any()):
         return L
@@ -41,6 +47,26 @@ def cholesky_jitter(G: torch.Tensor) -> torch.Tensor:
     if bool(bad.any()):   # last resort: diagonal of G
         diag = torch.diag_embed(G.diagonal(dim1=-2, dim2=-1).clamp_min(JITTERS[-1]))
         G_safe = torch.where(bad[..., None, None], diag, G_safe)
+    return torch.linalg.cholesky_ex(G_safe)[0]
+
+
+def _jitter_on_device(G: torch.Tensor) -> torch.Tensor:
+    """:func:`cholesky_jitter`'s choice without a host synchronisation: ``G`` and every jittered ``G`` are
+    factorised in one batched call and each matrix takes the first that succeeds, by ``torch.where``
+    (the jitters enter as Python numbers, as in the branching version, so no host-to-device copy either).
+    Where no jitter is needed the factor is that of ``G + 0 I = G``, bit for bit the branching version's."""
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    with torch.no_grad():
+        Gd = G.detach()
+        ok = torch.linalg.cholesky_ex(torch.stack([Gd] + [Gd + j * eye for j in JITTERS])).info == 0
+        jitter = torch.zeros(ok.shape[1:], dtype=G.dtype, device=G.device)
+        for i in range(len(JITTERS), 0, -1):          # ends at the smallest jitter that succeeds
+            jitter = torch.where(ok[i], JITTERS[i - 1], jitter)
+        jitter = torch.where(ok[0], 0.0, jitter)
+        bad = ~ok.any(dim=0)
+    G_safe = G + jitter[..., None, None] * eye
+    diag = torch.diag_embed(G.diagonal(dim1=-2, dim2=-1).clamp_min(JITTERS[-1]))
+    G_safe = torch.where(bad[..., None, None], diag, G_safe)
     return torch.linalg.cholesky_ex(G_safe)[0]
 
 

@@ -1,7 +1,12 @@
 """SKA kernels: the explicit per-position reference against closed forms (ridge regression via
 torch.linalg.solve, eigenvalues of the unwhitened lag operator), the chunked torch path against the
 reference at several chunk sizes and odd T, chunk size 1 against the token-by-token recurrence, the
-Triton post-Cholesky chain against the torch chain (forward and gradients), and degenerate inputs."""
+Triton post-Cholesky chain against the torch chain (forward and gradients), the Triton statistics against
+explicit sums and the Triton operator against the shared PyTorch operator (gradients too, the jitter and
+its fallback included), the whole Triton path against the torch path, no host synchronisation on the GPU
+path, and degenerate inputs."""
+import contextlib
+
 import pytest
 import torch
 
@@ -17,7 +22,7 @@ from kernels.ska import (
     ska_step,
     whitened_operator,
 )
-from kernels.ska.operator import top_singular_value
+from kernels.ska.operator import chain_operator, solve_operator, top_singular_value
 from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
 
 F64 = torch.float64
@@ -253,16 +258,166 @@ def test_triton_chain_with_the_smallest_tiles(monkeypatch):
                      [*mats, torch.randn(B, T, H, r)], tol=1e-5)
 
 
+E2E_CASES = [("chunk_causal", 4, "running_max", True, 2, 21), ("chunk_causal", 1, "seq_max", False, 3, 9),
+             ("prefix", 1, "seq_max", True, 0, 21), ("chunk_causal", 7, "seq_max", True, 1, 21),
+             ("prefix", 1, "running_max", False, 2, 21)]
+
+
 @needs_triton
-def test_triton_backend_end_to_end():
-    q, k, v, w = rand_inputs(1, 21, 2, 4, 5, dtype=torch.float32, masked=True)
-    for mode, cs in (("chunk_causal", 4), ("prefix", 1)):
-        kw = dict(mode=mode, chunk_size=cs, ridge=0.1, normalisation="running_max")
-        compare_backends(lambda q, k, v: ska(q, k, v, w, backend="triton", **kw),
-                         lambda q, k, v: ska(q, k, v, w.double(), backend="torch", **kw),
-                         [q, k, v], tol=1e-4, grad_tol=1e-3)
+@pytest.mark.parametrize("mode,cs,norm,masked,p,T", E2E_CASES, ids=lambda x: str(x))
+def test_triton_backend_end_to_end(mode, cs, norm, masked, p, T):
+    """The whole Triton path (statistics, operator, readout) against the torch path in fp64, gradients of
+    q, k, v and gamma included (gamma = 1 sits on the clamp's lower bound, which passes the gradient).
+    fp32 against fp64 at ridge 0.1: measured ~1e-6, tolerances 1e-4 (output) and 1e-3 (gradients)."""
+    q, k, v, w = rand_inputs(1, T, 2, 4, 5, dtype=torch.float32, masked=masked)
+    gamma = torch.tensor([1.0, 1.3])
+    kw = dict(mode=mode, chunk_size=cs, ridge=0.1, normalisation=norm, power=p)
+    # power 0 reads no A, so gamma gets no gradient on either path: both add 0 * gamma to compare a zero
+    compare_backends(lambda q, k, v, g: ska(q, k, v, w, gamma=g, backend="triton", **kw) + 0 * g.sum(),
+                     lambda q, k, v, g: ska(q, k, v, None if w is None else w.double(), gamma=g, backend="torch", **kw)
+                     + 0 * g.sum(),
+                     [q, k, v, gamma], tol=1e-4, grad_tol=1e-3)
     with pytest.raises(BackendUnavailable):
         ska(q, k, v, mode="recurrent", backend="triton")
+
+
+def _explicit_statistics(k, v, w, chunk_size, prefix):
+    """Flat ``[G, M, C]`` of every operator from its visible tokens (the spec's sets: chunks before, or all)."""
+    from kernels.ska.triton import flat_statistics
+    B, T, H, r = k.shape
+    w = torch.ones(B, T, dtype=k.dtype) if w is None else w
+    wk = w[:, :, None, None] * k
+    out = []
+    for n in range(1 if prefix else -(-T // chunk_size)):
+        m = T if prefix else n * chunk_size
+        G = torch.einsum("bthi,bthj->bhij", wk[:, :m], k[:, :m])
+        M = torch.einsum("bthi,bthj->bhij", wk[:, 1:m], wk[:, :max(m - 1, 0)])   # pairs with both tokens seen
+        C = torch.einsum("bt,bthp,bthj->bhpj", w[:, :m], v[:, :m], k[:, :m])
+        out.append(flat_statistics(G, M, C))
+    return torch.stack(out, 1)
+
+
+@needs_triton
+@pytest.mark.parametrize("mode,cs,masked,T", [("chunk_causal", 32, True, 70), ("prefix", 64, False, 70),
+                                              ("chunk_causal", 1, True, 20), ("chunk_causal", 16, False, 37)])
+def test_triton_statistics_match_explicit_sums(monkeypatch, mode, cs, masked, T):
+    """The statistics kernels against explicit sums over each operator's visible tokens, forward and backward,
+    with tiles of 16 tokens and 16 value dims (a chunk of 32 spans two token tiles, P = 20 two value tiles).
+    fp32 sums of at most T products: measured <= 1e-7 relative, tolerance 1e-6."""
+    import kernels.ska.triton as kt
+    monkeypatch.setattr(kt, "_stats_tiles", lambda chunk_size, R, P: (16, kt._pow2(R), 16, 4))
+    ska_statistics_triton = kt.ska_statistics_triton
+    _, k, v, w = rand_inputs(1, T, 2, 5, 20, dtype=torch.float32, masked=masked)
+    compare_backends(lambda k, v: ska_statistics_triton(k, v, w, chunk_size=cs, mode=mode),
+                     lambda k, v: _explicit_statistics(k, v, None if w is None else w.double(), cs, mode == "prefix"),
+                     [k, v], tol=1e-6)
+
+
+def _random_statistics(B, N, H, r, P, negative=()):
+    """Raw statistics from 3 r random keys per matrix (``G`` a Gram matrix, ``M`` a lag-one sum) and a key
+    scale near the largest key; ``negative``: (head, eigenvalue) pairs that make ``G / s^2 + ridge I``
+    indefinite with that smallest eigenvalue (s = 1 there)."""
+    from kernels.ska.triton import flat_statistics
+    K = torch.randn(B, N, H, 3 * r, r, dtype=F64)
+    G = K.mT @ K
+    M = K[..., 1:, :].mT @ K[..., :-1, :]
+    C = torch.randn(B, N, H, P, r, dtype=F64)
+    s = K.norm(dim=-1).amax(-1) * (0.5 + torch.rand(B, N, H, dtype=F64))
+    for h, low in negative:
+        Q, _ = torch.linalg.qr(torch.randn(r, r, dtype=F64))
+        eig = torch.cat([torch.tensor([low], dtype=F64), 1 + torch.rand(r - 1, dtype=F64)])
+        G[:, :, h] = Q @ torch.diag(eig - 1e-3) @ Q.T      # ridge 1e-3 added back by the operator
+        s[:, :, h] = 1.0
+    return flat_statistics(G, M, C), s
+
+
+def _operator_reference(S, s, gamma, r, P, power, **kw):
+    """``W = (C / s) L^{-T} A^p L^{-1} / s`` by the shared PyTorch operator (what the torch path computes)."""
+    from kernels.ska.triton import split_statistics
+    G, M, C = split_statistics(S, r, P)
+    Linv, A, Cn = solve_operator(G, M, C, s, gamma=gamma, **kw)
+    return chain_operator(Linv, A, Cn / s[..., None, None], power)
+
+
+@needs_triton
+@pytest.mark.parametrize("r,P,p", [(5, 20, 2), (16, 7, 0), (6, 3, 3)])
+def test_triton_operator_matches_solve_operator(monkeypatch, r, P, p):
+    """The operator kernels against solve_operator + chain_operator in fp64, gradients of the statistics, the
+    key scale and gamma (1: the clamp's bound, passes; 1.3: inside; 2: above gamma_max, no gradient); value
+    tiles of 16 (P = 20 spans two). Keys with a ridge of 0.05 keep G's condition number below ~1e3, so fp32
+    errors stay below ~1e3 x 6e-8; measured <= 4e-6, tolerance 1e-4."""
+    import kernels.ska.triton as kt
+    monkeypatch.setattr(kt, "_operator_tiles", lambda R, P: (kt._pow2(R), 16, 4))
+    ska_operator_triton = kt.ska_operator_triton
+    S, s = _random_statistics(1, 2, 3, r, P)
+    gamma = torch.tensor([1.0, 1.3, 2.0], dtype=F64)
+    kw = dict(ridge=0.05, gamma_max=1.5, power_iters=6)
+    # power 0 reads no A, so gamma gets no gradient on either side: both add 0 * gamma to compare a zero
+    compare_backends(lambda S, s, g: ska_operator_triton(S, s, g, rank=r, value_dim=P, power=p, **kw) + 0 * g.sum(),
+                     lambda S, s, g: _operator_reference(S, s, g, r, P, p, **kw) + 0 * g.sum(),
+                     [S.float(), s.float(), gamma.float()], tol=1e-4)
+
+
+@needs_triton
+def test_triton_operator_jitter_and_fallback():
+    """Indefinite Grams take the jitter the torch path takes (head 1: smallest eigenvalue -0.05, which only the
+    largest jitter 0.1 fixes) or the square roots of the clamped diagonal (head 2: -1, nothing helps), and their
+    gradients follow the same branch (the fallback's only through the diagonal). Head 0 needs nothing. A wrong
+    jitter would move the smallest eigenvalue of the factored matrix by 2x or more; fp32 against fp64 on
+    these (condition number ~50): measured ~1e-6, tolerance 1e-4."""
+    from kernels.ska.triton import ska_operator_triton
+    r, P, p = 6, 5, 2
+    S, s = _random_statistics(1, 1, 3, r, P, negative=((1, -0.05), (2, -1.0)))
+    kw = dict(ridge=1e-3, gamma_max=1.5, power_iters=6)
+    compare_backends(lambda S, s: ska_operator_triton(S, s, 1.2, rank=r, value_dim=P, power=p, **kw),
+                     lambda S, s: _operator_reference(S, s, 1.2, r, P, p, **kw),
+                     [S.float(), s.float()], tol=1e-4)
+
+
+@needs_triton
+def test_triton_above_the_kernels_rank_runs_the_torch_operator(monkeypatch):
+    """Above MAX_RANK the statistics and the operator run in PyTorch (same function), the readout in Triton."""
+    import kernels.ska.triton as kt
+    from kernels.launch import counting
+    monkeypatch.setattr(kt, "MAX_RANK", 4)
+    q, k, v, w = rand_inputs(1, 12, 1, 5, 3, dtype=torch.float32, masked=True)
+    kw = dict(mode="chunk_causal", chunk_size=4, ridge=0.1)
+    with counting() as kernels:
+        compare_backends(lambda q, k, v: ska(q, k, v, w, backend="triton", **kw),
+                         lambda q, k, v: ska(q, k, v, w.double(), backend="torch", **kw), [q, k, v], tol=1e-4,
+                         grad_tol=1e-3)
+    assert set(kernels) == {"ska._ska_apply_kernel", "ska._ska_apply_bwd_kernel"}
+
+
+@needs_triton
+def test_gpu_path_reads_nothing_back_to_the_host():
+    """No ``.item()``, ``bool(tensor)`` or ``.tolist()`` on the GPU path (each waits for the device): the whole
+    Triton op forward and backward, and the torch backend's jittered Cholesky on the GPU plan, which must
+    also give the CPU plan's factor and gradient bit for bit (here with matrices that need each branch)."""
+    from kernels.device import gpu_path_on_cpu
+    from kernels.ska.operator import cholesky_jitter
+    from tests.mixers.launches import count_launches
+    q, k, v, w = rand_inputs(1, 9, 1, 4, 3, dtype=torch.float32, masked=True)
+    q.requires_grad_(True)
+    with gpu_path_on_cpu():
+        _, ops = count_launches(lambda: ska(q, k, v, w, chunk_size=4, ridge=0.1).sum().backward())
+    assert "triton:ska._ska_operator_kernel" in ops and "aten::_local_scalar_dense" not in ops
+    G = torch.eye(4).repeat(4, 1, 1) + 0.01 * torch.randn(4, 4, 4).tril(-1)
+    G[1, 2, 2], G[2, 0, 0], G[3] = -5e-5, -0.05, -torch.eye(4)        # jitter 1e-4, jitter 0.1, nothing helps
+    up = torch.randn(4, 4, 4)
+    factors = []
+    for gpu in (False, True):
+        Gg = G.clone().requires_grad_(True)
+
+        def factor(Gg=Gg):
+            L = cholesky_jitter(Gg)
+            L.backward(up)
+            factors.append((L.detach(), Gg.grad))
+
+        with gpu_path_on_cpu() if gpu else contextlib.nullcontext():
+            ops = count_launches(factor)[1]
+        assert ("aten::_local_scalar_dense" in ops) != gpu                # the CPU plan may branch on the host
+    assert torch.equal(factors[0][0], factors[1][0]) and torch.equal(factors[0][1], factors[1][1])
 
 
 # --- degenerate inputs ---------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from kernels.launch import Launch, jit_function, recording
 from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton
 from kernels.scan.triton import chunk_scan_triton
 from kernels.shortconv.triton import causal_conv_triton
-from kernels.ska.triton import ska_chain_triton
+from kernels.ska.triton import ska_chain_triton, ska_triton
 from kernels.slots.triton import kronecker_topk_triton, slot_memory_triton
 from kernels.ssd.triton import ssd_triton
 
@@ -126,7 +126,8 @@ def _ssd(dt, quick):
 def _ska(dt, quick):
     # quick: the largest tiles first (rank 64, value dim 256, power 4: the backward's shared memory and
     # spills peak there; one H100 run failed at rank 64, value dim 128 before the backward's token tile
-    # shrank with them), then the mixer's defaults
+    # shrank with them), then the mixer's defaults. Each case runs the readout alone (the chain) and the
+    # whole op (statistics, operator, readout), masked in chunk_causal mode and unmasked in prefix mode.
     grid = ((64, 256, 64, 4), (32, 64, 64, 2)) if quick else [
         (r, P, cs, p) for r in (16, 32, 64) for P in HEAD_DIMS for cs in (32, 64, 128) for p in (1, 2, 3, 4)]
     for r, P, cs, p in grid:
@@ -135,6 +136,10 @@ def _ska(dt, quick):
             n = T // cs
             mats = [_meta(B, n, H, r, r, dtype=dt), _meta(B, n, H, r, r, dtype=dt), _meta(B, n, H, P, r, dtype=dt)]
             _fwd_bwd(ska_chain_triton(*mats, _meta(B, T, H, r, dtype=dt), power=p, chunk_size=cs))
+            for mode, w in (("chunk_causal", _meta(B, T, grad=False)), ("prefix", None)):
+                q, k = _meta(B, T, H, r, dtype=dt), _meta(B, T, H, r, dtype=dt)
+                _fwd_bwd(ska_triton(q, k, _meta(B, T, H, P, dtype=dt), w, gamma=_meta(H), mode=mode, chunk_size=cs,
+                                    power=p, normalisation="running_max"))
         yield f"r={r} P={P} chunk={cs} power={p}", run
 
 
