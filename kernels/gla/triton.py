@@ -362,10 +362,13 @@ def output_config(DK: int, DV: int):
     return BK, min(block(DV), 64), 4 if BK <= 64 else 8
 
 
-def chunk_bwd_config(DK: int, DV: int):
-    """``(BK, BV, warps)`` of the chunk backward (the whole ``d_k``, value blocks in a loop)."""
+def chunk_bwd_config(DK: int, DV: int, fp32_operands: bool):
+    """``(BK, BV, warps)`` of the chunk backward (the whole ``d_k``, value blocks in a loop). fp32 operands
+    take twice the shared memory of 16-bit ones: at ``d_k`` 64 a value block of 64 needs 176 KB, above an
+    A100's 163 KB, so they take blocks of 32."""
     BK = block(DK)
-    return BK, min(block(DV), 16 if BK > 64 else 64), 4 if BK <= 32 else 8
+    widest = 16 if BK > 64 else 32 if fp32_operands else 64
+    return BK, min(block(DV), widest), 4 if BK <= 32 else 8
 
 
 def state_pass(k, v, g, initial, C: int, KK: bool, op: int, P: int):
@@ -421,7 +424,7 @@ def chunk_grads(q, k, v, g, do, starts, ds, dq, outs, partials, scale: float, C:
     DV = v.shape[-1]
     n, R = starts.shape[2], starts.shape[3]
     KK = R > DV
-    BK, BV, warps = chunk_bwd_config(DK, DV)
+    BK, BV, warps = chunk_bwd_config(DK, DV, fp32_operands=op == 0)
     dk, dv, dg = outs
     dkp, dvp, dgp = partials
     launch(_chunk_bwd, (n, B * H), q, k, v, g, do, starts, ds, dq, dk, dv, dg, dkp, dvp, dgp, float(scale), T,
