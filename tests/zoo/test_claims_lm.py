@@ -106,6 +106,7 @@ def test_a_claim_on_a_table_awaiting_its_rows_is_not_tested_and_says_why(tmp_pat
     files = ledger.build(root)
     assert "**not tested (no rows yet: needs one GPU)**" in files["CLAIMS.md"]
     assert "- reproduced: `a.test_accuracy >= 0.9`: not evaluated (no rows)" in files["CLAIMS.md"]
+    assert "- Step 0: not evaluated (no rows yet)" in files["CLAIMS.md"]
     line = next(x for x in files["tables/README.md"].splitlines() if x.startswith("| `tables/t`"))
     assert "| no rows yet: needs one GPU |" in line
 

@@ -126,6 +126,8 @@ def _summary_row(data: dict, i: int, claim: Claim) -> str:
 
 
 def _step0_line(claim: Claim) -> str:
+    if not any(cell.rows for cell in claim.cells.values()):
+        return "- Step 0: not evaluated (no rows yet)"
     if claim.step0_missing:
         return (f"- Step 0: not evaluated for {', '.join(claim.step0_missing)} (run `zoo claims --untrained "
                 f"{claim.spec['table']}`)")
