@@ -98,17 +98,23 @@ def _check_cell(table: str, label: str, rows: list[dict]) -> None:
                           f"keep one row per seed in results.jsonl")
 
 
-def table_cells(root: Path, table: str) -> dict[str, CellStats]:
+def table_cells(root: Path, table: str, awaiting: str | None = None) -> dict[str, CellStats]:
     """Every cell of ``tables/<table>/results.jsonl``, checked: one recipe per cell apart from the seed,
-    and one row per seed."""
+    and one row per seed. A table whose ``claims.yaml`` entry says why it has no rows yet (``awaiting``: its
+    ``awaiting_rows``) has no cells until its rows come; once they do, the entry must go."""
     path = root / "tables" / table / "results.jsonl"
     if not path.is_file():
+        if awaiting:
+            return {}
         raise ClaimsError(f"{path.relative_to(root)}: no such file; run the table's recipe (zoo ablate ... --out "
-                          f"tables/{table}) or correct the claim's table")
+                          f"tables/{table}), correct the claim's table, or, for a table not run yet, say why in "
+                          f"claims.yaml tables.{table}.awaiting_rows")
     cells = {}
     for label, rows in group_by_cell(read_rows(path)).items():
         _check_cell(table, label, rows)
         cells[label] = CellStats(table, label, rows)
+    if cells and awaiting:
+        raise ClaimsError(f"tables/{table} has rows now; remove awaiting_rows from claims.yaml tables.{table}")
     return cells
 
 

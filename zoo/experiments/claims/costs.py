@@ -86,16 +86,17 @@ def table_estimates(root: Path, recipe_path: str, cells: dict[str, CellStats]) -
             "missing": missing, "n_missing": n_missing, "unmeasured": unmeasured, "stale": stale}
 
 
-def _committed(cells: dict, seeds: list[int], train: float) -> str:
-    """The "committed rows" column: cells, seeds per cell and training time, or that no row exists yet."""
+def _committed(cells: dict, seeds: list[int], train: float, awaiting: str | None = None) -> str:
+    """The "committed rows" column: cells, seeds per cell and training time, or that no row exists yet (and
+    why, where the table says)."""
     if not cells:
-        return "no rows yet"
+        return f"no rows yet: {awaiting}" if awaiting else "no rows yet"
     return f"{len(cells)} cells, {min(seeds)}-{max(seeds)} seeds, {_minutes(train)}"
 
 
 def _table_row(root: Path, data: dict, table: str, spec: dict) -> str:
     """One table's line: its command, measured and committed times, and the estimate of its recipe now."""
-    cells = table_cells(root, table)
+    cells = table_cells(root, table, spec.get("awaiting_rows"))
     seeds = [c.n for c in cells.values()]
     train = sum(r["metrics"].get("train_seconds", 0.0) for c in cells.values() for r in c.rows)
     est = table_estimates(root, spec["recipe"], cells)
@@ -107,7 +108,7 @@ def _table_row(root: Path, data: dict, table: str, spec: dict) -> str:
     stale = (f" ({est['stale']} committed rows come from an older recipe: re-run the whole table into a new "
              f"folder)" if est["stale"] else "")
     return (f"| `tables/{table}` | `{command(data, table)}` | {md_cell(spec.get('measured', ''))} | "
-            f"{_committed(cells, seeds, train)} | "
+            f"{_committed(cells, seeds, train, spec.get('awaiting_rows'))} | "
             f"{est['cells']} x {len(est['seeds'])} ({', '.join(map(str, est['seeds']))}) = {est['runs']} | "
             f"{_minutes(est['total'])}{on}{unmeasured}{flag} | {est['n_missing']}, {_minutes(est['missing'])}{stale} |")
 

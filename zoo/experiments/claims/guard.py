@@ -6,7 +6,9 @@ judges (those its ``reproduced`` and ``partly`` conditions read, and those the c
 checked seed by seed on the metrics declared for them (or on the metric a ``learned`` term names): a seed
 whose value is not above the level by :data:`LEARNING_MARGIN` did not learn, and every condition that reads
 the cell is then inconclusive (a baseline that learned nothing cannot be beaten, and a model that learned
-nothing tells nothing about how it would do once it learns).
+nothing tells nothing about how it would do once it learns). A metric that is a cost (:func:`is_cost`: bits
+per byte, a loss, a perplexity) learns downwards: its seed must be below the level by the margin, e.g. a
+language model's ``val_bpb`` below the bits per byte of the validation text's unigram distribution.
 
 A claim names in ``unguarded: {<cell>: <why>}`` the cells whose failure to learn is itself the result: the
 claim predicts it (a pure Mamba-2 stays at chance), or the cell is compared with a guarded cell that learned
@@ -21,8 +23,21 @@ from .cells import num
 from .conditions import parse_term
 from .errors import ClaimsError
 
-#: a seed has learned when its value is above its table's no-learning level by this much
+#: a seed has learned when its value is above its table's no-learning level by this much (below, for a cost)
 LEARNING_MARGIN = 0.05
+#: the endings of the metric names that are costs (lower is better), before any ``@<length>``
+COST_ENDINGS = ("_bpb", "_loss", "_ppl")
+
+
+def is_cost(metric: str) -> bool:
+    """Whether lower values of ``metric`` are better (``val_bpb``, ``test_loss``, ``val_bpb@8192``, ...)."""
+    return metric.split("@", 1)[0].endswith(COST_ENDINGS)
+
+
+def learned(value: float, level: float, metric: str) -> bool:
+    """Whether one seed's ``value`` left the no-learning ``level`` by the margin, in the metric's direction
+    (a NaN, a diverged run, never did)."""
+    return value < level - LEARNING_MARGIN if is_cost(metric) else value > level + LEARNING_MARGIN
 
 
 @dataclass
@@ -35,7 +50,9 @@ class Unlearned:
     level: float
 
     def text(self) -> str:
-        return f"{self.alias} seed {self.seed}: {self.metric} = {num(self.value)} <= {num(self.level)} + {LEARNING_MARGIN}"
+        op, sign = (">=", "-") if is_cost(self.metric) else ("<=", "+")
+        return (f"{self.alias} seed {self.seed}: {self.metric} = {num(self.value)} {op} {num(self.level)} {sign} "
+                f"{LEARNING_MARGIN}")
 
 
 def unguarded(spec: dict, aliases, where: str) -> dict[str, str]:
@@ -84,5 +101,5 @@ def check_learning(claim, levels: dict, where: str) -> list[Unlearned]:
                 continue
             level = float(declared[metric])
             out += [Unlearned(alias, seed, metric, value, level) for seed, value in zip(cell.seeds, cell.values(metric))
-                    if not value > level + LEARNING_MARGIN]
+                    if not learned(value, level, metric)]
     return out

@@ -36,7 +36,8 @@ from the regenerated text.
   holds; **not reproduced**: otherwise. `exploration` conditions (cells or settings other than the paper's)
   are shown with their outcome and never give the verdict.
 - **The learned guard**: every table declares its no-learning level (chance, or the level of an answer that
-  ignores the binding), and every cell a verdict judges must rise above it by {margin} on every seed. A
+  ignores the binding; for a cost such as bits per byte, the unigram level of the validation text), and every
+  cell a verdict judges must rise above it by {margin} on every seed (fall below it, for a cost). A
   condition that reads a cell with a seed at that level is **inconclusive** (a baseline that learned nothing
   cannot be beaten, and a model that learned nothing says nothing about how it does once it learns), and so
   is the verdict where it depends on it: **inconclusive (a judged seed did not learn)**, or **partly
@@ -65,7 +66,8 @@ from the regenerated text.
   (`code_changes`: the commit and why it keeps the numbers). Re-running the cell clears it.
 - A verdict needs at least {min_seeds} seeds in every cell its rule reads; with fewer it is
   **not tested (N seeds; needs {min_seeds})**, whatever the numbers say. A claim with no table yet is
-  **not tested** with the reason; an exact mathematical property is checked by a unit test instead.
+  **not tested** with the reason; a claim whose table has no rows yet (its rule written first) is **not
+  tested (no rows yet: ...)**; an exact mathematical property is checked by a unit test instead.
 - Numbers are from small CPU-scale models (see each table's README); a verdict says whether the claim's
   direction and rough size hold at that scale, not at the paper's.
 
@@ -124,6 +126,8 @@ def _summary_row(data: dict, i: int, claim: Claim) -> str:
 
 
 def _step0_line(claim: Claim) -> str:
+    if not any(cell.rows for cell in claim.cells.values()):
+        return "- Step 0: not evaluated (no rows yet)"
     if claim.step0_missing:
         return (f"- Step 0: not evaluated for {', '.join(claim.step0_missing)} (run `zoo claims --untrained "
                 f"{claim.spec['table']}`)")
@@ -137,7 +141,7 @@ def _step0_line(claim: Claim) -> str:
 
 def _guard_lines(claim: Claim) -> list[str]:
     """The learned guard: the seeds that did not learn, and the cells exempt from it with why."""
-    lines = [f"- Did not learn (no-learning level + {LEARNING_MARGIN}, per seed): "
+    lines = [f"- Did not learn (not past the no-learning level by {LEARNING_MARGIN}, per seed): "
              f"{'; '.join(u.text() for u in claim.unlearned)}"] if claim.unlearned else []
     return lines + [f"- Not guarded, `{alias}`: {_words(why)}" for alias, why in
                     (claim.spec.get("unguarded") or {}).items()]

@@ -80,8 +80,8 @@ def _check_levels(name: str, levels) -> None:
 
 
 def check_tables(data: dict) -> None:
-    """The papers and tables sections: mappings, every table with its recipe, its no-learning levels and a
-    valid ``ray_workers``."""
+    """The papers and tables sections: mappings, every table with its recipe, its no-learning levels, a
+    valid ``ray_workers`` and, for a table not run yet, why (``awaiting_rows``)."""
     for key in ("papers", "tables"):
         if not isinstance(data.get(key), dict):
             raise ClaimsError(f"claims.yaml: {key} must be a mapping")
@@ -89,6 +89,10 @@ def check_tables(data: dict) -> None:
         if not isinstance(spec, dict) or not spec.get("recipe"):
             raise ClaimsError(f"claims.yaml: tables.{name}: give the recipe that produces the table")
         _check_levels(name, spec.get("no_learning"))
+        awaiting = spec.get("awaiting_rows")
+        if awaiting is not None and not (isinstance(awaiting, str) and awaiting.strip()):
+            raise ClaimsError(f"claims.yaml: tables.{name}.awaiting_rows: say in words why the table has no rows "
+                              f"yet (e.g. what it needs to run), or remove it")
         workers = spec.get("ray_workers")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ClaimsError(f"claims.yaml: tables.{name}.ray_workers: expected a whole number of workers >= 1 "

@@ -17,8 +17,9 @@
   current form after any row of a cell it judges (present now or since replaced) is marked ", post hoc", and
   so is one whose claim discloses runs that informed the rule (``calibration``); one that reads cells whose
   code changed since their rows (:mod:`zoo.experiments.freshness`) is marked ", stale by code";
-- a claim with ``pending: <why>`` (no table yet) is "not tested (<why>)"; a claim checked by a unit test
-  says so.
+- a claim with ``pending: <why>`` (no table yet) is "not tested (<why>)"; a claim whose table has no rows yet
+  (its ``awaiting_rows: <why>`` in ``tables``) is bound, checked and pre-registered like any other, and is
+  "not tested (no rows yet: <why>)" until its rows come; a claim checked by a unit test says so.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class _Tables:
 
     def load(self, table: str) -> tuple[dict[str, CellStats], set[str]]:
         if table not in self.cells:
-            self.cells[table] = table_cells(self.root, table)
+            self.cells[table] = table_cells(self.root, table, self.specs[table].get("awaiting_rows"))
             self.planned[table] = {c.label for c in recipe_cells(self.root, self.specs[table]["recipe"])}
         return self.cells[table], self.planned[table]
 
@@ -104,6 +105,8 @@ def _judge_by_table(claim: Claim, where: str, root: Path, tables: _Tables) -> No
     claim.guarded = guarded(claim.spec, _condition_aliases(claim), claim.cells, where)
     claim.unlearned = check_learning(claim, spec.get("no_learning") or {}, where)
     verdict = _judge(claim)
+    if spec.get("awaiting_rows") and not any(cell.rows for cell in claim.cells.values()):
+        verdict = f"not tested (no rows yet: {' '.join(str(spec['awaiting_rows']).split())})"
     _check_step0(claim, tables.untrained(table), where)
     judged = _judged_aliases(claim)
     claim.registration = _disclosed(claim.spec, registration(
