@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,30 +84,11 @@ def _stand_in(gate):
     return run
 
 
-class _Clock:
-    """Milliseconds of one call: CUDA events on a GPU, the wall clock on a CPU."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-
-    def __call__(self, fn) -> float:
-        import torch
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return 1e3 * (time.perf_counter() - t0)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-
-
-def _time(run, args, backward: bool, clock: _Clock, warmup: int, reps: int) -> tuple[float, float]:
+def _time(run, args, backward: bool, device, warmup: int, reps: int) -> tuple[float, float]:
     """``(first call ms, median ms of reps after warmup)`` of ``run(*args)`` (and its backward)."""
     import torch
+
+    from zoo.benchmark.measure import times_ms
 
     leaves = [a for a in args if torch.is_tensor(a) and a.requires_grad]
 
@@ -122,10 +102,8 @@ def _time(run, args, backward: bool, clock: _Clock, warmup: int, reps: int) -> t
         o, s = run(*args)
         torch.autograd.backward([o, s], [torch.ones_like(o), torch.ones_like(s)])
 
-    first = clock(call)
-    for _ in range(max(0, warmup - 1)):
-        call()
-    return first, statistics.median(clock(call) for _ in range(reps))
+    first = times_ms(call, device, 0, 1)[0]
+    return first, statistics.median(times_ms(call, device, max(0, warmup - 1), reps))
 
 
 def measure_delta(lengths=None, num_householder=(1, 2), B: int = 1, H: int = 8, K: int = 128,
@@ -152,7 +130,6 @@ def measure_delta(lengths=None, num_householder=(1, 2), B: int = 1, H: int = 8, 
     lengths = lengths or (16384, 65536)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     device = "cuda" if cuda else "cpu"
-    clock = _Clock(cuda)
     comparator = "torch chunked (dry-run stand-in for fla)" if dry_run else "fla"
     times: dict = {"ours": {}, comparator: {}}
     first_call: dict = {}
@@ -168,7 +145,7 @@ def measure_delta(lengths=None, num_householder=(1, 2), B: int = 1, H: int = 8, 
                     torch.manual_seed(0)
                     args = _inputs(B, T, H, K, V, n, gate, dt, device, grad=backward)
                     try:
-                        first, ms = _time(run, args, backward, clock, warmup, reps)
+                        first, ms = _time(run, args, backward, torch.device(device), warmup, reps)
                     except Exception as e:  # noqa: BLE001 - e.g. fla refusing its gated backward: report, go on
                         if name == "ours":
                             raise

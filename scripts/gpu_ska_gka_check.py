@@ -54,24 +54,8 @@ def _sync(device):
 
 
 def _median_ms(fn, device, warmup: int, repeats: int) -> float:
-    import torch
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    from zoo.benchmark.measure import times_ms
+    return statistics.median(times_ms(fn, device, warmup, repeats))
 
 
 def _layers(d_model: int, head_dim: int, gka_chunk: int) -> dict:

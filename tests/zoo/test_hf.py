@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import zoo
 import zoo.hf  # noqa: F401  (registers the model type with the Auto classes)
 from mixers import MIXERS
+from tests.zoo.untrained import wake_zero_initialised
 from zoo.cli import main as zoo_main
 from zoo.data.tokenize import ByteTokenizer, HFTokenizer
 from zoo.generate import generate_ids, load_lm
@@ -43,13 +44,7 @@ def write_run(folder, recipe, name="run") -> str:
     """A checkpoint of ``recipe``'s model with every weight random and nonzero (zero-initialised projections
     would make a mixer contribute nothing), as ``zoo train --out`` writes it."""
     model = zoo.build_model(recipe)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.abs().sum() == 0:
-                module.weight.normal_(0, 0.2)
-        for p in model.parameters():
-            if p.ndim == 0 and p.abs().sum() == 0:
-                p.fill_(1.0)
+    wake_zero_initialised(model)
     run = folder / name
     ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": ckpt.imports_for(recipe),
                                     "model": model.state_dict(), "step": 1, "finished": True})

@@ -20,6 +20,8 @@ import yaml
 import zoo
 from mixers import MIXERS
 from mixers.options import build_options
+from tests.zoo.preparation import check_deterministic_and_resumable
+from tests.zoo.untrained import wake_zero_initialised
 from zoo.benchmark import loader
 from zoo.cli import main as zoo_main
 from zoo.config import Spec
@@ -68,10 +70,6 @@ def split_documents(tokens: np.ndarray) -> list[bytes]:
     return [bytes(tokens[s:e].astype(np.uint8)) for s, e in zip(starts, ends)]
 
 
-def folder_bytes(where) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(where.iterdir()) if p.is_file()}
-
-
 # ------------------------------------------------------------------------------------------ windows and splits
 def test_the_same_seed_draws_the_same_windows_and_each_is_a_slice_of_the_training_tokens(tmp_path):
     task = LanguageModeling(options(tmp_path))
@@ -113,29 +111,8 @@ def test_the_byte_tokenizer_round_trips_any_bytes():
 def test_prepare_twice_is_byte_identical_and_an_interrupted_run_resumes_to_the_same_files(tmp_path, monkeypatch):
     corpus = random_corpus(tmp_path / "corpus")
     monkeypatch.setattr(prep, "PART_DOCUMENTS", 5)
-    whole, wrote = prep.prepare(options(tmp_path, corpus, data_dir=str(tmp_path / "a")))
-    again, wrote_again = prep.prepare(options(tmp_path, corpus, data_dir=str(tmp_path / "a")))
-    assert wrote and not wrote_again
-    first = folder_bytes(whole)
-    two_workers, _ = prep.prepare(options(tmp_path, corpus, data_dir=str(tmp_path / "b")), workers=2)
-    assert folder_bytes(two_workers) == first == folder_bytes(again)
-
-    calls = []
-    real = prep._tokenize_part
-
-    def interrupted(job):
-        calls.append(job[0])
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(job)
-
-    monkeypatch.setattr(prep, "_tokenize_part", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        prep.prepare(options(tmp_path, corpus, data_dir=str(tmp_path / "c")))
-    monkeypatch.setattr(prep, "_tokenize_part", lambda job: (calls.append(job[0]), real(job))[1])
-    resumed, _ = prep.prepare(options(tmp_path, corpus, data_dir=str(tmp_path / "c")))
-    assert calls[3:] == list(range(2, calls[-1] + 1))  # the two finished parts were not tokenised again
-    assert folder_bytes(resumed) == first
+    whole = check_deterministic_and_resumable(
+        monkeypatch, lambda name: options(tmp_path, corpus, data_dir=str(tmp_path / name)), interrupt_at=3)
     assert json.loads((whole / "meta.json").read_text())["vocab_size"] == 257
 
 
@@ -191,14 +168,7 @@ def tiny_lm(name: str, d_model: int = 16) -> HybridLM:
     cls = MIXERS.get(name)
     model = HybridLM([Spec(name, build_options(cls.Options, dict(cls.contract_options), ""))], 257, d_model)
     model = model.double().eval()
-    with torch.no_grad():  # zero-initialised projections would make the mixer contribute nothing
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.abs().sum() == 0:
-                module.weight.normal_(0, 0.2)
-        for p in model.parameters():
-            if p.ndim == 0 and p.abs().sum() == 0:
-                p.fill_(1.0)
-    return model
+    return wake_zero_initialised(model)
 
 
 @pytest.mark.parametrize("name", MIXERS.names())

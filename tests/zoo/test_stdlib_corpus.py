@@ -10,10 +10,10 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from mixers.options import build_options
+from tests.zoo.preparation import check_deterministic_and_resumable
 from zoo.cli import main as zoo_main
 from zoo.data import prepare as prep
 from zoo.data import sources
@@ -78,10 +78,6 @@ def splits(where: Path) -> dict[str, list[bytes]]:
     return {s: split_documents(np.fromfile(where / f"{s}.bin", dtype=np.uint16)) for s in ("train", "val")}
 
 
-def folder_bytes(where: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(where.iterdir()) if p.is_file()}
-
-
 def in_validation(rel: str, fraction: float) -> bool:
     """The written rule: the first 8 bytes of the SHA-256 of the relative path, as a fraction of 2^64."""
     return int(hashlib.sha256(rel.encode()).hexdigest()[:16], 16) / 2 ** 64 < fraction
@@ -121,26 +117,8 @@ def test_preparation_is_byte_identical_and_an_interrupted_run_resumes_to_the_sam
     top = tmp_path / "tree"
     make_tree(top)
     monkeypatch.setattr(prep, "PART_DOCUMENTS", 4)
-    first, wrote = prep.prepare(options(tmp_path, top, data_dir=str(tmp_path / "one")))
-    again, wrote_again = prep.prepare(options(tmp_path, top, data_dir=str(tmp_path / "one")))
-    workers, _ = prep.prepare(options(tmp_path, top, data_dir=str(tmp_path / "two")), workers=2)
-    assert wrote and not wrote_again and folder_bytes(first) == folder_bytes(again) == folder_bytes(workers)
-
-    calls, real = [], prep._tokenize_part
-
-    def interrupted(job):
-        calls.append(job[0])
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(job)
-
-    monkeypatch.setattr(prep, "_tokenize_part", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        prep.prepare(options(tmp_path, top, data_dir=str(tmp_path / "three")))
-    monkeypatch.setattr(prep, "_tokenize_part", lambda job: (calls.append(job[0]), real(job))[1])
-    resumed, _ = prep.prepare(options(tmp_path, top, data_dir=str(tmp_path / "three")))
-    assert calls[4:] == list(range(3, calls[-1] + 1))  # the three finished parts were not tokenised again
-    assert folder_bytes(resumed) == folder_bytes(first)
+    check_deterministic_and_resumable(
+        monkeypatch, lambda name: options(tmp_path, top, data_dir=str(tmp_path / name)), interrupt_at=4)
 
 
 def test_an_edited_or_renamed_file_is_prepared_again_with_another_hash(tmp_path):

@@ -1,0 +1,42 @@
+"""The property every ``zoo data prepare`` source must have, checked the same way for each: preparing twice
+writes the same bytes (and the second time writes nothing), two workers write what one writes, and a run
+interrupted after some parts resumes without tokenising those parts again, to the same files."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from zoo.data import prepare as prep
+
+
+def folder_bytes(where: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(where.iterdir()) if p.is_file()}
+
+
+def check_deterministic_and_resumable(monkeypatch, options_in: Callable[[str], object], interrupt_at: int) -> Path:
+    """Run the checks with ``options_in(folder name)`` (prepare options writing under that name), interrupting
+    the third run when its ``interrupt_at``-th part starts. Returns the first run's folder."""
+    first, wrote = prep.prepare(options_in("one"))
+    again, wrote_again = prep.prepare(options_in("one"))
+    workers, _ = prep.prepare(options_in("two"), workers=2)
+    assert wrote and not wrote_again and folder_bytes(first) == folder_bytes(again) == folder_bytes(workers)
+
+    calls, real = [], prep._tokenize_part
+
+    def interrupted(job):
+        calls.append(job[0])
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(prep, "_tokenize_part", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(options_in("three"))
+    monkeypatch.setattr(prep, "_tokenize_part", lambda job: (calls.append(job[0]), real(job))[1])
+    resumed, _ = prep.prepare(options_in("three"))
+    done = interrupt_at - 1  # the parts finished before the interruption are not tokenised again
+    assert calls[interrupt_at:] == list(range(done, calls[-1] + 1))
+    assert folder_bytes(resumed) == folder_bytes(first)
+    return first
