@@ -10,9 +10,9 @@ knows nothing of shared memory. These tests close that gap:
   argument types is compiled for sm_80 and sm_90 (every kernel in every dtype its launcher accepts);
   the check fails on a compile error or on shared memory above the per-block limit. Compiling every
   recorded launch (every autotune config) took tens of minutes on this project's shared 2-core
-  machine, so CI compiles one configuration per kernel and dtype; ``python -m zoo.benchmark.compile_check
-  --quick`` (every config) generated the resource table of BENCHMARKS.md, and without ``--quick`` it
-  runs the whole size grid (1630 launches).
+  machine, so CI compiles one configuration per kernel and dtype, and so does the command that writes the
+  resource table of BENCHMARKS.md (``--ci --markdown``); ``--quick`` compiles every config at one size
+  (810 launches) and without either flag it runs the whole size grid.
 - ``test_every_kernel_is_in_the_check``: every ``@triton.jit`` kernel that a launcher starts appears in
   the check in every input dtype, and no launcher starts a kernel except through
   :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the check).
