@@ -71,20 +71,24 @@ def test_torch_paths_match_reference(name, init):
                      tol=1e-5, grad_tol=1e-5)
 
 
-def test_chunked_with_strong_decays_and_ragged_length():
-    """The chunked path at the default chunk length with M = 64 and T not a multiple of it; read slots that
-    are written several times inside a chunk with weights 0.6-0.95 and gamma up to 2 (cumulative log
-    decays of tens within a chunk): outputs, final state and gradients against the fp64 loop (the
-    gradient of gamma, a cancelling sum over every token, is the least accurate: ~1e-6). Then full
-    overwrites (K = 1, w = 1, clamped log decay -13.8 gamma per write, hundreds per chunk): the forward
-    stays finite and exact."""
+@pytest.mark.parametrize("backend", [
+    pytest.param({"backend": "torch", "layout": "dense", "chunk_size": 32}, id="torch"),
+    pytest.param({"backend": "triton", "chunk_size": 16}, id="triton", marks=needs_triton),
+])
+def test_chunked_with_strong_decays_and_ragged_length(backend):
+    """The chunked paths (PyTorch at its default chunk length, the chunk-parallel Triton kernels at chunks of
+    16) with M = 64 and T not a multiple of the chunk; read slots that are written several times inside a
+    chunk with weights 0.6-0.95 and gamma up to 2 (cumulative log decays of tens within a chunk): outputs,
+    final state and gradients against the fp64 loop (the gradient of gamma, a cancelling sum over every
+    token, is the least accurate: ~1e-6). Then full overwrites (K = 1, w = 1, clamped log decay -13.8 gamma
+    per write, hundreds per chunk): the forward stays finite and exact."""
     M, T, K = 64, 45, 4
     ins = _inputs(1, T, 2, M, K, 6, init=True)
     ins[0] = torch.randint(0, 8, (1, T, 2, 1)) * 8 + torch.arange(K).view(1, 1, 1, K)  # 8 groups of K slots
     ins[2] = ins[0].flip(1)
     ins[1] = torch.rand(1, T, 2, K) * 0.35 + 0.6
     ins[5] = torch.rand(2) * 1.5 + 0.5
-    chunked = _call(slot_memory, M, backend="torch", layout="dense", chunk_size=32)
+    chunked = _call(slot_memory, M, **backend)
     compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad_tol=1e-4)
     ins[0], ins[2] = ins[0][..., :1], ins[2][..., :1]
     ins[1], ins[3] = torch.ones(1, T, 2, 1), ins[3][..., :1]
@@ -116,22 +120,6 @@ def test_triton_layouts_match_reference(B, T, H, M, K, dv, chunk, init):
     ins = _inputs(B, T, H, M, K, dv, init=init)
     compare_backends(_call(slot_memory, M, backend="triton", chunk_size=chunk), _call(slot_memory_reference, M), ins,
                      tol=1e-5, grad_tol=1e-5)
-
-
-@needs_triton
-def test_triton_chunked_with_strong_decays():
-    """As test_chunked_with_strong_decays_and_ragged_length, for the chunk-parallel kernels (chunks of 16)."""
-    M, T, K = 64, 45, 4
-    ins = _inputs(1, T, 2, M, K, 6, init=True)
-    ins[0] = torch.randint(0, 8, (1, T, 2, 1)) * 8 + torch.arange(K).view(1, 1, 1, K)  # 8 groups of K slots
-    ins[2] = ins[0].flip(1)
-    ins[1] = torch.rand(1, T, 2, K) * 0.35 + 0.6
-    ins[5] = torch.rand(2) * 1.5 + 0.5
-    chunked = _call(slot_memory, M, backend="triton", chunk_size=16)
-    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad_tol=1e-4)
-    ins[0], ins[2] = ins[0][..., :1], ins[2][..., :1]
-    ins[1], ins[3] = torch.ones(1, T, 2, 1), ins[3][..., :1]
-    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad=False)
 
 
 @needs_triton
