@@ -6,9 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 
 from zoo.data import prepare as prep
+
+#: the byte tokenizer's end-of-document id, which separates the documents of a prepared split
+EOS = 256
+
+
+def split_documents(tokens: np.ndarray) -> list[bytes]:
+    """The documents of a prepared byte-level split, in order (each ends with :data:`EOS`)."""
+    ends = np.flatnonzero(tokens == EOS)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [bytes(tokens[s:e].astype(np.uint8)) for s, e in zip(starts, ends)]
 
 
 def folder_bytes(where: Path) -> dict:

@@ -20,7 +20,7 @@ import yaml
 import zoo
 from mixers import MIXERS
 from mixers.options import build_options
-from tests.zoo.preparation import check_deterministic_and_resumable
+from tests.zoo.preparation import EOS, check_deterministic_and_resumable, split_documents
 from tests.zoo.untrained import wake_zero_initialised
 from zoo.benchmark import loader
 from zoo.cli import main as zoo_main
@@ -37,8 +37,6 @@ from zoo.tasks import TaskData
 from zoo.tasks.lm import LanguageModeling
 from zoo.training import loop
 from zoo.training.evaluation import text_metrics
-
-EOS = 256
 
 
 def random_corpus(folder, n_files=6, seed=None):
@@ -62,12 +60,6 @@ def options(tmp_path, corpus=None, **extra):
               "doc_separator": "\n\n", "val_fraction": 0.2, "seq_len": 16, "num_test": 8,
               "data_dir": str(tmp_path / "data"), **extra}
     return build_options(LanguageModeling.Options, values, "")
-
-
-def split_documents(tokens: np.ndarray) -> list[bytes]:
-    ends = np.flatnonzero(tokens == EOS)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return [bytes(tokens[s:e].astype(np.uint8)) for s, e in zip(starts, ends)]
 
 
 # ------------------------------------------------------------------------------------------ windows and splits

@@ -13,13 +13,12 @@ import numpy as np
 import torch
 
 from mixers.options import build_options
-from tests.zoo.preparation import check_deterministic_and_resumable
+from tests.zoo.preparation import check_deterministic_and_resumable, split_documents
 from zoo.cli import main as zoo_main
 from zoo.data import prepare as prep
 from zoo.data import sources
 from zoo.tasks.lm import LanguageModeling
 
-EOS = 256
 #: files of the tree that the rule leaves out, each with why
 LEFT_OUT = {
     "test/test_os.py": "a test folder", "pkg/tests/test_mod.py": "a tests folder",
@@ -66,12 +65,6 @@ def options(tmp_path, tree, **extra):
     values = {"source": "python-stdlib", "path": str(tree), "val_fraction": 0.25, "seq_len": 16, "num_test": 4,
               "data_dir": str(tmp_path / "data"), **extra}
     return build_options(LanguageModeling.Options, values, "")
-
-
-def split_documents(tokens: np.ndarray) -> list[bytes]:
-    ends = np.flatnonzero(tokens == EOS)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return [bytes(tokens[s:e].astype(np.uint8)) for s, e in zip(starts, ends)]
 
 
 def splits(where: Path) -> dict[str, list[bytes]]:
