@@ -47,12 +47,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _sync(device):
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_ms(fn, device, warmup: int, repeats: int) -> float:
     from zoo.benchmark.measure import times_ms
     return statistics.median(times_ms(fn, device, warmup, repeats))
@@ -80,15 +74,8 @@ def _solve_pieces(pieces: int):
 
 def _count_launches(step, device) -> int | None:
     """CUDA kernels launched by one call of ``step`` (torch.profiler); None on a CPU."""
-    if device.type != "cuda":
-        return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    _sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        _sync(device)
-    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    from zoo.benchmark.gpu_speed import profiled_cuda_kernels
+    return profiled_cuda_kernels(step) if device.type == "cuda" else None
 
 
 def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, configs) -> dict:
@@ -128,6 +115,7 @@ def measure(seq_lens=(16384, 65536), d_model: int = 1024, head_dim: int = 128, b
     import torch
 
     from mixers.base import build_mixer
+    from zoo.benchmark.measure import sync
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     torch.manual_seed(0)
@@ -153,10 +141,10 @@ def measure(seq_lens=(16384, 65536), d_model: int = 1024, head_dim: int = 128, b
             try:
                 with _solve_pieces(pieces):
                     if i == 0 and name in layers:
-                        _sync(dev)
+                        sync(dev)
                         t0 = time.perf_counter()
                         step()
-                        _sync(dev)
+                        sync(dev)
                         result["first_call_s"][name] = round(time.perf_counter() - t0, 3)
                     result["layer_ms"][name][str(T)] = round(_median_ms(step, dev, warmup, repeats), 3)
                     if name in layers:

@@ -73,7 +73,7 @@ from ..recipes import resolve
 from ..training.optim import make_optimizer
 from .gpu_report import check_folder, conclude, read_json
 from .gpu_targets import BASELINE, STAGES
-from .measure import error_text, free, measure, times_ms
+from .measure import error_text, free, measure, sync, times_ms
 from .runner import write_json
 from .train_rate import lm_step, steady_rate
 
@@ -149,11 +149,6 @@ def build_layer(name: str, plan: Plan, device, dtype):
     spec = resolve({"model": {"d_model": plan.d_model, "layers": [layer_entry(name, plan, plan.d_model)]}}).layers[0]
     torch.manual_seed(0)
     return MIXERS.get(name)(plan.d_model, spec.options).to(device=device, dtype=dtype)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ------------------------------------------------------------------------------------------- launch counters
@@ -235,10 +230,10 @@ def stage_first_call(plan: Plan, name: str, path: Path, deadline: float) -> None
         mixer = build_layer(name, plan, device, dtype)
         x = torch.randn(1, plan.first_call_length, plan.d_model, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn_like(x)
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         mixer(x).backward(grad)
-        _sync(device)
+        sync(device)
         row["seconds"] = time.perf_counter() - start
     except Exception as err:  # noqa: BLE001 - recorded, the run goes on
         row["error"] = error_text(err)

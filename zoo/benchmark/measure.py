@@ -37,7 +37,8 @@ import torch
 from ..host_memory import PeakRSS, cpu_seconds
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -52,7 +53,7 @@ def times_ms(fn, device: torch.device, warmup: int, repeats: int, cpu: list | No
     if device.type == "cuda":
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            _sync(device)
+            sync(device)
             start.record()
             fn()
             end.record()
@@ -148,11 +149,11 @@ def peak_mibs(fns, device: torch.device) -> list[float | None]:
     out: list[float | None] = []
     if device.type == "cuda":
         for fn in fns:
-            _sync(device)
+            sync(device)
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
             fn()
-            _sync(device)
+            sync(device)
             out.append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
         return out
     first = None
