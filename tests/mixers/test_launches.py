@@ -9,15 +9,8 @@ minutes for the scans that walk the sequence; the kernels' values are tested aga
 device's) at a small width, at ``T`` and ``4 T``, both several chunks long. The CPU-only sizes (token
 segments, cache-sized time blocks) are set tiny here, so that a CPU trick that leaked into the GPU path would
 make the count grow with the length at these small sizes.
-
-A layer built on a kernel family listed in :data:`PENDING_FAMILIES` launches more than the bound because of
-PyTorch code inside that family: its count must still be independent of the length, is reported as a
-warning on every run, and must stay above the bound (when that family's work brings it under, the entry has
-to go).
 """
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
@@ -28,16 +21,11 @@ from kernels.device import gpu_path_on_cpu
 from kernels.gla import gla
 from mixers import MIXERS, build_mixer
 from tests.mixers.launches import count_launches
-from zoo.doctor import mixer_families
 
 #: the most kernels one layer's forward+backward may launch on a GPU
 MAX_LAUNCHES = 100
 D_MODEL = 64
 LENGTHS = (128, 512)
-
-#: kernel family -> the PyTorch code inside it that keeps a layer built on it above MAX_LAUNCHES on the GPU
-#: path (launches forward+backward at width 64, counted as here; the rest of such a layer is within bounds)
-PENDING_FAMILIES: dict[str, str] = {}  # every family is within the bound now
 
 
 @pytest.fixture
@@ -65,13 +53,6 @@ def test_one_layer_launches_a_fixed_number_of_kernels(tiny_cpu_sizes, name):
     (short, by_short), (long, by_long) = (layer_launches(name, T) for T in LENGTHS)
     grown = {k: (by_short[k], by_long[k]) for k in by_short.keys() | by_long.keys() if by_short[k] != by_long[k]}
     assert short == long, f"{name}: {short} launches at T={LENGTHS[0]}, {long} at T={LENGTHS[1]}; grown: {grown}"
-    pending = [PENDING_FAMILIES[f] for f in mixer_families(MIXERS.get(name)) if f in PENDING_FAMILIES]
-    if pending:
-        warnings.warn(f"{name}: {short} launches per forward+backward on the GPU path (bound {MAX_LAUNCHES}), "
-                      f"pending: {'; '.join(pending)}", stacklevel=1)
-        assert short > MAX_LAUNCHES, f"{name}: {short} launches, within the bound now: drop its family from " \
-                                     f"PENDING_FAMILIES"
-        return
     assert short <= MAX_LAUNCHES, f"{name}: {short} launches per forward+backward (at most {MAX_LAUNCHES}): " \
                                   f"{dict(by_short.most_common())}"
 
