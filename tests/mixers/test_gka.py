@@ -84,9 +84,12 @@ def test_num_iter_is_a_test_time_knob():
     y_eval = m.eval()(x)
     y_exact = exact(x)
     assert rel_err(y_eval, y_exact) < 1e-6 < rel_err(y_train, y_exact)
-    # more iterations at inference, no retraining: monotonically closer to the exact ridge solution
+    # more iterations at inference, no retraining: closer to the exact ridge solution. Chebyshev's worst-case
+    # error falls at every step, but the error of one input need not in the first few (the output went from
+    # 0.4503 at 2 iterations to 0.4548 at 5 on one draw; 3 -> 4 rises on about one draw in ten). Over 400
+    # draws, 5 iterations cut the error of none (0) at least 1.9-fold, and so did each doubling after that.
     errs = []
-    for r in (0, 2, 5, 10, 20, 40, 80):
+    for r in (0, 5, 10, 20, 40, 80):
         m.set_test_time({"num_iter": r})
         errs.append(rel_err(m.eval()(x), y_exact))
     assert all(b < a for a, b in zip(errs, errs[1:])), errs
