@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="n
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
 def test_log_decay_matches_formula(dtype, tol):
     """Pre-activations from -19 to 15 (torch's softplus switches to the identity above 20, where the two
-    differ by exp(-20) relative); a column block of a wider matrix read in place."""
+    differ by exp(-20) relative); a column block of a wider matrix read in place. d A_log and d dt_bias sum
+    one term per token, which can cancel (one fp32 draw missed 1e-6 by 4 %): their tolerance is scaled by
+    how much the terms cancel on the draw."""
     H = 5
     wide = torch.randn(3, 40, 3 * H, dtype=dtype) * 4
     wide[0, 0, H:2 * H] = torch.linspace(-15, 15, H, dtype=dtype)
@@ -33,8 +35,17 @@ def test_log_decay_matches_formula(dtype, tol):
         outs.append(([g.detach(), *grads], sum(launches.values())))
     (got, n_launches), (want, _) = outs
     assert n_launches == 2
-    for name, a, b in zip(("g", "d raw", "d A_log", "d dt_bias"), got, want):
-        assert_rel_close(a, b, tol, name)
+    for i, (name, a, b) in enumerate(zip(("g", "d raw", "d A_log", "d dt_bias"), got, want)):
+        assert_rel_close(a, b, tol * (_terms_over_sum(raw, A_log, dt_bias, dg, i - 1) if i >= 2 else 1.0), name)
+
+
+def _terms_over_sum(raw, A_log, dt_bias, dg, i):
+    """``||sum |terms||| / ||sum terms||`` (at least 1), in fp64, for the gradient of A_log (``i = 1``) or
+    dt_bias (``i = 2``): a sum over the tokens of one term each."""
+    xs = [t.detach().double() for t in (raw, A_log, dt_bias)]
+    xs[i] = xs[i].expand(raw.shape).clone().requires_grad_()
+    terms, = torch.autograd.grad(log_decay_reference(*xs), xs[i], dg.double())
+    return max(1.0, (terms.abs().sum((0, 1)).norm() / terms.sum((0, 1)).norm()).item())
 
 
 def test_small_steps_keep_their_digits():
