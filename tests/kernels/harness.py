@@ -74,7 +74,7 @@ def compare_backends(
     torch.autograd.backward([e for e in exps], upstream)
     if own is not None:
         torch.autograd.backward(own, [u.to(o.dtype) for o, u in zip(own, upstream)])
-    spread = {i: _cancellation(ref, rs, i, shape, upstream) for i, shape in (shared or {}).items()}
+    spread = {i: cancellation(ref, rs, i, shape, upstream) for i, shape in (shared or {}).items()}
     for i, (x, r) in enumerate(zip(xs, rs)):
         if torch.is_tensor(x) and x.requires_grad:
             assert x.grad is not None, f"input {i}: no gradient"
@@ -83,11 +83,14 @@ def compare_backends(
             assert_rel_close(x.grad, r.grad, allowed(base, mine, r.grad), f"grad of input {i}")
 
 
-def _cancellation(ref, rs, i, shape, upstream) -> float:
-    """``||sum |terms||| / ||sum terms||`` (at least 1) for the gradient of input ``i``, shared over ``shape``."""
-    full = [r.detach() if torch.is_tensor(r) else r for r in rs]
+def cancellation(ref, inputs, i: int, shape: tuple[int, ...], upstream) -> float:
+    """``||sum |terms||| / ||sum terms||`` (at least 1) for the gradient of ``inputs[i]`` through ``ref`` with
+    ``upstream``, when ``ref`` broadcasts that input to ``shape``: the terms are the gradient of the input
+    expanded to ``shape``, their sum the gradient of the input itself."""
+    full = [x.detach() if torch.is_tensor(x) else x for x in inputs]
     full[i] = full[i].expand(shape).clone().requires_grad_(True)
     out = ref(*full)
-    torch.autograd.backward([out] if torch.is_tensor(out) else list(out), upstream)
-    terms = full[i].grad.abs().sum_to_size(rs[i].shape)
-    return max(1.0, (terms.norm() / rs[i].grad.norm().clamp_min(1e-300)).item())
+    outs = [out] if torch.is_tensor(out) else list(out)
+    terms, = torch.autograd.grad(outs, full[i], upstream)
+    size = tuple(inputs[i].shape)
+    return max(1.0, (terms.abs().sum_to_size(size).norm() / terms.sum_to_size(size).norm().clamp_min(1e-300)).item())
