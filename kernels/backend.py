@@ -72,10 +72,46 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """``"3.6.0+git1234"`` -> ``(3, 6, 0)``."""
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def interpreter_refusal(triton_version: str, numpy_version: str) -> str | None:
+    """Why the Triton interpreter cannot run the zoo's kernels with these versions, or None.
+
+    Triton's interpreter before 3.7 turns a runtime loop bound (``for c in range(N)``, ``N`` a kernel
+    argument) into an index with ``int()`` of a one-element array, which NumPy 2.4 refuses
+    (``TypeError: only 0-dimensional arrays can be converted to Python scalars``); Triton 3.7 squeezes
+    the array first. Every kernel with a loop over chunks or blocks fails there.
+    """
+    if _version(triton_version) >= (3, 7) or _version(numpy_version) < (2, 4):
+        return None
+    return (f"the Triton {triton_version} interpreter cannot run with NumPy {numpy_version} (before Triton 3.7 it "
+            f"converts loop bounds with int() of an array, which NumPy 2.4 refuses); "
+            f"pip install 'numpy<2.4', or Triton >= 3.7 (torch 2.13 pins 3.7.1)")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_interpreter_problem() -> str | None:
+    """:func:`interpreter_refusal` for the installed Triton and NumPy (None without Triton)."""
+    if not triton_importable():
+        return None
+    import triton
+    try:
+        import numpy
+    except ImportError:
+        return "the Triton interpreter needs NumPy (pip install numpy)"
+
+    return interpreter_refusal(triton.__version__, numpy.__version__)
+
+
 def triton_usable_for(tensor: torch.Tensor) -> bool:
     if not triton_importable():
         return False
-    return tensor.is_cuda or (triton_interpreting() and tensor.device.type == "cpu")
+    if tensor.is_cuda:
+        return True
+    return triton_interpreting() and tensor.device.type == "cpu" and triton_interpreter_problem() is None
 
 
 def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
@@ -94,7 +130,7 @@ def fla_gated_refusal(capability_major: int, triton_version: str, tilelang: bool
     :data:`FLA_HOPPER_BAD_TRITON` (half-open), where the kernel compiles to wrong results, unless
     tilelang is installed (fla then runs that kernel through tilelang).
     """
-    version = tuple(int(x) for x in re.findall(r"\d+", triton_version)[:3])
+    version = _version(triton_version)
     low, high = FLA_HOPPER_BAD_TRITON
     if capability_major != 9 or tilelang or not low <= version < high:
         return None
@@ -154,6 +190,13 @@ def auto_choice(available, cuda: bool, unsupported: dict | None = None,
     return ("torch" if "torch" in available else "reference"), skipped
 
 
+def _triton_on_cpu_problem() -> str:
+    """Why ``triton`` cannot run on CPU tensors here."""
+    if triton_interpreting():
+        return triton_interpreter_problem() or "the Triton interpreter cannot run here"
+    return "needs TRITON_INTERPRET=1 on CPU tensors"
+
+
 def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS,
                     unsupported: dict | None = None, order: tuple | None = None) -> str:
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
@@ -172,7 +215,7 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
             for name in OUTSIDE_BACKENDS:
                 unsupported.setdefault(name, f"runs CUDA kernels only and the inputs are on {tensor.device}")
             if not triton_usable_for(tensor):
-                unsupported.setdefault("triton", "needs TRITON_INTERPRET=1 on CPU tensors")
+                unsupported.setdefault("triton", _triton_on_cpu_problem())
         return auto_choice(available, gpu, unsupported, order)[0]
     if backend not in available:
         raise BackendUnavailable(
@@ -181,6 +224,8 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
     if backend == "triton" and not triton_usable_for(tensor):
         if not triton_importable():
             raise BackendUnavailable(f"{op}: backend 'triton' needs the triton package (pip install triton)")
+        if triton_interpreting() and tensor.device.type == "cpu":
+            raise BackendUnavailable(f"{op}: backend 'triton' on CPU tensors: {triton_interpreter_problem()}")
         raise BackendUnavailable(
             f"{op}: backend 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before import to run "
             f"the kernels on the CPU through the interpreter; use backend='torch' on a CPU"

@@ -1,4 +1,5 @@
-"""Test-wide setup: run Triton kernels through the CPU interpreter when there is no GPU.
+"""Test-wide setup: run Triton kernels through the CPU interpreter when there is no GPU (and stop at once,
+with the fix, where the installed Triton and NumPy cannot interpret them).
 
 ``TRITON_INTERPRET`` must be set before any ``@triton.jit`` function is defined, i.e. before the
 kernel modules are imported, which is why it happens here at collection time.
@@ -15,6 +16,11 @@ if not torch.cuda.is_available():
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped cleanly without one)")
     config.addinivalue_line("markers", "slow: trains a model; part of the default run but kept small")
+    from kernels.backend import triton_interpreter_problem, triton_interpreting
+
+    problem = triton_interpreting() and triton_interpreter_problem()
+    if problem:  # every interpreted kernel test would fail with NumPy's TypeError: stop with the fix instead
+        pytest.exit(f"the tests check the Triton kernels through the interpreter, but {problem}", returncode=4)
 
 
 def pytest_collection_modifyitems(config, items):

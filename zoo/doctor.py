@@ -12,7 +12,14 @@ import sys
 
 import torch
 
-from kernels.backend import OUTSIDE_BACKENDS, auto_choice, fla_gated_problem, package_importable, triton_importable
+from kernels.backend import (
+    OUTSIDE_BACKENDS,
+    auto_choice,
+    fla_gated_problem,
+    package_importable,
+    triton_importable,
+    triton_interpreter_problem,
+)
 from mixers import MIXERS
 from zoo.benchmark.marked_block import write_block
 
@@ -97,6 +104,10 @@ def report() -> str:
     lines += [f"  {what:24} {'installed' if ok else 'missing  (' + how + ')'}" for what, ok, how in extras()]
     if not cuda:
         lines.append("  (outside backends run CUDA kernels only; on a CPU auto never picks them)")
+        if triton_importable():
+            problem = triton_interpreter_problem()
+            lines.append("  triton interpreter       " + (f"cannot run: {problem}" if problem else
+                                                          "works (TRITON_INTERPRET=1 runs the kernels on the CPU)"))
     lines += ["", f"{'mixer':17} {'family':10} {'auto here':10} {'on CUDA':10} why"]
     lines += [f"{m:17} {f:10} {b:10} {c:10} {why}" for m, f, b, c, why in mixer_rows(cuda)]
     return "\n".join(lines)

@@ -93,6 +93,31 @@ def test_delta_and_ssd_refuse_sizes_above_a_blocks_shared_memory():
     assert block_chunk(256, 64, 64) == 64 and block_chunk(32, 64, 64) == 32
 
 
+def test_an_interpreter_that_cannot_run_is_refused_with_the_fix(installed, monkeypatch):
+    """Triton's interpreter before 3.7 fails on every kernel with a runtime loop bound under NumPy 2.4 (seen
+    with Triton 3.6.0 and NumPy 2.4.6: int() of a one-element array). The versions are judged, auto passes
+    over Triton on CPU tensors with the reason, and a request by name is refused with the fix."""
+    from kernels.device import gpu_path_on_cpu
+
+    for triton_version, numpy_version in (("3.6.0", "2.4.6"), ("3.2.0", "2.4.0"), ("3.5.1+git12ab", "2.5.0")):
+        why = kb.interpreter_refusal(triton_version, numpy_version)
+        assert why is not None and "numpy<2.4" in why and triton_version in why and numpy_version in why
+    for triton_version, numpy_version in (("3.7.1", "2.4.6"), ("3.6.0", "2.3.5"), ("3.8.0+git1", "3.0.0"),
+                                          ("3.2.0", "1.26.4")):
+        assert kb.interpreter_refusal(triton_version, numpy_version) is None, (triton_version, numpy_version)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    reason = kb.interpreter_refusal("3.6.0", "2.4.6")
+    monkeypatch.setattr(kb, "triton_interpreter_problem", lambda: reason)
+    x, fam = torch.zeros(1), ("reference", "torch", "triton")
+    with gpu_path_on_cpu():
+        assert kb.resolve_backend("auto", x, op="x", available=fam) == "torch"
+        assert kb._triton_on_cpu_problem() == reason          # what auto says it passed over
+    with pytest.raises(kb.BackendUnavailable, match=r"delta_product: backend 'triton' on CPU tensors: .*numpy<2\.4"):
+        kb.resolve_backend("triton", x, op="delta_product", available=fam)
+    monkeypatch.setattr(kb, "triton_interpreter_problem", lambda: None)
+    assert kb.resolve_backend("triton", x, op="delta_product", available=fam) == "triton"
+
+
 def test_fla_gated_backward_is_passed_over_on_hopper_with_an_old_triton(installed, monkeypatch):
     """fla 0.6 raises in its gated backward on compute capability 9.x with Triton in [3.4.0, 3.7.1) unless
     tilelang is installed (seen on an H100 with Triton 3.6.0): auto passes over fla there and a request by

@@ -1,4 +1,5 @@
 """``zoo doctor`` lists every registered mixer with the backend auto picks here and on CUDA, and the extras."""
+import pytest
 import torch
 
 from kernels.backend import auto_choice
@@ -45,3 +46,14 @@ def test_doctor_reports_where_fla_refuses_its_gated_backward(monkeypatch):
 def test_mixer_families_found_from_imports():
     assert doctor.mixer_families(MIXERS.get("mamba2")) == ["ssd"]
     assert doctor.mixer_families(MIXERS.get("jordan")) == ["blockscan"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the report has the interpreter line on a CPU only")
+def test_doctor_says_whether_the_triton_interpreter_can_run(capsys, monkeypatch):
+    """On a CPU the report has one line for the interpreter: that it works, or why not and the fix."""
+    why = "the Triton 3.6.0 interpreter cannot run with NumPy 2.4.6 (...); pip install 'numpy<2.4'"
+    for problem, want in ((None, "works"), (why, f"cannot run: {why}")):
+        monkeypatch.setattr(doctor, "triton_interpreter_problem", lambda problem=problem: problem)
+        assert main(["doctor"]) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines() if "triton interpreter" in line)
+        assert line.split("triton interpreter")[1].strip().startswith(want), line
