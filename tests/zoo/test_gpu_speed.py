@@ -203,6 +203,41 @@ def test_a_stage_past_its_limit_is_killed_and_keeps_what_it_wrote(tmp_path):
         == "failed with exit status 1 (traceback above)"
 
 
+def _fake_first_call(plan, name, path, deadline):
+    """A first call that takes half a second (gka: hangs), recording when it ran and with which cache."""
+    began = time.time()
+    time.sleep(600 if name == "gka" else 0.5)
+    write_json(path, {"mixer": name, "seconds": 0.5, "began": began, "ended": time.time(),
+                      "cache": os.environ["TRITON_CACHE_DIR"]})
+    (Path(os.environ["TRITON_CACHE_DIR"]) / name).mkdir(parents=True)
+
+
+def test_first_calls_run_a_few_at_a_time_each_in_its_own_cache(tmp_path, monkeypatch):
+    """The first-call stage keeps ``first_call_workers`` fresh processes busy at once (never more), kills one
+    past its limit, merges every process's cache into the shared one, lists the mixers in their order, and
+    marks those it could not start before the stage's deadline."""
+    monkeypatch.setattr(gpu_speed, "stage_first_call", _fake_first_call)
+    names = mixer_names()[0]
+    plan = dataclasses.replace(DRY, first_call_workers=3, first_call_seconds=3.0)
+    shared = {"TRITON_CACHE_DIR": str(tmp_path / "shared")}
+    why = gpu_speed._first_calls(plan, tmp_path / "first_call.json", tmp_path, shared, time.time() + 120)
+    data = json.loads((tmp_path / "first_call.json").read_text())
+    assert why is None and data["concurrent"] == 3 and list(data["rows"]) == names
+    assert data["rows"]["gka"] == {"error": "ran past its 3 s limit"}
+    spans = [(row["began"], row["ended"]) for row in data["rows"].values() if "began" in row]
+    assert len(spans) == len(names) - 1
+    overlap = max(sum(b <= t < e for b, e in spans) for t, _ in spans)
+    assert 2 <= overlap <= 3, spans
+    assert len({row["cache"] for row in data["rows"].values() if "cache" in row}) == len(names) - 1
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == sorted(n for n in names if n != "gka")
+    # a stage whose time is nearly spent starts what it can and says which mixers it did not reach
+    why = gpu_speed._first_calls(plan, tmp_path / "late.json", tmp_path / "late", shared, time.time() + 1.2)
+    rows = json.loads((tmp_path / "late.json").read_text())["rows"]
+    assert list(rows) == names
+    late = [n for n in names if rows[n].get("error") == "not reached: the stage's time was spent"]
+    assert why == f"{len(late)} mixers not reached" and len(late) >= len(names) - 3
+
+
 def test_card_folders():
     assert gpu_speed.card_folder("NVIDIA H100 80GB HBM3", "cuda") == "bench-gpu-h100"
     assert gpu_speed.card_folder("NVIDIA H200", "cuda") == "bench-gpu-h200"

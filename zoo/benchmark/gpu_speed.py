@@ -8,8 +8,10 @@ at its limit keeps what it measured:
 
 1. ``env``: the device, versions and commit;
 2. ``first_call``: every mixer's layer, its first forward+backward at ``T = 16384``, in a fresh process
-   with an empty Triton cache (``TRITON_CACHE_DIR``), compilation included; each cache is then merged
-   into the run's shared one, so later stages do not compile the same kernels again;
+   with an empty Triton cache (``TRITON_CACHE_DIR``), compilation included, four processes at a time
+   (compiling is one CPU core's work per process and the card runs the calls in milliseconds; a time
+   measured beside three other compiles is, if anything, long); each cache is then merged into the run's
+   shared one, so later stages do not compile the same kernels again;
 3. ``kernel``: our gated delta rule (one Householder step) and DeltaProduct (two), forward and
    forward+backward, ``B 1, H 8, K = V = 128``, ``T = 16384, 65536`` (:func:`time_delta`);
 4. ``layers``: every mixer's layer (``d_model 1024``, head dim 128, batch 1, our backend: Triton where
@@ -105,6 +107,7 @@ class Plan:
     budget: float = 420.0                     # seconds for the whole run (8 minutes less start-up)
     stage_seconds: tuple = (("env", 60), ("first_call", 110), ("kernel", 45), ("layers", 110), ("lm", 110))
     first_call_seconds: float = 20.0          # one mixer's fresh process
+    first_call_workers: int = 4               # fresh processes at a time
     fla_seconds: float = 60.0                 # kept for the fla stage, which gets whatever is left
 
     def limit(self, stage: str) -> float:
@@ -116,7 +119,7 @@ DRY = Plan("cpu", "fp32", kernel_lengths=(64, 256), kernel_heads=2, kernel_dim=1
            d_model=64, head_dim=16, first_call_length=64, lm_lengths=(32, 128), lm_tokens=256, lm_d_model=32,
            lm_layers=2, lm_vocab=64, lm_warmup=1, lm_steps=2, warmup=0, repeats=1, budget=400.0,
            stage_seconds=(("env", 60), ("first_call", 150), ("kernel", 60), ("layers", 90), ("lm", 90)),
-           first_call_seconds=60.0, fla_seconds=30.0)
+           first_call_seconds=60.0, first_call_workers=2, fla_seconds=30.0)
 
 
 def mixer_names() -> tuple[list[str], list[str]]:
@@ -403,19 +406,30 @@ def _child(fn, args, env: dict) -> None:
     os._exit(status)  # not the parent's exit handlers
 
 
-def in_child(fn, args: tuple, env: dict, seconds: float) -> str | None:
-    """Run ``fn(*args)`` in a forked process with ``env`` added to its environment; None once it has
-    finished, else why it stopped (killed past ``seconds``, or its exit status)."""
+def start_child(fn, args: tuple, env: dict):
+    """Start ``fn(*args)`` in a forked process with ``env`` added to its environment."""
     if torch.cuda.is_initialized():
         raise RuntimeError("gpu_speed: CUDA was initialised before a fork; the stages would inherit a broken context")
     proc = multiprocessing.get_context("fork").Process(target=_child, args=(fn, args, env))
     proc.start()
+    return proc
+
+
+def child_outcome(proc, seconds: float, limit: float | None = None) -> str | None:
+    """Wait for ``proc`` up to ``seconds`` (killing it past them): None once it has finished cleanly, else
+    why it stopped (killed past its time ``limit``, by default ``seconds``, or its exit status)."""
     proc.join(max(seconds, 0.0))
     if proc.is_alive():
         proc.kill()
         proc.join()
-        return f"ran past its {seconds:.0f} s limit"
+        return f"ran past its {seconds if limit is None else limit:.0f} s limit"
     return None if proc.exitcode == 0 else f"failed with exit status {proc.exitcode} (traceback above)"
+
+
+def in_child(fn, args: tuple, env: dict, seconds: float) -> str | None:
+    """Run ``fn(*args)`` in a forked process with ``env`` added to its environment; None once it has
+    finished, else why it stopped (killed past ``seconds``, or its exit status)."""
+    return child_outcome(start_child(fn, args, env), seconds)
 
 
 def _say(message: str) -> None:
@@ -475,23 +489,35 @@ def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
 
 
 def _first_calls(plan: Plan, path: Path, scratch: Path, shared: dict, deadline: float) -> str | None:
-    """Each mixer's first call in a fresh process with an empty Triton cache; the caches are merged into
-    the run's shared one afterwards."""
-    result = {"T": plan.first_call_length, "rows": {}}
+    """Each mixer's first call in a fresh process with an empty Triton cache, ``plan.first_call_workers`` at a
+    time (compiling is one CPU core's work per process; the card runs the calls themselves in milliseconds);
+    each cache is merged into the run's shared one as its process ends."""
     names = mixer_names()[0]
-    for name in names:
-        left = deadline - time.time()
-        if left < 1:
-            result["rows"][name] = {"error": "not reached: the stage's time was spent"}
-            continue
-        cache, out = scratch / "first" / name, scratch / f"first-{name}.json"
-        seconds = min(plan.first_call_seconds, left)
-        why = in_child(stage_first_call, (plan, name, out, deadline), {**shared, "TRITON_CACHE_DIR": str(cache)},
-                       seconds)
-        result["rows"][name] = read_json(out) or {"error": why or "wrote nothing"}
-        write_json(path, result)
-        if cache.exists():
-            shutil.copytree(cache, shared["TRITON_CACHE_DIR"], dirs_exist_ok=True)
+    result = {"T": plan.first_call_length, "concurrent": plan.first_call_workers, "rows": {}}
+    waiting, running = list(names), {}        # name -> (process, its json, its cache, its limit, started)
+    while waiting or running:
+        while waiting and len(running) < plan.first_call_workers and deadline - time.time() >= 1:
+            name = waiting.pop(0)
+            cache, out = scratch / "first" / name, scratch / f"first-{name}.json"
+            proc = start_child(stage_first_call, (plan, name, out, deadline),
+                               {**shared, "TRITON_CACHE_DIR": str(cache)})
+            running[name] = (proc, out, cache, min(plan.first_call_seconds, deadline - time.time()), time.time())
+        if not running:  # the stage's time was spent before these started
+            for name in waiting:
+                result["rows"][name] = {"error": "not reached: the stage's time was spent"}
+            break
+        for name, (proc, out, cache, limit, began) in list(running.items()):
+            if proc.is_alive() and time.time() - began < limit:
+                continue
+            why = child_outcome(proc, 0.0, limit)
+            del running[name]
+            result["rows"][name] = read_json(out) or {"error": why or "wrote nothing"}
+            write_json(path, result)
+            if cache.exists():
+                shutil.copytree(cache, shared["TRITON_CACHE_DIR"], dirs_exist_ok=True)
+        time.sleep(0.02)
+    result["rows"] = {name: result["rows"][name] for name in names}
+    write_json(path, result)
     reached = [n for n in names if "not reached" not in result["rows"][n].get("error", "")]
     return None if len(reached) == len(names) else f"{len(names) - len(reached)} mixers not reached"
 
