@@ -217,9 +217,11 @@ def test_block_scan_triton_fp16_matches_fp64(m):
 @needs_triton
 def test_jordan_scans_triton_fp16_match_fp64():
     lam, c, b, h0 = (x.half() for x in _jordan_inputs(2, 21, 3, 4, "N"))
+    # c's gradient sums one term per token, which can cancel: judged against the terms' magnitudes
+    shared_c = {1: (2, 21, 3)}
     compare_backends(lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, chunk_size=8, backend="triton"),
                      lambda lam, c, b, h0: jordan_scan(lam, c, b, h0, backend="reference"), [lam, c, b, h0],
-                     tol=2 * FP16_U, grad_tol=4 * FP16_U)
+                     tol=2 * FP16_U, grad_tol=4 * FP16_U, shared=shared_c)
     w, bias = (1 + 0.1 * torch.randn(3, 4, device=DEVICE)).half(), (0.1 * torch.randn(3, 4, device=DEVICE)).half()
     # the LayerNorm divides by the state's spread: its Jacobian amplifies the fp16 rounding of the upstream
     # gradient by about 1 / (std of the normalised block) ~ 2 here, hence 8u for the gradients
@@ -227,7 +229,7 @@ def test_jordan_scans_triton_fp16_match_fp64():
                                                                      backend="triton"),
                      lambda lam, c, b, w, bi, h0: jordan_scan_normed(lam, c, b, w, bi, initial_state=h0,
                                                                      backend="reference"),
-                     [lam, c, b, w, bias, h0], tol=2 * FP16_U, grad_tol=8 * FP16_U)
+                     [lam, c, b, w, bias, h0], tol=2 * FP16_U, grad_tol=8 * FP16_U, shared=shared_c)
 
 
 @needs_triton
