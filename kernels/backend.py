@@ -102,16 +102,24 @@ def triton_interpreter_problem() -> str | None:
         import numpy
     except ImportError:
         return "the Triton interpreter needs NumPy (pip install numpy)"
-
     return interpreter_refusal(triton.__version__, numpy.__version__)
 
 
-def triton_usable_for(tensor: torch.Tensor) -> bool:
+def triton_refusal(tensor: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot run on ``tensor`` here (what to do instead), or None when they can."""
     if not triton_importable():
-        return False
+        return "needs the triton package (pip install triton)"
     if tensor.is_cuda:
-        return True
-    return triton_interpreting() and tensor.device.type == "cpu" and triton_interpreter_problem() is None
+        return None
+    if not (triton_interpreting() and tensor.device.type == "cpu"):
+        return ("needs CUDA tensors, or TRITON_INTERPRET=1 set before import to run the kernels on the CPU "
+                "through the interpreter; use backend='torch' on a CPU")
+    problem = triton_interpreter_problem()
+    return None if problem is None else f"cannot run on CPU tensors: {problem}"
+
+
+def triton_usable_for(tensor: torch.Tensor) -> bool:
+    return triton_refusal(tensor) is None
 
 
 def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
@@ -190,13 +198,6 @@ def auto_choice(available, cuda: bool, unsupported: dict | None = None,
     return ("torch" if "torch" in available else "reference"), skipped
 
 
-def _triton_on_cpu_problem() -> str:
-    """Why ``triton`` cannot run on CPU tensors here."""
-    if triton_interpreting():
-        return triton_interpreter_problem() or "the Triton interpreter cannot run here"
-    return "needs TRITON_INTERPRET=1 on CPU tensors"
-
-
 def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKENDS,
                     unsupported: dict | None = None, order: tuple | None = None) -> str:
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
@@ -214,22 +215,16 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
             unsupported = dict(unsupported or {})
             for name in OUTSIDE_BACKENDS:
                 unsupported.setdefault(name, f"runs CUDA kernels only and the inputs are on {tensor.device}")
-            if not triton_usable_for(tensor):
-                unsupported.setdefault("triton", _triton_on_cpu_problem())
+            why = triton_refusal(tensor)
+            if why:
+                unsupported.setdefault("triton", why)
         return auto_choice(available, gpu, unsupported, order)[0]
     if backend not in available:
         raise BackendUnavailable(
             f"{op}: backend {backend!r} is not implemented; available: {', '.join(a for a in available if a != 'auto')}"
         )
-    if backend == "triton" and not triton_usable_for(tensor):
-        if not triton_importable():
-            raise BackendUnavailable(f"{op}: backend 'triton' needs the triton package (pip install triton)")
-        if triton_interpreting() and tensor.device.type == "cpu":
-            raise BackendUnavailable(f"{op}: backend 'triton' on CPU tensors: {triton_interpreter_problem()}")
-        raise BackendUnavailable(
-            f"{op}: backend 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before import to run "
-            f"the kernels on the CPU through the interpreter; use backend='torch' on a CPU"
-        )
+    if backend == "triton" and (why := triton_refusal(tensor)):
+        raise BackendUnavailable(f"{op}: backend 'triton' {why}")
     if backend in OUTSIDE_BACKENDS and not outside_usable_for(backend, tensor):
         module, pip_name = OUTSIDE_BACKENDS[backend]
         if not tensor.is_cuda:

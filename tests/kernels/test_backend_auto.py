@@ -111,8 +111,9 @@ def test_an_interpreter_that_cannot_run_is_refused_with_the_fix(installed, monke
     x, fam = torch.zeros(1), ("reference", "torch", "triton")
     with gpu_path_on_cpu():
         assert kb.resolve_backend("auto", x, op="x", available=fam) == "torch"
-        assert kb._triton_on_cpu_problem() == reason          # what auto says it passed over
-    with pytest.raises(kb.BackendUnavailable, match=r"delta_product: backend 'triton' on CPU tensors: .*numpy<2\.4"):
+        assert kb.triton_refusal(x) == f"cannot run on CPU tensors: {reason}"   # what auto says it passed over
+    refused = r"delta_product: backend 'triton' cannot run on CPU tensors: .*numpy<2\.4"
+    with pytest.raises(kb.BackendUnavailable, match=refused):
         kb.resolve_backend("triton", x, op="delta_product", available=fam)
     monkeypatch.setattr(kb, "triton_interpreter_problem", lambda: None)
     assert kb.resolve_backend("triton", x, op="delta_product", available=fam) == "triton"
