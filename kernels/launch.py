@@ -11,7 +11,7 @@ how :mod:`zoo.benchmark.compile_check` finds what to compile: the configurations
 own code, never from a second copy. Inside :func:`counting` every launch is counted by kernel name (and
 runs, unless told not to), and :func:`launching` says whether a launch is running (the interpreter runs
 torch operations of its own inside a launch, which a count of a layer's operations leaves out: on a GPU
-they are the kernel).
+they are the kernel). Inside :func:`kernels.ahead.compile_ahead` every launch is compiled instead of run.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+
+from .ahead import warming_up
 
 #: Triton's defaults for CUDA launches that do not name them (triton.backends.nvidia CUDAOptions)
 DEFAULT_NUM_WARPS = 4
@@ -130,10 +132,15 @@ def _specialisation(fn, bound: dict, const_names: set) -> dict:
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`."""
+    """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`, or only its compile
+    inside :func:`kernels.ahead.compile_ahead`."""
     global _running
     if _recorder is not None:
         _recorder.extend(_records(kernel, args, kwargs, _recorder_tags[-1] if _recorder_tags else ()))
+        return None
+    ahead = warming_up()
+    if ahead is not None:
+        ahead.warm(kernel, grid, args, kwargs)
         return None
     for counter in _counters:
         counter[kernel_name(jit_function(kernel))] += 1

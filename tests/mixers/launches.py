@@ -54,15 +54,33 @@ def runs_a_kernel(func) -> bool:
     return not (aliases and all(not a.is_write for a in aliases))
 
 
+#: allocations without initialisation: poisoned when the kernels do not run (see :func:`count_launches`)
+ALLOCATIONS = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+               aten.new_empty.default, aten.new_empty_strided.default}
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill ``t`` with what no computation may read: NaN, or the largest integer of its dtype (an index out
+    of every range)."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif not t.is_complex() and t.dtype != torch.bool:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
 class _CountAten(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, poison_allocations: bool):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.poison_allocations = poison_allocations
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not launching() and runs_a_kernel(func):
             self.counts[func.name()] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.poison_allocations and func in ALLOCATIONS:
+            poison(out)
+        return out
 
 
 def count_launches(fn, execute: bool = True) -> tuple[int, collections.Counter]:
@@ -70,8 +88,12 @@ def count_launches(fn, execute: bool = True) -> tuple[int, collections.Counter]:
 
     ``execute=False``: the Triton kernels are counted without running (:func:`kernels.launch.counting`), so
     the interpreter's time per program does not make a count of long inputs slow; the values computed
-    inside are then arbitrary, which does not change the count of code without data-dependent branches."""
-    with counting(execute) as kernels, _CountAten() as mode:
+    inside are then arbitrary, which does not change the count of code without data-dependent branches.
+    Every allocation is then poisoned (:func:`poison`): what a kernel would have written holds NaN or an index
+    out of range, so glue that indexes with a kernel's output fails here, where on a GPU, inside a
+    compile-ahead (:mod:`kernels.ahead`: the kernels compiled, not run), it would stop the device with an
+    assertion."""
+    with counting(execute) as kernels, _CountAten(poison_allocations=not execute) as mode:
         fn()
     by_name = mode.counts + collections.Counter({f"triton:{k}": v for k, v in kernels.items()})
     return sum(by_name.values()), by_name

@@ -9,6 +9,11 @@ minutes for the scans that walk the sequence; the kernels' values are tested aga
 device's) at a small width, at ``T`` and ``4 T``, both several chunks long. The CPU-only sizes (token
 segments, cache-sized time blocks) are set tiny here, so that a CPU trick that leaked into the GPU path would
 make the count grow with the length at these small sizes.
+
+With the kernels not run, every allocation is poisoned (NaN, indices out of range: see
+:func:`tests.mixers.launches.count_launches`), so the same test shows that no mixer's GPU path reads a value a
+kernel wrote on the host or indexes with one: what lets :mod:`kernels.ahead` run a layer with its kernels
+compiled instead of run, on a GPU, without an index out of range stopping the device.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import kernels.common
 import mixers.conv_time_first
 from kernels.device import gpu_path_on_cpu
 from kernels.gla import gla
+from kernels.slots import kronecker_topk
 from mixers import MIXERS, build_mixer
 from tests.mixers.launches import count_launches
 
@@ -69,3 +75,17 @@ def test_the_count_sees_a_cpu_trick(tiny_cpu_sizes):
     assert run(long) > run(short)
     with gpu_path_on_cpu():
         assert run(long) == run(short)
+
+
+def test_glue_indexing_with_an_unwritten_kernel_output_is_caught():
+    """The poison is able to fail: indexing with slot addresses a kernel was to write raises when the kernel
+    did not run (and not when it did)."""
+    logits, values = torch.randn(2, 5, 2, 4), torch.randn(2, 5, 16)
+
+    def address_and_gather():
+        idx, _ = kronecker_topk(logits, 3, backend="triton")
+        return values.gather(-1, idx)
+
+    count_launches(address_and_gather)
+    with pytest.raises(RuntimeError, match="out of bounds|out of range"):
+        count_launches(address_and_gather, execute=False)

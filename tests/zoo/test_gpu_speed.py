@@ -44,6 +44,8 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
         assert all(gpu_targets.is_number(r) for r in summary["layer_vs_sdpa"][name].values()), name
         assert all(gpu_targets.is_number(r) for r in summary["lm_vs_attention"][name].values()), name
     assert all(gpu_targets.is_number(r) for r in summary["kernel_vs_fla"]["delta_rule"].values())
+    for name, row in json.loads((folder / "first_call.json").read_text())["rows"].items():  # nothing to compile
+        assert "CUDA devices" in row["ahead_skipped"] and row["kernels_ahead"] == 0, name
     assert "## Targets" in (folder / "summary.md").read_text()
     assert gpu_speed.main(["--check", str(folder)]) == done.returncode
     # a run stopped before its summary: --check builds the same one from the stage files

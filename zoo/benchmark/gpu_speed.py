@@ -8,10 +8,12 @@ at its limit keeps what it measured:
 
 1. ``env``: the device, versions and commit;
 2. ``first_call``: every mixer's layer, its first forward+backward at ``T = 16384``, in a fresh process
-   with an empty Triton cache (``TRITON_CACHE_DIR``), compilation included, four processes at a time
-   (compiling is one CPU core's work per process and the card runs the calls in milliseconds; a time
-   measured beside three other compiles is, if anything, long); each cache is then merged into the run's
-   shared one, so later stages do not compile the same kernels again;
+   with an empty Triton cache (``TRITON_CACHE_DIR``), compilation included, two processes at a time: the
+   layer's kernels compiled ahead on half the cores (:func:`kernels.ahead.forward_backward_ahead`, as
+   ``zoo train`` compiles a step's before its first), then the call (the card runs it in milliseconds; a
+   time measured beside another process's compiles is, if anything, long); ``seconds`` is both,
+   ``ahead_seconds`` the first; each cache is then merged into the run's shared one, so later stages do
+   not compile the same kernels again;
 3. ``kernel``: our gated delta rule (one Householder step) and DeltaProduct (two), forward and
    forward+backward, ``B 1, H 8, K = V = 128``, ``T = 16384, 65536`` (:func:`time_delta`);
 4. ``layers``: every mixer's layer (``d_model 1024``, head dim 128, batch 1, our backend: Triton where
@@ -21,7 +23,8 @@ at its limit keeps what it measured:
 5. ``lm``: four-layer language models (``d_model 512``) of every linear-state mixer and of attention,
    steady-state training tokens/s at ``T = 2048`` (batch 8) and ``T = 8192`` (batch 2, the same tokens per
    step), timed over steps 20-70 (:mod:`zoo.benchmark.train_rate`; a slow model is timed over fewer steps
-   within its share of the stage's time, and the row says how many);
+   within its share of the stage's time, and the row says how many), each model's kernels compiled ahead
+   first (``ahead_seconds``), as ``zoo train`` does;
 6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs, last and under the
    time left (it autotunes for 30-90 s per shape at its first call; ``FLA_CACHE_RESULTS=1`` and the shared
    Triton cache keep its autotuning within the run). Its gated backward is refused on Hopper GPUs with
@@ -45,6 +48,7 @@ existing folder and keeps the others' files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -64,6 +68,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernels.ahead import available_cores, forward_backward_ahead
 from kernels.backend import package_importable
 from kernels.delta import delta_product
 from mixers import MIXERS
@@ -107,7 +112,7 @@ class Plan:
     budget: float = 420.0                     # seconds for the whole run (8 minutes less start-up)
     stage_seconds: tuple = (("env", 60), ("first_call", 110), ("kernel", 45), ("layers", 110), ("lm", 110))
     first_call_seconds: float = 20.0          # one mixer's fresh process
-    first_call_workers: int = 4               # fresh processes at a time
+    first_call_workers: int = 2               # fresh processes at a time (each compiles on its share of the cores)
     fla_seconds: float = 60.0                 # kept for the fla stage, which gets whatever is left
 
     def limit(self, stage: str) -> float:
@@ -235,6 +240,10 @@ def stage_first_call(plan: Plan, name: str, path: Path, deadline: float) -> None
         grad = torch.randn_like(x)
         sync(device)
         start = time.perf_counter()
+        ahead = forward_backward_ahead(mixer, x, workers=max(1, available_cores() // plan.first_call_workers))
+        row.update(ahead_seconds=time.perf_counter() - start, kernels_ahead=ahead.compiled, threads=ahead.workers)
+        if ahead.skipped:
+            row["ahead_skipped"] = ahead.skipped
         mixer(x).backward(grad)
         sync(device)
         row["seconds"] = time.perf_counter() - start
@@ -368,9 +377,11 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     ids = torch.randint(plan.lm_vocab, (batch, T + 1), device=device)
     inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     autocast = DTYPES[plan.dtype] if device.type == "cuda" and plan.dtype != "fp32" else None
+    with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
+        ahead = forward_backward_ahead(model, inputs)  # as zoo train does before its first step
     rate = steady_rate(lambda: lm_step(model, optimizer, inputs, labels, autocast), batch * T, device,
                        plan.lm_warmup, plan.lm_steps, seconds)
-    return {"batch": batch, **rate.as_dict()}
+    return {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict()}
 
 
 def stage_lm(plan: Plan, path: Path, deadline: float) -> None:
@@ -490,8 +501,8 @@ def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
 
 def _first_calls(plan: Plan, path: Path, scratch: Path, shared: dict, deadline: float) -> str | None:
     """Each mixer's first call in a fresh process with an empty Triton cache, ``plan.first_call_workers`` at a
-    time (compiling is one CPU core's work per process; the card runs the calls themselves in milliseconds);
-    each cache is merged into the run's shared one as its process ends."""
+    time (each compiles its layer's kernels ahead on its share of the cores; the card runs the calls themselves
+    in milliseconds); each cache is merged into the run's shared one as its process ends."""
     names = mixer_names()[0]
     result = {"T": plan.first_call_length, "concurrent": plan.first_call_workers, "rows": {}}
     waiting, running = list(names), {}        # name -> (process, its json, its cache, its limit, started)

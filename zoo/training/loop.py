@@ -7,7 +7,8 @@ Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast 
 training forward through ``torch.compile`` (evaluation stays eager). On CUDA the metrics include
 ``peak_memory_mib``: the most device memory held by tensors during training (evaluation not counted). The
 same seed gives the same numbers on re-run on a CPU: the model init, the data and the batch order all
-derive from ``recipe.seed``.
+derive from ``recipe.seed``. On CUDA, before its first step a process compiles every Triton kernel of a
+step at once, on every core (:mod:`kernels.ahead`), instead of one after another as the step launches them.
 
 With a checkpoint folder (``train(..., checkpoint_dir=DIR)``, ``zoo train RECIPE --out DIR``) the run
 saves a checkpoint (:mod:`zoo.training.checkpoint`: the recipe plus a :class:`TrainState`) every
@@ -32,6 +33,8 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from kernels.ahead import compile_ahead, skip_reason
 
 from ..config import Recipe
 from ..errors import UserError
@@ -107,6 +110,7 @@ class _Run:
     task: Task
     checkpoint_path: Path | None
     tracker: Tracker | None = None
+    kernels_compiled: bool = False  # this process's Triton kernels were compiled ahead of its first step
 
     def checkpoint(self, state: TrainState, **extra) -> None:
         if self.checkpoint_path is not None and self.ctx.is_main:
@@ -183,6 +187,9 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
     state.optimizer.zero_grad(set_to_none=True)
     total = correct = 0.0
     parts = torch.arange(len(batch)).chunk(t.grad_accum)  # micro-batches: their gradients add up
+    if not run.kernels_compiled:
+        run.kernels_compiled = True
+        _compile_kernels_ahead(run, state, batch.batch(parts[0]))
     for i, part in enumerate(parts):
         loss_sum, hits, _supervised = forward_loss(forward, batch.batch(part), run.device, run.precision,
                                                    reduction="sum")
@@ -200,6 +207,24 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
     state.scaler.update()
     state.scheduler.step()
     return total / max(count, 1), correct / max(count, 1)
+
+
+def _compile_kernels_ahead(run: _Run, state: TrainState, micro_batch) -> None:
+    """On CUDA, compile every Triton kernel of a training step at once, on every core, before the first step
+    launches them one after another (:mod:`kernels.ahead`); a dry step that leaves no gradient and no random
+    stream changed. Its time is part of the warm-up."""
+    if skip_reason(run.device) is not None:
+        return
+    model = state.model
+
+    def dry_step():
+        with torch.random.fork_rng(devices=[run.device]):
+            loss, _, _ = forward_loss(model, micro_batch, run.device, run.precision, reduction="sum")
+            torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+
+    report = compile_ahead(dry_step)
+    if run.ctx.is_main and report.launches:
+        _say(report.describe())
 
 
 def _periodic_eval(run: _Run, state: TrainState, test_data) -> bool:

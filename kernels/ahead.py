@@ -1,0 +1,197 @@
+"""Compile the Triton kernels a run will launch before it launches them: all at once, one per CPU core.
+
+Triton compiles a kernel the first time it is launched with a new specialisation (argument types, which
+pointers and integers are multiples of 16, constexpr values), and it does so at the launch, one kernel after
+another on one core. A layer's first forward+backward is therefore as slow as the sum of its kernels' compile
+times: for sm_90 one core takes about 14 s for Gated KalmaNet's 18 kernels, 8 s for the Kronecker slots' 12
+and 7 s for the delta rule's 14 (``python -m zoo.benchmark.first_compile``), although no kernel takes more
+than 2 s alone.
+
+:func:`compile_ahead` calls a function once with every launch made through :func:`kernels.launch.launch`
+replaced by Triton's warm-up of that kernel for those very arguments (``JITFunction.warmup``: the launcher's
+own specialisation, so the compiled kernel lands in the entry the real launch looks up), submitted to a pool
+of threads through Triton's asynchronous compile mode (``triton.runtime._async_compile``; its compiler
+releases the GIL in its passes and runs ``ptxas`` as a process of its own), and returns once every kernel
+is compiled. The real first call then finds them all. Without that mode (an older Triton) the kernels
+compile one after another, still before the run.
+
+Inside :func:`compile_ahead` no kernel runs: its outputs keep whatever their launcher allocated, so the
+function must not depend on values (the zoo's launchers never read device values on the host).
+:func:`forward_backward_ahead` gives a module's forward and backward this way, without touching any
+``.grad`` or the random streams. Only CUDA tensors have anything to compile: on a CPU, and under the
+Triton interpreter, nothing is compiled and the report says why.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .backend import triton_importable, triton_interpreting
+
+#: most threads one compile-ahead uses (each compile is one core's work; more threads than kernels are idle)
+MAX_WORKERS = 32
+
+_active: _Ahead | None = None
+
+
+@dataclass
+class AheadReport:
+    """What one :func:`compile_ahead` did."""
+
+    launches: int = 0              # launches the run made (each warmed up instead of run)
+    compiled: int = 0              # kernels compiled (distinct specialisations; a cached one counts too)
+    workers: int = 0               # compile threads (1: one after another, as the launches would)
+    seconds: float = 0.0           # wall time of the whole compile-ahead, the run included
+    skipped: str | None = None     # why nothing was compiled
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"no kernels compiled ahead: {self.skipped}"
+        return (f"compiled {self.compiled} Triton kernels for {self.launches} launches ahead in {self.seconds:.1f} s "
+                f"on {self.workers} thread{'s' if self.workers != 1 else ''}")
+
+
+def available_cores() -> int:
+    """CPU cores this process may use, shared among the processes of a ``torchrun`` job on this host."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def compiler_refusal() -> str | None:
+    """Why this process compiles no Triton kernel at all, or None."""
+    if triton_interpreting():
+        return "the Triton interpreter (TRITON_INTERPRET=1) compiles nothing"
+    if not triton_importable():
+        return "triton is not installed"
+    return None
+
+
+def skip_reason(device: torch.device) -> str | None:
+    """Why a run on ``device`` has no Triton kernels to compile, or None when it has."""
+    if device.type != "cuda":
+        return f"Triton kernels compile for CUDA devices, and these tensors are on {device.type}"
+    return compiler_refusal()
+
+
+def _async_compile_module():
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return None
+    return _async_compile if hasattr(_async_compile, "AsyncCompileMode") else None
+
+
+def _cached_kernels(kernel) -> tuple[object, int]:
+    """The JITFunction under autotune/heuristics wrappers and how many compiled kernels it holds now."""
+    while not hasattr(kernel, "device_caches"):
+        kernel = kernel.fn
+    return kernel, sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+class _Ahead:
+    """The launches of one compile-ahead, each turned into a warm-up of its kernel."""
+
+    def __init__(self, mode, async_module):
+        self.mode, self.async_module, self.launches = mode, async_module, 0
+        self.held_before: dict[int, tuple[object, int]] = {}  # id(JITFunction) -> (it, kernels it held before)
+
+    def compiled(self) -> int:
+        """Kernels added to the JIT caches of the functions launched since the start."""
+        return sum(_cached_kernels(fn)[1] - before for fn, before in self.held_before.values())
+
+    def warm(self, kernel, grid, args: tuple, kwargs: dict) -> None:
+        self.launches += 1
+        fn, held = _cached_kernels(kernel)
+        self.held_before.setdefault(id(fn), (fn, held))
+        if self.mode is None:
+            kernel.warmup(*args, grid=grid, **kwargs)
+            return
+        # Triton reads its async mode from a context variable; autograd runs a CUDA backward on threads of
+        # its own, which do not see the caller's, so it is set around every warm-up, in whichever thread
+        token = self.async_module.active_mode.set(self.mode)
+        try:
+            kernel.warmup(*args, grid=grid, **kwargs)
+        finally:
+            self.async_module.active_mode.reset(token)
+
+
+def warming_up() -> _Ahead | None:
+    """The active compile-ahead (:func:`kernels.launch.launch` warms its kernels up instead of running them)."""
+    return _active
+
+
+def compile_ahead(run: Callable[[], object], workers: int | None = None) -> AheadReport:
+    """Call ``run()`` with its Triton launches compiled instead of run, ``workers`` (default: every core this
+    process may use) at a time; returns once every kernel is compiled. ``workers=1`` compiles each kernel at its
+    launch, one after another, as a first call does. Inside another compile-ahead, ``run`` joins the outer
+    one. Where nothing compiles (:func:`compiler_refusal`), ``run`` is not called."""
+    global _active
+    start = time.perf_counter()
+    why = compiler_refusal()
+    if why is not None:
+        return AheadReport(skipped=why)
+    if _active is not None:
+        before = _active.launches
+        run()
+        return AheadReport(launches=_active.launches - before, seconds=time.perf_counter() - start,
+                           skipped="joined the compile-ahead already running")
+    async_module = _async_compile_module()
+    workers = 1 if async_module is None else max(1, min(workers or available_cores(), MAX_WORKERS))
+    if workers == 1:
+        async_module = None
+    report = AheadReport(workers=workers)
+    with contextlib.ExitStack() as stack:
+        mode = None
+        if async_module is not None:
+            pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="compile-ahead"))
+            # its exit waits for every compile and files each kernel where its launches will look it up
+            mode = stack.enter_context(async_module.AsyncCompileMode(pool))
+        ahead = _active = _Ahead(mode, async_module)
+        try:
+            run()
+        finally:
+            _active = None
+    report.launches, report.compiled = ahead.launches, ahead.compiled()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def forward_backward_ahead(module: torch.nn.Module, *inputs, workers: int | None = None, **kwargs) -> AheadReport:
+    """Compile ahead every kernel of ``module(*inputs, **kwargs)`` and of its backward to the parameters and
+    the floating-point inputs; no ``.grad`` changes and the random streams are left where they were.
+
+    Run it under the autocast region the real calls use: the kernels compiled are those of the dtypes
+    that reach them."""
+    devices = {t.device for t in _tensors(inputs)} or {p.device for p in module.parameters()}
+    device = next(iter(devices), torch.device("cpu"))
+    why = skip_reason(device)
+    if why is not None:
+        return AheadReport(skipped=why)
+
+    def dry_run():
+        with torch.random.fork_rng(devices=[device]):
+            xs = [x.detach().requires_grad_() if torch.is_tensor(x) and x.is_floating_point() else x
+                  for x in inputs]
+            outs = [t for t in _tensors(module(*xs, **kwargs)) if t.requires_grad]
+            wrt = [p for p in module.parameters() if p.requires_grad] + [x for x in xs if torch.is_tensor(x)
+                                                                          and x.requires_grad]
+            if outs and wrt:
+                torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+    return compile_ahead(dry_run, workers)

@@ -1,0 +1,113 @@
+"""Compiling a run's Triton kernels ahead of it (kernels.ahead).
+
+- ``test_a_layer_compiled_ahead_finds_its_kernels``: in a process without ``TRITON_INTERPRET`` and with a
+  stand-in CUDA driver (``python -m zoo.benchmark.first_compile``), a layer's forward+backward compiled
+  ahead on two threads compiles as many kernels as the distinct launches :func:`kernels.launch.recording`
+  lists for it (an independent model of Triton's specialisation), and a second compile-ahead of the same
+  call compiles none: every launch found the kernel the first one compiled, under the key a launch looks up.
+- Under the interpreter: launches inside a compile-ahead are warmed up, never run; a nested compile-ahead
+  joins the outer one; a CPU tensor (or the interpreter) has nothing to compile and the module never runs.
+- On CUDA (GPU-marked): a layer compiled ahead leaves no gradient and the random streams where they were,
+  and its real forward+backward afterwards compiles nothing (Triton's cache hook, asked before every
+  compile, is never asked).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels import ahead
+from kernels.launch import launch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "kronecker_slots"])
+def test_a_layer_compiled_ahead_finds_its_kernels(mixer, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rows = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, "-m", "zoo.benchmark.first_compile", "--toy", "--threads", "2",
+                           "--modes", "ahead", "--json", str(rows), mixer],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(rows.read_text())
+    assert row["threads"] == 2 and row["launches"] >= row["compiled"] > 5, row
+    assert row["compiled"] == row["distinct_launches"], row
+    assert row["recompiled"] == 0, row
+
+
+class _StubKernel:
+    """Stands for a JITFunction: records warm-ups, refuses to run."""
+
+    def __init__(self):
+        self.device_caches, self.warmed = {}, []
+
+    def __getitem__(self, grid):
+        raise AssertionError("a kernel ran inside a compile-ahead")
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmed.append((args, grid, kwargs))
+        self.device_caches.setdefault(0, ({},))[0][len(self.warmed)] = object()
+
+
+def test_launches_inside_a_compile_ahead_are_warmed_up_not_run(monkeypatch):
+    monkeypatch.setattr(ahead, "triton_interpreting", lambda: False)  # the stub compiles, the interpreter not
+    kernel, x = _StubKernel(), torch.randn(3)
+    report = ahead.compile_ahead(lambda: [launch(kernel, (4,), x, 7, BLOCK=16) for _ in range(2)], workers=1)
+    assert [(a[1], g, kw) for a, g, kw in kernel.warmed] == [(7, (4,), {"BLOCK": 16})] * 2
+    assert all(a[0] is x for a, _, _ in kernel.warmed)
+    assert (report.launches, report.compiled, report.workers, report.skipped) == (2, 2, 1, None)
+    assert report.describe().startswith("compiled 2 Triton kernels for 2 launches ahead in ")
+    assert ahead.warming_up() is None  # over once it returns
+
+    def nested():
+        inner.append(ahead.compile_ahead(lambda: launch(kernel, (1,), x, 1)))
+        launch(kernel, (2,), x, 2)
+
+    inner = []
+    outer = ahead.compile_ahead(nested, workers=1)
+    assert outer.launches == 2 and inner[0].launches == 1 and "joined" in inner[0].skipped
+
+
+def test_nothing_to_compile_on_a_cpu_or_under_the_interpreter():
+    class Refuses(torch.nn.Module):
+        def forward(self, x):
+            raise AssertionError("the module ran although nothing can be compiled")
+
+    report = ahead.forward_backward_ahead(Refuses(), torch.randn(2, 3))
+    assert report.launches == 0 and "cpu" in report.skipped
+    assert "CUDA" in ahead.skip_reason(torch.device("cpu"))
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert "interpreter" in ahead.skip_reason(torch.device("cuda"))
+        ran = []
+        report = ahead.compile_ahead(lambda: ran.append(1))
+        assert not ran and "interpreter" in report.skipped and report.describe().startswith("no kernels")
+
+
+@pytest.mark.gpu
+def test_a_layer_compiled_ahead_runs_without_compiling_and_keeps_its_state():
+    from mixers import build_mixer
+
+    torch.manual_seed(0)
+    layer = build_mixer("gated_deltanet", 256, {"backend": "triton", "n_heads": 2}).cuda().bfloat16()
+    x = torch.randn(1, 1000, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rng = torch.cuda.get_rng_state(), torch.get_rng_state()
+    report = ahead.forward_backward_ahead(layer, x)
+    assert report.skipped is None and report.launches > 0
+    assert all(p.grad is None for p in layer.parameters()) and x.grad is None
+    assert torch.equal(rng[0], torch.cuda.get_rng_state()) and torch.equal(rng[1], torch.get_rng_state())
+    # the real call: every launch finds its kernel (Triton asks its cache hook only before a compile)
+    import triton
+
+    misses = []
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.jit_cache_hook = lambda **hook: misses.append(hook["repr"]) and False
+        layer(x).backward(torch.randn_like(x))
+        torch.cuda.synchronize()
+    assert misses == []
