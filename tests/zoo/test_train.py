@@ -218,3 +218,29 @@ def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():
         model.norm.weight.fill_(float("nan"))
     metrics = evaluate(model, task.make("test", recipe.seed), 64, torch.device("cpu"))
     assert math.isnan(metrics["loss"]) and math.isnan(metrics["accuracy"]) and math.isnan(metrics["sequence_accuracy"])
+
+
+def test_the_dry_step_that_compiles_kernels_ahead_changes_nothing_and_reads_no_kernel_output():
+    """On CUDA, ``zoo train`` compiles a step's kernels before its first step by running ``dry_step`` with the
+    kernels compiled, not run (kernels.ahead). Here a hybrid of every mixer runs it on the GPU path with the
+    kernels not run and every allocation poisoned (NaN, indices out of range), as a NaN-filled layer output
+    flows into the next layer: it gets through, launches Triton kernels, keeps no gradient and leaves the
+    random stream where it was."""
+    from kernels.device import gpu_path_on_cpu
+    from mixers import MIXERS
+    from tests.mixers.launches import count_launches
+    from zoo import build_model, build_task
+    from zoo.training.loop import dry_step
+
+    names = MIXERS.builtin_names("mixers")
+    recipe = resolve(TINY, [f"model.layers=[{', '.join(names)}]", "model.mixer_options={}"])
+    model = build_model(recipe)
+    model.register_forward_pre_hook(lambda module, args: torch.rand(1) and None)  # draws, as dropout would
+    batch = build_task(recipe).make("train", recipe.seed).batch(torch.arange(4))
+    rng = torch.get_rng_state()
+    with gpu_path_on_cpu():
+        launches, by_name = count_launches(lambda: dry_step(model, batch, torch.device("cpu"), "fp32"),
+                                           execute=False)
+    assert sum(n for k, n in by_name.items() if k.startswith("triton:")) > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())

@@ -209,20 +209,21 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
     return total / max(count, 1), correct / max(count, 1)
 
 
+def dry_step(model, micro_batch, device: torch.device, precision: str) -> None:
+    """A training step's forward and backward that changes nothing: no gradient is kept and the random
+    streams are restored (what :func:`_compile_kernels_ahead` runs with its kernels compiled, not run)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loss, _, _ = forward_loss(model, micro_batch, device, precision, reduction="sum")
+        torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+
+
 def _compile_kernels_ahead(run: _Run, state: TrainState, micro_batch) -> None:
     """On CUDA, compile every Triton kernel of a training step at once, on every core, before the first step
     launches them one after another (:mod:`kernels.ahead`); a dry step that leaves no gradient and no random
     stream changed. Its time is part of the warm-up."""
     if skip_reason(run.device) is not None:
         return
-    model = state.model
-
-    def dry_step():
-        with torch.random.fork_rng(devices=[run.device]):
-            loss, _, _ = forward_loss(model, micro_batch, run.device, run.precision, reduction="sum")
-            torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
-
-    report = compile_ahead(dry_step)
+    report = compile_ahead(lambda: dry_step(state.model, micro_batch, run.device, run.precision))
     if run.ctx.is_main and report.launches:
         _say(report.describe())
 
