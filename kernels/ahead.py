@@ -17,8 +17,8 @@ compile one after another, still before the run.
 
 Inside :func:`compile_ahead` no kernel runs: its outputs keep whatever their launcher allocated, so the
 function must not depend on values (the zoo's launchers never read device values on the host).
-:func:`forward_backward_ahead` gives a module's forward and backward this way, without touching any
-``.grad`` or the random streams. Only CUDA tensors have anything to compile: on a CPU, and under the
+:func:`forward_backward_ahead` gives a module's forward and backward this way (:func:`dry_forward_backward`),
+without touching any ``.grad`` or the random streams. Only CUDA tensors have anything to compile: on a CPU, and under the
 Triton interpreter, nothing is compiled and the report says why.
 """
 from __future__ import annotations
@@ -172,26 +172,31 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def _device_of(module: torch.nn.Module, inputs: tuple) -> torch.device:
+    devices = {t.device for t in _tensors(inputs)} or {p.device for p in module.parameters()}
+    return next(iter(devices), torch.device("cpu"))
+
+
+def dry_forward_backward(module: torch.nn.Module, *inputs, **kwargs) -> None:
+    """``module(*inputs, **kwargs)`` and its backward to the parameters and the floating-point inputs, leaving
+    no ``.grad`` and the random streams where they were (what :func:`forward_backward_ahead` compiles)."""
+    device = _device_of(module, inputs)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        xs = [x.detach().requires_grad_() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs]
+        outs = [t for t in _tensors(module(*xs, **kwargs)) if t.requires_grad]
+        wrt = [p for p in module.parameters() if p.requires_grad] + [x for x in xs if torch.is_tensor(x)
+                                                                      and x.requires_grad]
+        if outs and wrt:
+            torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+
 def forward_backward_ahead(module: torch.nn.Module, *inputs, workers: int | None = None, **kwargs) -> AheadReport:
-    """Compile ahead every kernel of ``module(*inputs, **kwargs)`` and of its backward to the parameters and
-    the floating-point inputs; no ``.grad`` changes and the random streams are left where they were.
+    """Compile ahead every kernel of ``module(*inputs, **kwargs)`` and of its backward
+    (:func:`dry_forward_backward`, with its kernels compiled, not run).
 
     Run it under the autocast region the real calls use: the kernels compiled are those of the dtypes
     that reach them."""
-    devices = {t.device for t in _tensors(inputs)} or {p.device for p in module.parameters()}
-    device = next(iter(devices), torch.device("cpu"))
-    why = skip_reason(device)
+    why = skip_reason(_device_of(module, inputs))
     if why is not None:
         return AheadReport(skipped=why)
-
-    def dry_run():
-        with torch.random.fork_rng(devices=[device]):
-            xs = [x.detach().requires_grad_() if torch.is_tensor(x) and x.is_floating_point() else x
-                  for x in inputs]
-            outs = [t for t in _tensors(module(*xs, **kwargs)) if t.requires_grad]
-            wrt = [p for p in module.parameters() if p.requires_grad] + [x for x in xs if torch.is_tensor(x)
-                                                                          and x.requires_grad]
-            if outs and wrt:
-                torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
-
-    return compile_ahead(dry_run, workers)
+    return compile_ahead(lambda: dry_forward_backward(module, *inputs, **kwargs), workers)

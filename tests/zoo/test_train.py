@@ -221,16 +221,16 @@ def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():
 
 
 def test_the_dry_step_that_compiles_kernels_ahead_changes_nothing_and_reads_no_kernel_output():
-    """On CUDA, ``zoo train`` compiles a step's kernels before its first step by running ``dry_step`` with the
-    kernels compiled, not run (kernels.ahead). Here a hybrid of every mixer runs it on the GPU path with the
-    kernels not run and every allocation poisoned (NaN, indices out of range), as a NaN-filled layer output
-    flows into the next layer: it gets through, launches Triton kernels, keeps no gradient and leaves the
-    random stream where it was."""
+    """On CUDA, ``zoo train`` compiles a step's kernels before its first step by running the model's forward and
+    backward (kernels.ahead.dry_forward_backward) with the kernels compiled, not run. Here a hybrid of every
+    mixer runs that pass on the GPU path with the kernels not run and every allocation poisoned (NaN, indices
+    out of range), as a NaN-filled layer output flows into the next layer: it gets through, launches Triton
+    kernels, keeps no gradient and leaves the random stream where it was."""
+    from kernels.ahead import dry_forward_backward
     from kernels.device import gpu_path_on_cpu
     from mixers import MIXERS
     from tests.mixers.launches import count_launches
     from zoo import build_model, build_task
-    from zoo.training.loop import dry_step
 
     names = MIXERS.builtin_names("mixers")
     recipe = resolve(TINY, [f"model.layers=[{', '.join(names)}]", "model.mixer_options={}"])
@@ -239,7 +239,7 @@ def test_the_dry_step_that_compiles_kernels_ahead_changes_nothing_and_reads_no_k
     batch = build_task(recipe).make("train", recipe.seed).batch(torch.arange(4))
     rng = torch.get_rng_state()
     with gpu_path_on_cpu():
-        launches, by_name = count_launches(lambda: dry_step(model, batch, torch.device("cpu"), "fp32"),
+        launches, by_name = count_launches(lambda: dry_forward_backward(model, batch.inputs, mask=batch.mask),
                                            execute=False)
     assert sum(n for k, n in by_name.items() if k.startswith("triton:")) > 0
     assert all(p.grad is None for p in model.parameters())

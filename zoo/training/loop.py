@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from kernels.ahead import compile_ahead, skip_reason
+from kernels.ahead import forward_backward_ahead
 
 from ..config import Recipe
 from ..errors import UserError
@@ -45,7 +45,7 @@ from ..tasks import Task, TaskData
 from ..tasks.text import training_data
 from . import checkpoint as ckpt
 from . import distributed
-from .device import resolve_device, resolve_precision
+from .device import autocast, resolve_device, resolve_precision
 from .evaluation import evaluate_data, forward_loss, test_metrics
 from .state import TrainState
 from .throughput import warmup_steps
@@ -209,21 +209,12 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
     return total / max(count, 1), correct / max(count, 1)
 
 
-def dry_step(model, micro_batch, device: torch.device, precision: str) -> None:
-    """A training step's forward and backward that changes nothing: no gradient is kept and the random
-    streams are restored (what :func:`_compile_kernels_ahead` runs with its kernels compiled, not run)."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        loss, _, _ = forward_loss(model, micro_batch, device, precision, reduction="sum")
-        torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
-
-
 def _compile_kernels_ahead(run: _Run, state: TrainState, micro_batch) -> None:
     """On CUDA, compile every Triton kernel of a training step at once, on every core, before the first step
-    launches them one after another (:mod:`kernels.ahead`); a dry step that leaves no gradient and no random
-    stream changed. Its time is part of the warm-up."""
-    if skip_reason(run.device) is not None:
-        return
-    report = compile_ahead(lambda: dry_step(state.model, micro_batch, run.device, run.precision))
+    launches them one after another (:mod:`kernels.ahead`: a forward and backward that keeps no gradient and
+    changes no random stream). Its time is part of the warm-up."""
+    with autocast(run.device, run.precision):
+        report = forward_backward_ahead(state.model, micro_batch.inputs, mask=micro_batch.mask)
     if run.ctx.is_main and report.launches:
         _say(report.describe())
 
