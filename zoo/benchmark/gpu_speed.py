@@ -124,7 +124,7 @@ DRY = Plan("cpu", "fp32", kernel_lengths=(64, 256), kernel_heads=2, kernel_dim=1
            d_model=64, head_dim=16, first_call_length=64, lm_lengths=(32, 128), lm_tokens=256, lm_d_model=32,
            lm_layers=2, lm_vocab=64, lm_warmup=1, lm_steps=2, warmup=0, repeats=1, budget=400.0,
            stage_seconds=(("env", 60), ("first_call", 150), ("kernel", 60), ("layers", 90), ("lm", 90)),
-           first_call_seconds=60.0, first_call_workers=2, fla_seconds=30.0)
+           first_call_seconds=60.0, fla_seconds=30.0)
 
 
 def mixer_names() -> tuple[list[str], list[str]]:
