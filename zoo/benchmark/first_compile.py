@@ -40,7 +40,7 @@ from triton.runtime.driver import driver
 
 import kernels.ahead
 import kernels.backend
-from kernels.ahead import available_cores, compile_ahead
+from kernels.ahead import available_cores, compile_ahead, dry_forward_backward
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import recording
 
@@ -76,13 +76,11 @@ def measure_one(name: str, mode: str, arch: int, threads: int, toy: bool) -> dic
     driver.set_active(StandInDriver(arch))
     plan = _plan(toy)
     layer = build_layer(name, plan, "meta", torch.bfloat16)
+    x = torch.empty(1, plan.first_call_length, plan.d_model, device="meta", dtype=torch.bfloat16)
 
     def first_call():
         with gpu_path_on_cpu():
-            x = torch.empty(1, plan.first_call_length, plan.d_model, device="meta", dtype=torch.bfloat16,
-                            requires_grad=True)
-            y = layer(x)
-            (y[0] if isinstance(y, tuple) else y).sum().backward()
+            dry_forward_backward(layer, x)
 
     compile_times = []
     if mode == "serial":  # each launch's warm-up is its kernel's compile
