@@ -74,8 +74,8 @@ def _solve_pieces(pieces: int):
 
 def _count_launches(step, device) -> int | None:
     """CUDA kernels launched by one call of ``step`` (torch.profiler); None on a CPU."""
-    from zoo.benchmark.gpu_speed import profiled_cuda_kernels
-    return profiled_cuda_kernels(step) if device.type == "cuda" else None
+    from zoo.benchmark.device_time import cuda_breakdown
+    return cuda_breakdown(step).launches if device.type == "cuda" else None
 
 
 def _solve_sweep(T, d, chunk, heads, batch, dtype, device, warmup, repeats, configs) -> dict:

@@ -114,6 +114,15 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+#: kernels a row of the report's time breakdown names
+TOP_KERNELS = 4
+
+
+def longest_kernels(row: dict, top: int = TOP_KERNELS) -> str:
+    """``name calls x ms`` of a row's ``top`` longest kernels (:mod:`zoo.benchmark.device_time`)."""
+    return "; ".join(f"{k['name']} {k['calls']}x {k['ms']:.3g}" for k in row["kernels"][:top])
+
+
 def render(folder: Path, results: list, status: int, seconds: float | None) -> str:
     """``summary.md``: the verdicts, then every stage's numbers."""
     stage = {name: read_json(folder / f"{name}.json") or {} for name in ("env", *STAGES)}
@@ -147,6 +156,15 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
             [[r["mixer"], r.get("backend", ""), r["T"], _fmt(r.get("repeats")), _fmt(r.get("fwd_ms")),
               _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("launches")), note(stage["layers"], r)]
              for r in _rows(stage["layers"])])
+    timed_rows = [(f"{r['op']} ({r['backend']})", r) for r in kernel_rows] + \
+        [(f"{r['mixer']} layer ({r.get('backend', '')})", r) for r in _rows(stage["layers"])]
+    section("Where the time goes", f"One more forward+backward of each row above, its device kernels grouped by name "
+            f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched, timed by the wall clock'}): "
+            f"their summed time (`device ms`; far below the wall time, the call waits on the host) and the "
+            f"{TOP_KERNELS} longest.",
+            ["call", "T", "fwd+bwd ms", "device ms", "launches", "longest kernels: calls x, ms"],
+            [[call, r["T"], _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("device_ms")), _fmt(r.get("launches")),
+              longest_kernels(r)] for call, r in timed_rows if r.get("kernels")])
     section("Language models", f"{plan['lm_layers']} layers, d_model {plan['lm_d_model']}, {plan['lm_tokens']} tokens "
             f"per step; steady state after {plan['lm_warmup']} warm-up steps, over up to {plan['lm_steps']} steps.",
             ["mixer", "T", "batch", "tokens/s", "warm-up steps", "timed steps", "timed s", "note"],

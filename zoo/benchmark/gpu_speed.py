@@ -15,17 +15,19 @@ at its limit keeps what it measured:
    ``ahead_seconds`` the first; each cache is then merged into the run's shared one, so later stages do
    not compile the same kernels again;
 3. ``kernel``: our gated delta rule (one Householder step) and DeltaProduct (two), forward and
-   forward+backward, ``B 1, H 8, K = V = 128``, ``T = 16384, 65536`` (:func:`time_delta`);
+   forward+backward, ``B 1, H 8, K = V = 128``, ``T = 16384, 65536`` (:func:`time_delta`), and where one
+   forward+backward's device time goes, kernel by kernel (:mod:`zoo.benchmark.device_time`);
 4. ``layers``: every mixer's layer (``d_model 1024``, head dim 128, batch 1, our backend: Triton where
    the family has it, else the chunked PyTorch path) next to an SDPA attention layer at the same lengths
-   (:func:`zoo.benchmark.measure.measure`), and the device kernels one forward+backward launches
-   (:data:`LAUNCH_COUNTERS`: ``torch.profiler`` on CUDA);
+   (:func:`zoo.benchmark.measure.measure`), the device kernels one forward+backward launches
+   (``torch.profiler`` on CUDA) and their device time by kernel;
 5. ``lm``: four-layer language models (``d_model 512``) of every linear-state mixer and of attention,
    steady-state training tokens/s at ``T = 2048`` (batch 8) and ``T = 8192`` (batch 2, the same tokens per
    step), timed over steps 20-70 (:mod:`zoo.benchmark.train_rate`; a slow model is timed over fewer steps
    within its share of the stage's time, and the row says how many), each model's kernels compiled ahead
    first (``ahead_seconds``), as ``zoo train`` does;
-6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs, last and under the
+6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs (with its kernels'
+   device times, beside ours), last and under the
    time left (it autotunes for 30-90 s per shape at its first call; ``FLA_CACHE_RESULTS=1`` and the shared
    Triton cache keep its autotuning within the run). Its gated backward is refused on Hopper GPUs with
    Triton < 3.7.1, so the ungated rule is the comparison for forward and backward alike.
@@ -65,8 +67,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.ahead import available_cores, forward_backward_ahead
 from kernels.backend import package_importable
@@ -78,6 +78,7 @@ from ..errors import UserError
 from ..model import HybridLM
 from ..recipes import resolve
 from ..training.optim import make_optimizer
+from .device_time import Breakdown, breakdown
 from .gpu_report import check_folder, conclude, read_json
 from .gpu_targets import BASELINE, STAGES
 from .measure import error_text, free, measure, sync, times_ms
@@ -160,40 +161,13 @@ def build_layer(name: str, plan: Plan, device, dtype):
 
 
 # ------------------------------------------------------------------------------------------- launch counters
-def profiled_cuda_kernels(fn) -> int:
-    """Device kernels and copies ``fn()`` runs on CUDA, as ``torch.profiler`` lists them."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
-class _CountOperators(TorchDispatchMode):
-    n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
-def dispatched_operators(fn) -> int:
-    """ATen operators ``fn()`` dispatches below autograd (views included): the CPU stand-in for kernels."""
-    with _CountOperators() as mode:
-        fn()
-    return mode.n
-
-
-#: how one layer's launches are counted, by device type (a counter runs a function and returns a count)
-LAUNCH_COUNTERS = {"cuda": profiled_cuda_kernels, "cpu": dispatched_operators}
-
-
-def layer_launches(mixer, T: int, device, dtype) -> int:
+def layer_breakdown(mixer, T: int, device, dtype) -> Breakdown:
+    """The kernels of one forward+backward of ``mixer`` at length ``T`` (:mod:`.device_time`)."""
     x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    count = LAUNCH_COUNTERS[device.type](lambda: mixer(x).backward(grad))
+    found = breakdown(lambda: mixer(x).backward(grad), device)
     mixer.zero_grad(set_to_none=True)
-    return count
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -291,6 +265,8 @@ def time_delta(plan: Plan, row: dict, save) -> None:
             call(*leaves).backward(grad)
 
         row["fwd_bwd_ms"] = statistics.median(times_ms(fwd_bwd, device, plan.warmup, plan.repeats))
+        save()
+        row.update(breakdown(fwd_bwd, device).as_row())
     except Exception as err:  # noqa: BLE001
         row["error"] = error_text(err)
     free(device)
@@ -356,7 +332,7 @@ def stage_layers(plan: Plan, path: Path, deadline: float) -> None:
             previous = row
             if not row["error"]:
                 try:
-                    row["launches"] = layer_launches(mixer, T, device, dtype)
+                    row.update(layer_breakdown(mixer, T, device, dtype).as_row())
                 except Exception as err:  # noqa: BLE001
                     row["error"] = f"launch count: {error_text(err)}"
             result["rows"].append(row)

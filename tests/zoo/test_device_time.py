@@ -1,0 +1,70 @@
+"""zoo.benchmark.device_time: a call's kernels grouped by name, counted and timed, on the CPU stand-in (ATen
+operators) and through torch.profiler's events (CPU events here, the device's on a GPU)."""
+import pytest
+import torch
+from torch.profiler import ProfilerActivity
+
+from zoo.benchmark.device_time import NAME_CHARS, breakdown, cpu_breakdown, group, profiled_events, short_name
+
+
+def _three_products_and_a_sum(n: int):
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def call():
+        c = a @ b
+        c = c @ b
+        c = c @ b
+        return c.sum()
+    return call
+
+
+def test_the_cpu_stand_in_counts_and_times_every_operator():
+    n = int(torch.randint(96, 160, ()))
+    found = cpu_breakdown(_three_products_and_a_sum(n))
+    by_name = {k["name"]: k for k in found.kernels}
+    assert by_name["aten.mm.default"]["calls"] == 3 and by_name["aten.sum.default"]["calls"] == 1
+    assert found.launches == sum(k["calls"] for k in found.kernels) == 4
+    assert found.device_ms == pytest.approx(sum(k["ms"] for k in found.kernels), abs=1e-3)
+    assert all(k["ms"] > 0 for k in found.kernels)
+    assert found.kernels[0]["name"] == "aten.mm.default"   # three n^3 products take longer than one sum
+    assert breakdown(_three_products_and_a_sum(n), torch.device("cpu")).launches == 4
+
+
+def test_grouping_sums_by_name_and_orders_longest_first():
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    names = ["void k_a<float>(float*)", "k_b", "k_c"]
+    timed = [(names[int(torch.randint(3, (), generator=g))], float(torch.rand((), generator=g)) * 100)
+             for _ in range(50)]
+    found = group(timed)
+    assert found.launches == 50
+    assert found.device_ms == pytest.approx(sum(us for _, us in timed) / 1e3)
+    for name in set(n for n, _ in timed):
+        entry = next(k for k in found.kernels if k["name"] == short_name(name))
+        assert entry["calls"] == sum(1 for n, _ in timed if n == name)
+        assert entry["ms"] == pytest.approx(sum(us for n, us in timed if n == name) / 1e3, abs=1e-4)
+    assert [k["ms"] for k in found.kernels] == sorted((k["ms"] for k in found.kernels), reverse=True)
+
+
+def test_kernel_names_are_shortened_for_tables():
+    assert short_name("void at::native::elementwise_kernel<128, 4>(int, \n  Functor)") == \
+        "at::native::elementwise_kernel<128, 4>(int, Functor)"
+    long = "void " + "x" * 300
+    assert len(short_name(long)) == NAME_CHARS and short_name(long).endswith("...")
+    assert short_name("_fwd_state") == "_fwd_state"
+
+
+def test_profiler_events_carry_their_durations():
+    """The profiler call the CUDA breakdown makes, on CPU events: names and positive durations."""
+    n = int(torch.randint(128, 192, ()))
+    events = profiled_events(_three_products_and_a_sum(n), ProfilerActivity.CPU, torch.autograd.DeviceType.CPU)
+    names = [name for name, _ in events]
+    assert names.count("aten::mm") == 3 and all(us >= 0 for _, us in events)
+    assert sum(us for name, us in events if name == "aten::mm") > 0
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_are_listed_with_device_times():
+    a = torch.randn(512, 512, device="cuda")
+    found = breakdown(lambda: (a @ a @ a).sum(), torch.device("cuda"))
+    assert found.launches >= 3 and found.device_ms > 0
+    assert sum(k["calls"] for k in found.kernels) == found.launches

@@ -1,0 +1,100 @@
+"""Where one call's time goes, kernel by kernel: the breakdown a GPU speed run records beside its timings.
+
+On CUDA, ``torch.profiler`` lists every device kernel (and copy) a call runs, with its duration on the
+device. On a CPU there are no device kernels: the ATen operators dispatched below autograd (views
+included) stand in, each timed by the wall clock around it, so that the dry run exercises the same
+pipeline (its numbers mean nothing).
+
+:func:`breakdown` returns the count (the launches target: it does not depend on the timings), the summed
+device time, and the kernels grouped by name, longest first. Comparing ``device_ms`` with the wall time of
+the same call says how launch-bound it is: a GPU busy for 5 ms of a 50 ms call waits on the host.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: longest kernel name kept (C++ kernel names carry whole template argument lists)
+NAME_CHARS = 96
+
+
+@dataclass
+class Breakdown:
+    """One call's kernels: ``kernels`` holds ``{"name", "calls", "ms"}`` per distinct name, longest first."""
+
+    launches: int = 0
+    device_ms: float = 0.0
+    kernels: list = field(default_factory=list)
+
+    def as_row(self) -> dict:
+        return {"launches": self.launches, "device_ms": round(self.device_ms, 4), "kernels": self.kernels}
+
+
+def short_name(name: str) -> str:
+    """A kernel's name as a table shows it: without the ``void`` of a C++ signature, whitespace collapsed,
+    cut to :data:`NAME_CHARS` characters."""
+    name = " ".join(name.split())
+    if name.startswith("void "):
+        name = name[len("void "):]
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 3] + "..."
+
+
+def group(timed: list[tuple[str, float]]) -> Breakdown:
+    """``(name, microseconds)`` per launch -> a :class:`Breakdown` (milliseconds, longest name first)."""
+    by_name: dict[str, list] = {}
+    for name, us in timed:
+        entry = by_name.setdefault(short_name(name), [0, 0.0])
+        entry[0] += 1
+        entry[1] += us / 1e3
+    kernels = [{"name": n, "calls": c, "ms": round(ms, 4)}
+               for n, (c, ms) in sorted(by_name.items(), key=lambda item: (-item[1][1], item[0]))]
+    return Breakdown(len(timed), sum(us for _, us in timed) / 1e3, kernels)
+
+
+def profiled_events(fn, activity: ProfilerActivity, device_type) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of every ``torch.profiler`` event of ``device_type`` that ``fn()`` records
+    under ``activity`` (CPU activity is always on: the profiler needs it to place device events)."""
+    activities = [ProfilerActivity.CPU] if activity == ProfilerActivity.CPU else [ProfilerActivity.CPU, activity]
+    with profile(activities=activities) as prof:
+        fn()
+        if activity == ProfilerActivity.CUDA:
+            torch.cuda.synchronize()
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == device_type]
+
+
+def cuda_breakdown(fn) -> Breakdown:
+    """The device kernels and copies ``fn()`` runs on CUDA, with their durations."""
+    torch.cuda.synchronize()
+    return group(profiled_events(fn, ProfilerActivity.CUDA, torch.autograd.DeviceType.CUDA))
+
+
+class _TimeOperators(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.timed: list[tuple[str, float]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.timed.append((str(func), (time.perf_counter() - start) * 1e6))
+        return out
+
+
+def cpu_breakdown(fn) -> Breakdown:
+    """The ATen operators ``fn()`` dispatches below autograd, each timed by the wall clock: the CPU stand-in."""
+    with _TimeOperators() as mode:
+        fn()
+    return group(mode.timed)
+
+
+#: how a call's kernels are found, by device type
+BREAKDOWNS = {"cuda": cuda_breakdown, "cpu": cpu_breakdown}
+
+
+def breakdown(fn, device: torch.device) -> Breakdown:
+    """:class:`Breakdown` of ``fn()`` on ``device`` (CUDA: device kernels; CPU: operators dispatched)."""
+    return BREAKDOWNS[device.type](fn)
