@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -146,11 +147,15 @@ def launch(kernel, grid, *args, **kwargs):
         counter[kernel_name(jit_function(kernel))] += 1
     if _counters and not _counters[-1].execute:
         return None
+    timers = [c for c in _counters if c.timed is not None]
+    start = time.perf_counter()
     _running += 1
     try:
         return kernel[grid](*args, **kwargs)
     finally:
         _running -= 1
+        for counter in timers:
+            counter.timed.append((kernel_name(jit_function(kernel)), time.perf_counter() - start))
 
 
 _counters: list = []
@@ -163,21 +168,26 @@ def launching() -> bool:
 
 
 class LaunchCounter(collections.Counter):
-    """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run."""
+    """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run; ``timed``: ``(kernel
+    name, seconds)`` per launch run, when asked for."""
 
     execute: bool = True
+    timed: list | None = None
 
 
 @contextlib.contextmanager
-def counting(execute: bool = True):
+def counting(execute: bool = True, timed: bool = False):
     """Count the launches made inside, by kernel name; yields the :class:`LaunchCounter`.
 
     ``execute=False`` counts without running the kernels: their outputs keep whatever the launcher
     allocated (``torch.empty``: arbitrary values), so only what does not depend on values (the number of
-    launches and operations of code without data-dependent branches) is meaningful inside.
+    launches and operations of code without data-dependent branches) is meaningful inside. ``timed=True``
+    also keeps each launch's wall time (meaningful where a launch returns when its kernel is done: the
+    interpreter, not a GPU's asynchronous launches).
     """
     counter = LaunchCounter()
     counter.execute = execute
+    counter.timed = [] if timed else None
     _counters.append(counter)
     try:
         yield counter

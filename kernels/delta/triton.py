@@ -48,6 +48,7 @@ are powers of two >= 16 (the wrapper pads others with zero columns).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -443,7 +444,7 @@ MAX_HEAD_DIM = 128
 MAX_CHUNK = 64
 
 
-class _Plan(NamedTuple):
+class KernelPlan(NamedTuple):
     """Block sizes and warps of one launch of the six kernels."""
 
     bv_state: int            # V block of one program of the state passes
@@ -452,9 +453,10 @@ class _Plan(NamedTuple):
     warps: int               # num_warps of the parallel kernels
     warps_fwd_state: int
     warps_bwd_state: int
+    stages_state: int = 3    # num_stages of the state passes: loads of how many chunks ahead are in flight
 
 
-def _plan(BT: int, K: int, V: int, low_precision: bool) -> _Plan:
+def kernel_plan(BT: int, K: int, V: int, low_precision: bool) -> KernelPlan:
     """Blocks and warps from the shapes (no autotuning: a first call compiles one configuration).
 
     Chosen by compiling for sm_80 / sm_90 (``python -m zoo.benchmark.compile_check``) for registers,
@@ -471,10 +473,25 @@ def _plan(BT: int, K: int, V: int, low_precision: bool) -> _Plan:
         loop = half if big else BLOCK_V_MAX
         state = half if K >= 64 else BLOCK_V_MAX
         warps = 8 if big else 4
-        return _Plan(min(V, state), min(K, loop), min(V, loop), warps, 4, warps)
+        return KernelPlan(min(V, state), min(K, loop), min(V, loop), warps, 4, warps)
     state = quarter if K >= 64 else half
     warps = 8 if max(K, V) >= 32 else 4
-    return _Plan(min(V, state), min(K, half), min(V, half), warps, warps, warps)
+    return KernelPlan(min(V, state), min(K, half), min(V, half), warps, warps, warps)
+
+
+_tuned: KernelPlan | None = None
+
+
+@contextlib.contextmanager
+def using_plan(plan: KernelPlan):
+    """Run the six kernels with ``plan`` instead of :func:`kernel_plan`'s inside (the tuning sweep
+    ``python -m zoo.benchmark.delta_tune`` times candidates this way; one plan serves every shape inside)."""
+    global _tuned
+    outer, _tuned = _tuned, plan
+    try:
+        yield plan
+    finally:
+        _tuned = outer
 
 
 def _next_pow2(n: int, lo: int = 16) -> int:
@@ -518,7 +535,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH = B * H
         lowp = k.dtype != torch.float32
         dt = k.dtype
-        plan = _plan(BT, K, V, lowp)
+        plan = _tuned or kernel_plan(BT, K, V, lowp)
         f32 = dict(device=k.device, dtype=torch.float32)
         lo = dict(device=k.device, dtype=dt)
         G = torch.empty(BH, Lp, **f32)
@@ -533,7 +550,8 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         hT = torch.empty(B, H, K, V, **f32)
         has_h0 = h0 is not None
         launch(_fwd_state, (V // plan.bv_state, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=has_h0, num_warps=plan.warps_fwd_state)
+               H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=has_h0, num_warps=plan.warps_fwd_state,
+               num_stages=plan.stages_state)
         o = torch.empty(B, L // NQ, H, V, **lo)
         launch(_fwd_out, (N, BH), q, k, G, h, D, o, float(scale), L, Lp, N,
                H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
@@ -552,7 +570,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         BH = B * H
         dt = k.dtype
         lowp = dt != torch.float32
-        plan = _plan(BT, K, V, lowp)
+        plan = _tuned or kernel_plan(BT, K, V, lowp)
         do = do.to(dt).contiguous()
         f32 = dict(device=k.device, dtype=torch.float32)
         lo = dict(device=k.device, dtype=dt)
@@ -568,7 +586,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
         dh0 = torch.empty(B, H, K, V, **f32)
         launch(_bwd_state, (V // plan.bv_state, BH), q, k, G, W, do, dDo, dhT.float().contiguous() if has_dht else dh0,
                dh, dU, dh0, float(scale), L, Lp, N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=has_dht,
-               num_warps=plan.warps_bwd_state)
+               num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         db = torch.empty_like(beta)

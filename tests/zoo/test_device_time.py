@@ -68,3 +68,22 @@ def test_cuda_kernels_are_listed_with_device_times():
     found = breakdown(lambda: (a @ a @ a).sum(), torch.device("cuda"))
     assert found.launches >= 3 and found.device_ms > 0
     assert sum(k["calls"] for k in found.kernels) == found.launches
+
+
+def test_an_interpreted_triton_launch_is_one_kernel():
+    """Under the interpreter a launch is timed as one kernel named as the profiler names it on CUDA, and the
+    interpreter's own torch operations inside it are not counted."""
+    from kernels.backend import triton_interpreting
+    from kernels.launch import counting
+    if not triton_interpreting():
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    from kernels.gate.triton import log_decay_triton
+    H = 4
+    args = (torch.randn(2, int(torch.randint(16, 48, ())), H), torch.randn(H), torch.randn(H))
+    with counting() as launched:
+        log_decay_triton(*args)
+    found = cpu_breakdown(lambda: log_decay_triton(*args))
+    names = {k["name"]: k["calls"] for k in found.kernels}
+    for name, calls in launched.items():
+        assert names[name.rsplit(".", 1)[-1]] == calls
+    assert sum(launched.values()) >= 1 and found.launches < 40   # the interpreter runs hundreds of operations

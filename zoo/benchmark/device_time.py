@@ -2,8 +2,10 @@
 
 On CUDA, ``torch.profiler`` lists every device kernel (and copy) a call runs, with its duration on the
 device. On a CPU there are no device kernels: the ATen operators dispatched below autograd (views
-included) stand in, each timed by the wall clock around it, so that the dry run exercises the same
-pipeline (its numbers mean nothing).
+included) stand in, each timed by the wall clock around it, and so does each Triton launch the
+interpreter runs (named after its kernel, as the profiler names it on CUDA; the interpreter's own torch
+operations inside a launch are the launch), so that a dry run exercises the same pipeline (its numbers
+mean nothing).
 
 :func:`breakdown` returns the count (the launches target: it does not depend on the timings), the summed
 device time, and the kernels grouped by name, longest first. Comparing ``device_ms`` with the wall time of
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.launch import counting, launching
 
 #: longest kernel name kept (C++ kernel names carry whole template argument lists)
 NAME_CHARS = 96
@@ -78,6 +82,8 @@ class _TimeOperators(TorchDispatchMode):
         self.timed: list[tuple[str, float]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if launching():   # the interpreter running a kernel: timed as the launch
+            return func(*args, **(kwargs or {}))
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         self.timed.append((str(func), (time.perf_counter() - start) * 1e6))
@@ -85,10 +91,12 @@ class _TimeOperators(TorchDispatchMode):
 
 
 def cpu_breakdown(fn) -> Breakdown:
-    """The ATen operators ``fn()`` dispatches below autograd, each timed by the wall clock: the CPU stand-in."""
-    with _TimeOperators() as mode:
+    """The ATen operators ``fn()`` dispatches below autograd and the Triton kernels it launches (interpreted),
+    each timed by the wall clock: the CPU stand-in."""
+    with counting(timed=True) as launches, _TimeOperators() as mode:
         fn()
-    return group(mode.timed)
+    kernels = [(name.rsplit(".", 1)[-1], seconds * 1e6) for name, seconds in launches.timed]
+    return group(mode.timed + kernels)
 
 
 #: how a call's kernels are found, by device type
