@@ -47,3 +47,10 @@ def test_the_dry_run_times_every_kernel_of_every_candidate_and_they_agree():
         assert row["difference"] <= 1e-3, row   # the interpreter: only the blocking of fp32 sums differs
     assert out["suggested"]["fwd_bwd_ms"] > 0 and out["suggested"]["current_fwd_bwd_ms"] > 0
     assert set(out["fastest_per_kernel"]) == set(delta_tune.STATE_KERNELS + delta_tune.PARALLEL_KERNELS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(), reason="the dry run is the CPU pipeline")
+def test_a_current_plan_that_cannot_run_stops_the_sweep_with_its_reason():
+    out = delta_tune.tune(dataclasses.replace(delta_tune.DRY, dim=256, T=16), dry_run=True)
+    assert out["error"].startswith("the current plan failed") and "head dims" in out["error"]
+    assert len(out["candidates"]) == 1 and "suggested" not in out

@@ -150,6 +150,9 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
     current = kernel_plan(BT, sizes.dim, sizes.dim, True)
     plans = candidates(current, sizes.dim, sizes.dim)
     rows, reference = [], None
+    result = {"card": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
+              "commit": commit(environment(device)), "sizes": dataclasses.asdict(sizes), "chunk": BT,
+              "current": current._asdict(), "candidates": rows}
     for plan in plans:
         row = {"plan": plan._asdict()}
         rows.append(row)
@@ -168,10 +171,10 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
             row["kernels"] = kernel_times(found.kernels)
         except Exception as err:  # noqa: BLE001 - a plan that does not compile or run is reported, not fatal
             row["error"] = _error(err)
+            if reference is None:   # the current plan, which every candidate is compared with
+                result["error"] = f"the current plan failed: {row['error']}"
+                return result
     ranked = [(p, r) for p, r in zip(plans, rows) if "kernels" in r and r["difference"] <= AGREE]
-    result = {"card": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
-              "commit": commit(environment(device)), "sizes": dataclasses.asdict(sizes), "chunk": BT,
-              "current": current._asdict(), "candidates": rows}
     if not ranked:
         result["error"] = "no candidate ran and agreed with the current plan"
         return result
