@@ -54,3 +54,13 @@ def test_a_current_plan_that_cannot_run_stops_the_sweep_with_its_reason():
     out = delta_tune.tune(dataclasses.replace(delta_tune.DRY, dim=256, T=16), dry_run=True)
     assert out["error"].startswith("the current plan failed") and "head dims" in out["error"]
     assert len(out["candidates"]) == 1 and "suggested" not in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(), reason="the dry run is the CPU pipeline")
+def test_a_profile_without_the_kernels_is_an_error_not_a_ranking(monkeypatch):
+    from zoo.benchmark import device_time
+    monkeypatch.setattr(device_time, "breakdown",
+                        lambda fn, device: device_time.group([("elementwise_kernel", 5.0), ("_fwd_state", 1.0)]))
+    out = delta_tune.tune(dataclasses.replace(delta_tune.DRY, T=16), dry_run=True)
+    assert out["error"].startswith("the current plan failed") and "elementwise_kernel" in out["error"]
+    assert "suggested" not in out

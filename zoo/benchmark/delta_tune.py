@@ -169,12 +169,15 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
                 found = breakdown(problem.forward_backward, device)
             row["device_ms"] = round(found.device_ms, 4)
             row["kernels"] = kernel_times(found.kernels)
+            if not all(row["kernels"].values()):
+                raise RuntimeError(f"not every kernel of {sorted(row['kernels'])} is in the profile, whose kernels "
+                                   f"are {[k['name'] for k in found.kernels][:12]}")
         except Exception as err:  # noqa: BLE001 - a plan that does not compile or run is reported, not fatal
             row["error"] = _error(err)
-            if reference is None:   # the current plan, which every candidate is compared with
+            if plan == current:   # the plan every candidate is compared with
                 result["error"] = f"the current plan failed: {row['error']}"
                 return result
-    ranked = [(p, r) for p, r in zip(plans, rows) if "kernels" in r and r["difference"] <= AGREE]
+    ranked = [(p, r) for p, r in zip(plans, rows) if "error" not in r and r["difference"] <= AGREE]
     if not ranked:
         result["error"] = "no candidate ran and agreed with the current plan"
         return result
