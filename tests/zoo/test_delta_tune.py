@@ -1,13 +1,17 @@
 """zoo.benchmark.delta_tune: the candidate plans cover every setting of both groups of fields, and on the
 interpreter every candidate runs the six kernels and gives the current plan's outputs and gradients."""
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from kernels.backend import triton_interpreting
 from kernels.delta.triton import block_chunk, kernel_plan
-from zoo.benchmark import delta_tune
+from zoo.benchmark import delta_tune, device_time
 from zoo.benchmark.delta_tune import PARALLEL_FIELDS, STATE_FIELDS, candidates, combine
 
 
@@ -58,9 +62,19 @@ def test_a_current_plan_that_cannot_run_stops_the_sweep_with_its_reason():
 
 @pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(), reason="the dry run is the CPU pipeline")
 def test_a_profile_without_the_kernels_is_an_error_not_a_ranking(monkeypatch):
-    from zoo.benchmark import device_time
-    monkeypatch.setattr(device_time, "breakdown",
+    monkeypatch.setattr(delta_tune, "breakdown",
                         lambda fn, device: device_time.group([("elementwise_kernel", 5.0), ("_fwd_state", 1.0)]))
     out = delta_tune.tune(dataclasses.replace(delta_tune.DRY, T=16), dry_run=True)
     assert out["error"].startswith("the current plan failed") and "elementwise_kernel" in out["error"]
     assert "suggested" not in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU pipeline")
+def test_the_command_starts_the_interpreter_itself_for_a_dry_run(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "tune.json"
+    done = subprocess.run([sys.executable, "-m", "zoo.benchmark.delta_tune", "--dry-run", "--T", "16", "--json", str(out)],
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["sizes"]["T"] == 16 and result["suggested"]["speedup"] > 0

@@ -26,10 +26,21 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from kernels.ahead import compile_ahead
+from kernels.backend import triton_interpreting
+from kernels.delta import delta_product
+from kernels.delta.triton import block_chunk, kernel_plan, using_plan
+
+from ..environment import environment
+from .device_time import breakdown
+from .gpu_speed import FULL, commit, delta_inputs
+from .measure import times_ms
 
 #: largest difference from the current plan's outputs and gradients (over each tensor's largest entry) a
 #: candidate may show and still be ranked: block sizes only reorder fp32 sums of 16-bit products
@@ -100,30 +111,22 @@ class _Problem:
     """The gated delta rule's inputs at ``sizes`` and one forward+backward of our Triton backend."""
 
     def __init__(self, sizes: Sizes, device: torch.device):
-        from kernels.delta import delta_product
-
-        from .gpu_speed import FULL, delta_inputs
-
         self.device, self.n_h = device, sizes.n_h
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[sizes.dtype]
         plan = dataclasses.replace(FULL, kernel_heads=sizes.heads, kernel_dim=sizes.dim)
         inputs = delta_inputs(plan, sizes.T, sizes.n_h, True, device, dtype)
         self.leaves = [t.detach().requires_grad_() for t in inputs]
         self.grad = torch.randn(1, sizes.T, sizes.heads, sizes.dim, device=device, dtype=dtype)
-        self.delta_product = delta_product
 
     def forward_backward(self) -> list:
         for t in self.leaves:
             t.grad = None
-        o = self.delta_product(*self.leaves, num_householder=self.n_h, backend="triton")[0]
+        o = delta_product(*self.leaves, num_householder=self.n_h, backend="triton")[0]
         o.backward(self.grad)
         return [o.detach()] + [t.grad for t in self.leaves]
 
 
 def _timed(problem: _Problem, plan, sizes: Sizes) -> float:
-    from kernels.delta.triton import using_plan
-
-    from .measure import times_ms
     with using_plan(plan):
         return statistics.median(times_ms(problem.forward_backward, problem.device, sizes.warmup, sizes.repeats))
 
@@ -134,13 +137,6 @@ def _error(err: Exception) -> str:
 
 def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
     """Run the sweep; returns the dict the command prints (see the module docstring)."""
-    from kernels.ahead import compile_ahead
-    from kernels.delta.triton import block_chunk, kernel_plan, using_plan
-
-    from ..environment import environment
-    from .device_time import breakdown
-    from .gpu_speed import commit
-
     device = torch.device("cpu" if dry_run else "cuda")
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("delta_tune needs a CUDA device (or --dry-run)")
@@ -205,8 +201,11 @@ def main(argv=None) -> int:
     p.add_argument("--n-h", type=int, default=1, help="Householder steps per token (2: DeltaProduct)")
     p.add_argument("--json", metavar="FILE", help="also write the result to FILE")
     args = p.parse_args(argv)
-    if args.dry_run and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is imported
+    if args.dry_run and not torch.cuda.is_available() and not triton_interpreting():
+        # the interpreter is chosen where the kernels are defined, which this module's imports did: start again
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        argv = sys.argv[1:] if argv is None else list(argv)
+        return subprocess.run([sys.executable, "-m", "zoo.benchmark.delta_tune", *argv], env=env).returncode
     sizes = DRY if args.dry_run else Sizes()
     sizes = dataclasses.replace(sizes, n_h=args.n_h, **({"T": args.T} if args.T else {}))
     result = tune(sizes, dry_run=args.dry_run)
