@@ -134,8 +134,10 @@ def _specialisation(fn, bound: dict, const_names: set) -> dict:
 
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`, or only its compile
-    inside :func:`kernels.ahead.compile_ahead`."""
+    inside :func:`kernels.ahead.compile_ahead`; with the options of :func:`launch_options` where given."""
     global _running
+    if _options:
+        kwargs = _with_options(kernel, kwargs)
     if _recorder is not None:
         _recorder.extend(_records(kernel, args, kwargs, _recorder_tags[-1] if _recorder_tags else ()))
         return None
@@ -144,7 +146,11 @@ def launch(kernel, grid, *args, **kwargs):
         ahead.warm(kernel, grid, args, kwargs)
         return None
     for counter in _counters:
-        counter[kernel_name(jit_function(kernel))] += 1
+        name = kernel_name(jit_function(kernel))
+        counter[name] += 1
+        counter.options.setdefault(name, set()).add(
+            "autotuned" if getattr(kernel, "configs", None) else
+            (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES)))
     if _counters and not _counters[-1].execute:
         return None
     timers = [c for c in _counters if c.timed is not None]
@@ -160,6 +166,28 @@ def launch(kernel, grid, *args, **kwargs):
 
 _counters: list = []
 _running = 0
+_options: dict = {}
+
+
+@contextlib.contextmanager
+def launch_options(options: dict):
+    """Launch the kernels named in ``options`` (:func:`kernel_name` -> ``{"num_warps": w, "num_stages": s}``)
+    with those options instead of their launchers' inside (the tuning sweep ``python -m
+    zoo.benchmark.launch_tune`` times them this way). Warps and pipeline stages change how a kernel is
+    scheduled, not what it computes; an autotuned kernel picks its own and is left alone."""
+    global _options
+    outer, _options = _options, {**_options, **options}
+    try:
+        yield
+    finally:
+        _options = outer
+
+
+def _with_options(kernel, kwargs: dict) -> dict:
+    extra = _options.get(kernel_name(jit_function(kernel)))
+    if not extra or getattr(kernel, "configs", None):
+        return kwargs
+    return {**kwargs, **extra}
 
 
 def launching() -> bool:
@@ -168,11 +196,13 @@ def launching() -> bool:
 
 
 class LaunchCounter(collections.Counter):
-    """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run; ``timed``: ``(kernel
-    name, seconds)`` per launch run, when asked for."""
+    """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run; ``options``: the
+    ``(num_warps, num_stages)`` each kernel was launched with (``"autotuned"`` for a kernel that picks its
+    own); ``timed``: ``(kernel name, seconds)`` per launch run, when asked for."""
 
     execute: bool = True
     timed: list | None = None
+    options: dict
 
 
 @contextlib.contextmanager
@@ -188,6 +218,7 @@ def counting(execute: bool = True, timed: bool = False):
     counter = LaunchCounter()
     counter.execute = execute
     counter.timed = [] if timed else None
+    counter.options = {}
     _counters.append(counter)
     try:
         yield counter

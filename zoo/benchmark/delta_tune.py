@@ -40,7 +40,7 @@ from kernels.delta.triton import block_chunk, kernel_plan, using_plan
 from ..environment import environment
 from .device_time import breakdown
 from .gpu_speed import FULL, commit, delta_inputs
-from .measure import times_ms
+from .measure import largest_difference, times_ms
 
 #: largest difference from the current plan's outputs and gradients (over each tensor's largest entry) a
 #: candidate may show and still be ranked: block sizes only reorder fp32 sums of 16-bit products
@@ -100,11 +100,6 @@ def kernel_times(kernels: list[dict]) -> dict:
     for name in STATE_KERNELS + PARALLEL_KERNELS:
         out[name] = round(sum(k["ms"] for k in kernels if k["name"].startswith(name)), 4)
     return out
-
-
-def largest_difference(ours: list, reference: list) -> float:
-    return max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
-               for a, b in zip(ours, reference))
 
 
 class _Problem:

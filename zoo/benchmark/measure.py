@@ -122,6 +122,13 @@ def _state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+def largest_difference(ours: list, reference: list) -> float:
+    """The largest over tensor pairs of ``max |a - b| / max |b|``: how far two runs of one computation (other
+    kernel schedules, say) are apart, relative to each output's scale."""
+    return max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+               for a, b in zip(ours, reference))
+
+
 def is_oom(err: BaseException) -> bool:
     return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
 

@@ -1,0 +1,72 @@
+"""zoo.benchmark.launch_tune: on the interpreter every kernel of a layer is timed under its launchers' options and
+every variant, the fastest is picked per kernel, the tuned layer computes exactly what the default does (the
+interpreter ignores warps and stages), and a variant that does not compile is left out for its kernel only."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels.backend import triton_interpreting
+from zoo.benchmark import launch_tune
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(),
+                                reason="the dry run is the CPU pipeline")
+
+
+def _check(out: dict, variants) -> None:
+    assert "error" not in out, out
+    assert out["kernels"], "no kernel was tuned"
+    for name, row in out["kernels"].items():
+        assert [(v["num_warps"], v["num_stages"]) for v in row["variants"]] == [tuple(v) for v in variants]
+        timed = [v["ms"] for v in row["variants"] if "ms" in v] + [row["default"]["ms"]]
+        assert all(ms > 0 for ms in timed), name
+        assert row["best"]["ms"] == min(timed), name
+    assert out["layer"]["difference"] == 0.0 and out["layer"]["agrees"]
+    assert out["layer"]["default_ms"] > 0 and out["layer"]["tuned_ms"] > 0
+
+
+def test_every_kernel_of_a_layer_is_timed_under_every_variant():
+    out = launch_tune.tune_layer("mamba2", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
+    _check(out, launch_tune.DRY_VARIANTS)
+    assert set(out["kernels"]) >= {"ssd._chunk_state", "ssd._chunk_out", "ssd._chunk_bwd"}
+
+
+def test_a_variant_that_does_not_compile_is_left_out_for_its_kernel_only(monkeypatch):
+    refused = ("ssd._chunk_out", 8, 1)
+
+    def compiles(layer, options):
+        bad = options.get(refused[0])
+        if bad and (bad["num_warps"], bad["num_stages"]) == refused[1:]:
+            return "OutOfResources: shared memory"
+        return None
+    monkeypatch.setattr(launch_tune, "_compiles", compiles)
+    out = launch_tune.tune_layer("mamba2", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
+    for name, row in out["kernels"].items():
+        errors = [v for v in row["variants"] if "error" in v]
+        if name == refused[0]:
+            assert [(v["num_warps"], v["num_stages"]) for v in errors] == [refused[1:]]
+            assert "OutOfResources" in errors[0]["error"]
+        else:
+            assert not errors, name
+
+
+def test_the_command_starts_the_interpreter_itself_and_refuses_a_mixer_without_kernels(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    out = tmp_path / "tune.json"
+    done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "jordan", "--dry-run", "--T", "16",
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _check(json.loads(out.read_text())["mixers"]["jordan"], launch_tune.DRY_VARIANTS)
+    refused = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "attention", "--dry-run"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no Triton kernels to tune in ['attention']" in refused.stderr
+
+
+def test_a_profile_without_the_layers_kernels_is_an_error(monkeypatch):
+    monkeypatch.setattr(launch_tune, "kernel_ms", lambda layer, options: {"elementwise_kernel": 1.0})
+    with pytest.raises(RuntimeError, match="not in the profile, whose kernels are \\['elementwise_kernel'\\]"):
+        launch_tune.tune_layer("jordan", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
