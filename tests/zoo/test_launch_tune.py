@@ -1,6 +1,6 @@
 """zoo.benchmark.launch_tune: on the interpreter every kernel of a layer is timed under its launchers' options and
 every variant, the fastest is picked per kernel, the tuned layer computes exactly what the default does (the
-interpreter ignores warps and stages), and a variant that does not compile is left out for its kernel only."""
+interpreter ignores warps and stages), and a variant that does not compile or load is left out for its kernel only."""
 import json
 import os
 import subprocess
@@ -37,12 +37,12 @@ def test_every_kernel_of_a_layer_is_timed_under_every_variant():
 def test_a_variant_that_does_not_compile_is_left_out_for_its_kernel_only(monkeypatch):
     refused = ("ssd._chunk_out", 8, 1)
 
-    def compiles(layer, options):
+    def runs(layer, options):
         bad = options.get(refused[0])
         if bad and (bad["num_warps"], bad["num_stages"]) == refused[1:]:
             return "OutOfResources: shared memory"
         return None
-    monkeypatch.setattr(launch_tune, "_compiles", compiles)
+    monkeypatch.setattr(launch_tune, "_runs", runs)
     out = launch_tune.tune_layer("mamba2", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
     for name, row in out["kernels"].items():
         errors = [v for v in row["variants"] if "error" in v]

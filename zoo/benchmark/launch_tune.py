@@ -9,8 +9,8 @@ fixes them per kernel (no autotuning: a first call compiles one configuration). 
 stages)`` of :data:`VARIANTS` is given to every kernel of the layer at once
 (:func:`kernels.launch.launch_options`), and one forward+backward per variant is profiled kernel by kernel
 (:mod:`zoo.benchmark.device_time`, the median of a few). Since a kernel's time depends on its own options
-only, these passes give every kernel its fastest variant. A variant that does not compile for a kernel
-(shared memory, registers) is found kernel by kernel, reported, and left out for it. Kernels that are
+only, these passes give every kernel its fastest variant. A variant that does not compile or load for a
+kernel (registers, shared memory) is found kernel by kernel, reported, and left out for it. Kernels that are
 autotuned, or launched with different options at different places, are not tuned. The layer is then timed
 with every kernel at its fastest variant against its launchers' own options, side by side, and its outputs
 and gradients compared with theirs (:data:`AGREE`).
@@ -90,13 +90,16 @@ def _options(kernels, variant) -> dict:
     return {k: {"num_warps": warps, "num_stages": stages} for k in kernels}
 
 
-def _compiles(layer: _Layer, options: dict) -> str | None:
-    """None if every kernel compiles with ``options`` (nothing to do off CUDA), else the error."""
+def _runs(layer: _Layer, options: dict) -> str | None:
+    """None if the layer's forward+backward compiles (ahead, on every core; nothing to compile off CUDA) and
+    runs with ``options``, else the error: Triton refuses some schedules when it compiles them and others
+    (shared memory above the card's) when it first loads them."""
     try:
         with launch_options(options):
             compile_ahead(layer.forward_backward)
+            layer.forward_backward()
         return None
-    except Exception as err:  # noqa: BLE001 - a schedule the compiler refuses (resources) is a result
+    except Exception as err:  # noqa: BLE001 - a schedule the compiler or the card refuses is a result
         return f"{type(err).__name__}: {' '.join(str(err).split())}"[:200]
 
 
@@ -115,6 +118,49 @@ def _function(kernel: str) -> str:
     return kernel.rsplit(".", 1)[-1]
 
 
+def _sweep(layer: _Layer, tunable: list, variants, rows: dict) -> None:
+    """Every variant's time for every tunable kernel into ``rows[kernel]["variants"]``."""
+    for variant in variants:
+        failed = {}
+        if _runs(layer, _options(tunable, variant)) is not None:
+            failed = {k: why for k in tunable if (why := _runs(layer, _options([k], variant))) is not None}
+        times = kernel_ms(layer, _options([k for k in tunable if k not in failed], variant))
+        for k in tunable:
+            entry = {"num_warps": variant[0], "num_stages": variant[1]}
+            entry.update({"error": failed[k]} if k in failed else {"ms": times.get(_function(k))})
+            rows[k]["variants"].append(entry)
+
+
+def _fastest(rows: dict) -> dict:
+    """Each kernel's fastest variant into ``rows[kernel]["best"]``; returns the options of those that beat
+    their default."""
+    best = {}
+    for k, row in rows.items():
+        timed = [v for v in row["variants"] + [row["default"]] if v.get("ms") is not None]
+        row["best"] = min(timed, key=lambda v: v["ms"], default=row["default"])
+        if row["best"] is not row["default"]:
+            best[k] = {"num_warps": row["best"]["num_warps"], "num_stages": row["best"]["num_stages"]}
+    return best
+
+
+def _side_by_side(layer: _Layer, best: dict, reference: list, warmup: int, repeats: int) -> dict:
+    """The layer at its launchers' options and with ``best``, timed alternately, and how far apart they compute."""
+    why = _runs(layer, best)
+    if why is not None:   # each kernel ran at its best alone; together they should too
+        return {"error": f"the layer fails with every kernel at its fastest variant: {why}"}
+    with launch_options(best):
+        difference = largest_difference(layer.forward_backward(), reference)
+    samples = {"default": [], "tuned": []}
+    for _ in range(3):   # alternated, so that a drift of the clock or the card's temperature hits both
+        for which, options in (("default", {}), ("tuned", best)):
+            with launch_options(options):
+                samples[which] += times_ms(layer.forward_backward, layer.device, warmup, repeats)
+    default_ms, tuned_ms = (statistics.median(samples[w]) for w in ("default", "tuned"))
+    return {"default_ms": round(default_ms, 4), "tuned_ms": round(tuned_ms, 4),
+            "speedup": round(default_ms / tuned_ms, 3) if tuned_ms > 0 else None,
+            "difference": difference, "agrees": difference <= AGREE}
+
+
 def tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: int) -> dict:
     """One mixer's sweep (see the module docstring)."""
     layer = _Layer(name, plan, T, torch.device(plan.device))
@@ -122,42 +168,20 @@ def tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: in
     functions = [_function(k) for k in defaults]
     tunable = [k for k in defaults if functions.count(_function(k)) == 1]
     untuned += sorted(set(defaults) - set(tunable))
-    _compiles(layer, {})
+    why = _runs(layer, {})
+    if why is not None:
+        raise RuntimeError(f"the layer fails with its launchers' own options: {why}")
     reference = layer.forward_backward()
     base = kernel_ms(layer, {})
     missing = [k for k in tunable if _function(k) not in base]
     if missing:
         raise RuntimeError(f"kernels {missing} are not in the profile, whose kernels are {sorted(base)[:12]}")
     rows = {k: {"default": {"num_warps": defaults[k][0], "num_stages": defaults[k][1],
-                            "ms": base.get(_function(k))}, "variants": []} for k in tunable}
-    for variant in variants:
-        failed = {}
-        if _compiles(layer, _options(tunable, variant)) is not None:
-            failed = {k: why for k in tunable if (why := _compiles(layer, _options([k], variant))) is not None}
-        times = kernel_ms(layer, _options([k for k in tunable if k not in failed], variant))
-        for k in tunable:
-            entry = {"num_warps": variant[0], "num_stages": variant[1]}
-            entry.update({"error": failed[k]} if k in failed else {"ms": times.get(_function(k))})
-            rows[k]["variants"].append(entry)
-    best = {}
-    for k, row in rows.items():
-        timed = [v for v in row["variants"] if v.get("ms") is not None] + [row["default"]]
-        row["best"] = min((v for v in timed if v.get("ms") is not None), key=lambda v: v["ms"], default=row["default"])
-        if row["best"] is not row["default"]:
-            best[k] = {"num_warps": row["best"]["num_warps"], "num_stages": row["best"]["num_stages"]}
-    _compiles(layer, best)
-    with launch_options(best):
-        difference = largest_difference(layer.forward_backward(), reference)
-    side_by_side = {"default": [], "tuned": []}
-    for _ in range(3):   # alternated, so that a drift of the clock or the card's temperature hits both
-        for which, options in (("default", {}), ("tuned", best)):
-            with launch_options(options):
-                side_by_side[which] += times_ms(layer.forward_backward, layer.device, warmup, repeats)
-    default_ms, tuned_ms = (statistics.median(side_by_side[w]) for w in ("default", "tuned"))
+                            "ms": base[_function(k)]}, "variants": []} for k in tunable}
+    _sweep(layer, tunable, variants, rows)
+    best = _fastest(rows)
     return {"mixer": name, "T": T, "kernels": rows, "untuned": untuned, "tuned_options": best,
-            "layer": {"default_ms": round(default_ms, 4), "tuned_ms": round(tuned_ms, 4),
-                      "speedup": round(default_ms / tuned_ms, 3) if tuned_ms > 0 else None,
-                      "difference": difference, "agrees": difference <= AGREE}}
+            "layer": _side_by_side(layer, best, reference, warmup, repeats)}
 
 
 def tune(names: list[str], dry_run: bool = False, T: int | None = None) -> dict:
