@@ -15,7 +15,7 @@ of the fastest state setting and the fastest parallel setting is then timed agai
 side by side, and printed with the speed-up.
 
 Before any timing every candidate's kernels are compiled ahead on every core (:mod:`kernels.ahead`); a
-candidate that does not compile (shared memory, registers) is reported with its error. Every candidate's
+candidate that does not compile or load (registers, shared memory) is reported with its error. Every candidate's
 output and gradients are compared with the current plan's (largest difference over the largest entry of
 each tensor): a candidate that differs by more than :data:`AGREE` is reported and not ranked.
 """
@@ -53,6 +53,8 @@ PARALLEL_FIELDS = ("bk", "bv", "warps")
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
+    """The problem tuned (the kernel target's: B 1, H 8, K = V = 128, bf16) and the timing's repeats."""
+
     T: int = 16384
     n_h: int = 1
     heads: int = 8
