@@ -40,7 +40,7 @@ from kernels.delta.triton import block_chunk, kernel_plan, using_plan
 from ..environment import environment
 from .device_time import breakdown
 from .gpu_speed import FULL, commit, delta_inputs
-from .measure import largest_difference, times_ms
+from .measure import error_text, largest_difference, times_ms
 
 #: largest difference from the current plan's outputs and gradients (over each tensor's largest entry) a
 #: candidate may show and still be ranked: block sizes only reorder fp32 sums of 16-bit products
@@ -128,10 +128,6 @@ def _timed(problem: _Problem, plan, sizes: Sizes) -> float:
         return statistics.median(times_ms(problem.forward_backward, problem.device, sizes.warmup, sizes.repeats))
 
 
-def _error(err: Exception) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
-
-
 def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
     """Run the sweep; returns the dict the command prints (see the module docstring)."""
     device = torch.device("cpu" if dry_run else "cuda")
@@ -166,7 +162,7 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
                 raise RuntimeError(f"not every kernel of {sorted(row['kernels'])} is in the profile, whose kernels "
                                    f"are {[k['name'] for k in found.kernels][:12]}")
         except Exception as err:  # noqa: BLE001 - a plan that does not compile or run is reported, not fatal
-            row["error"] = _error(err)
+            row["error"] = error_text(err)
             if plan == current:   # the plan every candidate is compared with
                 result["error"] = f"the current plan failed: {row['error']}"
                 return result

@@ -36,7 +36,7 @@ from ..environment import environment
 from ..recipes import resolve
 from .device_time import breakdown
 from .gpu_speed import DRY, DTYPES, FULL, Plan, commit, layer_entry, mixer_names, our_backend
-from .measure import largest_difference, times_ms
+from .measure import error_text, largest_difference, times_ms
 
 #: (num_warps, num_stages) tried for every kernel
 VARIANTS = ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3), (2, 2), (16, 2))
@@ -100,7 +100,7 @@ def _runs(layer: _Layer, options: dict) -> str | None:
             layer.forward_backward()
         return None
     except Exception as err:  # noqa: BLE001 - a schedule the compiler or the card refuses is a result
-        return f"{type(err).__name__}: {' '.join(str(err).split())}"[:200]
+        return error_text(err)
 
 
 def kernel_ms(layer: _Layer, options: dict) -> dict:
@@ -199,7 +199,7 @@ def tune(names: list[str], dry_run: bool = False, T: int | None = None) -> dict:
         try:
             result["mixers"][name] = tune_layer(name, plan, T, variants, plan.warmup, plan.repeats)
         except Exception as err:  # noqa: BLE001 - one mixer failing does not lose the others' results
-            result["mixers"][name] = {"mixer": name, "error": f"{type(err).__name__}: {err}"[:300]}
+            result["mixers"][name] = {"mixer": name, "error": error_text(err)}
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
