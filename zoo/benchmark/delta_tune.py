@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from kernels.ahead import compile_ahead
-from kernels.backend import triton_interpreting
 from kernels.delta import delta_product
 from kernels.delta.triton import block_chunk, kernel_plan, using_plan
 
@@ -41,6 +38,7 @@ from ..environment import environment
 from .device_time import breakdown
 from .gpu_speed import FULL, commit, delta_inputs
 from .measure import error_text, largest_difference, times_ms
+from .tuning import restart_interpreted, side_by_side
 
 #: largest difference from the current plan's outputs and gradients (over each tensor's largest entry) a
 #: candidate may show and still be ranked: block sizes only reorder fp32 sums of 16-bit products
@@ -122,10 +120,12 @@ class _Problem:
         o.backward(self.grad)
         return [o.detach()] + [t.grad for t in self.leaves]
 
-
-def _timed(problem: _Problem, plan, sizes: Sizes) -> float:
-    with using_plan(plan):
-        return statistics.median(times_ms(problem.forward_backward, problem.device, sizes.warmup, sizes.repeats))
+    def under(self, plan):
+        """:meth:`forward_backward` with the kernels run under ``plan``."""
+        def call():
+            with using_plan(plan):
+                return self.forward_backward()
+        return call
 
 
 def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
@@ -146,16 +146,14 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
         row = {"plan": plan._asdict()}
         rows.append(row)
         try:
-            with using_plan(plan):
-                ahead = compile_ahead(problem.forward_backward)
-                row["compile_s"] = round(ahead.seconds, 2)
-                outputs = problem.forward_backward()
+            row["compile_s"] = round(compile_ahead(problem.under(plan)).seconds, 2)
+            outputs = problem.under(plan)()
             if reference is None:
                 reference = outputs
             row["difference"] = largest_difference(outputs, reference)
-            row["fwd_bwd_ms"] = _timed(problem, plan, sizes)
-            with using_plan(plan):
-                found = breakdown(problem.forward_backward, device)
+            row["fwd_bwd_ms"] = statistics.median(times_ms(problem.under(plan), device, sizes.warmup,
+                                                           sizes.repeats))
+            found = breakdown(problem.under(plan), device)
             row["device_ms"] = round(found.device_ms, 4)
             row["kernels"] = kernel_times(found.kernels)
             if not all(row["kernels"].values()):
@@ -175,13 +173,10 @@ def tune(sizes: Sizes = Sizes(), dry_run: bool = False) -> dict:
     result["fastest_per_kernel"] = {
         k: min(ranked, key=lambda pr: pr[1]["kernels"][k])[0]._asdict() for k in STATE_KERNELS + PARALLEL_KERNELS}
     suggested = combine(best_state, best_parallel)
-    with using_plan(suggested):
-        compile_ahead(problem.forward_backward)
-    side_by_side = {"current": [], "suggested": []}
-    for _ in range(3):   # alternated, so that a drift of the clock or the card's temperature hits both
-        for name, plan in (("current", current), ("suggested", suggested)):
-            side_by_side[name].append(_timed(problem, plan, sizes))
-    now, then = (statistics.median(side_by_side[n]) for n in ("current", "suggested"))
+    compile_ahead(problem.under(suggested))
+    timed = side_by_side({"current": problem.under(current), "suggested": problem.under(suggested)}, device,
+                         sizes.warmup, sizes.repeats)
+    now, then = timed["current"], timed["suggested"]
     result["suggested"] = {"plan": suggested._asdict(), "fwd_bwd_ms": round(then, 4), "current_fwd_bwd_ms": round(now, 4),
                            "speedup": round(now / then, 3) if then > 0 else None}
     return result
@@ -194,11 +189,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-h", type=int, default=1, help="Householder steps per token (2: DeltaProduct)")
     p.add_argument("--json", metavar="FILE", help="also write the result to FILE")
     args = p.parse_args(argv)
-    if args.dry_run and not torch.cuda.is_available() and not triton_interpreting():
-        # the interpreter is chosen where the kernels are defined, which this module's imports did: start again
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        argv = sys.argv[1:] if argv is None else list(argv)
-        return subprocess.run([sys.executable, "-m", "zoo.benchmark.delta_tune", *argv], env=env).returncode
+    if args.dry_run and (status := restart_interpreted("zoo.benchmark.delta_tune", argv)) is not None:
+        return status
     sizes = DRY if args.dry_run else Sizes()
     sizes = dataclasses.replace(sizes, n_h=args.n_h, **({"T": args.T} if args.T else {}))
     result = tune(sizes, dry_run=args.dry_run)

@@ -47,6 +47,12 @@ def short_name(name: str) -> str:
     return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 3] + "..."
 
 
+def profiler_name(kernel: str) -> str:
+    """The name the CUDA profiler gives a Triton kernel (its function's), from
+    :func:`kernels.launch.kernel_name`'s ``family.function``."""
+    return kernel.rsplit(".", 1)[-1]
+
+
 def group(timed: list[tuple[str, float]]) -> Breakdown:
     """``(name, microseconds)`` per launch -> a :class:`Breakdown` (milliseconds, longest name first)."""
     by_name: dict[str, list] = {}
@@ -95,7 +101,7 @@ def cpu_breakdown(fn) -> Breakdown:
     each timed by the wall clock: the CPU stand-in."""
     with counting(timed=True) as launches, _TimeOperators() as mode:
         fn()
-    kernels = [(name.rsplit(".", 1)[-1], seconds * 1e6) for name, seconds in launches.timed]
+    kernels = [(profiler_name(name), seconds * 1e6) for name, seconds in launches.timed]
     return group(mode.timed + kernels)
 
 

@@ -19,24 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from kernels.ahead import compile_ahead
-from kernels.backend import triton_interpreting
 from kernels.launch import counting, launch_options
 from mixers import MIXERS
 
 from ..environment import environment
 from ..recipes import resolve
-from .device_time import breakdown
+from .device_time import breakdown, profiler_name
 from .gpu_speed import DRY, DTYPES, FULL, Plan, commit, layer_entry, mixer_names, our_backend
-from .measure import error_text, largest_difference, times_ms
+from .measure import error_text, largest_difference
+from .tuning import restart_interpreted, side_by_side
 
 #: (num_warps, num_stages) tried for every kernel
 VARIANTS = ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3), (2, 2), (16, 2))
@@ -74,6 +72,13 @@ class _Layer:
         y.backward(self.grad)
         return [y.detach(), self.x.grad] + [p.grad for p in self.mixer.parameters() if p.grad is not None]
 
+    def under(self, options: dict):
+        """:meth:`forward_backward` with the kernels launched with ``options`` (:func:`launch_options`)."""
+        def call():
+            with launch_options(options):
+                return self.forward_backward()
+        return call
+
 
 def launched_options(layer: _Layer) -> tuple[dict, list]:
     """``{kernel name: (num_warps, num_stages)}`` of the kernels the layer's forward+backward launches with one
@@ -95,9 +100,8 @@ def _runs(layer: _Layer, options: dict) -> str | None:
     runs with ``options``, else the error: Triton refuses some schedules when it compiles them and others
     (shared memory above the card's) when it first loads them."""
     try:
-        with launch_options(options):
-            compile_ahead(layer.forward_backward)
-            layer.forward_backward()
+        compile_ahead(layer.under(options))
+        layer.under(options)()
         return None
     except Exception as err:  # noqa: BLE001 - a schedule the compiler or the card refuses is a result
         return error_text(err)
@@ -106,16 +110,10 @@ def _runs(layer: _Layer, options: dict) -> str | None:
 def kernel_ms(layer: _Layer, options: dict) -> dict:
     """Each kernel's device ms (median of :data:`PROFILES` profiled forward+backward passes) by function name."""
     samples: dict = {}
-    with launch_options(options):
-        for _ in range(PROFILES):
-            for k in breakdown(layer.forward_backward, layer.device).kernels:
-                samples.setdefault(k["name"], []).append(k["ms"])
+    for _ in range(PROFILES):
+        for k in breakdown(layer.under(options), layer.device).kernels:
+            samples.setdefault(k["name"], []).append(k["ms"])
     return {name: statistics.median(ms) for name, ms in samples.items()}
-
-
-def _function(kernel: str) -> str:
-    """The name the profiler gives a kernel (its function's), from :func:`kernels.launch.kernel_name`'s."""
-    return kernel.rsplit(".", 1)[-1]
 
 
 def _sweep(layer: _Layer, tunable: list, variants, rows: dict) -> None:
@@ -127,7 +125,7 @@ def _sweep(layer: _Layer, tunable: list, variants, rows: dict) -> None:
         times = kernel_ms(layer, _options([k for k in tunable if k not in failed], variant))
         for k in tunable:
             entry = {"num_warps": variant[0], "num_stages": variant[1]}
-            entry.update({"error": failed[k]} if k in failed else {"ms": times.get(_function(k))})
+            entry.update({"error": failed[k]} if k in failed else {"ms": times.get(profiler_name(k))})
             rows[k]["variants"].append(entry)
 
 
@@ -148,14 +146,10 @@ def _side_by_side(layer: _Layer, best: dict, reference: list, warmup: int, repea
     why = _runs(layer, best)
     if why is not None:   # each kernel ran at its best alone; together they should too
         return {"error": f"the layer fails with every kernel at its fastest variant: {why}"}
-    with launch_options(best):
-        difference = largest_difference(layer.forward_backward(), reference)
-    samples = {"default": [], "tuned": []}
-    for _ in range(3):   # alternated, so that a drift of the clock or the card's temperature hits both
-        for which, options in (("default", {}), ("tuned", best)):
-            with launch_options(options):
-                samples[which] += times_ms(layer.forward_backward, layer.device, warmup, repeats)
-    default_ms, tuned_ms = (statistics.median(samples[w]) for w in ("default", "tuned"))
+    difference = largest_difference(layer.under(best)(), reference)
+    timed = side_by_side({"default": layer.forward_backward, "tuned": layer.under(best)}, layer.device, warmup,
+                         repeats)
+    default_ms, tuned_ms = timed["default"], timed["tuned"]
     return {"default_ms": round(default_ms, 4), "tuned_ms": round(tuned_ms, 4),
             "speedup": round(default_ms / tuned_ms, 3) if tuned_ms > 0 else None,
             "difference": difference, "agrees": difference <= AGREE}
@@ -165,19 +159,19 @@ def tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: in
     """One mixer's sweep (see the module docstring)."""
     layer = _Layer(name, plan, T, torch.device(plan.device))
     defaults, untuned = launched_options(layer)
-    functions = [_function(k) for k in defaults]
-    tunable = [k for k in defaults if functions.count(_function(k)) == 1]
+    functions = [profiler_name(k) for k in defaults]
+    tunable = [k for k in defaults if functions.count(profiler_name(k)) == 1]
     untuned += sorted(set(defaults) - set(tunable))
     why = _runs(layer, {})
     if why is not None:
         raise RuntimeError(f"the layer fails with its launchers' own options: {why}")
     reference = layer.forward_backward()
     base = kernel_ms(layer, {})
-    missing = [k for k in tunable if _function(k) not in base]
+    missing = [k for k in tunable if profiler_name(k) not in base]
     if missing:
         raise RuntimeError(f"kernels {missing} are not in the profile, whose kernels are {sorted(base)[:12]}")
     rows = {k: {"default": {"num_warps": defaults[k][0], "num_stages": defaults[k][1],
-                            "ms": base[_function(k)]}, "variants": []} for k in tunable}
+                            "ms": base[profiler_name(k)]}, "variants": []} for k in tunable}
     _sweep(layer, tunable, variants, rows)
     best = _fastest(rows)
     return {"mixer": name, "T": T, "kernels": rows, "untuned": untuned, "tuned_options": best,
@@ -215,11 +209,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.mixers) - set(tuned_mixers()))
     if unknown:
         p.error(f"no Triton kernels to tune in {unknown}; choose from {tuned_mixers()}")
-    if args.dry_run and not torch.cuda.is_available() and not triton_interpreting():
-        # the interpreter is chosen where the kernels are defined, which this module's imports did: start again
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        argv = sys.argv[1:] if argv is None else list(argv)
-        return subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", *argv], env=env).returncode
+    if args.dry_run and (status := restart_interpreted("zoo.benchmark.launch_tune", argv)) is not None:
+        return status
     result = tune(args.mixers or tuned_mixers(), dry_run=args.dry_run, T=args.T)
     text = json.dumps(result, indent=1)
     print(text)
