@@ -145,16 +145,12 @@ def launch(kernel, grid, *args, **kwargs):
     if ahead is not None:
         ahead.warm(kernel, grid, args, kwargs)
         return None
-    for counter in _counters:
-        name = kernel_name(jit_function(kernel))
-        counter[name] += 1
-        counter.options.setdefault(name, set()).add(
-            "autotuned" if getattr(kernel, "configs", None) else
-            (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES)))
-    if _counters and not _counters[-1].execute:
-        return None
+    if _counters:
+        _count(kernel, kwargs)
+        if not _counters[-1].execute:
+            return None
     timers = [c for c in _counters if c.timed is not None]
-    start = time.perf_counter()
+    start = time.perf_counter() if timers else 0.0
     _running += 1
     try:
         return kernel[grid](*args, **kwargs)
@@ -162,6 +158,20 @@ def launch(kernel, grid, *args, **kwargs):
         _running -= 1
         for counter in timers:
             counter.timed.append((kernel_name(jit_function(kernel)), time.perf_counter() - start))
+
+
+def _autotuned(kernel) -> bool:
+    return bool(getattr(kernel, "configs", None))
+
+
+def _count(kernel, kwargs: dict) -> None:
+    """One launch into every active :class:`LaunchCounter`, with the options it is launched with."""
+    name = kernel_name(jit_function(kernel))
+    options = "autotuned" if _autotuned(kernel) else \
+        (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES))
+    for counter in _counters:
+        counter[name] += 1
+        counter.options.setdefault(name, set()).add(options)
 
 
 _counters: list = []
@@ -185,7 +195,7 @@ def launch_options(options: dict):
 
 def _with_options(kernel, kwargs: dict) -> dict:
     extra = _options.get(kernel_name(jit_function(kernel)))
-    if not extra or getattr(kernel, "configs", None):
+    if not extra or _autotuned(kernel):
         return kwargs
     return {**kwargs, **extra}
 
