@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
+from kernels.backend import triton_interpreting
+from kernels.launch import counting
 from zoo.benchmark.device_time import NAME_CHARS, breakdown, cpu_breakdown, group, profiled_events, short_name
 
 
@@ -70,13 +72,11 @@ def test_cuda_kernels_are_listed_with_device_times():
     assert sum(k["calls"] for k in found.kernels) == found.launches
 
 
+@pytest.mark.skipif(not triton_interpreting(), reason="times interpreted launches: needs TRITON_INTERPRET=1, "
+                    "which the test suite sets")
 def test_an_interpreted_triton_launch_is_one_kernel():
     """Under the interpreter a launch is timed as one kernel named as the profiler names it on CUDA, and the
     interpreter's own torch operations inside it are not counted."""
-    from kernels.backend import triton_interpreting
-    from kernels.launch import counting
-    if not triton_interpreting():
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
     from kernels.gate.triton import log_decay_triton
     H = 4
     args = (torch.randn(2, int(torch.randint(16, 48, ())), H), torch.randn(H), torch.randn(H))
