@@ -20,9 +20,9 @@ BACKENDS = ("reference", "torch", "triton", "mamba_ssm")
 @full_precision
 def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``."""
-    wide = max(B.shape[-1], x.shape[-1]) > 64  # the Triton kernels' MAX_DIM (see kernels/ssd/triton.py)
+    wide = max(B.shape[-1], x.shape[-1]) > 128  # the Triton kernels' MAX_DIM (see kernels/ssd/triton.py)
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,
-                             unsupported={"triton": "d_state or head dim above 64"} if wide else None)
+                             unsupported={"triton": "d_state or head dim above 128"} if wide else None)
     if chosen == "reference":
         return ssd_reference(x, dt, A, B, C, initial_state=initial_state)
     if chosen == "triton":

@@ -9,15 +9,15 @@ chunk ``c``:
     y_t      = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) u_s + exp(a_t) C_t^T h0_c  (chunk output)
 
 Forward kernels, in the order of Dao & Gu (2024) / mamba-ssm / flash-linear-attention:
-``_chunk_state`` (one program per chunk and (batch, head)), ``_state_pass`` (a sequential loop over
-chunks, parallel over batch, head and blocks of the N x P state), ``_chunk_out``. Each chunk kernel
-recomputes the cumulative sum of ``dt * A`` of its chunk in registers (``tl.cumsum``; L values, cheaper
-than a round trip through memory). The states entering every chunk (fp32) and the per-chunk decays
-are saved for the backward.
+``_chunk_state`` (one program per chunk, (batch, head) and block of columns of ``x``), ``_state_pass``
+(a sequential loop over chunks, parallel over batch, head and blocks of the N x P state), ``_chunk_out``
+(per chunk, (batch, head) and column block). Each chunk kernel recomputes the cumulative sum of
+``dt * A`` of its chunk in registers (``tl.cumsum``; L values, cheaper than a round trip through
+memory). The states entering every chunk (fp32) and the per-chunk decays are saved for the backward.
 
 Backward, the mirror: with ``G_c`` the gradient w.r.t. the state leaving chunk ``c``,
 ``G_{c-1} = exp(a_L^c) G_c + sum_t exp(a_t) C_t dy_t^T`` (``_chunk_state`` in its second mode, then
-``_state_pass_bwd`` in reverse), and one kernel per chunk (``_chunk_bwd``) forms, with
+``_state_pass_bwd`` in reverse), and two kernels per chunk form, with
 ``D_ts = exp(a_t - a_s) [s<=t]``, ``K = (C B^T) * D`` and ``Wd = (dy u^T) * D``:
 
     du  = K^T dy + exp(a_L - a) * (B G)          dx = dt * du,   ddt = rowsum(du * x) + A * dA_t
@@ -25,12 +25,31 @@ Backward, the mirror: with ``G_c`` the gradient w.r.t. the state leaving chunk `
     da_t = rowsum(K * dyu)_t - colsum(K * dyu)_t + exp(a_t) dy_t.(C_t h0) - exp(a_L - a_t) u_t.(B_t G)
     dA_t = sum_{t' >= t} da_t' + sum_s exp(a_L - a_s) u_s.(B_s G) + exp(a_L) <G, h0>   (grad of dt_t A)
 
-``dA`` (the per-head decay rate) is ``sum dt_t dA_t`` over batch and time (per-chunk partial sums
-are reduced in torch). Everything is accumulated in fp32; outputs are cast to the input dtypes.
+``_chunk_bwd_x`` forms ``du``, ``dx``, ``ddt`` and ``dA_t``; ``_chunk_bwd_bc`` forms ``dB`` and ``dC``
+(one kernel for all of it needed over 255 registers per thread, and ptxas spilled up to 15 KB). Every
+gradient is linear in the columns of ``x``, ``dy`` and the states, so a program takes one block of
+columns (:func:`column_block`; all of them up to head dim 64 with 16-bit inputs): ``dx`` is whole per
+block, and where there are several blocks each writes its share of ``dB``, ``dC``, ``ddt`` and ``dA``
+(fp32), summed in torch. ``dA`` (the per-head decay rate) is ``sum dt_t dA_t`` over batch and time
+(per-chunk partial sums are reduced in torch).
+
+Precision. fp32 inputs: every product in exact fp32 (``input_precision="ieee"``). bf16 / fp16 inputs:
+every ``tl.dot`` takes 16-bit operands (the input dtype) and accumulates in fp32, on tensor cores, as
+mamba-ssm's kernels do: ``x``, ``dy``, ``B``, ``C`` as stored; the decay-weighted tiles (``B exp(a_L -
+a) dt``, the scores ``(C B^T) * D * dt``, ``K``, ``Wd``), ``u = dt x`` and the fp32 states ``h0`` and
+``G`` rounded to the input dtype as operands. The decays, ``dt``, the cumulative sums, the states and
+their passes, the row and column sums of ``dA`` and every accumulator are fp32; outputs are cast to the
+input dtypes. Measured against fp64 on fp16 inputs (T 50-70, N and P 16-128, chunk 32-64, under the
+interpreter): forward and gradients within 5.1e-4 relative (Frobenius); at N 16, P 32: 2.4e-4 to 4.1e-4,
+against 2.1e-4 to 3.2e-4 with every product in fp32 after an upcast. The test tolerance of 5e-3 / 1e-2
+(tests/kernels/test_low_precision.py) keeps a 10x margin.
+
 Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
 ``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -60,13 +79,15 @@ def _chunk_state(
 ):
     # MODE 0 (forward):  OUT[c] = sum_s exp(a_L - a_s) dt_s KM_s VM_s^T  (KM = B, VM = x); also ALAST[c] = a_L
     # MODE 1 (backward): OUT[c] = sum_t exp(a_t) KM_t VM_t^T             (KM = C, VM = dy)
+    # one block of BLOCK_P columns of the (N, P) state per program
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    pid_p = tl.program_id(2)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_p = tl.arange(0, BLOCK_P)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     t = pid_c * L + offs_l
     ok = (offs_l < L) & (t < T)
     dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
@@ -76,15 +97,17 @@ def _chunk_state(
     a_last = _last(a, offs_l, pid_c, T, L)
     if MODE == 0:
         w = tl.exp(a_last - a) * dt
-        tl.store(ALAST + pid_bh.to(tl.int64) * NCHUNK + pid_c, a_last)
+        if pid_p == 0:
+            tl.store(ALAST + pid_bh.to(tl.int64) * NCHUNK + pid_c, a_last)
     else:
         w = tl.exp(a)
     w = tl.where(ok, w, 0.0)
     km_t = tl.load(KM + b * s_kb + h * s_kh + t[None, :] * s_kt + offs_n[:, None] * s_kn,
-                   mask=ok[None, :] & (offs_n[:, None] < N), other=0.0).to(tl.float32)  # (N, L)
+                   mask=ok[None, :] & (offs_n[:, None] < N), other=0.0)  # (N, L)
     vm = tl.load(VM + b * s_vb + h * s_vh + t[:, None] * s_vt + offs_p[None, :] * s_vp,
-                 mask=ok[:, None] & (offs_p[None, :] < P), other=0.0).to(tl.float32)  # (L, P)
-    out = tl.dot(km_t * w[None, :], vm, input_precision=PREC)  # (N, P)
+                 mask=ok[:, None] & (offs_p[None, :] < P), other=0.0)  # (L, P)
+    weighted = (km_t.to(tl.float32) * w[None, :]).to(vm.dtype)
+    out = tl.dot(weighted, vm, input_precision=PREC)  # (N, P)
     base = ((b * NCHUNK + pid_c) * H + h) * N * P
     tl.store(OUT + base + offs_n[:, None] * P + offs_p[None, :], out,
              mask=(offs_n[:, None] < N) & (offs_p[None, :] < P))
@@ -148,14 +171,15 @@ def _chunk_out(
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    # y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c
+    # y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c, on BLOCK_P columns of y
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    pid_p = tl.program_id(2)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_p = tl.arange(0, BLOCK_P)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     t = pid_c * L + offs_l
     ok = (offs_l < L) & (t < T)
     n_ok = offs_n < N
@@ -164,99 +188,141 @@ def _chunk_out(
     a = tl.cumsum(dt * tl.load(A + h).to(tl.float32), 0)
     bc_base = b * s_bb + h * s_bh
     c_mat = tl.load(Cm + bc_base + t[:, None] * s_bt + offs_n[None, :] * s_bn,
-                    mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)  # (L, N)
+                    mask=ok[:, None] & n_ok[None, :], other=0.0)  # (L, N)
     b_t = tl.load(Bm + bc_base + t[None, :] * s_bt + offs_n[:, None] * s_bn,
-                  mask=ok[None, :] & n_ok[:, None], other=0.0).to(tl.float32)  # (N, L)
+                  mask=ok[None, :] & n_ok[:, None], other=0.0)  # (N, L)
     x = tl.load(X + b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp,
-                mask=ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)  # (L, P)
+                mask=ok[:, None] & p_ok[None, :], other=0.0)  # (L, P)
     causal = offs_l[:, None] >= offs_l[None, :]
     decay = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))
     scores = tl.dot(c_mat, b_t, input_precision=PREC) * decay * dt[None, :]
-    y = tl.dot(scores, x, input_precision=PREC)
+    y = tl.dot(scores.to(x.dtype), x, input_precision=PREC)
     h0 = tl.load(HSTART + ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :],
                  mask=n_ok[:, None] & p_ok[None, :], other=0.0)
-    y += tl.exp(a)[:, None] * tl.dot(c_mat, h0, input_precision=PREC)
+    y += tl.exp(a)[:, None] * tl.dot(c_mat, h0.to(c_mat.dtype), input_precision=PREC)
     tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yt + offs_p[None, :] * s_yp,
              y.to(Y.dtype.element_ty), mask=ok[:, None] & p_ok[None, :])
 
 
 @triton.jit
-def _chunk_bwd(
-    X, DT, A, Bm, Cm, DY, HSTART, GEND, DX, DDT, DB, DC, DA_PART,
+def _chunk_bwd_tiles(
+    X, DT, A, Bm, Cm, DY, HSTART, GEND,
     s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn,
     T, H, N, P, L, NCHUNK,
-    PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    # all gradients of one chunk (see the module docstring); x, dy, dx share strides, so do B, C, dB, dC
+    # what both backward chunk kernels read: the chunk's decays and its tiles of x, dy (BLOCK_P columns),
+    # B, C, and the states h0 (entering) and G (gradient of the leaving state), fp32; x, dy, B, C as stored
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_p = tl.arange(0, BLOCK_P)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
     t = pid_c * L + offs_l
     ok = (offs_l < L) & (t < T)
     n_ok = offs_n < N
     p_ok = offs_p < P
-    dt_ptr = DT + b * s_db + h * s_dh + t * s_dt
-    dt = tl.load(dt_ptr, mask=ok, other=0.0).to(tl.float32)
+    dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
     a_h = tl.load(A + h).to(tl.float32)
-    dta = dt * a_h
-    a = tl.cumsum(dta, 0)
+    a = tl.cumsum(dt * a_h, 0)
     a_last = _last(a, offs_l, pid_c, T, L)
     lp_off = b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp
     lp_mask = ok[:, None] & p_ok[None, :]
     ln_off = b * s_bb + h * s_bh + t[:, None] * s_bt + offs_n[None, :] * s_bn
     ln_mask = ok[:, None] & n_ok[None, :]
-    x = tl.load(X + lp_off, mask=lp_mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + lp_off, mask=lp_mask, other=0.0).to(tl.float32)
-    b_mat = tl.load(Bm + ln_off, mask=ln_mask, other=0.0).to(tl.float32)
-    c_mat = tl.load(Cm + ln_off, mask=ln_mask, other=0.0).to(tl.float32)
+    x = tl.load(X + lp_off, mask=lp_mask, other=0.0)
+    dy = tl.load(DY + lp_off, mask=lp_mask, other=0.0)
+    b_mat = tl.load(Bm + ln_off, mask=ln_mask, other=0.0)
+    c_mat = tl.load(Cm + ln_off, mask=ln_mask, other=0.0)
     st_off = ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :]
     st_mask = n_ok[:, None] & p_ok[None, :]
     h0 = tl.load(HSTART + st_off, mask=st_mask, other=0.0)
     g = tl.load(GEND + st_off, mask=st_mask, other=0.0)
-
-    u = x * dt[:, None]
     causal = offs_l[:, None] >= offs_l[None, :]
     dmat = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))  # [t, s]
     e_end = tl.where(ok, tl.exp(a_last - a), 0.0)
-    e_start = tl.where(ok, tl.exp(a), 0.0)
+    return (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end)
+
+
+@triton.jit
+def _chunk_bwd_x(
+    X, DT, A, Bm, Cm, DY, HSTART, GEND, DX, DDT, DA_PART,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_t, s_part_a,
+    T, H, N, P, L, NCHUNK,
+    PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    # du, dx and the chunk's ddt and dA (see the module docstring) from BLOCK_P columns of x: dx whole,
+    # the block's share of ddt and dA (linear in the columns) at offsets pid_p * s_part_*
+    (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
+        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
+                         s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_p = tl.program_id(2)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    lo = x.dtype  # the dot operands' type: the input dtype (fp32 inputs: exact fp32 products)
+    xf = x.to(tl.float32)
+    u = xf * dt[:, None]
     k_mat = tl.dot(c_mat, tl.trans(b_mat), input_precision=PREC) * dmat
-    dyu = tl.dot(dy, tl.trans(u), input_precision=PREC)
-    wd = dyu * dmat
-    bg = tl.dot(b_mat, g, input_precision=PREC)  # (L, P)
-    ch0 = tl.dot(c_mat, h0, input_precision=PREC)  # (L, P)
-
-    du = tl.dot(tl.trans(k_mat), dy, input_precision=PREC) + e_end[:, None] * bg
-    dx = du * dt[:, None]
-    ddt = tl.sum(du * x, 1)
-    dc = tl.dot(wd, b_mat, input_precision=PREC) + e_start[:, None] * tl.dot(dy, tl.trans(h0), input_precision=PREC)
-    db = tl.dot(tl.trans(wd), c_mat, input_precision=PREC) + e_end[:, None] * tl.dot(u, tl.trans(g), input_precision=PREC)
-
-    w = k_mat * dyu
+    bg = tl.dot(b_mat, g.to(lo), input_precision=PREC)  # (L, P)
+    du = tl.dot(tl.trans(k_mat.to(lo)), dy, input_precision=PREC) + e_end[:, None] * bg
+    tl.store(DX + lp_off, (du * dt[:, None]).to(DX.dtype.element_ty), mask=lp_mask)
+    ddt = tl.sum(du * xf, 1)
     state_in = e_end * tl.sum(u * bg, 1)  # d/da_s of the chunk state is -state_in_s
-    da = tl.sum(w, 1) - tl.sum(w, 0) + e_start * tl.sum(dy * ch0, 1) - state_in
+    w = k_mat * tl.dot(dy, tl.trans(u.to(lo)), input_precision=PREC)
+    e_start = tl.where(ok, tl.exp(a), 0.0)
+    ch0 = tl.dot(c_mat, h0.to(lo), input_precision=PREC)  # (L, P)
+    da = tl.sum(w, 1) - tl.sum(w, 0) + e_start * tl.sum(dy.to(tl.float32) * ch0, 1) - state_in
     extra = tl.sum(state_in, 0) + tl.exp(a_last) * tl.sum(tl.sum(g * h0, 1), 0)  # d/da_L
     dta_grad = tl.sum(da, 0) - tl.cumsum(da, 0) + da + extra  # reverse cumsum: d/d(dt_t A)
     dta_grad = tl.where(ok, dta_grad, 0.0)
     ddt += a_h * dta_grad
-
-    tl.store(DX + lp_off, dx.to(DX.dtype.element_ty), mask=lp_mask)
-    tl.store(DB + ln_off, db.to(DB.dtype.element_ty), mask=ln_mask)
-    tl.store(DC + ln_off, dc.to(DC.dtype.element_ty), mask=ln_mask)
-    tl.store(DDT + b * s_db + h * s_dh + t * s_dt, ddt.to(DDT.dtype.element_ty), mask=ok)
-    tl.store(DA_PART + pid_bh.to(tl.int64) * NCHUNK + pid_c, tl.sum(dt * dta_grad, 0))
+    t = pid_c * L + tl.arange(0, BLOCK_L)
+    tl.store(DDT + pid_p * s_part_t + b * s_db + h * s_dh + t * s_dt, ddt.to(DDT.dtype.element_ty), mask=ok)
+    tl.store(DA_PART + pid_p * s_part_a + pid_bh.to(tl.int64) * NCHUNK + pid_c, tl.sum(dt * dta_grad, 0))
 
 
-def _blocks(L, N, P):
+@triton.jit
+def _chunk_bwd_bc(
+    X, DT, A, Bm, Cm, DY, HSTART, GEND, DB, DC,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_bn,
+    T, H, N, P, L, NCHUNK,
+    PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    # dB and dC of the chunk (see the module docstring), the share of BLOCK_P columns of x at pid_p * s_part_bn
+    (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
+        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
+                         s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
+    lo = x.dtype
+    u_lo = (x.to(tl.float32) * dt[:, None]).to(lo)
+    wd = (tl.dot(dy, tl.trans(u_lo), input_precision=PREC) * dmat).to(lo)
+    e_start = tl.where(ok, tl.exp(a), 0.0)
+    part = tl.program_id(2) * s_part_bn
+    dc = tl.dot(wd, b_mat, input_precision=PREC)
+    dc += e_start[:, None] * tl.dot(dy, tl.trans(h0.to(lo)), input_precision=PREC)
+    tl.store(DC + part + ln_off, dc.to(DC.dtype.element_ty), mask=ln_mask)
+    db = tl.dot(tl.trans(wd), c_mat, input_precision=PREC)
+    db += e_end[:, None] * tl.dot(u_lo, tl.trans(g.to(lo)), input_precision=PREC)
+    tl.store(DB + part + ln_off, db.to(DB.dtype.element_ty), mask=ln_mask)
+
+
+def column_block(P: int, low_precision: bool) -> int:
+    """Columns of ``x`` per program, a power of two >= 16: all of ``P`` up to 64 with 16-bit inputs (blocks
+    of 64 above), 16 with fp32 inputs, whose exact products are FMA loops over whole register tiles
+    (python -m zoo.benchmark.compile_check: at 32 columns and chunk 64 they spilled 1-23 KB per thread)."""
+    return min(64, max(16, triton.next_power_of_2(P))) if low_precision else 16
+
+
+def _blocks(L, N, P, block_p):
     return dict(BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_N=max(16, triton.next_power_of_2(N)),
-                BLOCK_P=max(16, triton.next_power_of_2(P)))
+                BLOCK_P=block_p)
 
 
 def _prec(dtype):
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+    return "ieee"  # only fp32 operands read it: 16-bit ones always multiply on tensor cores
 
 
 def _launch_opts(bwd=False):
@@ -267,18 +333,16 @@ def _launch_opts(bwd=False):
 
 _PASS_BLOCK = 256
 
-#: largest d_state and head dim of the kernels. Larger sizes are refused: at d_state = head dim = 128 the
-#: chunk state tiles need 192 KB of shared memory at chunk 256 (above an sm_80 block's 163 KB), and at
-#: chunk 64 ptxas spends over five minutes on one configuration of the backward chunk kernel (1.8 MB of
-#: PTX, a sign of heavy register spilling), so no configuration above 64 is verified (python -m
-#: zoo.benchmark.compile_check); mamba-ssm's kernels or the PyTorch path run them.
-MAX_DIM = 64
+#: largest d_state and head dim of the kernels (mamba-ssm's default d_state is 128). Checked for sm_80
+#: and sm_90 by python -m zoo.benchmark.compile_check.
+MAX_DIM = 128
 
 
-def block_chunk(chunk_size: int, N: int, P: int) -> int:
-    """The chunk the kernels run: ``chunk_size`` capped at 64, the largest compiled and checked for
-    d_state = head dim = 64 (python -m zoo.benchmark.compile_check). The result does not depend on it."""
-    return min(chunk_size, 64)
+def block_chunk(chunk_size: int, N: int, P: int, low_precision: bool = True) -> int:
+    """The chunk the kernels run: ``chunk_size`` capped at 64 with 16-bit inputs (a tensor-core tile of
+    64 rows), at 32 with fp32 inputs (exact fp32 products at 64 rows spill; python -m
+    zoo.benchmark.compile_check). The result does not depend on it."""
+    return min(chunk_size, 64 if low_precision else 32)
 
 
 class _SSDTriton(torch.autograd.Function):
@@ -290,11 +354,13 @@ class _SSDTriton(torch.autograd.Function):
         n = triton.cdiv(T, L)
         dev = x.device
         A32 = A.to(torch.float32).contiguous()
-        blocks = _blocks(L, N, P)
+        block_p = column_block(P, x.dtype != torch.float32)
+        blocks = _blocks(L, N, P, block_p)
+        grid = (n, b * H, triton.cdiv(P, block_p))
         prec = _prec(x.dtype)
         states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
         alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
-        launch(_chunk_state, (n, b * H),
+        launch(_chunk_state, grid,
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=0, PREC=prec, **blocks, **_launch_opts())
         hstart = torch.empty_like(states)
@@ -304,7 +370,7 @@ class _SSDTriton(torch.autograd.Function):
             states, alast, init, hstart, final, H, n, N * P,
             HAS_INIT=initial_state is not None, BLOCK=_PASS_BLOCK)
         y = torch.empty_like(x)
-        launch(_chunk_out, (n, b * H),
+        launch(_chunk_out, grid,
             x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
             T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts())
         ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
@@ -321,29 +387,59 @@ class _SSDTriton(torch.autograd.Function):
         n = triton.cdiv(T, L)
         dev = x.device
         A32 = A.to(torch.float32).contiguous()
-        blocks = _blocks(L, N, P)
         prec = _prec(x.dtype)
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
+        block_p = column_block(P, x.dtype != torch.float32)
         dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
-        launch(_chunk_state, (n, b * H),
+        launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
-            T, H, N, P, L, n, MODE=1, PREC=prec, **blocks, **_launch_opts())
+            T, H, N, P, L, n, MODE=1, PREC=prec, **_blocks(L, N, P, block_p), **_launch_opts())
         gend = torch.empty_like(dstates)
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
         launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
             dstates, alast, dfin, gend, dinit, H, n, N * P,
             HAS_DFINAL=dfinal is not None, BLOCK=_PASS_BLOCK)
-        dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
-        da_part = torch.empty(b, H, n, device=dev, dtype=torch.float32)
+        dx, ddt, dB, dC, da_part, parts = _chunk_bwd_outputs(x, dt, B, n, block_p)
         assert dy.stride() == x.stride() and C.stride() == B.stride()
-        launch(_chunk_bwd, (n, b * H),
-            x, dt, A32, B, C, dy, hstart, gend, dx, ddt, dB, dC, da_part,
-            *x.stride(), *dt.stride(), *B.stride(),
-            T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts(bwd=True))
-        dA = da_part.sum(dim=(0, 2)).to(A.dtype)
+        grid = (n, b * H, parts.count)
+        tiles = (x, dt, A32, B, C, dy, hstart, gend)
+        strides = (*x.stride(), *dt.stride(), *B.stride())
+        sizes = (T, H, N, P, L, n)
+        consts = dict(PREC=prec, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
+        launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
+        launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, parts.bn, *sizes, **consts)
+        if parts.count > 1:  # the column blocks' shares of dB, dC, ddt
+            dB, dC, ddt = (part.sum(0).to(like.dtype) for part, like in ((dB, B), (dC, C), (ddt, dt)))
+        dA = da_part.sum(dim=(0, 1, 3)).to(A.dtype)
         dinit_out = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
         return dx, ddt, dA, dB, dC, dinit_out, None
+
+
+class _Parts(NamedTuple):
+    """How ``_chunk_bwd`` splits the columns of ``x``: ``count`` blocks of ``block_p``, and the element
+    offsets between the blocks' shares of dB / dC (``bn``), ddt (``t``) and the dA partials (``a``)."""
+    block_p: int
+    count: int
+    bn: int
+    t: int
+    a: int
+
+
+def _chunk_bwd_outputs(x, dt, B, n, block_p):
+    """``dx``, ``ddt``, ``dB``, ``dC``, the dA partials and the column split of ``_chunk_bwd``: with one
+    column block, the gradients themselves; with several, fp32 shares stacked along a leading axis (in
+    the layouts of ``dt`` and ``B``), summed by the caller."""
+    b, T, H, P = x.shape
+    count = triton.cdiv(P, block_p)
+    dx = torch.empty_like(x)
+    da_part = torch.empty(count, b, H, n, device=x.device, dtype=torch.float32)
+    if count == 1:
+        return dx, torch.empty_like(dt), torch.empty_like(B), torch.empty_like(B), da_part, \
+            _Parts(block_p, 1, 0, 0, 0)
+    ddt = torch.empty(count, *dt.shape, device=x.device, dtype=torch.float32)
+    dB, dC = (torch.empty(count, *B.shape, device=x.device, dtype=torch.float32) for _ in range(2))
+    return dx, ddt, dB, dC, da_part, _Parts(block_p, count, B.numel(), dt.numel(), b * H * n)
 
 
 def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
@@ -370,6 +466,7 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     if max(N, P) > MAX_DIM:
         raise ValueError(f"ssd_triton: d_state and head dim must be <= {MAX_DIM} (got {N}, {P}): larger chunk tiles "
                          f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
-    chunk_size = block_chunk(chunk_size, N, P)
-    x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
+    chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
+    x, dt = x.contiguous(), dt.contiguous()
+    B, C = (t.to(x.dtype).contiguous() for t in (B, C))  # one operand type for the products
     return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)

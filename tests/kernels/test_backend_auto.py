@@ -80,17 +80,20 @@ def test_fp32_attention_above_head_dim_128_is_refused_and_auto_passes_over_trito
 
 
 def test_delta_and_ssd_refuse_sizes_above_a_blocks_shared_memory():
-    """Head dims above 128 (delta) and d_state / head dim above 64 (SSD) are refused with one line naming the
+    """Head dims above 128 (delta) and d_state / head dim above 128 (SSD) are refused with one line naming the
     fix; the SSD launcher caps its chunk so that the tiles fit (the result does not depend on the chunk)."""
     from kernels.delta.triton import chunk_gated_delta_rule_triton
     from kernels.ssd.triton import block_chunk, ssd_triton
     x = torch.zeros(1, 4, 1, 256)
     with pytest.raises(ValueError, match="backend='fla' or 'torch'"):
         chunk_gated_delta_rule_triton(x, x, x, torch.zeros(1, 4, 1), None)
-    dt, A, B = torch.zeros(1, 4, 1), torch.zeros(1), torch.zeros(1, 4, 1, 128)
+    dt, A, B = torch.zeros(1, 4, 1), torch.zeros(1), torch.zeros(1, 4, 1, 256)
     with pytest.raises(ValueError, match="backend='mamba_ssm' or 'torch'"):
         ssd_triton(x[..., :64], dt, A, B, B)
-    assert block_chunk(256, 64, 64) == 64 and block_chunk(32, 64, 64) == 32
+    with pytest.raises(ValueError, match="<= 128"):
+        ssd_triton(x, dt, A, B[..., :64], B[..., :64])
+    assert block_chunk(256, 128, 128) == 64 and block_chunk(32, 64, 64) == 32
+    assert block_chunk(64, 64, 64, low_precision=False) == 32
 
 
 def test_an_interpreter_that_cannot_run_is_refused_with_the_fix(installed, monkeypatch):

@@ -180,6 +180,23 @@ def test_triton_odd_state_and_head_dims_strong_decay():
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_largest_state_and_head_dims(dtype):
+    """d_state = head dim = 128 (MAX_DIM, mamba-ssm's default d_state): the columns of x are split over
+    programs (8 blocks of 16 with fp32 inputs, 2 of 64 with fp16 ones), whose shares of dB, dC, ddt and dA
+    are summed; every output and gradient against the fp64 token recurrence. fp16: the tolerances of
+    tests/kernels/test_low_precision.py (inputs rounded to fp16 first, so the error is the kernels')."""
+    from kernels.ssd.triton import MAX_DIM, column_block
+
+    assert MAX_DIM == 128 and column_block(128, dtype != torch.float32) == (64 if dtype == torch.float16 else 16)
+    ins = [t.to(dtype) for t in _inputs(1, 37, 1, 128, 128, init=True)]
+    if dtype == torch.float32:
+        _compare(_with_state(_triton(), 16), _with_state(ssd_reference), ins, True, tol=1e-5, grad_tol=3e-5)
+    else:
+        compare_backends(_with_state(_triton(), 16), _with_state(ssd_reference), ins, tol=5e-3, grad_tol=1e-2)
+
+
+@needs_triton
 def test_triton_only_final_state_used():
     """A loss on the final state alone: the backward must run with dy = 0."""
     x, dt, A, B, C = (t.requires_grad_() for t in _inputs(1, 23, 2, 16, 16))
@@ -293,10 +310,12 @@ def test_matches_mamba_ssm_minimal(backend):
 
 # --------------------------------------------------------------------------- GPU, real size
 @pytest.mark.gpu
-def test_gpu_bf16_real_size():
+@pytest.mark.parametrize("P,N", [(64, 64), (64, 128), (128, 128)])
+def test_gpu_bf16_real_size(P, N):
+    """bf16 at real sizes, up to mamba-ssm's default d_state 128 and head dim 128 (column blocks)."""
     from kernels.ssd.triton import ssd_triton
 
-    b, T, H, P, N = 2, 2048, 8, 64, 64
+    b, T, H = 2, 2048, 8
     ins = _inputs(b, T, H, P, N, True, device="cuda")
     ins32 = [t.requires_grad_() for t in ins]
     lo = [t.detach().bfloat16().requires_grad_() if i != 2 else t.detach().clone().requires_grad_()

@@ -112,7 +112,7 @@ def _delta(dt, quick):
 
 
 def _ssd(dt, quick):
-    grid = ((64, 64, 256), (128, 64, 64)) if quick else [
+    grid = ((64, 64, 256), (128, 128, 64)) if quick else [
         (N, P, L) for N in (16, 64, 128) for P in HEAD_DIMS for L in (32, 64, 128, 256)]
     for N, P, L in grid:
         def run(N=N, P=P, L=L):
