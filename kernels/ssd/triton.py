@@ -288,11 +288,12 @@ def _chunk_bwd_x(
 @triton.jit
 def _chunk_bwd_bc(
     X, DT, A, Bm, Cm, DY, HSTART, GEND, DB, DC,
-    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_bn,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_ob, s_ot, s_oh, s_part_bn,
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    # dB and dC of the chunk (see the module docstring), the share of BLOCK_P columns of x at pid_p * s_part_bn
+    # dB and dC of the chunk (see the module docstring), the share of BLOCK_P columns of x at pid_p * s_part_bn;
+    # written with their own strides (s_o*, unit stride over N): B and C may share one row over the heads
     (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
         _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
                          s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
@@ -300,13 +301,16 @@ def _chunk_bwd_bc(
     u_lo = (x.to(tl.float32) * dt[:, None]).to(lo)
     wd = (tl.dot(dy, tl.trans(u_lo), input_precision=PREC) * dmat).to(lo)
     e_start = tl.where(ok, tl.exp(a), 0.0)
-    part = tl.program_id(2) * s_part_bn
+    b = (tl.program_id(1) // H).to(tl.int64)
+    h = (tl.program_id(1) % H).to(tl.int64)
+    t = tl.program_id(0) * L + tl.arange(0, BLOCK_L)
+    out = tl.program_id(2) * s_part_bn + b * s_ob + h * s_oh + t[:, None] * s_ot + tl.arange(0, BLOCK_N)[None, :]
     dc = tl.dot(wd, b_mat, input_precision=PREC)
     dc += e_start[:, None] * tl.dot(dy, tl.trans(h0.to(lo)), input_precision=PREC)
-    tl.store(DC + part + ln_off, dc.to(DC.dtype.element_ty), mask=ln_mask)
+    tl.store(DC + out, dc.to(DC.dtype.element_ty), mask=ln_mask)
     db = tl.dot(tl.trans(wd), c_mat, input_precision=PREC)
     db += e_end[:, None] * tl.dot(u_lo, tl.trans(g.to(lo)), input_precision=PREC)
-    tl.store(DB + part + ln_off, db.to(DB.dtype.element_ty), mask=ln_mask)
+    tl.store(DB + out, db.to(DB.dtype.element_ty), mask=ln_mask)
 
 
 def column_block(P: int, low_precision: bool) -> int:
@@ -408,7 +412,8 @@ class _SSDTriton(torch.autograd.Function):
         sizes = (T, H, N, P, L, n)
         consts = dict(PREC=prec, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
         launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
-        launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, parts.bn, *sizes, **consts)
+        out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
+        launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
         if parts.count > 1:  # the column blocks' shares of dB, dC, ddt
             dB, dC, ddt = (part.sum(0).to(like.dtype) for part, like in ((dB, B), (dC, C), (ddt, dt)))
         dA = da_part.sum(dim=(0, 1, 3)).to(A.dtype)
@@ -435,8 +440,8 @@ def _chunk_bwd_outputs(x, dt, B, n, block_p):
     dx = torch.empty_like(x)
     da_part = torch.empty(count, b, H, n, device=x.device, dtype=torch.float32)
     if count == 1:
-        return dx, torch.empty_like(dt), torch.empty_like(B), torch.empty_like(B), da_part, \
-            _Parts(block_p, 1, 0, 0, 0)
+        dB, dC = (torch.empty(B.shape, device=x.device, dtype=B.dtype) for _ in range(2))
+        return dx, torch.empty_like(dt), dB, dC, da_part, _Parts(block_p, 1, 0, 0, 0)
     ddt = torch.empty(count, *dt.shape, device=x.device, dtype=torch.float32)
     dB, dC = (torch.empty(count, *B.shape, device=x.device, dtype=torch.float32) for _ in range(2))
     return dx, ddt, dB, dC, da_part, _Parts(block_p, count, B.numel(), dt.numel(), b * H * n)
@@ -468,5 +473,9 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
                          f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
     chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
     x, dt = x.contiguous(), dt.contiguous()
-    B, C = (t.to(x.dtype).contiguous() for t in (B, C))  # one operand type for the products
+    B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
+    if B.stride() != C.stride() or B.stride(-1) != 1:
+        B, C = B.contiguous(), C.contiguous()
+    # else read in place: Mamba-2's one group of B and C, expanded over the heads (a head stride of 0), is
+    # neither copied per head nor saved per head for the backward
     return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)

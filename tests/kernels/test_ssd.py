@@ -180,6 +180,23 @@ def test_triton_odd_state_and_head_dims_strong_decay():
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 5e-3)])
+def test_triton_one_group_of_B_C_read_in_place(dtype, tol):
+    """Mamba-2's single group: B and C expanded over the heads (a head stride of 0, as the mixer passes
+    them) are read in place by the kernels; outputs and the gradients of the one group (the per-head
+    dB, dC summed by autograd) against the fp64 token recurrence, with 2 column blocks at fp32 (P 20)."""
+    x, dt, A, B, C, h0 = (t.to(dtype) for t in _inputs(2, 45, 3, 20, 16, True))
+    B, C = B[:, :, :1], C[:, :, :1]
+
+    def grouped(fn, **kw):
+        return lambda x, dt, B, C, h0: fn(x, dt, A.double() if fn is ssd_reference else A, B.expand(-1, -1, 3, -1),
+                                          C.expand(-1, -1, 3, -1), initial_state=h0, **kw)
+
+    compare_backends(grouped(_triton(), chunk_size=16), grouped(ssd_reference), [x, dt, B, C, h0], tol=tol,
+                     grad_tol=3 * tol)
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_largest_state_and_head_dims(dtype):
     """d_state = head dim = 128 (MAX_DIM, mamba-ssm's default d_state): the columns of x are split over
