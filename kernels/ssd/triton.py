@@ -325,10 +325,6 @@ def _blocks(L, N, P, block_p):
                 BLOCK_P=block_p)
 
 
-def _prec(dtype):
-    return "ieee"  # only fp32 operands read it: 16-bit ones always multiply on tensor cores
-
-
 def _launch_opts(bwd=False):
     if triton_interpreting():
         return {}
@@ -336,6 +332,8 @@ def _launch_opts(bwd=False):
 
 
 _PASS_BLOCK = 256
+#: the products' precision: only fp32 operands read it (exact fp32); 16-bit ones run on tensor cores
+_PREC = "ieee"
 
 #: largest d_state and head dim of the kernels (mamba-ssm's default d_state is 128). Checked for sm_80
 #: and sm_90 by python -m zoo.benchmark.compile_check.
@@ -361,12 +359,11 @@ class _SSDTriton(torch.autograd.Function):
         block_p = column_block(P, x.dtype != torch.float32)
         blocks = _blocks(L, N, P, block_p)
         grid = (n, b * H, triton.cdiv(P, block_p))
-        prec = _prec(x.dtype)
         states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
         alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
         launch(_chunk_state, grid,
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
-            T, H, N, P, L, n, MODE=0, PREC=prec, **blocks, **_launch_opts())
+            T, H, N, P, L, n, MODE=0, PREC=_PREC, **blocks, **_launch_opts())
         hstart = torch.empty_like(states)
         final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         init = initial_state.contiguous() if initial_state is not None else final
@@ -376,7 +373,7 @@ class _SSDTriton(torch.autograd.Function):
         y = torch.empty_like(x)
         launch(_chunk_out, grid,
             x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
-            T, H, N, P, L, n, PREC=prec, **blocks, **_launch_opts())
+            T, H, N, P, L, n, PREC=_PREC, **blocks, **_launch_opts())
         ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
         ctx.chunk_size = L
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
@@ -391,13 +388,12 @@ class _SSDTriton(torch.autograd.Function):
         n = triton.cdiv(T, L)
         dev = x.device
         A32 = A.to(torch.float32).contiguous()
-        prec = _prec(x.dtype)
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
         block_p = column_block(P, x.dtype != torch.float32)
         dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
         launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
-            T, H, N, P, L, n, MODE=1, PREC=prec, **_blocks(L, N, P, block_p), **_launch_opts())
+            T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
         gend = torch.empty_like(dstates)
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
@@ -410,7 +406,7 @@ class _SSDTriton(torch.autograd.Function):
         tiles = (x, dt, A32, B, C, dy, hstart, gend)
         strides = (*x.stride(), *dt.stride(), *B.stride())
         sizes = (T, H, N, P, L, n)
-        consts = dict(PREC=prec, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
+        consts = dict(PREC=_PREC, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
         launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
         out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
         launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
