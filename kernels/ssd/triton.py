@@ -418,8 +418,9 @@ class _SSDTriton(torch.autograd.Function):
 
 
 class _Parts(NamedTuple):
-    """How ``_chunk_bwd`` splits the columns of ``x``: ``count`` blocks of ``block_p``, and the element
-    offsets between the blocks' shares of dB / dC (``bn``), ddt (``t``) and the dA partials (``a``)."""
+    """How ``_chunk_bwd_x`` and ``_chunk_bwd_bc`` split the columns of ``x``: ``count`` blocks of ``block_p``,
+    and the element offsets between the blocks' shares of dB / dC (``bn``), ddt (``t``) and the dA partials
+    (``a``)."""
     block_p: int
     count: int
     bn: int
@@ -428,9 +429,9 @@ class _Parts(NamedTuple):
 
 
 def _chunk_bwd_outputs(x, dt, B, n, block_p):
-    """``dx``, ``ddt``, ``dB``, ``dC``, the dA partials and the column split of ``_chunk_bwd``: with one
-    column block, the gradients themselves; with several, fp32 shares stacked along a leading axis (in
-    the layouts of ``dt`` and ``B``), summed by the caller."""
+    """``dx``, ``ddt``, ``dB``, ``dC``, the dA partials and the column split of the backward chunk kernels:
+    with one column block, the gradients themselves; with several, fp32 shares stacked along a leading
+    axis (in the layouts of ``dt`` and ``B``), summed by the caller."""
     b, T, H, P = x.shape
     count = triton.cdiv(P, block_p)
     dx = torch.empty_like(x)
