@@ -13,7 +13,7 @@ Forward kernels, in the order of Dao & Gu (2024) / mamba-ssm / flash-linear-atte
 (a sequential loop over chunks, parallel over batch, head and blocks of the N x P state), ``_chunk_out``
 (per chunk, (batch, head) and column block). Each chunk kernel recomputes the cumulative sum of
 ``dt * A`` of its chunk in registers (``tl.cumsum``; L values, cheaper than a round trip through
-memory). The states entering every chunk (fp32) and the per-chunk decays are saved for the backward.
+memory). The states entering every chunk and the per-chunk decays are saved for the backward.
 
 Backward, the mirror: with ``G_c`` the gradient w.r.t. the state leaving chunk ``c``,
 ``G_{c-1} = exp(a_L^c) G_c + sum_t exp(a_t) C_t dy_t^T`` (``_chunk_state`` in its second mode, then
@@ -36,14 +36,16 @@ block, and where there are several blocks each writes its share of ``dB``, ``dC`
 Precision. fp32 inputs: every product in exact fp32 (``input_precision="ieee"``). bf16 / fp16 inputs:
 every ``tl.dot`` takes 16-bit operands (the input dtype) and accumulates in fp32, on tensor cores, as
 mamba-ssm's kernels do: ``x``, ``dy``, ``B``, ``C`` as stored; the decay-weighted tiles (``B exp(a_L -
-a) dt``, the scores ``(C B^T) * D * dt``, ``K``, ``Wd``), ``u = dt x`` and the fp32 states ``h0`` and
-``G`` rounded to the input dtype as operands. The decays, ``dt``, the cumulative sums, the states and
-their passes, the row and column sums of ``dA`` and every accumulator are fp32; outputs are cast to the
-input dtypes. Measured against fp64 on fp16 inputs under the interpreter (24 random shapes: T 1-130, N
-4-128, P 8-128, chunk 1-128, B and C per head or shared): outputs and gradients within 5.5e-4 relative
-(Frobenius), dA (a sum whose terms cancel) within 1.8e-3; at N 16, P 32: 2.4e-4 to 4.1e-4, against 2.1e-4
-to 3.2e-4 with every product in fp32 after an upcast. The test tolerance of 5e-3 / 1e-2
-(tests/kernels/test_low_precision.py) keeps about a 10x margin.
+a) dt``, the scores ``(C B^T) * D * dt``, ``K``, ``Wd``), ``u = dt x``, and the states ``h0`` and ``G``,
+which the passes accumulate in fp32 and store in the input dtype (the chunk kernels read them only as
+operands and in one sum; as the delta rule's kernels store theirs, at half the memory of fp32 states).
+The chunk states, the decays, ``dt``, the cumulative sums, the passes' running states, the row and
+column sums of ``dA`` and every accumulator are fp32; outputs are cast to the input dtypes. Measured
+against fp64 on fp16 inputs under the interpreter (24 random shapes: T 1-130, N 4-128, P 8-128, chunk
+1-128, B and C per head or shared): outputs and gradients within 5.5e-4 relative (Frobenius), dA (a sum
+whose terms cancel) within 1.8e-3; at N 16, P 32: 2.4e-4 to 4.1e-4, against 2.1e-4 to 3.2e-4 with every
+product in fp32 after an upcast. The test tolerance of 5e-3 / 1e-2 (tests/kernels/test_low_precision.py)
+keeps about a 10x margin.
 
 Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
 ``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
@@ -133,7 +135,7 @@ def _state_pass(
         s = tl.zeros([BLOCK], tl.float32)
     for c in range(NCHUNK):
         idx = ((b * NCHUNK + c) * H + h) * NP + offs
-        tl.store(HSTART + idx, s, mask=m)
+        tl.store(HSTART + idx, s.to(HSTART.dtype.element_ty), mask=m)
         decay = tl.exp(tl.load(ALAST + pid_bh.to(tl.int64) * NCHUNK + c))
         s = decay * s + tl.load(STATES + idx, mask=m, other=0.0)
     tl.store(FINAL + pid_bh.to(tl.int64) * NP + offs, s, mask=m)
@@ -159,7 +161,7 @@ def _state_pass_bwd(
     for i in range(NCHUNK):
         c = NCHUNK - 1 - i
         idx = ((b * NCHUNK + c) * H + h) * NP + offs
-        tl.store(GEND + idx, g, mask=m)
+        tl.store(GEND + idx, g.to(GEND.dtype.element_ty), mask=m)
         decay = tl.exp(tl.load(ALAST + pid_bh.to(tl.int64) * NCHUNK + c))
         g = decay * g + tl.load(DSTATES + idx, mask=m, other=0.0)
     tl.store(DINIT + pid_bh.to(tl.int64) * NP + offs, g, mask=m)
@@ -213,7 +215,7 @@ def _chunk_bwd_tiles(
     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     # what both backward chunk kernels read: the chunk's decays and its tiles of x, dy (BLOCK_P columns),
-    # B, C, and the states h0 (entering) and G (gradient of the leaving state), fp32; x, dy, B, C as stored
+    # B, C, and the states h0 (entering) and G (gradient of the leaving state), all as stored
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -277,7 +279,8 @@ def _chunk_bwd_x(
     e_start = tl.where(ok, tl.exp(a), 0.0)
     ch0 = tl.dot(c_mat, h0.to(lo), input_precision=PREC)  # (L, P)
     da = tl.sum(w, 1) - tl.sum(w, 0) + e_start * tl.sum(dy.to(tl.float32) * ch0, 1) - state_in
-    extra = tl.sum(state_in, 0) + tl.exp(a_last) * tl.sum(tl.sum(g * h0, 1), 0)  # d/da_L
+    # d/da_L
+    extra = tl.sum(state_in, 0) + tl.exp(a_last) * tl.sum(tl.sum(g.to(tl.float32) * h0.to(tl.float32), 1), 0)
     dta_grad = tl.sum(da, 0) - tl.cumsum(da, 0) + da + extra  # reverse cumsum: d/d(dt_t A)
     dta_grad = tl.where(ok, dta_grad, 0.0)
     ddt += a_h * dta_grad
@@ -312,6 +315,11 @@ def _chunk_bwd_bc(
     db = tl.dot(tl.trans(wd), c_mat, input_precision=PREC)
     db += e_end[:, None] * tl.dot(u_lo, tl.trans(g.to(lo)), input_precision=PREC)
     tl.store(DB + out, db.to(DB.dtype.element_ty), mask=ln_mask)
+
+
+def _operand_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the chunk kernels' products take (and the passes store the states in): the input's."""
+    return x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
 def column_block(P: int, low_precision: bool) -> int:
@@ -365,7 +373,7 @@ class _SSDTriton(torch.autograd.Function):
         launch(_chunk_state, grid,
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=0, PREC=_PREC, **blocks, **_launch_opts())
-        hstart = torch.empty_like(states)
+        hstart = torch.empty_like(states, dtype=_operand_dtype(x))
         final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         init = initial_state.contiguous() if initial_state is not None else final
         launch(_state_pass, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
@@ -395,7 +403,7 @@ class _SSDTriton(torch.autograd.Function):
         launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
-        gend = torch.empty_like(dstates)
+        gend = torch.empty_like(dstates, dtype=_operand_dtype(x))
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
         launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
