@@ -317,11 +317,6 @@ def _chunk_bwd_bc(
     tl.store(DB + out, db.to(DB.dtype.element_ty), mask=ln_mask)
 
 
-def _operand_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the chunk kernels' products take (and the passes store the states in): the input's."""
-    return x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
-
-
 def column_block(P: int, low_precision: bool) -> int:
     """Columns of ``x`` per program, a power of two >= 16: all of ``P`` up to 64 with 16-bit inputs (blocks
     of 64 above), 16 with fp32 inputs, whose exact products are FMA loops over whole register tiles
@@ -373,7 +368,7 @@ class _SSDTriton(torch.autograd.Function):
         launch(_chunk_state, grid,
             B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=0, PREC=_PREC, **blocks, **_launch_opts())
-        hstart = torch.empty_like(states, dtype=_operand_dtype(x))
+        hstart = torch.empty_like(states, dtype=x.dtype)  # read only as operands
         final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         init = initial_state.contiguous() if initial_state is not None else final
         launch(_state_pass, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
@@ -403,7 +398,7 @@ class _SSDTriton(torch.autograd.Function):
         launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
             C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
             T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
-        gend = torch.empty_like(dstates, dtype=_operand_dtype(x))
+        gend = torch.empty_like(dstates, dtype=x.dtype)
         dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
         dfin = dfinal.contiguous() if dfinal is not None else dinit
         launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
@@ -477,6 +472,10 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     if max(N, P) > MAX_DIM:
         raise ValueError(f"ssd_triton: d_state and head dim must be <= {MAX_DIM} (got {N}, {P}): larger chunk tiles "
                          f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
+    if x.dtype == torch.float64:  # computed in fp32, as every fp32 input (the kernels take 32 and 16 bits)
+        h0 = None if initial_state is None else initial_state.float()
+        y, final = ssd_triton(x.float(), dt.float(), A, B.float(), C.float(), chunk_size, h0)
+        return y.double(), final.double()
     chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
     x, dt = x.contiguous(), dt.contiguous()
     B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
