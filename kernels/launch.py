@@ -146,7 +146,7 @@ def launch(kernel, grid, *args, **kwargs):
         ahead.warm(kernel, grid, args, kwargs)
         return None
     if _counters:
-        _count(kernel, kwargs)
+        name = _count(kernel, kwargs)
         if not _counters[-1].execute:
             return None
     timers = [c for c in _counters if c.timed is not None]
@@ -157,21 +157,23 @@ def launch(kernel, grid, *args, **kwargs):
     finally:
         _running -= 1
         for counter in timers:
-            counter.timed.append((kernel_name(jit_function(kernel)), time.perf_counter() - start))
+            counter.timed.append((name, time.perf_counter() - start))
 
 
 def _autotuned(kernel) -> bool:
     return bool(getattr(kernel, "configs", None))
 
 
-def _count(kernel, kwargs: dict) -> None:
-    """One launch into every active :class:`LaunchCounter`, with the options it is launched with."""
+def _count(kernel, kwargs: dict) -> str:
+    """One launch into every active :class:`LaunchCounter`, with the options it is launched with; returns
+    the kernel's name."""
     name = kernel_name(jit_function(kernel))
     options = "autotuned" if _autotuned(kernel) else \
         (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES))
     for counter in _counters:
         counter[name] += 1
         counter.options.setdefault(name, set()).add(options)
+    return name
 
 
 _counters: list = []
