@@ -19,7 +19,9 @@ knows nothing of shared memory. These tests close that gap:
 - ``test_16_bit_products_run_on_tensor_cores``: every kernel that calls ``tl.dot`` and is launched for bf16 or
   fp16 inputs compiles to ``mma``/``wgmma`` instructions (a launcher that upcasts to fp32 before its products
   fails), unless its module declares why its products stay fp32 (``FP32_DOT_KERNELS``); fp32 inputs never
-  run tf32 products. ``test_tensor_core_rule_catches_an_upcast`` compiles one small kernel both ways.
+  run tf32 products. ``test_no_16_bit_arithmetic_outside_products``: no kernel adds, multiplies, divides,
+  reduces or accumulates bf16/fp16 values (its Triton IR), since the interpreter cannot check bf16 arithmetic.
+  ``test_precision_rules_catch_an_upcast_and_16_bit_arithmetic`` compiles one small kernel each way.
 - ``test_no_kernel_reads_a_plain_global`` (and the test that it catches one): a jitted function may
   read only constexpr globals, other jitted functions and modules.
 """
@@ -154,16 +156,28 @@ def test_16_bit_products_run_on_tensor_cores(check_report):
     assert not tf32, f"fp32 inputs multiplied in tf32: {tf32}"
 
 
+def test_no_16_bit_arithmetic_outside_products(check_report):
+    _, report = check_report
+    rounded = [f"{r['kernel']} sm_{r['arch']} ({r['pointers']}): {r['half_arith_ops']}" for r in report["results"]
+               if r["half_arith_ops"]]
+    assert not rounded, "rounding operations on 16-bit values (compute in fp32, round once as an operand):\n" + \
+        "\n".join(rounded)
+
+
 _TINY_DOT = """
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def tiny_dot(a_ptr, b_ptr, c_ptr, UPCAST: tl.constexpr):
+def tiny_dot(a_ptr, b_ptr, c_ptr, UPCAST: tl.constexpr, HALF_ARITH: tl.constexpr = False):
     r = tl.arange(0, 16)
     a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
     b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+    if HALF_ARITH:     # a 16-bit product of elements, rounded to bf16 before the dot
+        a = a * b
+    else:              # the same computed in fp32, rounded once as the dot's operand
+        a = (a.to(tl.float32) * b.to(tl.float32)).to(a.dtype)
     if UPCAST:
         c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
@@ -172,8 +186,10 @@ def tiny_dot(a_ptr, b_ptr, c_ptr, UPCAST: tl.constexpr):
 """
 
 
-def test_tensor_core_rule_catches_an_upcast(tmp_path, monkeypatch):
-    """The rule reads the PTX: bf16 operands give mma/wgmma, the same product after an upcast gives none."""
+def test_precision_rules_catch_an_upcast_and_16_bit_arithmetic(tmp_path, monkeypatch):
+    """The tensor-core rule reads the PTX: bf16 operands give mma/wgmma, the same product after an upcast gives
+    none. The arithmetic rule reads the Triton IR: an elementwise product computed in bf16 fails, the same
+    product computed in fp32 and rounded once as the dot's operand passes."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         monkeypatch.delenv("TRITON_INTERPRET")
     (tmp_path / "tiny_dot_kernels.py").write_text(_TINY_DOT)
@@ -183,18 +199,20 @@ def test_tensor_core_rule_catches_an_upcast(tmp_path, monkeypatch):
             "from zoo.benchmark.compile_check import compile_launch\n"
             "from tiny_dot_kernels import tiny_dot\n"
             "out = []\n"
-            "for upcast in (False, True):\n"
+            "for upcast, half in ((False, False), (True, False), (False, True)):\n"
             "    launch = Launch(tiny_dot, (('a_ptr', '*bf16'), ('b_ptr', '*bf16'), ('c_ptr', '*fp32')),\n"
-            "                    (('UPCAST', upcast),), tags=(('tiny', 'bf16', ''),))\n"
+            "                    (('UPCAST', upcast), ('HALF_ARITH', half)), tags=(('tiny', 'bf16', ''),))\n"
             "    r = compile_launch(launch, 90)\n"
-            "    out.append([r.error, r.dot, r.tensor_core_ops, r.missing_tensor_cores, r.ok])\n"
+            "    out.append([r.error, r.dot, r.tensor_core_ops, r.missing_tensor_cores, r.half_arith_ops, r.ok])\n"
             "print(json.dumps(out))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (err16, dot16, ops16, miss16, ok16), (err32, dot32, ops32, miss32, ok32) = json.loads(proc.stdout.splitlines()[-1])
-    assert err16 is None and err32 is None
-    assert dot16 and dot32
-    assert ops16 > 0 and not miss16 and ok16
-    assert ops32 == 0 and miss32 and not ok32
+    bf16, upcast, half = json.loads(proc.stdout.splitlines()[-1])
+    assert bf16[0] is None and upcast[0] is None and half[0] is None
+    assert bf16[1] and upcast[1]
+    assert bf16[2] > 0 and not bf16[3] and bf16[4] == 0 and bf16[5]
+    assert upcast[2] == 0 and upcast[3] and not upcast[5]
+    # the one multiplication rounded to bf16 (tensor cores or not) fails the check
+    assert half[2] > 0 and not half[3] and half[4] == 1 and not half[5]

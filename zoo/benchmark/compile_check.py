@@ -25,6 +25,13 @@ triangular solve, say) names itself and the reason in its module's ``FP32_DOT_KE
 fp32-only inputs must have no ``tf32`` product: fp32 inputs keep the exact fp32 path
 (``input_precision="ieee"``).
 
+16-bit arithmetic: with bf16 / fp16 inputs a kernel rounds to 16 bits only where it feeds a product or stores
+a result; every sum, difference, product of elements, quotient and function value it computes is fp32. The
+check reads the kernel's Triton IR and fails a launch with any rounding operation on 16-bit values (addition,
+subtraction, multiplication, division, a math function, a reduction that combines them, a ``tl.dot`` that
+accumulates in 16 bits). This is the one place it can be checked: the interpreter's bf16 arithmetic is
+wrong (the CPU tests run fp16 and fp32), and an fp32 tolerance hides one rounding too many.
+
 Run without ``TRITON_INTERPRET=1`` (the kernels must be real ``JITFunction`` objects).
 """
 from __future__ import annotations
@@ -299,6 +306,7 @@ class Result:
     tf32_ops: int = 0                    # of those, products on tf32 operands
     dot: bool = False                    # the kernel calls tl.dot
     fp32_dots_because: str | None = None  # the kernel's declared reason to keep 16-bit products in fp32
+    half_arith_ops: int = 0              # rounding operations on bf16/fp16 values in the Triton IR
 
     @property
     def sixteen_bit(self) -> bool:
@@ -317,12 +325,18 @@ class Result:
         return self.error is None and _input_dtype(self.launch) == "fp32" and self.tf32_ops > 0
 
     @property
+    def sixteen_bit_arithmetic(self) -> bool:
+        """Elementwise arithmetic, a reduction or an accumulation in bf16/fp16 (only operands may be 16-bit)."""
+        return self.error is None and self.half_arith_ops > 0
+
+    @property
     def over_shared(self) -> bool:
         return self.error is None and self.shared > SHARED_LIMIT[self.arch]
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.over_shared and not self.missing_tensor_cores and not self.inexact_fp32
+        return (self.error is None and not self.over_shared and not self.missing_tensor_cores and not self.inexact_fp32
+                and not self.sixteen_bit_arithmetic)
 
 
 def _ptxas_numbers(log: str) -> tuple[int, int, int]:
@@ -346,6 +360,20 @@ def _ptxas_log(ptx: str, arch: int) -> str:
 #: PTX instructions that run on tensor cores: warp-level ``mma.sync`` (sm_80 and up), warpgroup ``wgmma`` (sm_90)
 _TENSOR_CORE_OP = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)\b")
 _TF32_OP = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)\S*\.tf32\b")
+
+
+#: Triton IR operations that round their result, on a bf16/fp16 tensor or scalar (a reduction's combining region
+#: holds scalar ones): arithmetic, math functions (but the exact ``absf``), and ``tt.dot`` accumulating in 16 bits.
+#: Conversions, comparisons, selects, negation, max and min are exact and not listed.
+_HALF_ARITH_OP = re.compile(
+    r"= (?:arith\.(?:addf|subf|mulf|divf|remf)|math\.(?!absf\b)\w+|tt\.precise_\w+|tt\.extern_elementwise)\b[^\n]*"
+    r":\s*(?:tensor<[^>\n]*x)?(?:bf16|f16)>?\s*(?:loc\(|$)"
+    r"|= tt\.dot\b[^\n]*->\s*tensor<[^>\n]*x(?:bf16|f16)>", re.M)
+
+
+def half_arith_count(ttir: str) -> int:
+    """Rounding operations on 16-bit values in a kernel's Triton IR (:data:`_HALF_ARITH_OP`)."""
+    return len(_HALF_ARITH_OP.findall(ttir))
 
 
 def tensor_core_counts(ptx: str) -> tuple[int, int]:
@@ -405,6 +433,7 @@ def compile_launch(launch: Launch, arch: int) -> Result:
                                   options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
         res.shared = int(kern.metadata.shared)
         res.tensor_core_ops, res.tf32_ops = tensor_core_counts(kern.asm["ptx"])
+        res.half_arith_ops = half_arith_count(kern.asm["ttir"])
         text = log.getvalue()
         if "Used " not in text:  # a cached kernel: ptxas did not run, so run it on the PTX for its numbers
             text = _ptxas_log(kern.asm["ptx"], arch)
@@ -438,6 +467,8 @@ def table_rows(results: list[Result]) -> list[list[str]]:
             status = "FAIL: tl.dot with 16-bit inputs compiled to no mma/wgmma"
         elif r.inexact_fp32:
             status = "FAIL: fp32 inputs multiplied in tf32"
+        elif r.sixteen_bit_arithmetic:
+            status = f"FAIL: {r.half_arith_ops} rounding operations on 16-bit values (compute in fp32)"
         else:
             status = "ok"
         rows.append([r.launch.name, f"sm_{r.arch}", _input_dtype(r.launch), _describe(r.launch),
@@ -519,7 +550,8 @@ def _as_dict(r: Result) -> dict:
             "ok": r.ok, "status": table_rows([r])[0][-1], "shared": r.shared, "shared_limit": SHARED_LIMIT[r.arch],
             "registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
             "calls_dot": r.dot, "tensor_core_ops": r.tensor_core_ops, "tf32_ops": r.tf32_ops,
-            "fp32_dots_because": r.fp32_dots_because, "case_dtypes": sorted(_case_dtypes(r.launch)),
+            "fp32_dots_because": r.fp32_dots_because, "half_arith_ops": r.half_arith_ops,
+            "case_dtypes": sorted(_case_dtypes(r.launch)),
             "seconds": round(r.seconds, 2), "recorded_for": sorted({t[1] for t in r.launch.tags}),
             "cases": [" ".join(t) for t in r.launch.tags]}
 
