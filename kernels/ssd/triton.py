@@ -47,6 +47,11 @@ whose terms cancel) within 1.8e-3; at N 16, P 32: 2.4e-4 to 4.1e-4, against 2.1e
 product in fp32 after an upcast. The test tolerance of 5e-3 / 1e-2 (tests/kernels/test_low_precision.py)
 keeps about a 10x margin.
 
+Stages. The host side is six functions, one launch each (the chunk gradients two): :func:`chunk_states`,
+:func:`pass_states`, :func:`chunk_outputs`, :func:`chunk_state_grads`, :func:`pass_state_grads` and
+:func:`chunk_grads`; each has its reference of the same name in :mod:`kernels.ssd.stages`
+(tests/kernels/test_ssd_stages.py checks them one by one).
+
 Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
 ``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
 """
@@ -61,7 +66,8 @@ import triton.language as tl
 from ..backend import triton_interpreting
 from ..launch import launch
 
-__all__ = ["ssd_triton"]
+__all__ = ["ssd_triton", "chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads",
+           "chunk_grads"]
 
 
 @triton.jit
@@ -351,33 +357,112 @@ def block_chunk(chunk_size: int, N: int, P: int, low_precision: bool = True) -> 
     return min(chunk_size, 64 if low_precision else 32)
 
 
+# --------------------------------------------------------------------------------------------------
+# the stages: one launch each (the backward's chunk gradients two), each with its reference in
+# kernels.ssd.stages; x (b, T, H, P), dt (b, T, H), A32 (H,) fp32, B and C (b, T, H, N) in x's dtype,
+# chunk L; states and their gradients are (b, n, H, N, P), the chunks' last cumulative decays (b, H, n),
+# read as contiguous (a no-op for the stages' own outputs)
+# --------------------------------------------------------------------------------------------------
+def chunk_states(x, dt, A32, B, L: int):
+    """``(S, alast)``: every chunk's own state ``S_c = sum_s exp(a_L - a_s) dt_s B_s x_s^T`` (fp32) and its
+    cumulative decay at its last position ``a_L``."""
+    b, T, H, P = x.shape
+    N = B.shape[-1]
+    n = triton.cdiv(T, L)
+    block_p = column_block(P, x.dtype != torch.float32)
+    states = torch.empty(b, n, H, N, P, device=x.device, dtype=torch.float32)
+    alast = torch.empty(b, H, n, device=x.device, dtype=torch.float32)
+    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
+           B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
+           T, H, N, P, L, n, MODE=0, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
+    return states, alast
+
+
+def _pass(kernel, has_start: str, parts, alast, start, dtype):
+    """The sequential pass over chunks, forwards (``_state_pass``) or backwards (``_state_pass_bwd``): what
+    enters every chunk stored in ``dtype``, and the fp32 value after the pass."""
+    b, n, H, N, P = parts.shape
+    parts, alast = parts.contiguous(), alast.contiguous()
+    stored = torch.empty_like(parts, dtype=dtype)
+    last = torch.empty(b, H, N, P, device=parts.device, dtype=torch.float32)
+    launch(kernel, (triton.cdiv(N * P, _PASS_BLOCK), b * H), parts, alast,
+           start.contiguous() if start is not None else last, stored, last, H, n, N * P,
+           **{has_start: start is not None}, BLOCK=_PASS_BLOCK)
+    return stored, last
+
+
+def pass_states(states, alast, initial_state, dtype):
+    """``(hstart, final)``: the state entering every chunk, ``h0_{c+1} = exp(a_L^c) h0_c + S_c`` from
+    ``initial_state`` (or zero), stored in ``dtype`` (the chunk kernels read it only as an operand), and the
+    state after the last chunk (fp32)."""
+    return _pass(_state_pass, "HAS_INIT", states, alast, initial_state, dtype)
+
+
+def chunk_outputs(x, dt, A32, B, C, hstart, L: int):
+    """``y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c`` within every chunk."""
+    b, T, H, P = x.shape
+    N = B.shape[-1]
+    n = triton.cdiv(T, L)
+    block_p = column_block(P, x.dtype != torch.float32)
+    hstart = hstart.contiguous()
+    y = torch.empty_like(x)
+    launch(_chunk_out, (n, b * H, triton.cdiv(P, block_p)),
+           x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
+           T, H, N, P, L, n, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
+    return y
+
+
+def chunk_state_grads(C, dy, dt, A32, L: int):
+    """Every chunk's contribution to the gradient of the state entering it, ``sum_t exp(a_t) C_t dy_t^T``
+    (fp32)."""
+    b, T, H, P = dy.shape
+    N = C.shape[-1]
+    n = triton.cdiv(T, L)
+    block_p = column_block(P, dy.dtype != torch.float32)
+    dstates = torch.empty(b, n, H, N, P, device=dy.device, dtype=torch.float32)
+    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
+           C, dy, dt, A32, dstates, dstates, *C.stride(), *dy.stride(), *dt.stride(),
+           T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
+    return dstates
+
+
+def pass_state_grads(dstates, alast, dfinal, dtype):
+    """``(gend, dinit)``: the gradient of the state leaving every chunk, ``G_{c-1} = exp(a_L^c) G_c +
+    dstates_c`` from ``dfinal`` (or zero), stored in ``dtype``, and that of the initial state (fp32)."""
+    return _pass(_state_pass_bwd, "HAS_DFINAL", dstates, alast, dfinal, dtype)
+
+
+def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int):
+    """``(dx, ddt, dA, dB, dC)`` of every chunk's ``<dy, y> + <G, exp(a_L) h0 + S>`` with the states ``h0``
+    entering and the gradients ``G`` of the states leaving held fixed (``dA`` (H,) fp32 summed over batch and
+    chunks; the others in their inputs' dtypes)."""
+    b, T, H, P = x.shape
+    N = B.shape[-1]
+    n = triton.cdiv(T, L)
+    dx, ddt, dB, dC, da_part, parts = _chunk_bwd_outputs(x, dt, B, n, column_block(P, x.dtype != torch.float32))
+    assert dy.stride() == x.stride() and C.stride() == B.stride()
+    hstart, gend = hstart.contiguous(), gend.contiguous()
+    grid = (n, b * H, parts.count)
+    tiles = (x, dt, A32, B, C, dy, hstart, gend)
+    strides = (*x.stride(), *dt.stride(), *B.stride())
+    sizes = (T, H, N, P, L, n)
+    consts = dict(PREC=_PREC, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
+    launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
+    out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
+    launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
+    if parts.count > 1:  # the column blocks' shares of dB, dC, ddt
+        dB, dC, ddt = (part.sum(0).to(like.dtype) for part, like in ((dB, B), (dC, C), (ddt, dt)))
+    return dx, ddt, da_part.sum(dim=(0, 1, 3)), dB, dC
+
+
 class _SSDTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, initial_state, chunk_size):
-        b, T, H, P = x.shape
-        N = B.shape[-1]
         L = chunk_size
-        n = triton.cdiv(T, L)
-        dev = x.device
         A32 = A.to(torch.float32).contiguous()
-        block_p = column_block(P, x.dtype != torch.float32)
-        blocks = _blocks(L, N, P, block_p)
-        grid = (n, b * H, triton.cdiv(P, block_p))
-        states = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
-        alast = torch.empty(b, H, n, device=dev, dtype=torch.float32)
-        launch(_chunk_state, grid,
-            B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
-            T, H, N, P, L, n, MODE=0, PREC=_PREC, **blocks, **_launch_opts())
-        hstart = torch.empty_like(states, dtype=x.dtype)  # read only as operands
-        final = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
-        init = initial_state.contiguous() if initial_state is not None else final
-        launch(_state_pass, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
-            states, alast, init, hstart, final, H, n, N * P,
-            HAS_INIT=initial_state is not None, BLOCK=_PASS_BLOCK)
-        y = torch.empty_like(x)
-        launch(_chunk_out, grid,
-            x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
-            T, H, N, P, L, n, PREC=_PREC, **blocks, **_launch_opts())
+        states, alast = chunk_states(x, dt, A32, B, L)
+        hstart, final = pass_states(states, alast, initial_state, x.dtype)
+        y = chunk_outputs(x, dt, A32, B, C, hstart, L)
         ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
         ctx.chunk_size = L
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
@@ -386,39 +471,13 @@ class _SSDTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dfinal):
         x, dt, A, B, C, hstart, alast = ctx.saved_tensors
-        b, T, H, P = x.shape
-        N = B.shape[-1]
         L = ctx.chunk_size
-        n = triton.cdiv(T, L)
-        dev = x.device
         A32 = A.to(torch.float32).contiguous()
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
-        block_p = column_block(P, x.dtype != torch.float32)
-        dstates = torch.empty(b, n, H, N, P, device=dev, dtype=torch.float32)
-        launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
-            C, dy, dt, A32, dstates, alast, *C.stride(), *dy.stride(), *dt.stride(),
-            T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
-        gend = torch.empty_like(dstates, dtype=x.dtype)
-        dinit = torch.empty(b, H, N, P, device=dev, dtype=torch.float32)
-        dfin = dfinal.contiguous() if dfinal is not None else dinit
-        launch(_state_pass_bwd, (triton.cdiv(N * P, _PASS_BLOCK), b * H),
-            dstates, alast, dfin, gend, dinit, H, n, N * P,
-            HAS_DFINAL=dfinal is not None, BLOCK=_PASS_BLOCK)
-        dx, ddt, dB, dC, da_part, parts = _chunk_bwd_outputs(x, dt, B, n, block_p)
-        assert dy.stride() == x.stride() and C.stride() == B.stride()
-        grid = (n, b * H, parts.count)
-        tiles = (x, dt, A32, B, C, dy, hstart, gend)
-        strides = (*x.stride(), *dt.stride(), *B.stride())
-        sizes = (T, H, N, P, L, n)
-        consts = dict(PREC=_PREC, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
-        launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
-        out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
-        launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
-        if parts.count > 1:  # the column blocks' shares of dB, dC, ddt
-            dB, dC, ddt = (part.sum(0).to(like.dtype) for part, like in ((dB, B), (dC, C), (ddt, dt)))
-        dA = da_part.sum(dim=(0, 1, 3)).to(A.dtype)
+        gend, dinit = pass_state_grads(chunk_state_grads(C, dy, dt, A32, L), alast, dfinal, x.dtype)
+        dx, ddt, dA, dB, dC = chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L)
         dinit_out = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
-        return dx, ddt, dA, dB, dC, dinit_out, None
+        return dx, ddt, dA.to(A.dtype), dB, dC, dinit_out, None
 
 
 class _Parts(NamedTuple):
