@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zoo.experiments.results import STEADY_NOTE, render, table_columns
 from zoo.recipes import resolve
@@ -88,6 +89,56 @@ def test_cuda_synchronises_at_window_boundaries_only(clock, monkeypatch):
 
     # start, the warm-up's end, two pauses (stop + resume each), the end: 7, however many steps
     assert run(30) == run(300) == 7
+
+
+class _DeviceReads(TorchDispatchMode):
+    """The order of a step's reads of computed values (``.item()``; not of ``host`` tensors, which stay on the
+    CPU on a GPU too), the operations that use a parameter, and its updates."""
+
+    def __init__(self, params, host=()):
+        super().__init__()
+        self.params = {p.data_ptr() for p in params}
+        self.host = {t.data_ptr() for t in host}
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            if args[0].data_ptr() not in self.host:
+                self.log.append("read")
+        else:
+            first = args[0] if args else None
+            tensors = first if isinstance(first, (list, tuple)) else [first]
+            touches = any(torch.is_tensor(t) and t.data_ptr() in self.params for t in tensors)
+            if touches:
+                self.log.append("update" if func._schema.is_mutable else "use")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_step_waits_for_the_device_once_after_its_update(monkeypatch):
+    """Between the first use of a parameter and the optimizer's last update, nothing is read from the device
+    (on a GPU each read waits for the queued work): the loss and hit counts of both micro-batches are read
+    after the update, once each; the count of supervised tokens is read from the host's labels before."""
+    recipe = resolve(TINY, ["train.steps=2", "train.threads=1", "train.grad_accum=2"])
+    real_step, logs = loop._step, []
+
+    def step(run, state, *args):
+        if state.step == 0:  # the first step also compiles ahead (on a GPU)
+            return real_step(run, state, *args)
+        # AdamW's step counters are CPU tensors (also on a GPU): reading them waits for nothing
+        counters = [s["step"] for s in state.optimizer.state.values() if torch.is_tensor(s.get("step"))]
+        with _DeviceReads(state.model.parameters(), counters) as reads:
+            out = real_step(run, state, *args)
+        logs.append(reads.log)
+        return out
+
+    monkeypatch.setattr(loop, "_step", step)
+    loop.train(recipe, progress=False)
+    (log,) = logs
+    first_use, last_update = log.index("use"), max(i for i, e in enumerate(log) if e == "update")
+    reads = [i for i, e in enumerate(log) if e == "read"]
+    assert first_use < last_update
+    assert [i for i in reads if first_use < i < last_update] == []
+    assert sum(i > last_update for i in reads) == 2 and sum(i < first_use for i in reads) == 1
 
 
 def test_a_resumed_process_warms_up_again_and_the_totals_carry_over(clock):

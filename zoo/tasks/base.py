@@ -28,8 +28,14 @@ class TaskData:
     def batch(self, index: torch.Tensor) -> "TaskData":
         return TaskData(self.inputs[index], self.labels[index], None if self.mask is None else self.mask[index])
 
-    def to(self, device) -> "TaskData":
-        return TaskData(self.inputs.to(device), self.labels.to(device), None if self.mask is None else self.mask.to(device))
+    def to(self, device, non_blocking: bool = False) -> "TaskData":
+        """On ``device``; ``non_blocking``: to CUDA through pinned memory, without waiting for the copy (nor for
+        the work queued before it)."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+
+        def move(t):
+            return (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+        return TaskData(move(self.inputs), move(self.labels), None if self.mask is None else move(self.mask))
 
 
 SPLIT_OFFSET = {"train": 1, "test": 2}

@@ -179,13 +179,18 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
 
 
 def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[float, float]:
-    """One optimizer step on the next global batch; returns its loss and accuracy over all ranks."""
+    """One optimizer step on the next global batch; returns its loss and accuracy over all ranks.
+
+    The host waits for the device once, after the whole step is queued: the batch is copied without
+    waiting (pinned memory on CUDA), the count of supervised tokens comes from the host's copy of the
+    labels, and the loss and hits are summed on the device and read after the optimizer step."""
     t = run.recipe.train
-    batch = state.next_batch(train_data, t.batch_size).batch(run.ctx.shard(t.batch_size)).to(run.device)
+    host = state.next_batch(train_data, t.batch_size).batch(run.ctx.shard(t.batch_size))
     # the global count of supervised tokens (the loss's denominator) is known before any forward pass
-    count = run.ctx.all_sum([(batch.labels != -100).sum().item()], run.device)[0]
+    count = run.ctx.all_sum([(host.labels != -100).sum().item()], run.device)[0]
+    batch = host.to(run.device, non_blocking=True)
     state.optimizer.zero_grad(set_to_none=True)
-    total = correct = 0.0
+    total = correct = 0
     parts = torch.arange(len(batch)).chunk(t.grad_accum)  # micro-batches: their gradients add up
     if not run.kernels_compiled:
         run.kernels_compiled = True
@@ -198,14 +203,14 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
         with forward.eager.no_sync() if defer else contextlib.nullcontext():
             # DDP averages over ranks: x world size / global count = the full batch's mean
             state.scaler.scale(loss_sum * (run.ctx.world_size / max(count, 1))).backward()
-        total, correct = total + loss_sum.item(), correct + hits.sum().item()
-    total, correct = run.ctx.all_sum([total, correct], run.device)
+        total, correct = total + loss_sum.detach().double(), correct + hits.sum()
     if t.grad_clip > 0:
         state.scaler.unscale_(state.optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()
+    total, correct = run.ctx.all_sum([total.item(), correct.item()], run.device)
     return total / max(count, 1), correct / max(count, 1)
 
 
