@@ -527,7 +527,12 @@ def _solve_config(C, BD, op=1):
 
 def _backward_config(C, BD, reverse=False):
     """``(token tile, warps)`` of the backward kernels. The reverse kernel holds dH0 and dK (fp32) next to
-    its token tile: 8 warps (at 4 it spilled 1.6 KB for d 32 on sm_90)."""
+    its token tile: 8 warps (at 4 it spilled 1.6 KB for d 32 on sm_90). On sm_80 with 16-bit inputs it does
+    not fit at any warp count (d 64, C 64: ptxas keeps 32 registers and spills 26-32 KB per thread, at 4, 8
+    or 16 warps, with the loop-invariant operands reloaded every iteration too): there, where mma operands
+    live in registers, the reconstruction's three-piece products need more than 255; sm_90's wgmma reads
+    them from shared memory (16 B spilled). On an A100, ``grad="implicit"`` (the default) is the fast
+    backward."""
     return min(C, 16), (8 if reverse or BD > 32 else 4)
 
 
