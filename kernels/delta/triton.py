@@ -25,6 +25,10 @@ backward (``dO``, ``dh_final``)
       transform (``dTm = dU (beta V)^T + dW (beta e^G K)^T``, ``dA = -Tm^T dTm Tm^T``) to ``dK, dV,
       dbeta`` and ``dgamma`` (the in-chunk reverse cumulative sum of ``dG``).
 
+Stages. The host side is one function per kernel (:func:`prep`, :func:`state_pass`, :func:`output`,
+:func:`output_grads`, :func:`state_grads`, :func:`prep_grads`), each with its reference of the same name in
+:mod:`kernels.delta.stages` (tests/kernels/test_delta_stages.py checks them one by one).
+
 Precision. With bf16 / fp16 inputs every ``tl.dot`` takes 16-bit operands (the input dtype) and
 accumulates in fp32, on tensor cores; everything else is fp32: the state and its gradient stay fp32 in
 registers across the sequential loop and are rounded to 16 bits only as a dot operand and where stored
@@ -517,6 +521,100 @@ def query_stride(num_householder: int, BT: int) -> int:
     return n if n > 1 and BT % n == 0 and BT // n >= 16 else 1
 
 
+# ---------------------------------------------------------------------------------------------------
+# the stages: one launch each, each with its reference in kernels.delta.stages; layouts as in the module
+# docstring, intermediates (B*H, Lp, ...) with Lp = N * BT, the chunk states (B*H, N, K, V)
+# ---------------------------------------------------------------------------------------------------
+def _dims(k, V: int, BT: int):
+    """``(B, L, H, K, N, plan)``: the sizes of a launch on keys ``k`` and values of head dim ``V``, its number
+    of chunks and its block plan (a tuning sweep's, else :func:`kernel_plan`'s)."""
+    B, L, H, K = k.shape
+    return B, L, H, K, -(-L // BT), _tuned or kernel_plan(BT, K, V, k.dtype != torch.float32)
+
+
+def prep(k, v, beta, g, NQ: int, BT: int):
+    """``(G, Tm, U, W)``: the in-chunk cumulative gate (fp32), the UT transform ``Tm = (I + A)^{-1}``, and
+    ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K`` (in ``k``'s dtype)."""
+    V = v.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    lowp, dt = k.dtype != torch.float32, k.dtype
+    G = torch.empty(B * H, N * BT, device=k.device, dtype=torch.float32)
+    Tm = torch.empty(B * H, N * BT, BT, device=k.device, dtype=dt)
+    U = torch.empty(B * H, N * BT, V, device=k.device, dtype=dt)
+    W = torch.empty(B * H, N * BT, K, device=k.device, dtype=dt)
+    launch(_fwd_prep, (N, B * H), k, v, beta, g if g is not None else beta, G, Tm, U, W, L, N * BT,
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, LOWP=lowp,
+           num_warps=plan.warps)
+    return G, Tm, U, W
+
+
+def state_pass(k, G, U, W, h0, BT: int):
+    """``(h, D, hT)``: the state entering every chunk (in ``k``'s dtype), ``D = U - W h_c``, and the final
+    state (fp32), from ``h0`` (fp32) or zero."""
+    V = U.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    h = torch.empty(B * H, N, K, V, device=k.device, dtype=k.dtype)
+    D = torch.empty(B * H, N * BT, V, device=k.device, dtype=k.dtype)
+    hT = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    launch(_fwd_state, (V // plan.bv_state, B * H), k, G, U, W, h0 if h0 is not None else hT, h, D, hT, L, N * BT,
+           N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=h0 is not None, num_warps=plan.warps_fwd_state,
+           num_stages=plan.stages_state)
+    return h, D, hT
+
+
+def output(q, k, G, h, D, scale: float, NQ: int, BT: int):
+    """``o (B, L / NQ, H, V)`` at the query rows: ``scale (e^G Q h_c + ((Q K^T) * M) D)``."""
+    V = D.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    o = torch.empty(B, L // NQ, H, V, device=k.device, dtype=k.dtype)
+    launch(_fwd_out, (N, B * H), q, k, G, h, D, o, float(scale), L, N * BT, N,
+           H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+    return o
+
+
+def output_grads(q, k, G, h, D, do, scale: float, NQ: int, BT: int):
+    """``(dq, dk_o, dG_o, dDo)``: the gradients of ``<dO, o>`` through :func:`output` w.r.t. ``q`` (whole),
+    ``k``, ``G`` and ``D`` (fp32 partials, ``(B*H, Lp, ...)``), with ``h`` held fixed."""
+    V = D.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    f32 = dict(device=k.device, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    dk_o = torch.empty(B * H, N * BT, K, **f32)
+    dG_o = torch.empty(B * H, N * BT, **f32)
+    dDo = torch.empty(B * H, N * BT, V, **f32)
+    launch(_bwd_out, (N, B * H), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, N * BT, N,
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+    return dq, dk_o, dG_o, dDo
+
+
+def state_grads(q, k, G, W, do, dDo, dhT, scale: float, NQ: int, BT: int):
+    """``(dh, dU, dh0)``: the gradient of every chunk's exit state (in ``k``'s dtype), that of ``U`` (= of
+    ``D``: ``dDo`` plus the state update's part) and of the initial state (fp32), from ``dhT`` (or zero)."""
+    V = dDo.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    dh = torch.empty(B * H, N, K, V, device=k.device, dtype=k.dtype)
+    dU = torch.empty(B * H, N * BT, V, device=k.device, dtype=k.dtype)
+    dh0 = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    launch(_bwd_state, (V // plan.bv_state, B * H), q, k, G, W, do, dDo,
+           dhT.float().contiguous() if dhT is not None else dh0, dh, dU, dh0, float(scale), L, N * BT, N,
+           H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=dhT is not None,
+           num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
+    return dh, dU, dh0
+
+
+def prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ: int, BT: int):
+    """``(dk, dv, dbeta, dg)``: the inputs' gradients, through ``D = U - W h_c``, the state update and the UT
+    transform, with the other stages' parts ``dk_o`` and ``dG_o`` added (``dg`` None without a gate)."""
+    V = v.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    dk, dv, db = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
+    dg = torch.empty_like(g) if g is not None else None
+    launch(_bwd_prep, (N, B * H), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
+           dg if g is not None else db, L, N * BT, N, H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ,
+           HAS_G=g is not None, num_warps=plan.warps)
+    return dk, dv, db, dg
+
+
 class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
     """The six kernels with autograd.
 
@@ -528,73 +626,21 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, h0, scale: float, NQ: int, BT: int):
-        B, L, H, K = k.shape
-        V = v.shape[-1]
-        N = -(-L // BT)
-        Lp = N * BT
-        BH = B * H
-        lowp = k.dtype != torch.float32
-        dt = k.dtype
-        plan = _tuned or kernel_plan(BT, K, V, lowp)
-        f32 = dict(device=k.device, dtype=torch.float32)
-        lo = dict(device=k.device, dtype=dt)
-        G = torch.empty(BH, Lp, **f32)
-        Tm = torch.empty(BH, Lp, BT, **lo)
-        U = torch.empty(BH, Lp, V, **lo)
-        W = torch.empty(BH, Lp, K, **lo)
-        has_g = g is not None
-        launch(_fwd_prep, (N, BH), k, v, beta, g if has_g else beta, G, Tm, U, W, L, Lp,
-               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g, LOWP=lowp, num_warps=plan.warps)
-        h = torch.empty(BH, N, K, V, **lo)
-        D = torch.empty(BH, Lp, V, **lo)
-        hT = torch.empty(B, H, K, V, **f32)
-        has_h0 = h0 is not None
-        launch(_fwd_state, (V // plan.bv_state, BH), k, G, U, W, h0 if has_h0 else hT, h, D, hT, L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=has_h0, num_warps=plan.warps_fwd_state,
-               num_stages=plan.stages_state)
-        o = torch.empty(B, L // NQ, H, V, **lo)
-        launch(_fwd_out, (N, BH), q, k, G, h, D, o, float(scale), L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+        G, Tm, U, W = prep(k, v, beta, g, NQ, BT)
+        h, D, hT = state_pass(k, G, U, W, h0, BT)
+        o = output(q, k, G, h, D, scale, NQ, BT)
         ctx.save_for_backward(q, k, v, beta, g, G, Tm, W, h, D)
-        ctx.args = (scale, NQ, BT, has_h0)
+        ctx.args = (scale, NQ, BT, h0 is not None)
         return o, hT
 
     @staticmethod
     def backward(ctx, do, dhT):
         q, k, v, beta, g, G, Tm, W, h, D = ctx.saved_tensors
         scale, NQ, BT, has_h0 = ctx.args
-        B, L, H, K = k.shape
-        V = v.shape[-1]
-        N = -(-L // BT)
-        Lp = N * BT
-        BH = B * H
-        dt = k.dtype
-        lowp = dt != torch.float32
-        plan = _tuned or kernel_plan(BT, K, V, lowp)
-        do = do.to(dt).contiguous()
-        f32 = dict(device=k.device, dtype=torch.float32)
-        lo = dict(device=k.device, dtype=dt)
-        dq = torch.empty_like(q)
-        dk_o = torch.empty(BH, Lp, K, **f32)
-        dG_o = torch.empty(BH, Lp, **f32)
-        dDo = torch.empty(BH, Lp, V, **f32)
-        launch(_bwd_out, (N, BH), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, Lp, N,
-               H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
-        has_dht = dhT is not None
-        dh = torch.empty(BH, N, K, V, **lo)
-        dU = torch.empty(BH, Lp, V, **lo)
-        dh0 = torch.empty(B, H, K, V, **f32)
-        launch(_bwd_state, (V // plan.bv_state, BH), q, k, G, W, do, dDo, dhT.float().contiguous() if has_dht else dh0,
-               dh, dU, dh0, float(scale), L, Lp, N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=has_dht,
-               num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-        db = torch.empty_like(beta)
-        has_g = g is not None
-        dg = torch.empty_like(g) if has_g else None
-        launch(_bwd_prep, (N, BH), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-               dg if has_g else db, L, Lp, N, H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=has_g,
-               num_warps=plan.warps)
+        do = do.to(k.dtype).contiguous()
+        dq, dk_o, dG_o, dDo = output_grads(q, k, G, h, D, do, scale, NQ, BT)
+        dh, dU, dh0 = state_grads(q, k, G, W, do, dDo, dhT, scale, NQ, BT)
+        dk, dv, db, dg = prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ, BT)
         return dq, dk, dv, db, dg, (dh0 if has_h0 else None), None, None, None
 
 
