@@ -363,19 +363,25 @@ def block_chunk(chunk_size: int, N: int, P: int, low_precision: bool = True) -> 
 # chunk L; states and their gradients are (b, n, H, N, P), the chunks' last cumulative decays (b, H, n),
 # read as contiguous (a no-op for the stages' own outputs)
 # --------------------------------------------------------------------------------------------------
+def _chunk_sums(km, vm, dt, A32, L: int, mode: int):
+    """One launch of ``_chunk_state`` (see its ``MODE``): every chunk's ``(N, P)`` sum (fp32) and, forwards,
+    the chunks' last cumulative decays."""
+    b, T, H, P = vm.shape
+    N = km.shape[-1]
+    n = triton.cdiv(T, L)
+    block_p = column_block(P, vm.dtype != torch.float32)
+    out = torch.empty(b, n, H, N, P, device=vm.device, dtype=torch.float32)
+    alast = torch.empty(b, H, n, device=vm.device, dtype=torch.float32) if mode == 0 else out  # MODE 1: unused
+    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
+           km, vm, dt, A32, out, alast, *km.stride(), *vm.stride(), *dt.stride(),
+           T, H, N, P, L, n, MODE=mode, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
+    return out, alast
+
+
 def chunk_states(x, dt, A32, B, L: int):
     """``(S, alast)``: every chunk's own state ``S_c = sum_s exp(a_L - a_s) dt_s B_s x_s^T`` (fp32) and its
     cumulative decay at its last position ``a_L``."""
-    b, T, H, P = x.shape
-    N = B.shape[-1]
-    n = triton.cdiv(T, L)
-    block_p = column_block(P, x.dtype != torch.float32)
-    states = torch.empty(b, n, H, N, P, device=x.device, dtype=torch.float32)
-    alast = torch.empty(b, H, n, device=x.device, dtype=torch.float32)
-    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
-           B, x, dt, A32, states, alast, *B.stride(), *x.stride(), *dt.stride(),
-           T, H, N, P, L, n, MODE=0, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
-    return states, alast
+    return _chunk_sums(B, x, dt, A32, L, mode=0)
 
 
 def _pass(kernel, has_start: str, parts, alast, start, dtype):
@@ -415,15 +421,7 @@ def chunk_outputs(x, dt, A32, B, C, hstart, L: int):
 def chunk_state_grads(C, dy, dt, A32, L: int):
     """Every chunk's contribution to the gradient of the state entering it, ``sum_t exp(a_t) C_t dy_t^T``
     (fp32)."""
-    b, T, H, P = dy.shape
-    N = C.shape[-1]
-    n = triton.cdiv(T, L)
-    block_p = column_block(P, dy.dtype != torch.float32)
-    dstates = torch.empty(b, n, H, N, P, device=dy.device, dtype=torch.float32)
-    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
-           C, dy, dt, A32, dstates, dstates, *C.stride(), *dy.stride(), *dt.stride(),
-           T, H, N, P, L, n, MODE=1, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
-    return dstates
+    return _chunk_sums(C, dy, dt, A32, L, mode=1)[0]
 
 
 def pass_state_grads(dstates, alast, dfinal, dtype):
