@@ -1,13 +1,25 @@
 """One harness for every kernel test: relative error, forward and gradient comparison of a backend
 against a reference on the same fresh random inputs.
 
-``rel_err(a, b) = ||a - b|| / max(||b||, tiny)`` over the whole tensor, computed in fp64.
+``rel_err(a, b) = ||a - b|| / max(||b||, tiny)`` over the whole tensor, computed in fp64. :data:`DEVICE` and
+:data:`needs_triton` say where the tests run and which need Triton.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import pytest
 import torch
+
+from kernels.backend import triton_importable, triton_usable_for
+
+#: where the kernel tests run: the GPU when there is one, else the CPU (Triton through the interpreter)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+#: the mark of a test of a Triton kernel: skipped where Triton cannot run (no CUDA and no TRITON_INTERPRET=1)
+needs_triton = pytest.mark.skipif(
+    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
+    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
+)
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from kernels.attention import _sdpa, attention, attention_reference, flash_attn_available
-from kernels.backend import BackendUnavailable, triton_importable, triton_usable_for
-from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
-
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device="cuda" if torch.cuda.is_available() else "cpu"))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernels.backend import BackendUnavailable, triton_usable_for
+from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton, rel_err
 
 
 def _qkv(b, t, s, h, d, dtype=torch.float32, device=DEVICE):

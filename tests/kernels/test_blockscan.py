@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.blockscan import (
     block_scan,
     block_scan_step,
@@ -23,14 +22,8 @@ from kernels.blockscan import (
     jordan_step,
     jordan_step_normed,
 )
-from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton
 from tests.mixers.launches import count_launches
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
 
 
 def _dense_inputs(B, T, N, m, dtype=torch.float32):

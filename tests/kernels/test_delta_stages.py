@@ -16,16 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.delta import stages as ref
 from kernels.delta.chunked import chunk_gated_delta_rule_torch
-from tests.kernels.harness import rel_err
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
+from tests.kernels.harness import DEVICE, needs_triton, rel_err
 
 
 def _inputs(B, L, H, K, V, NQ, gate=True, dtype=torch.float64, device=DEVICE):

@@ -14,15 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.slots import kronecker_dense, kronecker_topk
-from tests.kernels.harness import assert_rel_close
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
+from tests.kernels.harness import DEVICE, assert_rel_close, needs_triton
 
 #: (U, d_p, K): one factor; K above d_p; K not a power of two; d_p not a power of two; K = M (every slot);
 #: many candidates per factor

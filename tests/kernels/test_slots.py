@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.slots import (
     kronecker_dense,
     kronecker_topk,
@@ -25,14 +24,8 @@ from kernels.slots import (
     slot_memory_sparse,
     slot_step,
 )
-from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton
 from tests.mixers.launches import count_launches
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
 
 
 def _distinct(B, T, H, M, K, device=DEVICE):

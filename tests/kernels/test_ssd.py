@@ -12,15 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import BackendUnavailable, triton_importable, triton_usable_for
+from kernels.backend import BackendUnavailable, triton_usable_for
 from kernels.ssd import ssd, ssd_chunked, ssd_reference, ssd_step
-from tests.kernels.harness import assert_rel_close, compare_backends, rel_err
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
-    reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
-)
+from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton, rel_err
 
 
 def _inputs(b, T, H, P, N, init=False, dtype=torch.float32, device=DEVICE, strong_decay=False):
