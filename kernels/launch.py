@@ -12,16 +12,21 @@ own code, never from a second copy. Inside :func:`counting` every launch is coun
 runs, unless told not to), and :func:`launching` says whether a launch is running (the interpreter runs
 torch operations of its own inside a launch, which a count of a layer's operations leaves out: on a GPU
 they are the kernel). Inside :func:`kernels.ahead.compile_ahead` every launch is compiled instead of run.
+On a CUDA device a launch takes the options its architecture's launch table measured for exactly its
+configuration (:mod:`kernels.launch_table`), whichever of these it is; :meth:`Launch.on_arch` gives a record
+the same options for the compile check.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import launch_table
 from .ahead import warming_up
 
 #: Triton's defaults for CUDA launches that do not name them (triton.backends.nvidia CUDAOptions)
@@ -54,6 +59,18 @@ class Launch:
 
     def key(self):
         return (self.name, self.signature, self.constexprs, self.num_warps, self.num_stages, self.aligned)
+
+    def config(self) -> tuple[bool, dict]:
+        """``(sixteen_bit, constexprs)`` as :func:`launch_config` gives them for the launch this records."""
+        declared = {name for _, name, _ in constexpr_params(self.kernel)}
+        return (any(t in ("*bf16", "*fp16") for _, t in self.signature),
+                {k: v for k, v in self.constexprs if k in declared})
+
+    def on_arch(self, arch: int, directory: str | None = None) -> Launch:
+        """This launch as a GPU of ``sm_<arch>`` makes it: with the options of the architecture's launch table
+        where an entry matches it (:mod:`kernels.launch_table`), else unchanged."""
+        options = launch_table.lookup(arch, self.name, *self.config(), directory or launch_table.directory())
+        return replace(self, **options) if options else self
 
 
 def kernel_name(kernel) -> str:
@@ -134,8 +151,13 @@ def _specialisation(fn, bound: dict, const_names: set) -> dict:
 
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, or only a record of it inside :func:`recording`, or only its compile
-    inside :func:`kernels.ahead.compile_ahead`; with the options of :func:`launch_options` where given."""
+    inside :func:`kernels.ahead.compile_ahead`; on a CUDA device with the options its architecture's launch
+    table measured for this very launch (:mod:`kernels.launch_table`), and with those of :func:`launch_options`
+    where given."""
     global _running
+    arch = _arch_of(args)
+    if arch is not None and not _autotuned(kernel):
+        kwargs = _with_table_options(kernel, arch, args, kwargs)
     if _options:
         kwargs = _with_options(kernel, kwargs)
     if _recorder is not None:
@@ -146,7 +168,7 @@ def launch(kernel, grid, *args, **kwargs):
         ahead.warm(kernel, grid, args, kwargs)
         return None
     if _counters:
-        name = _count(kernel, kwargs)
+        name = _count(kernel, args, kwargs)
         if not _counters[-1].execute:
             return None
     timers = [c for c in _counters if c.timed is not None]
@@ -160,19 +182,78 @@ def launch(kernel, grid, *args, **kwargs):
             counter.timed.append((name, time.perf_counter() - start))
 
 
+_CAPABILITY: dict = {}
+
+
+def _arch_of(args) -> int | None:
+    """The compute capability (``90`` for sm_90) of the CUDA device of the first tensor argument, or None off
+    CUDA (:func:`kernels.launch_table.as_if_arch` forces one)."""
+    if launch_table.forced_arch is not None:
+        return launch_table.forced_arch
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "cuda":
+                return None
+            index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+            if index not in _CAPABILITY:
+                major, minor = torch.cuda.get_device_capability(index)
+                _CAPABILITY[index] = 10 * major + minor
+            return _CAPABILITY[index]
+    return None
+
+
+def launch_config(kernel, args: tuple, kwargs: dict) -> tuple[bool, dict]:
+    """``(sixteen_bit, constexprs)`` of a launch: whether any tensor argument is bf16 / fp16, and the value of
+    every constexpr argument (what a launch table entry matches, :mod:`kernels.launch_table`)."""
+    sixteen = any(isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16)
+                  for a in (*args, *kwargs.values()))
+    consts = {name: args[i] if i < len(args) else kwargs.get(name, default)
+              for i, name, default in constexpr_params(jit_function(kernel))}
+    return sixteen, consts
+
+
+_CONSTEXPR_PARAMS: dict = {}
+
+
+def constexpr_params(fn) -> tuple:
+    """``(index, name, default)`` of every constexpr parameter of a jitted function (compiled or interpreted:
+    the interpreter's functions do not list them, their annotations do)."""
+    found = _CONSTEXPR_PARAMS.get(fn)
+    if found is None:
+        params = inspect.signature(fn.fn).parameters.values()
+        found = tuple((i, p.name, p.default) for i, p in enumerate(params)
+                      if p.annotation is not inspect.Parameter.empty and "constexpr" in str(p.annotation))
+        _CONSTEXPR_PARAMS[fn] = found
+    return found
+
+
+def _with_table_options(kernel, arch: int, args: tuple, kwargs: dict) -> dict:
+    table = launch_table.options_by_kernel(arch, launch_table.directory())
+    if not table:                                   # no table for this architecture: nothing more to look up
+        return kwargs
+    name = kernel_name(jit_function(kernel))
+    if name not in table:
+        return kwargs
+    options = launch_table.lookup(arch, name, *launch_config(kernel, args, kwargs), launch_table.directory())
+    return {**kwargs, **options} if options else kwargs
+
+
 def _autotuned(kernel) -> bool:
     return bool(getattr(kernel, "configs", None))
 
 
-def _count(kernel, kwargs: dict) -> str:
-    """One launch into every active :class:`LaunchCounter`, with the options it is launched with; returns
-    the kernel's name."""
+def _count(kernel, args: tuple, kwargs: dict) -> str:
+    """One launch into every active :class:`LaunchCounter`, with the options it is launched with and its
+    configuration (:func:`launch_config`); returns the kernel's name."""
     name = kernel_name(jit_function(kernel))
     options = "autotuned" if _autotuned(kernel) else \
         (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES))
+    sixteen, consts = launch_config(kernel, args, kwargs)
+    config = (sixteen, tuple(sorted((k, launch_table.plain(v)) for k, v in consts.items())))
     for counter in _counters:
         counter[name] += 1
         counter.options.setdefault(name, set()).add(options)
+        counter.configs.setdefault(name, set()).add(config)
     return name
 
 
@@ -210,11 +291,13 @@ def launching() -> bool:
 class LaunchCounter(collections.Counter):
     """Launches by kernel name (:func:`counting`); ``execute``: whether the kernels run; ``options``: the
     ``(num_warps, num_stages)`` each kernel was launched with (``"autotuned"`` for a kernel that picks its
-    own); ``timed``: ``(kernel name, seconds)`` per launch run, when asked for."""
+    own); ``configs``: the ``(sixteen_bit, sorted constexpr items)`` each kernel was launched with
+    (:func:`launch_config`); ``timed``: ``(kernel name, seconds)`` per launch run, when asked for."""
 
     execute: bool = True
     timed: list | None = None
     options: dict
+    configs: dict
 
 
 @contextlib.contextmanager
@@ -231,6 +314,7 @@ def counting(execute: bool = True, timed: bool = False):
     counter.execute = execute
     counter.timed = [] if timed else None
     counter.options = {}
+    counter.configs = {}
     _counters.append(counter)
     try:
         yield counter

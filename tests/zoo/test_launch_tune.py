@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from kernels import launch_table
 from kernels.backend import triton_interpreting
 from zoo.benchmark import launch_tune
 
@@ -58,9 +59,18 @@ def test_the_command_starts_the_interpreter_itself_and_refuses_a_mixer_without_k
     env["OMP_NUM_THREADS"] = "1"
     out = tmp_path / "tune.json"
     done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "jordan", "--dry-run", "--T", "16",
-                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+                           "--json", str(out), "--write-table", "--arch", "90", "--table-dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    _check(json.loads(out.read_text())["mixers"]["jordan"], launch_tune.DRY_VARIANTS)
+    result = json.loads(out.read_text())
+    _check(result["mixers"]["jordan"], launch_tune.DRY_VARIANTS)
+    # the table holds what launch_tune.table_entries makes of the result (the interpreter's times decide how many)
+    table = launch_table.read(launch_table.table_path(90, tmp_path))
+    assert len(table["entries"]) == len(launch_tune.table_entries(result))
+    assert f"jordan: {len(table['entries'])} entries written into {launch_table.table_path(90, tmp_path)}" in done.stderr
+    unsafe = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "jordan", "--dry-run", "--write-table"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert unsafe.returncode == 2 and "only with --arch and --table-dir" in unsafe.stderr
     refused = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "attention", "--dry-run"],
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no Triton kernels to tune in ['attention']" in refused.stderr
@@ -70,3 +80,13 @@ def test_a_profile_without_the_layers_kernels_is_an_error(monkeypatch):
     monkeypatch.setattr(launch_tune, "kernel_ms", lambda layer, options: {"elementwise_kernel": 1.0})
     with pytest.raises(RuntimeError, match="not in the profile, whose kernels are \\['elementwise_kernel'\\]"):
         launch_tune.tune_layer("jordan", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
+
+
+def test_a_run_starts_no_mixer_past_its_budget_and_reports_each_one_it_finishes():
+    seen = []
+    out = launch_tune.tune(["jordan", "mamba2"], dry_run=True, T=16, budget=0.0,
+                           after_each=lambda result, name: seen.append(name))
+    assert out["skipped"] == ["jordan", "mamba2"] and out["mixers"] == {} and seen == []
+    out = launch_tune.tune(["jordan"], dry_run=True, T=16, after_each=lambda result, name: seen.append(
+        (name, sorted(result["mixers"]))))
+    assert seen == [("jordan", ["jordan"])] and out["skipped"] == []

@@ -522,7 +522,7 @@ def run_check(archs, families=None, dtypes=None, quick=False, jobs=1, progress=N
     launches = enumerate_launches(families, dtypes, quick or ci)
     if ci:
         launches = one_per_kernel_and_dtype(launches)
-    work = [(launch, arch) for launch in launches for arch in archs]
+    work = [(launch.on_arch(arch), arch) for launch in launches for arch in archs]
     if jobs <= 1:
         results = []
         for i, (launch, arch) in enumerate(work):

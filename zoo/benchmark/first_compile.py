@@ -40,6 +40,7 @@ from triton.runtime.driver import driver
 
 import kernels.ahead
 import kernels.backend
+from kernels import launch_table
 from kernels.ahead import available_cores, compile_ahead, dry_forward_backward
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import recording
@@ -78,8 +79,8 @@ def measure_one(name: str, mode: str, arch: int, threads: int, toy: bool) -> dic
     layer = build_layer(name, plan, "meta", torch.bfloat16)
     x = torch.empty(1, plan.first_call_length, plan.d_model, device="meta", dtype=torch.bfloat16)
 
-    def first_call():
-        with gpu_path_on_cpu():
+    def first_call():   # the launches an sm_<arch> GPU makes: its launch table's options included
+        with gpu_path_on_cpu(), launch_table.as_if_arch(arch):
             dry_forward_backward(layer, x)
 
     compile_times = []

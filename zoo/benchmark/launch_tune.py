@@ -14,18 +14,29 @@ kernel (registers, shared memory) is found kernel by kernel, reported, and left 
 autotuned, or launched with different options at different places, are not tuned. The layer is then timed
 with every kernel at its fastest variant against its launchers' own options, side by side, and its outputs
 and gradients compared with theirs (:data:`AGREE`).
+
+``--write-table`` writes the result where it counts: for every mixer whose tuned layer computes what the default
+does and is faster side by side, each of its kernels' fastest variant becomes an entry of the launch table of the
+card's architecture (:mod:`kernels.launch_table`, ``kernels/launch_tables/sm_<NN>.json``; ``--table-dir`` for
+another folder), keyed by the kernel's exact configuration at this size, and from then on launches with those
+options on that architecture. On a CPU (``--dry-run``) the layer runs the GPU's code path
+(:func:`kernels.device.gpu_path_on_cpu`), so its configurations are those a GPU launches at the toy size.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from kernels import launch_table
 from kernels.ahead import compile_ahead
+from kernels.device import gpu_path_on_cpu
 from kernels.launch import counting, launch_options
 from mixers import MIXERS
 
@@ -80,14 +91,18 @@ class _Layer:
         return call
 
 
-def launched_options(layer: _Layer) -> tuple[dict, list]:
+def launched_options(layer: _Layer) -> tuple[dict, list, dict]:
     """``{kernel name: (num_warps, num_stages)}`` of the kernels the layer's forward+backward launches with one
-    option set each, and the names of the others (autotuned, or launched with several)."""
+    option set each, the names of the others (autotuned, or launched with several), and ``{kernel name:
+    [{"sixteen_bit": ..., "constexprs": {...}}, ...]}``, the configurations each is launched with (what launch
+    table entries match; a kernel's variant is timed over all of its launches and written for each of them)."""
     with counting() as launched:
         layer.forward_backward()
     one = {name: next(iter(opts)) for name, opts in launched.options.items()
            if len(opts) == 1 and "autotuned" not in opts}
-    return one, sorted(set(launched.options) - set(one))
+    configs = {name: [{"sixteen_bit": sixteen, "constexprs": dict(consts)}
+                      for sixteen, consts in sorted(launched.configs[name], key=repr)] for name in one}
+    return one, sorted(set(launched.options) - set(one)), configs
 
 
 def _options(kernels, variant) -> dict:
@@ -157,8 +172,14 @@ def _side_by_side(layer: _Layer, best: dict, reference: list, warmup: int, repea
 
 def tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: int) -> dict:
     """One mixer's sweep (see the module docstring)."""
-    layer = _Layer(name, plan, T, torch.device(plan.device))
-    defaults, untuned = launched_options(layer)
+    device = torch.device(plan.device)
+    with gpu_path_on_cpu() if device.type == "cpu" else contextlib.nullcontext():
+        return _tune_layer(name, plan, T, variants, warmup, repeats, device)
+
+
+def _tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: int, device) -> dict:
+    layer = _Layer(name, plan, T, device)
+    defaults, untuned, configs = launched_options(layer)
     functions = [profiler_name(k) for k in defaults]
     tunable = [k for k in defaults if functions.count(profiler_name(k)) == 1]
     untuned += sorted(set(defaults) - set(tunable))
@@ -171,14 +192,41 @@ def tune_layer(name: str, plan: Plan, T: int, variants, warmup: int, repeats: in
     if missing:
         raise RuntimeError(f"kernels {missing} are not in the profile, whose kernels are {sorted(base)[:12]}")
     rows = {k: {"default": {"num_warps": defaults[k][0], "num_stages": defaults[k][1],
-                            "ms": base[profiler_name(k)]}, "variants": []} for k in tunable}
+                            "ms": base[profiler_name(k)]}, "variants": [], "configs": configs[k]} for k in tunable}
     _sweep(layer, tunable, variants, rows)
     best = _fastest(rows)
     return {"mixer": name, "T": T, "kernels": rows, "untuned": untuned, "tuned_options": best,
             "layer": _side_by_side(layer, best, reference, warmup, repeats)}
 
 
-def tune(names: list[str], dry_run: bool = False, T: int | None = None) -> dict:
+def table_entries(result: dict) -> list[dict]:
+    """The launch table entries of a :func:`tune` result (:mod:`kernels.launch_table`): each tuned kernel's
+    fastest variant, for every mixer whose tuned layer agrees with its default and is faster side by side."""
+    entries = []
+    for name, mixer in result["mixers"].items():
+        layer = mixer.get("layer", {})
+        if "error" in mixer or not layer.get("agrees") or not layer.get("tuned_ms", 0) < layer.get("default_ms", 0):
+            continue
+        for kernel, options in mixer["tuned_options"].items():
+            row = mixer["kernels"][kernel]
+            measured = {"card": result["card"], "commit": result["commit"], "mixer": name, "T": mixer["T"],
+                        "d_model": result["d_model"], "head_dim": result["head_dim"], "dtype": result["dtype"],
+                        "launcher_ms": row["default"]["ms"], "ms": row["best"]["ms"]}
+            entries += [{"kernel": kernel, **config, **options, "measured": measured} for config in row["configs"]]
+    return entries
+
+
+def card_arch() -> int:
+    """The compute capability of the current CUDA device (``90`` for sm_90)."""
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
+
+
+def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_each=None,
+         budget: float | None = None) -> dict:
+    """Every mixer of ``names`` tuned in turn (:func:`tune_layer`); ``after_each(result, name)`` is called after
+    each one (the command writes its files there, so a run stopped by a time limit keeps what it measured); no
+    mixer is started once ``budget`` seconds have passed (those are listed under ``"skipped"``)."""
     plan = DRY if dry_run else FULL
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("launch_tune needs a CUDA device (or --dry-run)")
@@ -188,14 +236,20 @@ def tune(names: list[str], dry_run: bool = False, T: int | None = None) -> dict:
     result = {"card": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
               "commit": commit(environment(device)), "d_model": plan.d_model, "head_dim": plan.head_dim,
               "dtype": plan.dtype if device.type == "cuda" else "fp32", "variants": [list(v) for v in variants],
-              "mixers": {}}
+              "mixers": {}, "skipped": []}
+    start = time.perf_counter()
     for name in names:
+        if budget is not None and time.perf_counter() - start > budget:
+            result["skipped"].append(name)
+            continue
         try:
             result["mixers"][name] = tune_layer(name, plan, T, variants, plan.warmup, plan.repeats)
         except Exception as err:  # noqa: BLE001 - one mixer failing does not lose the others' results
             result["mixers"][name] = {"mixer": name, "error": error_text(err)}
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if after_each is not None:
+            after_each(result, name)
     return result
 
 
@@ -204,18 +258,42 @@ def main(argv=None) -> int:
     p.add_argument("mixers", nargs="*", help=f"default: {' '.join(tuned_mixers())}")
     p.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU through the Triton interpreter")
     p.add_argument("--T", type=int, help="sequence length (default 16384; 64 in a dry run)")
-    p.add_argument("--json", metavar="FILE", help="also write the result to FILE")
+    p.add_argument("--json", metavar="FILE", help="also write the result to FILE (again after every mixer)")
+    p.add_argument("--write-table", action="store_true",
+                   help="write the kernels' fastest variants into the launch table of the card's architecture "
+                        "(kernels/launch_tables/sm_<NN>.json) after every mixer whose tuned layer agrees and is faster")
+    p.add_argument("--table-dir", metavar="DIR", help="the launch tables' folder (default kernels/launch_tables)")
+    p.add_argument("--arch", type=int, help="the architecture a dry run writes the table of (on CUDA: the card's)")
+    p.add_argument("--budget", type=float, metavar="S", help="start no mixer after S seconds (the rest are skipped)")
     args = p.parse_args(argv)
     unknown = sorted(set(args.mixers) - set(tuned_mixers()))
     if unknown:
         p.error(f"no Triton kernels to tune in {unknown}; choose from {tuned_mixers()}")
+    if args.write_table and args.dry_run and (args.arch is None or args.table_dir is None):
+        p.error("a dry run writes a launch table only with --arch and --table-dir (its times are the interpreter's, "
+                "not a card's: never into kernels/launch_tables)")
     if args.dry_run and (status := restart_interpreted("zoo.benchmark.launch_tune", argv)) is not None:
         return status
-    result = tune(args.mixers or tuned_mixers(), dry_run=args.dry_run, T=args.T)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    arch = args.arch
+    if args.write_table and not args.dry_run and torch.cuda.is_available():
+        arch = card_arch()
+        if args.arch is not None and args.arch != arch:
+            p.error(f"--arch {args.arch} is not this card's (sm_{arch}): a table holds what its architecture measured")
+    table_dir = Path(args.table_dir) if args.table_dir else None
+
+    def after_each(result: dict, name: str) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        if args.write_table:
+            entries = table_entries({**result, "mixers": {name: result["mixers"][name]}})
+            path = launch_table.merge(arch, entries, table_dir)
+            print(f"launch_tune: {name}: {len(entries)} entries written into {path}", file=sys.stderr)
+
+    result = tune(args.mixers or tuned_mixers(), dry_run=args.dry_run, T=args.T, after_each=after_each,
+                  budget=args.budget)
+    print(json.dumps(result, indent=1))
+    if result["skipped"]:
+        print(f"launch_tune: not started within the budget: {result['skipped']}", file=sys.stderr)
     return 1 if any("error" in m for m in result["mixers"].values()) else 0
 
 
