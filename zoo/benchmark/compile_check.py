@@ -562,6 +562,14 @@ def _compile_index(i):
     return i, res
 
 
+def interpreting_refused(command: str) -> bool:
+    """True (after saying so) where ``TRITON_INTERPRET=1`` would hand ``command`` interpreted kernels to compile."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    print(f"{command}: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)", file=sys.stderr)
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m zoo.benchmark.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(SHARED_LIMIT))
@@ -576,9 +584,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="write every result as JSON to FILE")
     p.add_argument("--list", action="store_true", help="list the launches without compiling")
     args = p.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("compile_check: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)",
-              file=sys.stderr)
+    if interpreting_refused("compile_check"):
         return 2
     if args.list:
         launches = enumerate_launches(args.family, args.dtype, args.quick or args.ci)

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from kernels.ahead import dry_forward_backward
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import Launch, recording
 
-from .compile_check import compile_launch, table_rows
+from .compile_check import compile_launch, interpreting_refused, table_rows
 from .gpu_speed import DTYPES, FULL, build_layer
 
 
@@ -104,9 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--table-dir", metavar="DIR", help="the tables' folder (default kernels/launch_tables)")
     p.add_argument("--json", metavar="FILE", help="write the entries checked and the problems to FILE")
     args = p.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("launch_table_check: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)",
-              file=sys.stderr)
+    if interpreting_refused("launch_table_check"):
         return 2
     folder = Path(args.table_dir) if args.table_dir else launch_table.TABLE_DIR
     checked, problems = 0, []
