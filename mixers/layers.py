@@ -18,7 +18,7 @@ from kernels.backend import triton_usable_for
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
 from kernels.device import plan_for
 from kernels.gate import log_decay
-from kernels.norm import gated_rms_norm
+from kernels.norm import gated_rms_norm, rms_norm, rms_norm_reference
 
 from .conv_time_first import causal_conv_time_first
 
@@ -95,6 +95,10 @@ def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
 
 
 class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in at least fp32 and returned in
+    ``x``'s dtype. On the GPU plan one Triton kernel each way (:func:`kernels.norm.rms_norm`) instead of about
+    six launches forward and ten backward: a model runs one before every mixer and state mixer."""
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -102,9 +106,13 @@ class RMSNorm(nn.Module):
         no_weight_decay(self, "weight")  # a gain: decay would pull it to 0, not to the identity 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = at_least_fp32(x)
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(xf.dtype)).to(x.dtype)
+        if plan_for(x).one_pass and triton_usable_for(x):
+            return rms_norm(x, self.weight, self.eps, backend="triton")
+        return self._normed(x)
+
+    def _normed(self, x: torch.Tensor) -> torch.Tensor:
+        """The PyTorch formula (the CPU path)."""
+        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(RMSNorm):
@@ -115,7 +123,7 @@ class GatedRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if plan_for(x).one_pass and triton_usable_for(x):
             return gated_rms_norm(x, z, self.weight, self.eps, backend="triton")
-        return super().forward(x) * F.silu(at_least_fp32(z)).to(x.dtype)
+        return self._normed(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
 
 class ShortConv(nn.Module):

@@ -1,17 +1,19 @@
-"""Row normalisations of the mixers: the L2 normalisation of queries and keys and the gated RMSNorm of the
-output path (``RMSNorm(x) * SiLU(z)``), each over the last dimension.
+"""Row normalisations of the mixers and the model: the L2 normalisation of queries and keys, the gated RMSNorm
+of the output path (``RMSNorm(x) * SiLU(z)``) and the plain RMSNorm of every block's pre-norm, each over the
+last dimension.
 
 Backends: ``reference`` (the PyTorch formulas, :mod:`.reference`) and ``triton`` (one kernel forward and
 one backward each, :mod:`.triton`), the GPU path. The CPU path is the mixers' own PyTorch code
-(:mod:`mixers.l2norm`, :class:`mixers.layers.GatedRMSNorm`), which picks between the two paths by
+(:mod:`mixers.l2norm`, :class:`mixers.layers.RMSNorm` and ``GatedRMSNorm``), which picks between the two paths by
 :func:`kernels.device.plan_for`.
 """
 from __future__ import annotations
 
 from ..backend import resolve_backend
-from .reference import gated_rms_norm_reference, l2_normalize_reference
+from .reference import gated_rms_norm_reference, l2_normalize_reference, rms_norm_reference
 
-__all__ = ["BACKENDS", "l2_normalize", "gated_rms_norm", "l2_normalize_reference", "gated_rms_norm_reference"]
+__all__ = ["BACKENDS", "l2_normalize", "gated_rms_norm", "rms_norm", "l2_normalize_reference",
+           "gated_rms_norm_reference", "rms_norm_reference"]
 
 #: the backends this family implements
 BACKENDS = ("reference", "triton")
@@ -33,3 +35,12 @@ def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
 
         return gated_rms_norm_triton(x, z, weight, eps)
     return gated_rms_norm_reference(x, z, weight, eps)
+
+
+def rms_norm(x, weight, eps: float = 1e-6, backend: str = "auto"):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, in ``x``'s dtype."""
+    if resolve_backend(backend, x, op="rms_norm", available=BACKENDS) == "triton":
+        from .triton import rms_norm_triton  # lazy: triton is optional
+
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)

@@ -1,8 +1,9 @@
 """The spec of the row normalisations of the mixers' q/k and output paths, in plain PyTorch (fp64-capable).
 
 - :func:`l2_normalize_reference`: ``x / max(||x||, eps)`` over the last dimension (``F.normalize``).
-- :func:`gated_rms_norm_reference`: ``x / sqrt(mean(x^2) + eps) * weight * SiLU(z)`` over the last
-  dimension, computed in at least fp32 and returned in ``x``'s dtype.
+- :func:`rms_norm_reference`: ``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in
+  at least fp32 and returned in ``x``'s dtype (the blocks' pre-norm, :class:`mixers.layers.RMSNorm`).
+- :func:`gated_rms_norm_reference`: the same times ``SiLU(z)``.
 """
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from ..common import at_least_fp32
 
 def l2_normalize_reference(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     return F.normalize(x, dim=-1, eps=eps)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = at_least_fp32(x)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.to(xf.dtype)).to(x.dtype)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

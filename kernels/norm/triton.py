@@ -12,9 +12,12 @@ to take them out; outputs are contiguous.
   ``n = x r``, ``s = SiLU(z)``: ``dz = dy n w SiLU'(z)``, ``dx = r (da w - n mean(da w n))`` with
   ``da = dy s``, and each program's share of ``dw = sum_rows da n``, summed over the programs in one
   reduction.
+- :func:`rms_norm_triton`: the same kernels without the gate (``GATED=False``: ``s = 1``, no ``z``), the
+  pre-norms of every block of a model.
 
-So an L2 normalisation is two launches forward+backward and a gated RMSNorm three, where autograd through
-the PyTorch formulas runs ten and about twenty-four. No products here for tensor cores.
+So an L2 normalisation is two launches forward+backward and an RMSNorm, gated or not, three, where autograd
+through the PyTorch formulas runs ten, about sixteen (plain) and about twenty-four (gated). No products here
+for tensor cores.
 """
 from __future__ import annotations
 
@@ -62,35 +65,37 @@ def _l2_bwd(X, DY, DX, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: t
 
 
 @triton.jit
-def _rms_fwd(X, Z, W, Y, n_rows, inner, sx, six, sz, siz, D, eps, BR: tl.constexpr, BD: tl.constexpr):
+def _rms_fwd(X, Z, W, Y, n_rows, inner, sx, six, sz, siz, D, eps, GATED: tl.constexpr, BR: tl.constexpr,
+             BD: tl.constexpr):
     pid = tl.program_id(0)
     rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
-    z_off = _strided(rows, cols, inner, sz, siz)
     w = tl.load(W + cols, mask=cols < D, other=0.0)
     x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
-    z = tl.load(Z + z_off, mask=mask, other=0.0).to(w.dtype)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    y = x * r[:, None] * w[None, :] * (z * tl.sigmoid(z))
+    y = x * r[:, None] * w[None, :]
+    if GATED:
+        z = tl.load(Z + _strided(rows, cols, inner, sz, siz), mask=mask, other=0.0).to(w.dtype)
+        y = y * (z * tl.sigmoid(z))
     tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, D, eps, BR: tl.constexpr,
-             BD: tl.constexpr):
+def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, D, eps, GATED: tl.constexpr,
+             BR: tl.constexpr, BD: tl.constexpr):
     pid = tl.program_id(0)
     rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
-    z_off = _strided(rows, cols, inner, sz, siz)
     w = tl.load(W + cols, mask=cols < D, other=0.0)
     x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
-    z = tl.load(Z + z_off, mask=mask, other=0.0).to(w.dtype)
     dy = tl.load(DY + y_off, mask=mask, other=0.0).to(w.dtype)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     n = x * r[:, None]
-    sig = tl.sigmoid(z)
-    s = z * sig
-    a = n * w[None, :]
-    tl.store(DZ + y_off, (dy * a * sig * (1.0 + z * (1.0 - sig))).to(DZ.dtype.element_ty), mask=mask)
-    da = dy * s
+    da = dy
+    if GATED:
+        z = tl.load(Z + _strided(rows, cols, inner, sz, siz), mask=mask, other=0.0).to(w.dtype)
+        sig = tl.sigmoid(z)
+        a = n * w[None, :]
+        tl.store(DZ + y_off, (dy * a * sig * (1.0 + z * (1.0 - sig))).to(DZ.dtype.element_ty), mask=mask)
+        da = dy * (z * sig)
     tl.store(DW + pid * D + cols, tl.sum(da * n, axis=0), mask=cols < D)
     dn = da * w[None, :]
     dx = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
@@ -143,21 +148,26 @@ class _L2Normalize(torch.autograd.Function):
         return dx, None
 
 
-class _GatedRMSNorm(torch.autograd.Function):
+class _RMSNorm(torch.autograd.Function):
+    """``x r w``, times ``SiLU(z)`` where ``z`` is given (``GATED``; without it nothing is read or written
+    in its place)."""
+
     @staticmethod
     def forward(ctx, x, z, weight, eps: float):
-        if z.shape != x.shape:
+        gated = z is not None
+        if gated and z.shape != x.shape:
             raise ValueError(f"gated_rms_norm: z {tuple(z.shape)} must have the shape of x {tuple(x.shape)}")
         x, n_rows, inner, sx, six = _rows(x)
-        z, _, _, sz, siz = _rows(z)
+        z, _, _, sz, siz = _rows(z) if gated else (x, None, None, sx, six)
         D = x.shape[-1]
         w = weight.to(compute_dtype(x.dtype)).contiguous()
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BR, BD, warps = _block(D, n_rows)
-        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps, BR=BR, BD=BD,
-               num_warps=warps)
+        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps,
+               GATED=gated, BR=BR, BD=BD, num_warps=warps)
         ctx.save_for_backward(x, z, w)
         ctx.eps, ctx.layout, ctx.w_dtype = eps, (n_rows, inner, sx, six, sz, siz, BR, BD, warps), weight.dtype
+        ctx.gated = gated
         return y
 
     @staticmethod
@@ -167,11 +177,11 @@ class _GatedRMSNorm(torch.autograd.Function):
         D = x.shape[-1]
         n_prog = triton.cdiv(n_rows, BR)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device) if ctx.gated else dx
         dw = w.new_empty(n_prog, D)
         launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz, D,
-               ctx.eps, BR=BR, BD=BD, num_warps=warps)
-        return dx, dz, dw.sum(0).to(ctx.w_dtype), None
+               ctx.eps, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
+        return dx, dz if ctx.gated else None, dw.sum(0).to(ctx.w_dtype), None
 
 
 def l2_normalize_triton(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -179,4 +189,8 @@ def l2_normalize_triton(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
 
 
 def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return _GatedRMSNorm.apply(x, z, weight, eps)
+    return _RMSNorm.apply(x, z, weight, eps)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _RMSNorm.apply(x, None, weight, eps)

@@ -1,5 +1,5 @@
 """The row normalisations' Triton kernels (:mod:`kernels.norm`, the GPU path) against their PyTorch
-formulas (``F.normalize``; ``RMSNorm(x) * SiLU(z)``), values and gradients in fp32 and fp64 through the
+formulas (``F.normalize``; ``RMSNorm(x)``, with and without ``* SiLU(z)``), values and gradients in fp32 and fp64 through the
 interpreter, on contiguous inputs and on the strided views the mixers hand them (a column block of a wider
 projection, heads in a heads-first layout), which are read in place."""
 from __future__ import annotations
@@ -9,7 +9,14 @@ import torch
 
 from kernels.backend import triton_usable_for
 from kernels.launch import counting
-from kernels.norm import gated_rms_norm, gated_rms_norm_reference, l2_normalize, l2_normalize_reference
+from kernels.norm import (
+    gated_rms_norm,
+    gated_rms_norm_reference,
+    l2_normalize,
+    l2_normalize_reference,
+    rms_norm,
+    rms_norm_reference,
+)
 from tests.kernels.harness import assert_rel_close, compare_backends
 
 pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
@@ -69,3 +76,54 @@ def test_gated_rms_norm_wide_rows_and_one_launch_each_way():
         compare_backends(lambda x, z, w: gated_rms_norm(x, z, w, backend="triton"), gated_rms_norm_reference,
                          [x, z, w], tol=1e-6)
     assert dict(launches) == {"norm._rms_fwd": 1, "norm._rms_bwd": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "column block", "heads first"])
+def test_rms_norm(dtype, layout):
+    x = _views(dtype)[layout]
+    w, dy = torch.randn(16, dtype=dtype), torch.randn(x.shape, dtype=dtype)
+    got = _grads(lambda x, w: rms_norm(x, w, eps=1e-5, backend="triton"), [x, w], dy)
+    want = _grads(lambda x, w: rms_norm_reference(x, w, eps=1e-5), [x, w], dy)
+    for g, w_ in zip(got, want):
+        assert_rel_close(g, w_, TOL[dtype], layout)
+
+
+def test_rms_norm_in_a_model_is_one_launch_each_way_on_the_gpu_path():
+    """The blocks' pre-norm (:class:`mixers.layers.RMSNorm`) takes the kernels on the GPU plan, with a 16-bit
+    input (fp16 through the interpreter) within fp16 rounding of the fp64 formula, and the formula on a CPU."""
+    from kernels.device import gpu_path_on_cpu
+    from mixers.layers import RMSNorm
+
+    norm = RMSNorm(200, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(200))
+    x = torch.randn(3, 40, 200)
+    with gpu_path_on_cpu(), counting() as launches:
+        y = norm(x)
+        y.backward(torch.randn_like(y))
+    assert dict(launches) == {"norm._rms_fwd": 1, "norm._rms_bwd": 1}
+    assert_rel_close(y.detach(), rms_norm_reference(x, norm.weight.detach(), 1e-5), 1e-6, "fp32")
+    with counting() as launches:
+        cpu = norm(x)
+    assert dict(launches) == {} and torch.equal(cpu, rms_norm_reference(x, norm.weight, 1e-5))
+    half = x.half()
+    with gpu_path_on_cpu():
+        y16 = norm(half)
+    assert y16.dtype == torch.float16
+    truth = rms_norm_reference(half.double(), norm.weight.detach().double(), 1e-5)
+    assert_rel_close(y16.double(), truth, 2e-3, "fp16")
+
+
+@pytest.mark.gpu
+def test_rms_norms_in_bf16_at_real_size():
+    """bf16 rows of 1024 (a model's width), values and gradients within bf16 rounding of the fp64 formulas."""
+    x, z, dy = (torch.randn(4, 2048, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    w = torch.randn(1024, device="cuda")
+    cases = [(lambda x, w: rms_norm(x, w, backend="triton"), rms_norm_reference, [x, w]),
+             (lambda x, z, w: gated_rms_norm(x, z, w, backend="triton"), gated_rms_norm_reference, [x, z, w])]
+    for fast, formula, inputs in cases:
+        got = _grads(fast, inputs, dy)
+        want = _grads(formula, [t.double() for t in inputs], dy.double())
+        for g, w_ in zip(got, want):
+            assert_rel_close(g.double(), w_, 1e-2, "bf16")

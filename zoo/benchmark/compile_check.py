@@ -65,7 +65,7 @@ from kernels.gate.triton import log_decay_triton
 from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
-from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton
+from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton, rms_norm_triton
 from kernels.scan.triton import chunk_scan_triton
 from kernels.shortconv.triton import causal_conv_triton
 from kernels.ska.triton import ska_chain_triton, ska_triton
@@ -249,6 +249,7 @@ def _norm(dt, quick):
             if D <= 256:
                 _fwd_bwd(l2_normalize_triton(_meta(2, 512, 8, D, dtype=dt)))
             _fwd_bwd(gated_rms_norm_triton(_meta(2, 512, D, dtype=dt), _meta(2, 512, D, dtype=dt), _meta(D, dtype=dt)))
+            _fwd_bwd(rms_norm_triton(_meta(2, 512, D, dtype=dt), _meta(D)))
         yield f"D={D}", run
 
 
