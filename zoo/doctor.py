@@ -1,4 +1,5 @@
-"""``zoo doctor``: what this machine will run — device, extras, and the backend every mixer's ``auto`` picks.
+"""``zoo doctor``: what this machine will run — device, extras, launch tables, and the backend every mixer's
+``auto`` picks.
 
 A mixer's kernel families are found from the ``kernels.<family>`` functions its module imports; each
 family's ``BACKENDS`` tuple lists what it implements, and :func:`kernels.backend.auto_choice` (the rule
@@ -12,6 +13,7 @@ import sys
 
 import torch
 
+from kernels import launch_table
 from kernels.backend import (
     OUTSIDE_BACKENDS,
     auto_choice,
@@ -96,6 +98,29 @@ def mixer_rows(cuda: bool) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+def launch_table_lines(cuda: bool) -> list[str]:
+    """What the launch tables hold (:mod:`kernels.launch_table`) and whether this card has one."""
+    paths = launch_table.tables()
+    if not paths:
+        return ["launch tables: none (every Triton kernel launches with its launcher's warps and stages)"]
+    lines = ["launch tables (warps and stages measured per GPU architecture, kernels/launch_tables):"]
+    for path in paths:
+        try:
+            table = launch_table.read(path)
+        except launch_table.LaunchTableError as err:
+            lines.append(f"  {path.name}: unreadable: {err}")
+            continue
+        cards = sorted({e["measured"]["card"] for e in table["entries"]})
+        lines.append(f"  sm_{table['arch']}: {len(table['entries'])} launch configurations measured on "
+                     f"{', '.join(cards) or 'no card yet'}")
+    if cuda:
+        major, minor = torch.cuda.get_device_capability()
+        here = launch_table.table_path(10 * major + minor)
+        lines.append(f"  this card (sm_{10 * major + minor}): " + ("its table applies" if here.exists() else
+                     "no table: the launchers' own options (python -m zoo.benchmark.launch_tune --write-table)"))
+    return lines
+
+
 def report() -> str:
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name(0) if cuda else "CPU (no CUDA device)"
@@ -108,6 +133,7 @@ def report() -> str:
             problem = triton_interpreter_problem()
             lines.append("  triton interpreter       " + (f"cannot run: {problem}" if problem else
                                                           "works (TRITON_INTERPRET=1 runs the kernels on the CPU)"))
+    lines += [""] + launch_table_lines(cuda)
     lines += ["", f"{'mixer':17} {'family':10} {'auto here':10} {'on CUDA':10} why"]
     lines += [f"{m:17} {f:10} {b:10} {c:10} {why}" for m, f, b, c, why in mixer_rows(cuda)]
     return "\n".join(lines)

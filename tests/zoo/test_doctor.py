@@ -57,3 +57,18 @@ def test_doctor_says_whether_the_triton_interpreter_can_run(capsys, monkeypatch)
         assert main(["doctor"]) == 0
         line = next(line for line in capsys.readouterr().out.splitlines() if "triton interpreter" in line)
         assert line.split("triton interpreter")[1].strip().startswith(want), line
+
+
+def test_doctor_says_what_the_launch_tables_hold(monkeypatch, tmp_path):
+    from kernels import launch_table
+    monkeypatch.setattr(launch_table, "TABLE_DIR", tmp_path)
+    assert doctor.launch_table_lines(cuda=False) == [
+        "launch tables: none (every Triton kernel launches with its launcher's warps and stages)"]
+    measured = {"card": "NVIDIA H200", "commit": "0000000", "mixer": "jordan", "T": 64, "d_model": 32,
+                "head_dim": 16, "dtype": "bf16", "launcher_ms": 1.0, "ms": 0.5}
+    launch_table.merge(90, [{"kernel": f"x.k{i}", "sixteen_bit": True, "constexprs": {"B": 64}, "num_warps": 8,
+                             "num_stages": 2, "measured": measured} for i in range(3)])
+    (launch_table.TABLE_DIR / "sm_80.json").write_text("{broken")
+    lines = doctor.launch_table_lines(cuda=False)
+    assert lines[1].startswith("  sm_80.json: unreadable: ") and "not a readable JSON launch table" in lines[1]
+    assert lines[2] == "  sm_90: 3 launch configurations measured on NVIDIA H200"
