@@ -6,8 +6,6 @@
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
 - :func:`pad_time` / :func:`chunk_count`: pad the time axis (dim 1) to a multiple of the chunk length.
-- :func:`chunk_scan`: the state pass across chunks, ``S_c = a_c S_{c-1} + X_c`` (:mod:`kernels.scan`: a
-  Python loop on the CPU, one Triton kernel on the GPU).
 - :func:`in_segments` / :data:`SEGMENT`: on the CPU plan (:mod:`kernels.device`), run a chunked path over a
   long sequence in segments of whole chunks with the recurrent state carried from one to the next, so that
   every full-length intermediate (decay masks, chunk states, their gradients) is at most one segment long:
@@ -27,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 from .device import plan_for
-from .scan import chunk_scan  # noqa: F401  (the state pass across chunks, re-exported for the families)
 
 
 def compute_dtype(*dtypes) -> torch.dtype:

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from ..common import chunk_scan, compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
+from ..common import compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
 from ..gla.chunked import gla_chunk_readout
+from ..scan import chunk_scan
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
@@ -42,7 +43,7 @@ def chunk_states(K, V, G, H_init, U_init):
 
     ``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``. ``H`` and ``U`` share the decay,
     so they are passed across chunks together as one ``(dk + dv, dk)`` state per head by
-    :func:`kernels.common.chunk_scan`.
+    :func:`kernels.scan.chunk_scan`.
     """
     dk = K.shape[-1]
     to_end = (G[..., -1:] - G).exp().unsqueeze(-1)                       # e^{G_C - G_s}

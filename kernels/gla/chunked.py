@@ -10,7 +10,7 @@ before the chunk):
 Segment sums ``G_t - G_s`` are formed directly (never ``e^{G_t} / e^{G_s}``).
 
 Layout inside: ``(batch, head, chunk, time-in-chunk, dim)``, so every product is a batched matmul;
-the pass of states across chunks is :func:`kernels.common.chunk_scan` (linear in the chunk count,
+the pass of states across chunks is :func:`kernels.scan.chunk_scan` (linear in the chunk count,
 also in the backward). :func:`gla_chunk_readout` is shared with the GKA family.
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 
 from ..common import (
     causal_decay_mask,
-    chunk_scan,
     compute_dtype,
     heads_first,
     in_segments,
@@ -27,6 +26,7 @@ from ..common import (
     segment_length,
     time_first,
 )
+from ..scan import chunk_scan
 
 
 def gla_chunk_states(K, V, G, initial_state=None):

@@ -1,4 +1,4 @@
-"""``kernels.common.chunk_scan`` (the state pass across chunks, :mod:`kernels.scan`) against the plain loop
+"""``kernels.scan.chunk_scan`` (the state pass across chunks, :mod:`kernels.scan`) against the plain loop
 ``S_c = a_c S_{c-1} + X_c`` differentiated by autograd, in fp32 and fp64, for several state shapes: the
 ``torch`` backend (the CPU path, a Python loop with its own backward) and the ``triton`` backend (one kernel
 forward and one backward, through the interpreter), and ``auto`` following the device plan."""
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kernels.backend import triton_usable_for
-from kernels.common import chunk_scan
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import counting
+from kernels.scan import chunk_scan
 from tests.kernels.harness import compare_backends
 
 needs_triton = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
