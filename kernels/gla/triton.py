@@ -356,9 +356,13 @@ def state_config(DK: int, rows: int, P: int = 1):
     return BK, BR, 4 if BK * BR * P <= 64 * 64 else 8
 
 
-def output_config(DK: int, DV: int):
-    """``(BK, BV, warps)`` of the output kernel (a value block per program, the whole ``d_k``)."""
+def output_config(DK: int, DV: int, fp32_operands: bool = False):
+    """``(BK, BV, warps)`` of the output kernel (a value block per program, the whole ``d_k``). fp32 operands
+    (exact fp32 products, not on tensor cores) hold whole operand slices per thread: at ``d_k`` 64 a value block
+    of 64 on 4 warps spills 19 KB per thread, one of 32 on 8 warps none."""
     BK = block(DK)
+    if fp32_operands and BK <= 64:
+        return BK, min(block(DV), 32), 8
     return BK, min(block(DV), 64), 4 if BK <= 64 else 8
 
 
@@ -393,7 +397,7 @@ def output(q, k, v, g, starts, scale: float, C: int, op: int, QP: int, P: int, d
     DV = v.shape[-1]
     n, R = starts.shape[2], starts.shape[3]
     o = torch.empty(B, T, H, DV, device=k.device, dtype=dtype)
-    BK, BV, warps = output_config(DK, DV)
+    BK, BV, warps = output_config(DK, DV, fp32_operands=op == 0)
     launch(_output_fwd, (n, B * H, triton.cdiv(DV, BV)), q, k, v, g, starts, o, float(scale), T, H, n, DK, DV, R,
            R - DV, *tok_strides(q), *tok_strides(k), *tok_strides(v), *tok_strides(g), *tok_strides(o),
            C=C, BK=BK, BV=BV, OP=op, QP=QP, P=P, num_warps=warps)
