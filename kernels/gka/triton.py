@@ -564,18 +564,25 @@ class _Layout:
         return buf.view(self.B, self.H, self.Tp, -1).transpose(1, 2)
 
 
+def _norm_warps(BD: int, op: int) -> int:
+    """Warps of the norm kernels. fp32 operands (``op`` 0: exact fp32 products, whose operand slices live in
+    registers) take 16 at ``d >= 64``: spills per thread, forward / backward, fall from 5-17 / 10-29 KB on 8
+    warps to 1.7-4 / 2.7-15 KB (sm_80 and sm_90, d 64 and 128); 16-bit operands spill nothing on 8."""
+    return 4 if BD <= 32 else 16 if op == 0 else 8
+
+
 def _norm(k, g, starts, lay, op, cum=True):
     n2 = lay.buf(k)
     launch(_norm_fwd, (lay.n, lay.B * lay.H), k, g, starts, n2, lay.T, lay.H, lay.n, lay.D, starts.shape[3],
            *tok_strides(k), *tok_strides(g), C=lay.C, BD=lay.BD, OP=op, P=STAGE_PIECES, CUM=cum,
-           num_warps=4 if lay.BD <= 32 else 8)
+           num_warps=_norm_warps(lay.BD, op))
     return n2
 
 
 def _norm_grads(k, g, starts, dn2, E, dkp, dgp, lay, op, acc, cum=True):
     launch(_norm_bwd, (lay.n, lay.B * lay.H), k, g, starts, dn2, E, dkp, dgp, lay.T, lay.H, lay.n, lay.D,
            starts.shape[3], *tok_strides(k), *tok_strides(g), C=lay.C, BD=lay.BD, RB=min(lay.BD, 32), OP=op,
-           P=STAGE_PIECES, CUM=cum, ACC=acc, num_warps=4 if lay.BD <= 32 else 8)
+           P=STAGE_PIECES, CUM=cum, ACC=acc, num_warps=_norm_warps(lay.BD, op))
 
 
 def _solve(rhs, rhs_len, alpha, q, k, g, starts, n2, lay, r, op, ridge, *, mix, store_prev=False, exact=False,
