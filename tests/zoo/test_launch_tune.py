@@ -82,11 +82,12 @@ def test_a_profile_without_the_layers_kernels_is_an_error(monkeypatch):
         launch_tune.tune_layer("jordan", launch_tune.DRY, 16, launch_tune.DRY_VARIANTS, 0, 1)
 
 
-def test_a_run_starts_no_mixer_past_its_budget_and_reports_each_one_it_finishes():
+def test_a_run_starts_no_mixer_past_its_budget_reports_each_one_it_finishes_and_takes_a_size():
     seen = []
     out = launch_tune.tune(["jordan", "mamba2"], dry_run=True, T=16, budget=0.0,
                            after_each=lambda result, name: seen.append(name))
     assert out["skipped"] == ["jordan", "mamba2"] and out["mixers"] == {} and seen == []
-    out = launch_tune.tune(["jordan"], dry_run=True, T=16, after_each=lambda result, name: seen.append(
+    out = launch_tune.tune(["jordan"], dry_run=True, T=16, d_model=32, after_each=lambda result, name: seen.append(
         (name, sorted(result["mixers"]))))
     assert seen == [("jordan", ["jordan"])] and out["skipped"] == []
+    assert (out["d_model"], out["head_dim"]) == (32, launch_tune.DRY.head_dim)   # another layer size when asked

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -223,11 +224,14 @@ def card_arch() -> int:
 
 
 def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_each=None,
-         budget: float | None = None) -> dict:
+         budget: float | None = None, d_model: int | None = None, head_dim: int | None = None) -> dict:
     """Every mixer of ``names`` tuned in turn (:func:`tune_layer`); ``after_each(result, name)`` is called after
     each one (the command writes its files there, so a run stopped by a time limit keeps what it measured); no
-    mixer is started once ``budget`` seconds have passed (those are listed under ``"skipped"``)."""
+    mixer is started once ``budget`` seconds have passed (those are listed under ``"skipped"``). ``d_model`` and
+    ``head_dim`` replace the layer's (a launch table entry matches the constexprs of its size: head counts and
+    head dims among them)."""
     plan = DRY if dry_run else FULL
+    plan = dataclasses.replace(plan, d_model=d_model or plan.d_model, head_dim=head_dim or plan.head_dim)
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("launch_tune needs a CUDA device (or --dry-run)")
     T = T or plan.first_call_length
@@ -265,6 +269,8 @@ def main(argv=None) -> int:
     p.add_argument("--table-dir", metavar="DIR", help="the launch tables' folder (default kernels/launch_tables)")
     p.add_argument("--arch", type=int, help="the architecture a dry run writes the table of (on CUDA: the card's)")
     p.add_argument("--budget", type=float, metavar="S", help="start no mixer after S seconds (the rest are skipped)")
+    p.add_argument("--d-model", type=int, help="the layer's width (default 1024; 64 in a dry run)")
+    p.add_argument("--head-dim", type=int, help="the layer's head dim (default 128; 16 in a dry run)")
     args = p.parse_args(argv)
     unknown = sorted(set(args.mixers) - set(tuned_mixers()))
     if unknown:
@@ -290,7 +296,7 @@ def main(argv=None) -> int:
             print(f"launch_tune: {name}: {len(entries)} entries written into {path}", file=sys.stderr)
 
     result = tune(args.mixers or tuned_mixers(), dry_run=args.dry_run, T=args.T, after_each=after_each,
-                  budget=args.budget)
+                  budget=args.budget, d_model=args.d_model, head_dim=args.head_dim)
     print(json.dumps(result, indent=1))
     if result["skipped"]:
         print(f"launch_tune: not started within the budget: {result['skipped']}", file=sys.stderr)
