@@ -112,8 +112,11 @@ def _check_entry(path: Path, i: int, entry) -> None:
 def read(path: Path) -> dict:
     """The table in ``path`` (validated), as JSON holds it; an empty table where there is no file."""
     path = Path(path)
+    named = path.stem.removeprefix("sm_")
+    if not (path.stem.startswith("sm_") and named.isdigit()):
+        raise LaunchTableError(f"{path}: a launch table is named sm_<NN>.json for its architecture (sm_90.json)")
     if not path.exists():
-        return {"format": FORMAT, "arch": int(path.stem.removeprefix("sm_")), "entries": []}
+        return {"format": FORMAT, "arch": int(named), "entries": []}
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -121,7 +124,7 @@ def read(path: Path) -> dict:
                                "delete it (its kernels then keep their launchers' options)") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
         raise LaunchTableError(f"{path}: expected {{'format': {FORMAT}, 'arch': N, 'entries': [...]}}")
-    if data.get("arch") != int(path.stem.removeprefix("sm_")):
+    if data.get("arch") != int(named):
         raise LaunchTableError(f"{path}: says arch {data.get('arch')!r} but its name is for {path.stem}")
     seen = set()
     for i, entry in enumerate(data["entries"]):

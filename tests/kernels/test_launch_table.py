@@ -102,6 +102,11 @@ def test_a_table_that_cannot_be_read_names_its_file_and_entry(tmp_path, table, s
     assert str(path) in str(err.value) and says in str(err.value)
 
 
+def test_a_table_named_for_no_architecture_is_refused(tmp_path):
+    with pytest.raises(launch_table.LaunchTableError, match="is named sm_<NN>.json for its architecture"):
+        launch_table.read(tmp_path / "sm_hopper.json")
+
+
 def test_merging_replaces_the_same_launch_and_keeps_the_others(tmp_path):
     a = entry("x.k", (True, {"B": 64}), warps=4)
     b = entry("x.k", (True, {"B": 32}), warps=8)
