@@ -229,12 +229,10 @@ def constexpr_params(fn) -> tuple:
 
 def _with_table_options(kernel, arch: int, args: tuple, kwargs: dict) -> dict:
     table = launch_table.options_by_kernel(arch, launch_table.directory())
-    if not table:                                   # no table for this architecture: nothing more to look up
+    entries = table and table.get(kernel_name(jit_function(kernel)))
+    if not entries:                   # no table, or no entry for this kernel: its configuration is not formed
         return kwargs
-    name = kernel_name(jit_function(kernel))
-    if name not in table:
-        return kwargs
-    options = launch_table.lookup(arch, name, *launch_config(kernel, args, kwargs), launch_table.directory())
+    options = entries.get(launch_table.config_key(*launch_config(kernel, args, kwargs)))
     return {**kwargs, **options} if options else kwargs
 
 
@@ -248,8 +246,7 @@ def _count(kernel, args: tuple, kwargs: dict) -> str:
     name = kernel_name(jit_function(kernel))
     options = "autotuned" if _autotuned(kernel) else \
         (kwargs.get("num_warps", DEFAULT_NUM_WARPS), kwargs.get("num_stages", DEFAULT_NUM_STAGES))
-    sixteen, consts = launch_config(kernel, args, kwargs)
-    config = (sixteen, tuple(sorted((k, launch_table.plain(v)) for k, v in consts.items())))
+    config = launch_table.config_key(*launch_config(kernel, args, kwargs))
     for counter in _counters:
         counter[name] += 1
         counter.options.setdefault(name, set()).add(options)

@@ -75,14 +75,19 @@ def table_path(arch: int, directory: Path | None = None) -> Path:
     return Path(directory or TABLE_DIR) / f"sm_{int(arch)}.json"
 
 
-def plain(value):
+def _plain(value):
     """A constexpr value as JSON holds it (``tl.constexpr`` wraps some)."""
     return getattr(value, "value", value)
 
 
-def entry_key(kernel: str, sixteen_bit: bool, constexprs: dict) -> tuple:
-    """What a launch must match: the kernel, 16-bit tensors or not, and every constexpr value."""
-    return kernel, bool(sixteen_bit), tuple(sorted((str(k), plain(v)) for k, v in constexprs.items()))
+def config_key(sixteen_bit: bool, constexprs: dict) -> tuple:
+    """A launch's configuration as the tables key it: 16-bit tensors or not, and every constexpr value."""
+    return bool(sixteen_bit), tuple(sorted((str(k), _plain(v)) for k, v in constexprs.items()))
+
+
+def entry_key(entry: dict) -> tuple:
+    """What a launch must match to take an entry: its kernel and its configuration (:func:`config_key`)."""
+    return (entry["kernel"],) + config_key(entry["sixteen_bit"], entry["constexprs"])
 
 
 def _check_entry(path: Path, i: int, entry) -> None:
@@ -129,7 +134,7 @@ def read(path: Path) -> dict:
     seen = set()
     for i, entry in enumerate(data["entries"]):
         _check_entry(path, i, entry)
-        key = entry_key(entry["kernel"], entry["sixteen_bit"], entry["constexprs"])
+        key = entry_key(entry)
         if key in seen:
             raise LaunchTableError(f"{path}: entry {i} ({entry['kernel']}) repeats the launch of an earlier "
                                    "entry; keep one")
@@ -139,23 +144,18 @@ def read(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def options_by_kernel(arch: int, directory: str | None = None) -> dict:
-    """``{kernel: {(sixteen_bit, constexprs): {"num_warps": w, "num_stages": s}}}`` of the architecture's
-    table (empty without one); read once per process."""
+    """``{kernel: {config_key: {"num_warps": w, "num_stages": s}}}`` of the architecture's table (empty without
+    one); read once per process."""
     out: dict = {}
     for entry in read(table_path(arch, directory and Path(directory)))["entries"]:
-        name, sixteen, consts = entry_key(entry["kernel"], entry["sixteen_bit"], entry["constexprs"])
-        out.setdefault(name, {})[(sixteen, consts)] = {"num_warps": entry["num_warps"],
-                                                       "num_stages": entry["num_stages"]}
+        name, *config = entry_key(entry)
+        out.setdefault(name, {})[tuple(config)] = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
     return out
 
 
 def lookup(arch: int, kernel: str, sixteen_bit: bool, constexprs: dict, directory: str | None = None) -> dict | None:
     """The table's options for this launch, or None."""
-    entries = options_by_kernel(arch, directory).get(kernel)
-    if not entries:
-        return None
-    _, sixteen, consts = entry_key(kernel, sixteen_bit, constexprs)
-    return entries.get((sixteen, consts))
+    return options_by_kernel(arch, directory).get(kernel, {}).get(config_key(sixteen_bit, constexprs))
 
 
 def merge(arch: int, new_entries: list[dict], directory: Path | None = None) -> Path:
@@ -163,10 +163,10 @@ def merge(arch: int, new_entries: list[dict], directory: Path | None = None) -> 
     others stay. Returns the file written."""
     path = table_path(arch, directory)
     table = read(path)
-    by_key = {entry_key(e["kernel"], e["sixteen_bit"], e["constexprs"]): e for e in table["entries"]}
+    by_key = {entry_key(e): e for e in table["entries"]}
     for i, entry in enumerate(new_entries):
         _check_entry(path, i, entry)
-        by_key[entry_key(entry["kernel"], entry["sixteen_bit"], entry["constexprs"])] = entry
+        by_key[entry_key(entry)] = entry
     table["entries"] = sorted(by_key.values(), key=lambda e: (e["kernel"], not e["sixteen_bit"],
                                                               json.dumps(e["constexprs"], sort_keys=True)))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -78,8 +78,8 @@ def check_table(path: Path) -> tuple[list, list[str]]:
             problems.append(f"{path}: {_describe(entry)}: its layer {layer} cannot be recorded "
                             f"({type(launches).__name__}: {launches})")
             continue
-        want = launch_table.entry_key(entry["kernel"], entry["sixteen_bit"], entry["constexprs"])
-        match = [r for r in launches if launch_table.entry_key(r.name, *r.config()) == want]
+        want = launch_table.entry_key(entry)
+        match = [r for r in launches if (r.name,) + launch_table.config_key(*r.config()) == want]
         if not match:
             problems.append(f"{path}: {_describe(entry)} matches no launch of the {measured['mixer']} layer any more "
                             f"(its launcher changed since {measured['commit']}): measure it again with python -m "
