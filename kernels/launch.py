@@ -192,14 +192,18 @@ def _arch_of(args) -> int | None:
         return launch_table.forced_arch
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.device.type != "cuda":
-                return None
-            index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-            if index not in _CAPABILITY:
-                major, minor = torch.cuda.get_device_capability(index)
-                _CAPABILITY[index] = 10 * major + minor
-            return _CAPABILITY[index]
+            return cuda_arch(a.device.index) if a.device.type == "cuda" else None
     return None
+
+
+def cuda_arch(index: int | None = None) -> int:
+    """The compute capability of a CUDA device (default: the current one) as one number, ``90`` for sm_90."""
+    if index is None:
+        index = torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(index)
+        _CAPABILITY[index] = 10 * major + minor
+    return _CAPABILITY[index]
 
 
 def launch_config(kernel, args: tuple, kwargs: dict) -> tuple[bool, dict]:

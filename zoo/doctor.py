@@ -22,6 +22,7 @@ from kernels.backend import (
     triton_importable,
     triton_interpreter_problem,
 )
+from kernels.launch import cuda_arch
 from mixers import MIXERS
 from zoo.benchmark.marked_block import write_block
 
@@ -114,10 +115,9 @@ def launch_table_lines(cuda: bool) -> list[str]:
         lines.append(f"  sm_{table['arch']}: {len(table['entries'])} launch configurations measured on "
                      f"{', '.join(cards) or 'no card yet'}")
     if cuda:
-        major, minor = torch.cuda.get_device_capability()
-        here = launch_table.table_path(10 * major + minor)
-        lines.append(f"  this card (sm_{10 * major + minor}): " + ("its table applies" if here.exists() else
-                     "no table: the launchers' own options (python -m zoo.benchmark.launch_tune --write-table)"))
+        arch = cuda_arch()
+        lines.append(f"  this card (sm_{arch}): " + ("its table applies" if launch_table.table_path(arch).exists()
+                     else "no table: the launchers' own options (python -m zoo.benchmark.launch_tune --write-table)"))
     return lines
 
 

@@ -38,7 +38,7 @@ import torch
 from kernels import launch_table
 from kernels.ahead import compile_ahead
 from kernels.device import gpu_path_on_cpu
-from kernels.launch import counting, launch_options
+from kernels.launch import counting, cuda_arch, launch_options
 from mixers import MIXERS
 
 from ..environment import environment
@@ -217,12 +217,6 @@ def table_entries(result: dict) -> list[dict]:
     return entries
 
 
-def card_arch() -> int:
-    """The compute capability of the current CUDA device (``90`` for sm_90)."""
-    major, minor = torch.cuda.get_device_capability()
-    return 10 * major + minor
-
-
 def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_each=None,
          budget: float | None = None, d_model: int | None = None, head_dim: int | None = None) -> dict:
     """Every mixer of ``names`` tuned in turn (:func:`tune_layer`); ``after_each(result, name)`` is called after
@@ -282,7 +276,7 @@ def main(argv=None) -> int:
         return status
     arch = args.arch
     if args.write_table and not args.dry_run and torch.cuda.is_available():
-        arch = card_arch()
+        arch = cuda_arch()
         if args.arch is not None and args.arch != arch:
             p.error(f"--arch {args.arch} is not this card's (sm_{arch}): a table holds what its architecture measured")
     table_dir = Path(args.table_dir) if args.table_dir else None
