@@ -22,6 +22,7 @@ with what to do instead.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -116,6 +117,19 @@ def triton_refusal(tensor: torch.Tensor) -> str | None:
                 "through the interpreter; use backend='torch' on a CPU")
     problem = triton_interpreter_problem()
     return None if problem is None else f"cannot run on CPU tensors: {problem}"
+
+
+@contextlib.contextmanager
+def meta_takes_triton():
+    """Inside, the Triton backends accept ``meta`` tensors (they stand for a GPU's: a launch on them is recorded or
+    compiled, never run; :mod:`kernels.launch`, :mod:`kernels.ahead`)."""
+    global triton_refusal
+    refusal = triton_refusal
+    triton_refusal = lambda tensor: None if tensor.device.type == "meta" else refusal(tensor)  # noqa: E731
+    try:
+        yield
+    finally:
+        triton_refusal = refusal
 
 
 def triton_usable_for(tensor: torch.Tensor) -> bool:

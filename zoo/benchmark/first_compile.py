@@ -39,9 +39,9 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
 import kernels.ahead
-import kernels.backend
 from kernels import launch_table
 from kernels.ahead import available_cores, compile_ahead, dry_forward_backward
+from kernels.backend import meta_takes_triton
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import recording
 
@@ -72,15 +72,13 @@ def _plan(toy: bool):
 
 def measure_one(name: str, mode: str, arch: int, threads: int, toy: bool) -> dict:
     """One mixer in this (fresh) process: ``mode`` ``serial`` or ``ahead`` (with its checks)."""
-    # meta tensors stand for the GPU's: Triton's launchers are taken, and only compiled
-    kernels.backend.triton_refusal = lambda tensor: None
     driver.set_active(StandInDriver(arch))
     plan = _plan(toy)
     layer = build_layer(name, plan, "meta", torch.bfloat16)
     x = torch.empty(1, plan.first_call_length, plan.d_model, device="meta", dtype=torch.bfloat16)
 
-    def first_call():   # the launches an sm_<arch> GPU makes: its launch table's options included
-        with gpu_path_on_cpu(), launch_table.as_if_arch(arch):
+    def first_call():   # the launches an sm_<arch> GPU makes (its launch table's options included), compiled
+        with meta_takes_triton(), gpu_path_on_cpu(), launch_table.as_if_arch(arch):
             dry_forward_backward(layer, x)
 
     compile_times = []

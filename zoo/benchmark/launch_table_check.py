@@ -15,7 +15,6 @@ committed tables. Exit status 1 when an entry fails. Run without ``TRITON_INTERP
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
@@ -23,25 +22,14 @@ from pathlib import Path
 
 import torch
 
-import kernels.backend
 from kernels import launch_table
 from kernels.ahead import dry_forward_backward
+from kernels.backend import meta_takes_triton
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import Launch, recording
 
 from .compile_check import compile_launch, interpreting_refused, table_rows
 from .gpu_speed import DTYPES, FULL, build_layer
-
-
-@contextlib.contextmanager
-def _meta_takes_triton():
-    """Our Triton launchers accept ``meta`` tensors inside (they stand for a GPU's; nothing runs)."""
-    refusal = kernels.backend.triton_refusal
-    kernels.backend.triton_refusal = lambda t: None if t.device.type == "meta" else refusal(t)
-    try:
-        yield
-    finally:
-        kernels.backend.triton_refusal = refusal
 
 
 def layer_launches(measured: dict) -> list[Launch]:
@@ -50,7 +38,7 @@ def layer_launches(measured: dict) -> list[Launch]:
     dtype = DTYPES[measured["dtype"]]
     layer = build_layer(measured["mixer"], plan, "meta", dtype)
     x = torch.empty(1, int(measured["T"]), plan.d_model, device="meta", dtype=dtype)
-    with _meta_takes_triton(), gpu_path_on_cpu(), recording() as launches:
+    with meta_takes_triton(), gpu_path_on_cpu(), recording() as launches:
         dry_forward_backward(layer, x)
     return list(launches)
 
