@@ -66,11 +66,13 @@ from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
 from kernels.norm.triton import gated_rms_norm_triton, l2_normalize_triton, rms_norm_triton
+from kernels.rope.triton import rotary_triton
 from kernels.scan.triton import chunk_scan_triton
 from kernels.shortconv.triton import causal_conv_triton
 from kernels.ska.triton import ska_chain_triton, ska_triton
 from kernels.slots.triton import kronecker_topk_triton, slot_memory_triton
 from kernels.ssd.triton import ssd_triton
+from kernels.swiglu.triton import swiglu_triton
 
 from .marked_block import write_block
 
@@ -261,9 +263,23 @@ def _gate(dt, quick):
         yield f"H={H}", run
 
 
+def _rope(dt, quick):
+    for D in ((128,) if quick else (32, 64, 96, 128, 256)):
+        def run(D=D):
+            _fwd_bwd(rotary_triton(_meta(2, 1024, 3 * 8, D, dtype=dt), 0, 10000.0, rotated=16))
+        yield f"D={D}", run
+
+
+def _swiglu(dt, quick):
+    for F in ((2816,) if quick else (48, 1376, 2816)):
+        def run(F=F):
+            _fwd_bwd(swiglu_triton(_meta(2, 1024, 2 * F, dtype=dt)))
+        yield f"F={F}", run
+
+
 FAMILIES = {"attention": _attention, "delta": _delta, "ssd": _ssd, "ska": _ska, "gka": _gka, "gla": _gla,
             "blockscan": _blockscan, "slots": _slots, "scan": _scan, "shortconv": _shortconv, "norm": _norm,
-            "gate": _gate}
+            "gate": _gate, "rope": _rope, "swiglu": _swiglu}
 
 
 #: (family, dtype, sizes, message) of every case a launcher refused in the last enumeration
