@@ -17,7 +17,7 @@ from torch import nn
 from kernels.backend import triton_usable_for
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
 from kernels.device import plan_for
-from kernels.gate import log_decay
+from kernels.gate import log_decay, step_size
 from kernels.norm import gated_rms_norm, rms_norm, rms_norm_reference
 
 from .conv_time_first import causal_conv_time_first
@@ -189,6 +189,14 @@ class DecayGate(nn.Module):
         if plan_for(raw).one_pass and triton_usable_for(raw):
             return log_decay(raw, self.A_log, self.dt_bias, backend="triton")
         return self.from_projection(raw)[0]
+
+    def step_size(self, raw: torch.Tensor, dt_max: float, out_dtype: torch.dtype) -> torch.Tensor:
+        """``dt`` alone from ``raw = self.proj(x)``, capped at ``dt_max``, in ``out_dtype``: on the GPU plan one
+        Triton kernel each way (:func:`kernels.gate.step_size`), where the formula below launches about six
+        forward (``g`` among them, unused) and eight backward."""
+        if plan_for(raw).one_pass and triton_usable_for(raw):
+            return step_size(raw, self.dt_bias, dt_max, out_dtype, backend="triton")
+        return self.from_projection(raw)[1].clamp(max=dt_max).to(out_dtype)
 
     def from_projection(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(g, dt)`` from ``raw = self.proj(x)`` (computed elsewhere, e.g. by :func:`project`)."""

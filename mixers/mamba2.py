@@ -23,7 +23,7 @@ from torch import nn
 from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
@@ -81,11 +81,17 @@ class Mamba2(Mixer):
         return self.out_proj(self.norm(y.flatten(-2), z))
 
     def _forward(self, u):
-        z, xBC_raw = self._project(u)
-        x, B, C = self._split(self.conv(xBC_raw))
-        dt = self.gate(u)[1].clamp(max=DT_MAX)
+        if one_pass(u):  # the GPU plan: one matmul for both projections, the step size one kernel each way
+            zx, raw = project(u, [self.in_proj, self.gate.proj])
+            z, xBC_raw = zx.split([self.d_inner, self.conv_dim], dim=-1)
+            x, B, C = self._split(self.conv(xBC_raw))
+            dt = self.gate.step_size(raw, DT_MAX, x.dtype)
+        else:
+            z, xBC_raw = self._project(u)
+            x, B, C = self._split(self.conv(xBC_raw))
+            dt = self.gate(u)[1].clamp(max=DT_MAX).to(x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
-        y, h = ssd(x, dt.to(x.dtype), A.to(x.dtype), B, C, backend=self.options.backend,
+        y, h = ssd(x, dt, A.to(x.dtype), B, C, backend=self.options.backend,
                    chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
         return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
 

@@ -1,4 +1,5 @@
-"""The Mamba-2 log-decay gate of the gated mixers, ``g = -exp(A_log) softplus(raw + dt_bias)`` per head.
+"""The Mamba-2 log-decay gate of the gated mixers, ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, and
+its step size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone (what Mamba-2's scan takes).
 
 Backends: ``reference`` (the PyTorch formula, :mod:`.reference`) and ``triton`` (one kernel forward and
 one backward, :mod:`.triton`), the GPU path. The CPU path is :class:`mixers.layers.DecayGate`'s own
@@ -7,9 +8,9 @@ PyTorch code, which picks between the two paths by :func:`kernels.device.plan_fo
 from __future__ import annotations
 
 from ..backend import resolve_backend
-from .reference import log_decay_reference
+from .reference import log_decay_reference, step_size_reference
 
-__all__ = ["BACKENDS", "log_decay", "log_decay_reference"]
+__all__ = ["BACKENDS", "log_decay", "log_decay_reference", "step_size", "step_size_reference"]
 
 #: the backends this family implements
 BACKENDS = ("reference", "triton")
@@ -25,3 +26,19 @@ def log_decay(raw, A_log, dt_bias, backend: str = "auto"):
 
         return log_decay_triton(raw, A_log, dt_bias)
     return log_decay_reference(raw, A_log, dt_bias)
+
+
+def step_size(raw, dt_bias, dt_max: float | None = None, out_dtype=None, backend: str = "auto"):
+    """``raw (..., H)``, ``dt_bias (H)`` -> ``dt = min(softplus(raw + dt_bias), dt_max) (..., H)``, computed in
+    at least fp32 and returned in ``out_dtype`` (default: that compute dtype)."""
+    if raw.shape[-1:] != dt_bias.shape:
+        raise ValueError(f"step_size: raw (..., H) and dt_bias (H) must share H, got {tuple(raw.shape)} and "
+                         f"{tuple(dt_bias.shape)}")
+    if dt_max is not None and not dt_max > 0:
+        raise ValueError(f"step_size: dt_max={dt_max} must be positive (or None for no cap)")
+    if resolve_backend(backend, raw, op="step_size", available=BACKENDS) == "triton":
+        from .triton import step_size_triton  # lazy: triton is optional
+
+        return step_size_triton(raw, dt_bias, dt_max, out_dtype)
+    dt = step_size_reference(raw, dt_bias, dt_max)
+    return dt if out_dtype is None else dt.to(out_dtype)

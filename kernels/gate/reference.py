@@ -1,5 +1,6 @@
-"""The spec of the Mamba-2 log-decay gate: ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, in at least
-fp32 (Dao & Gu, "Transformers are SSMs", arXiv 2405.21060)."""
+"""The spec of the Mamba-2 log-decay gate: ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, and of its step
+size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone, in at least fp32 (Dao & Gu, "Transformers are SSMs",
+arXiv 2405.21060)."""
 from __future__ import annotations
 
 import torch
@@ -12,3 +13,11 @@ def log_decay_reference(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.T
     """``raw (..., H)`` (the gate projection), ``A_log (H)``, ``dt_bias (H)`` -> ``g (..., H)`` <= 0."""
     cd = compute_dtype(raw.dtype)
     return -torch.exp(A_log.to(cd)) * F.softplus(raw.to(cd) + dt_bias.to(cd))
+
+
+def step_size_reference(raw: torch.Tensor, dt_bias: torch.Tensor, dt_max: float | None = None) -> torch.Tensor:
+    """``raw (..., H)``, ``dt_bias (H)`` -> ``dt = softplus(raw + dt_bias) (..., H)``, capped at ``dt_max``
+    where given (its gradient zero above the cap)."""
+    cd = compute_dtype(raw.dtype)
+    dt = F.softplus(raw.to(cd) + dt_bias.to(cd))
+    return dt if dt_max is None else dt.clamp(max=dt_max)

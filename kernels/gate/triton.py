@@ -1,6 +1,8 @@
 """The Mamba-2 log-decay gate ``g = -exp(A_log) softplus(raw + dt_bias)`` in one Triton kernel forward and
 one backward (the GPU path), where autograd through the PyTorch formula launches five kernels forward and
-about eight backward.
+about eight backward; and the step size alone, ``dt = min(softplus(raw + dt_bias), dt_max)`` (what Mamba-2's
+scan takes), the same way: backward ``draw = sigmoid(u) ddt`` where ``softplus(u) <= dt_max`` (the clamp's
+gradient, the cap included), else 0.
 
 A program handles ``BR`` rows of the ``H`` heads; ``raw`` may be a column block of a wider projection
 (any row stride) and the incoming gradient may have any strides. Backward, with ``u = raw + dt_bias`` and
@@ -30,14 +32,22 @@ def _softplus(u):
 
 
 @triton.jit
-def _gate_fwd(RAW, A_LOG, DT_BIAS, G, n_rows, H, s_raw, BR: tl.constexpr, BH: tl.constexpr):
-    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+def _u_tile(RAW, DT_BIAS, pid, n_rows, H, s_raw, BR: tl.constexpr, BH: tl.constexpr):
+    """``(rows, cols, head mask, tile mask, u = raw + dt_bias)`` of program ``pid``'s ``BR`` rows, ``u`` in
+    ``dt_bias``'s dtype (the compute dtype)."""
+    rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
     cols = tl.arange(0, BH)
     mh = cols < H
     mask = (rows < n_rows)[:, None] & mh[None, :]
-    a = tl.load(A_LOG + cols, mask=mh, other=0.0)
     b = tl.load(DT_BIAS + cols, mask=mh, other=0.0)
-    u = tl.load(RAW + rows[:, None] * s_raw + cols[None, :], mask=mask, other=0.0).to(a.dtype) + b[None, :]
+    u = tl.load(RAW + rows[:, None] * s_raw + cols[None, :], mask=mask, other=0.0).to(b.dtype) + b[None, :]
+    return rows, cols, mh, mask, u
+
+
+@triton.jit
+def _gate_fwd(RAW, A_LOG, DT_BIAS, G, n_rows, H, s_raw, BR: tl.constexpr, BH: tl.constexpr):
+    rows, cols, mh, mask, u = _u_tile(RAW, DT_BIAS, tl.program_id(0), n_rows, H, s_raw, BR, BH)
+    a = tl.load(A_LOG + cols, mask=mh, other=0.0)
     tl.store(G + rows[:, None] * H + cols[None, :], -tl.exp(a)[None, :] * _softplus(u), mask=mask)
 
 
@@ -45,13 +55,8 @@ def _gate_fwd(RAW, A_LOG, DT_BIAS, G, n_rows, H, s_raw, BR: tl.constexpr, BH: tl
 def _gate_bwd(RAW, A_LOG, DT_BIAS, DG, DRAW, PART, n_rows, H, s_raw, s_dg_row, s_dg_col, BR: tl.constexpr,
               BH: tl.constexpr):
     pid = tl.program_id(0)
-    rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
-    cols = tl.arange(0, BH)
-    mh = cols < H
-    mask = (rows < n_rows)[:, None] & mh[None, :]
+    rows, cols, mh, mask, u = _u_tile(RAW, DT_BIAS, pid, n_rows, H, s_raw, BR, BH)
     a = tl.load(A_LOG + cols, mask=mh, other=0.0)
-    b = tl.load(DT_BIAS + cols, mask=mh, other=0.0)
-    u = tl.load(RAW + rows[:, None] * s_raw + cols[None, :], mask=mask, other=0.0).to(a.dtype) + b[None, :]
     dg = tl.load(DG + rows[:, None] * s_dg_row + cols[None, :] * s_dg_col, mask=mask, other=0.0).to(a.dtype)
     neg_A = -tl.exp(a)[None, :]
     draw = tl.where(mask, neg_A * tl.sigmoid(u) * dg, 0.0)
@@ -61,24 +66,60 @@ def _gate_bwd(RAW, A_LOG, DT_BIAS, DG, DRAW, PART, n_rows, H, s_raw, s_dg_row, s
     tl.store(PART + pid * 2 * H + H + cols, tl.sum(draw, axis=0), mask=mh)
 
 
+@triton.jit
+def _step_fwd(RAW, DT_BIAS, DT, n_rows, H, s_raw, dt_max, CAP: tl.constexpr, BR: tl.constexpr,
+              BH: tl.constexpr):
+    rows, cols, mh, mask, u = _u_tile(RAW, DT_BIAS, tl.program_id(0), n_rows, H, s_raw, BR, BH)
+    dt = _softplus(u)
+    if CAP:
+        dt = tl.minimum(dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(DT + rows[:, None] * H + cols[None, :], dt.to(DT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _step_bwd(RAW, DT_BIAS, DDT, DRAW, PART, n_rows, H, s_raw, s_ddt_row, s_ddt_col, dt_max, CAP: tl.constexpr,
+              BR: tl.constexpr, BH: tl.constexpr):
+    pid = tl.program_id(0)
+    rows, cols, mh, mask, u = _u_tile(RAW, DT_BIAS, pid, n_rows, H, s_raw, BR, BH)
+    ddt = tl.load(DDT + rows[:, None] * s_ddt_row + cols[None, :] * s_ddt_col, mask=mask, other=0.0).to(u.dtype)
+    draw = tl.where(mask, tl.sigmoid(u) * ddt, 0.0)
+    if CAP:                                           # the clamp passes the gradient up to the cap, inclusive
+        draw = tl.where(_softplus(u) <= dt_max, draw, 0.0)
+    tl.store(DRAW + rows[:, None] * H + cols[None, :], draw.to(DRAW.dtype.element_ty), mask=mask)
+    tl.store(PART + pid * H + cols, tl.sum(draw, axis=0), mask=mh)
+
+
 def _blocks(H: int, n_rows: int) -> tuple[int, int]:
     BH = max(2, triton.next_power_of_2(H))
     return max(1, min(128, 4096 // BH, triton.next_power_of_2(n_rows))), BH
 
 
+def _raw_rows(raw: torch.Tensor) -> torch.Tensor:
+    """``raw (..., H)`` as a matrix of rows (any row stride; copied only when its last dimension is strided or
+    its leading ones cannot be merged)."""
+    H = raw.shape[-1]
+    if raw.stride(-1) != 1:
+        raw = raw.contiguous()
+    try:
+        return raw.view(-1, H)
+    except RuntimeError:                                 # leading dims that cannot be merged
+        return raw.contiguous().view(-1, H)
+
+
+def _grad_rows(grad: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:
+    """The incoming gradient as ``(n_rows, H)``: any strides (a heads-first gradient is read in place)."""
+    try:
+        return grad.view(n_rows, H)
+    except RuntimeError:
+        return grad.contiguous().view(n_rows, H)
+
+
 class _LogDecay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, raw, A_log, dt_bias):
-        H = raw.shape[-1]
         cd = compute_dtype(raw.dtype)
-        if raw.stride(-1) != 1:
-            raw = raw.contiguous()
-        try:
-            rows = raw.view(-1, H)
-        except RuntimeError:                             # leading dims that cannot be merged
-            raw = raw.contiguous()
-            rows = raw.view(-1, H)
-        n_rows = rows.shape[0]
+        rows = _raw_rows(raw)
+        n_rows, H = rows.shape
         a, b = A_log.to(cd).contiguous(), dt_bias.to(cd).contiguous()
         g = torch.empty(raw.shape, dtype=cd, device=raw.device)
         BR, BH = _blocks(H, n_rows)
@@ -95,16 +136,51 @@ class _LogDecay(torch.autograd.Function):
         n_prog = triton.cdiv(n_rows, BR)
         draw = torch.empty(shape, dtype=raw_dtype, device=rows.device)
         part = a.new_empty(n_prog, 2 * H)
-        try:
-            dg_rows = dg.view(n_rows, H)                 # any strides (a heads-first gradient is read in place)
-        except RuntimeError:
-            dg_rows = dg.contiguous().view(n_rows, H)
+        dg_rows = _grad_rows(dg, n_rows, H)
         launch(_gate_bwd, (n_prog,), rows, a, b, dg_rows, draw, part, n_rows, H, rows.stride(0), *dg_rows.stride(),
                BR=BR, BH=BH)
         sums = part.sum(0)
         return draw, sums[:H].to(a_dtype), sums[H:].to(b_dtype)
 
 
+class _StepSize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, raw, dt_bias, dt_max, out_dtype):
+        cd = compute_dtype(raw.dtype)
+        rows = _raw_rows(raw)
+        n_rows, H = rows.shape
+        b = dt_bias.to(cd).contiguous()
+        dt = torch.empty(raw.shape, dtype=out_dtype or cd, device=raw.device)
+        BR, BH = _blocks(H, n_rows)
+        cap = dt_max is not None
+        launch(_step_fwd, (triton.cdiv(n_rows, BR),), rows, b, dt, n_rows, H, rows.stride(0),
+               float(dt_max) if cap else 0.0, CAP=cap, BR=BR, BH=BH)
+        ctx.save_for_backward(rows, b)
+        ctx.meta = (raw.shape, raw.dtype, dt_bias.dtype, dt_max, BR, BH)
+        return dt
+
+    @staticmethod
+    def backward(ctx, ddt):
+        rows, b = ctx.saved_tensors
+        shape, raw_dtype, b_dtype, dt_max, BR, BH = ctx.meta
+        n_rows, H = rows.shape
+        n_prog = triton.cdiv(n_rows, BR)
+        draw = torch.empty(shape, dtype=raw_dtype, device=rows.device)
+        part = b.new_empty(n_prog, H)
+        ddt_rows = _grad_rows(ddt, n_rows, H)
+        cap = dt_max is not None
+        launch(_step_bwd, (n_prog,), rows, b, ddt_rows, draw, part, n_rows, H, rows.stride(0), *ddt_rows.stride(),
+               float(dt_max) if cap else 0.0, CAP=cap, BR=BR, BH=BH)
+        return draw, part.sum(0).to(b_dtype), None, None
+
+
 def log_decay_triton(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`kernels.gate.reference.log_decay_reference`."""
     return _LogDecay.apply(raw, A_log, dt_bias)
+
+
+def step_size_triton(raw: torch.Tensor, dt_bias: torch.Tensor, dt_max: float | None = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """:func:`kernels.gate.reference.step_size_reference`, stored in ``out_dtype`` (default: the compute
+    dtype, at least fp32)."""
+    return _StepSize.apply(raw, dt_bias, dt_max, out_dtype)

@@ -1,13 +1,14 @@
 """The log-decay gate's Triton kernels (:mod:`kernels.gate`, the GPU path) against the PyTorch formula
 ``-exp(A_log) softplus(raw + dt_bias)``, values and gradients of all three inputs in fp32 and fp64 through
-the interpreter, including steps far in both tails of the softplus and a strided projection block."""
+the interpreter, including steps far in both tails of the softplus and a strided projection block; and the
+step size alone, ``min(softplus(raw + dt_bias), dt_max)``, the same way."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kernels.backend import triton_usable_for
-from kernels.gate import log_decay, log_decay_reference
+from kernels.gate import log_decay, log_decay_reference, step_size, step_size_reference
 from kernels.launch import counting
 from tests.kernels.harness import assert_rel_close, cancellation
 
@@ -53,3 +54,47 @@ def test_small_steps_keep_their_digits():
 def test_bad_shapes():
     with pytest.raises(ValueError, match="share H"):
         log_decay(torch.randn(2, 3), torch.randn(4), torch.randn(4))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("dt_max", [None, 3.0])
+def test_step_size_matches_formula(dtype, tol, dt_max):
+    """``dt = min(softplus(raw + dt_bias), dt_max)`` from a column block of a wider projection: values, the
+    gradient of ``raw`` (zero above the cap, passed at it) and of ``dt_bias`` (one term per token, its
+    tolerance scaled by how much they cancel), against the formula's autograd."""
+    H = 6
+    wide = torch.randn(3, 40, 3 * H, dtype=dtype) * 4
+    wide[0, 0, H:2 * H] = torch.linspace(-15, 15, H, dtype=dtype)
+    raw = wide[..., H:2 * H]
+    dt_bias = torch.randn(H, dtype=dtype)
+    ddt = torch.randn(3, 40, H, dtype=dtype)
+    outs = []
+    for fn in (lambda r, b: step_size(r, b, dt_max, backend="triton"), lambda r, b: step_size_reference(r, b, dt_max)):
+        xs = [t.detach().requires_grad_() for t in (raw, dt_bias)]
+        with counting() as launches:
+            dt = fn(*xs)
+            grads = torch.autograd.grad(dt, xs, ddt)
+        outs.append(([dt.detach(), *grads], dict(launches)))
+    (got, launched), (want, _) = outs
+    assert launched == {"gate._step_fwd": 1, "gate._step_bwd": 1}
+    if dt_max is not None:
+        capped = want[0] >= dt_max
+        assert capped.any() and (~capped).any()             # the draw crosses the cap
+        assert torch.equal(got[1][capped], torch.zeros_like(got[1][capped]))
+    exact = [t.detach().double() for t in (raw, dt_bias)]
+    spread = cancellation(lambda r, b: step_size_reference(r, b, dt_max), exact, 1, tuple(raw.shape), ddt.double())
+    for name, a, b, t in zip(("dt", "d raw", "d dt_bias"), got, want, (tol, tol, tol * spread)):
+        assert_rel_close(a, b, t, name)
+
+
+def test_step_size_in_a_16_bit_dtype_and_bad_inputs():
+    """``out_dtype`` stores the fp32 result rounded once (within fp16 rounding of the fp64 formula); a wrong
+    bias length and a cap <= 0 are refused."""
+    raw, bias = torch.randn(2, 30, 4).half(), torch.randn(4)
+    got = step_size(raw, bias, 1e3, out_dtype=torch.float16, backend="triton")
+    assert got.dtype == torch.float16
+    assert_rel_close(got.double(), step_size_reference(raw.double(), bias.double(), 1e3), 2 ** -11, "fp16")
+    with pytest.raises(ValueError, match="share H"):
+        step_size(raw, torch.randn(5))
+    with pytest.raises(ValueError, match="dt_max=0"):
+        step_size(raw, bias, 0)

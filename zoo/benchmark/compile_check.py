@@ -61,7 +61,7 @@ from triton.compiler import ASTSource
 from kernels.attention.triton import attention_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
-from kernels.gate.triton import log_decay_triton
+from kernels.gate.triton import log_decay_triton, step_size_triton
 from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
@@ -260,6 +260,7 @@ def _gate(dt, quick):
         def run(H=H):
             _fwd_bwd(log_decay_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32),
                                       _meta(H, dtype=torch.float32)))
+            _fwd_bwd(step_size_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32), 1e3, dt))
         yield f"H={H}", run
 
 
