@@ -98,3 +98,23 @@ def test_step_size_in_a_16_bit_dtype_and_bad_inputs():
         step_size(raw, torch.randn(5))
     with pytest.raises(ValueError, match="dt_max=0"):
         step_size(raw, bias, 0)
+
+
+@pytest.mark.gpu
+def test_gates_in_bf16_at_real_size():
+    """bf16 projections of 32 heads over 8 x 2048 tokens (a Mamba-2 layer of d_model 1024): the log decay
+    and the capped step size (stored in bf16, as Mamba-2 feeds its scan) within bf16 rounding of the fp64
+    formulas, values and gradients."""
+    raw = torch.randn(8, 2048, 32, device="cuda", dtype=torch.bfloat16) * 4
+    A_log, dt_bias = torch.randn(32, device="cuda"), torch.randn(32, device="cuda") - 4
+    dy = torch.randn(8, 2048, 32, device="cuda")
+    cases = [(lambda r, a, b: log_decay(r, a, b, backend="triton"), log_decay_reference, [raw, A_log, dt_bias]),
+             (lambda r, b: step_size(r, b, 1e3, out_dtype=torch.bfloat16, backend="triton"),
+              lambda r, b: step_size_reference(r, b, 1e3), [raw, dt_bias])]
+    for fast, formula, inputs in cases:
+        xs = [t.detach().requires_grad_() for t in inputs]
+        exact = [t.detach().double().requires_grad_() for t in inputs]
+        got, want = fast(*xs), formula(*exact)
+        assert_rel_close(got.double(), want, 1e-2, "bf16 value")
+        for g, w in zip(torch.autograd.grad(got, xs, dy.to(got.dtype)), torch.autograd.grad(want, exact, dy.double())):
+            assert_rel_close(g.double(), w, 1e-2, "bf16 gradient")
