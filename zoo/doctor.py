@@ -31,14 +31,15 @@ _DEFAULT_BACKENDS = ("reference", "torch", "triton")
 
 
 def mixer_families(cls) -> list[str]:
-    """The ``kernels.<family>`` packages whose functions the mixer's module imports."""
+    """The ``kernels.<family>`` packages whose functions the mixer's module imports (a family is a package;
+    the shared modules beside them, ``kernels.backend``, ``kernels.device``..., are not families)."""
     module = sys.modules[cls.__module__]
     found = set()
     for value in vars(module).values():
         mod = getattr(value, "__module__", None) or ""
         if callable(value) and mod.startswith("kernels.") and mod.count(".") >= 1:
             family = mod.split(".")[1]
-            if family not in ("backend", "common", "launch"):
+            if hasattr(_family(family), "__path__"):
                 found.add(family)
     return sorted(found)
 

@@ -46,6 +46,7 @@ def test_doctor_reports_where_fla_refuses_its_gated_backward(monkeypatch):
 def test_mixer_families_found_from_imports():
     assert doctor.mixer_families(MIXERS.get("mamba2")) == ["ssd"]
     assert doctor.mixer_families(MIXERS.get("jordan")) == ["blockscan"]
+    assert doctor.mixer_families(MIXERS.get("attention")) == ["attention", "rope"]   # not kernels.device
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the report has the interpreter line on a CPU only")
