@@ -56,7 +56,7 @@ class Attention(Mixer):
 
     def _qkv(self, x: torch.Tensor, start: int):
         """Queries and keys rotated to their positions ``start ..``, and values. On the GPU plan one Triton
-        kernel rotates the fused projection (values copied) each way, where the formula launches about sixty
+        kernel rotates the fused projection (values copied) each way, where the formula launches about fifty
         kernels forward and backward per layer."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim

@@ -7,7 +7,7 @@ group at those positions in turn, writing them contiguous. The angles are comput
 ``base^(-i/h)`` in fp64 from ``log2(base)`` (passed as two fp32 halves) and rounded once to the compute
 dtype, then ``theta = p base^(-i/h)`` and its cosine and sine in the compute dtype (fp32; fp64 stays
 fp64), as the reference computes them. The backward is the rotation by ``-theta``
-(``SIGN = -1``). Groups ``g >= rotated`` are copied (cos 1, sin 0). No products for tensor cores.
+(``SIGN = -1``). Groups ``g >= rotated`` are copied as they are. No products for tensor cores.
 """
 from __future__ import annotations
 
