@@ -433,8 +433,11 @@ def test_triton_reverse_chebyshev_30_iterations_fp32():
     """At r = 30 (kappa <= 51), reversing the iteration in fp32 amplifies rounding into dk, and the
     amplification depends on the draw: over 300 single-head draws the Triton dk error against the fp64
     unrolled gradient had median 1.8e-3, 90th percentile 9.6e-3 and maximum 5.2e-2 (the PyTorch reverse
-    in fp32: 1.1e-3, 7.0e-3, 3.4e-2). So dk is judged by its median over nine independent heads, which
-    a wrong gradient fails at every head; every other gradient stays at fp32 level."""
+    in fp32: 1.1e-3, 7.0e-3, 3.4e-2). dg takes the same rounding through the decays, on the same heads: over
+    48 draws of nine heads its per-head error was at most 4.9e-3 with per-draw medians 2.5e-5 to 1.9e-4,
+    and one draw had a head at 7.5e-2 (its dk at 1.4e-2; the whole-tensor dg error 1.7e-2). So dk and dg
+    are judged by their medians over nine independent heads, which a wrong gradient fails at every head;
+    every other gradient stays at fp32 level."""
     from kernels.gka.triton import gka_triton
     heads = 9
     inputs = make_inputs(1, 32, heads, 16, dtype=torch.float32)
@@ -443,11 +446,12 @@ def test_triton_reverse_chebyshev_30_iterations_fp32():
     o_r, g_r = grads_of(lambda *a: gka_reference(*a, grad="autograd")[0], [t.double() for t in inputs], w)
     assert_rel_close(o_t, o_r, 1e-5, "output")
     for name, a, b in zip("q k v g alpha".split(), g_t, g_r):
-        if name == "k":
+        if name in ("k", "g"):
             errors = torch.tensor([rel_err(a[:, :, h], b[:, :, h]) for h in range(heads)])
-            assert errors.median() <= 1.5e-2, f"dk: per-head relative errors {errors.tolist()}"
+            tol = 1.5e-2 if name == "k" else 2e-3
+            assert errors.median() <= tol, f"d{name}: per-head relative errors {errors.tolist()}"
         else:
-            assert_rel_close(a, b, 1e-2 if name == "g" else 1e-4, f"d{name}")
+            assert_rel_close(a, b, 1e-4, f"d{name}")
 
 
 @needs_triton
