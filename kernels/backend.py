@@ -136,6 +136,13 @@ def triton_usable_for(tensor: torch.Tensor) -> bool:
     return triton_refusal(tensor) is None
 
 
+def triton_pieces_for(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` takes the GPU plan's fused Triton pieces (the norms, gates, short convolution, rotary
+    embedding and SwiGLU gate of the mixers): the GPU plan (:func:`kernels.device.plan_for`) and a Triton that
+    can run on it. Otherwise the mixers run their PyTorch formulas."""
+    return plan_for(tensor).one_pass and triton_usable_for(tensor)
+
+
 def outside_usable_for(backend: str, tensor: torch.Tensor) -> bool:
     """True when the outside ``backend`` can run on ``tensor`` (a CUDA tensor and the package imports)."""
     return tensor.is_cuda and package_importable(OUTSIDE_BACKENDS[backend][0])

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from kernels.attention import BACKENDS, attention
-from kernels.backend import triton_usable_for
-from kernels.device import plan_for
+from kernels.backend import triton_pieces_for
 from kernels.rope import rope_reference, rotary
 
 from .base import Mixer, State, register_mixer
@@ -60,7 +59,7 @@ class Attention(Mixer):
         kernels forward and backward per layer."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        if plan_for(x).one_pass and triton_usable_for(x):
+        if triton_pieces_for(x):
             qkv = rotary(self.qkv(x).view(B, T, 3 * H, D), start, self.options.rope_base, rotated=2 * H,
                          backend="triton")
             return qkv.view(B, T, 3, H, D).unbind(2)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.backend import triton_usable_for
+from kernels.backend import triton_pieces_for
 from kernels.device import plan_for
 from kernels.shortconv import causal_conv
 
@@ -99,10 +99,9 @@ def causal_conv_time_first(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     if x.ndim != 3 or weight.ndim != 2 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"causal_conv_time_first: expected x (B, T, C) and weight (C, k) with the same C, got "
                          f"x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    plan = plan_for(x)
-    if plan.one_pass and triton_usable_for(x):
+    if triton_pieces_for(x):
         return causal_conv(x, weight, bias, activation, backend="triton")
-    return _CausalConvTimeFirst.apply(x.contiguous(), weight, bias, activation, plan.one_pass)
+    return _CausalConvTimeFirst.apply(x.contiguous(), weight, bias, activation, plan_for(x).one_pass)
 
 
 def short_conv_time_first(convs, x: torch.Tensor) -> torch.Tensor:

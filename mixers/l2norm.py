@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.backend import triton_usable_for
-from kernels.device import plan_for
+from kernels.backend import triton_pieces_for
 from kernels.norm import l2_normalize as l2_normalize_kernel
 
 
@@ -35,6 +34,6 @@ class _L2Normalize(torch.autograd.Function):
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """``F.normalize(x, dim=-1, eps=eps)``, same values and gradients."""
-    if plan_for(x).one_pass and triton_usable_for(x):
+    if triton_pieces_for(x):
         return l2_normalize_kernel(x, eps, backend="triton")
     return _L2Normalize.apply(x, eps)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.backend import triton_usable_for
+from kernels.backend import triton_pieces_for
 from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
 from kernels.device import plan_for
 from kernels.gate import log_decay, step_size
@@ -106,7 +106,7 @@ class RMSNorm(nn.Module):
         no_weight_decay(self, "weight")  # a gain: decay would pull it to 0, not to the identity 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if plan_for(x).one_pass and triton_usable_for(x):
+        if triton_pieces_for(x):
             return rms_norm(x, self.weight, self.eps, backend="triton")
         return self._normed(x)
 
@@ -121,7 +121,7 @@ class GatedRMSNorm(RMSNorm):
     cast to ``x``'s dtype) instead of about eight launches forward and sixteen backward."""
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if plan_for(x).one_pass and triton_usable_for(x):
+        if triton_pieces_for(x):
             return gated_rms_norm(x, z, self.weight, self.eps, backend="triton")
         return self._normed(x) * F.silu(at_least_fp32(z)).to(x.dtype)
 
@@ -186,7 +186,7 @@ class DecayGate(nn.Module):
     def log_decay(self, raw: torch.Tensor) -> torch.Tensor:
         """``g`` alone from ``raw = self.proj(x)``: on the GPU plan one Triton kernel each way
         (:func:`kernels.gate.log_decay`), where the formula below launches five forward and eight backward."""
-        if plan_for(raw).one_pass and triton_usable_for(raw):
+        if triton_pieces_for(raw):
             return log_decay(raw, self.A_log, self.dt_bias, backend="triton")
         return self.from_projection(raw)[0]
 
@@ -194,7 +194,7 @@ class DecayGate(nn.Module):
         """``dt`` alone from ``raw = self.proj(x)``, capped at ``dt_max``, in ``out_dtype``: on the GPU plan one
         Triton kernel each way (:func:`kernels.gate.step_size`), where the formula below launches about six
         forward (``g`` among them, unused) and eight backward."""
-        if plan_for(raw).one_pass and triton_usable_for(raw):
+        if triton_pieces_for(raw):
             return step_size(raw, self.dt_bias, dt_max, out_dtype, backend="triton")
         return self.from_projection(raw)[1].clamp(max=dt_max).to(out_dtype)
 

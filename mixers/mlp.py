@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.backend import triton_usable_for
-from kernels.device import plan_for
+from kernels.backend import triton_pieces_for
 from kernels.swiglu import swiglu, swiglu_reference
 
 from .base import StateMixer, register_state_mixer
@@ -49,7 +48,7 @@ class SwiGLU(StateMixer):
         """On the GPU plan the gate is one Triton kernel each way (:func:`kernels.swiglu.swiglu`), where the
         formula launches two forward and four backward and keeps ``SiLU(a)`` for the backward."""
         h = self.w_in(x)
-        if plan_for(h).one_pass and triton_usable_for(h):
+        if triton_pieces_for(h):
             return self.w_out(swiglu(h, backend="triton"))
         return self.w_out(swiglu_reference(h))
 
