@@ -45,6 +45,18 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.to(compute_dtype(x.dtype))
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t (..., D)`` as a ``(rows, D)`` matrix with any row stride (the column block of a wider projection is
+    read in place), copied only when its last dimension is strided or its leading ones cannot be merged: what
+    a row-wise Triton kernel addresses as ``row * stride + column``."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:                                 # leading dims that cannot be merged
+        return t.contiguous().view(-1, t.shape[-1])
+
+
 def causal_mask(size: int, device=None) -> torch.Tensor:
     """Lower-triangular boolean ``(size, size)`` mask, ``True`` where ``s <= t``."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()

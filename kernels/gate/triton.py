@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import as_rows, compute_dtype
 from ..launch import launch
 
 
@@ -94,18 +94,6 @@ def _blocks(H: int, n_rows: int) -> tuple[int, int]:
     return max(1, min(128, 4096 // BH, triton.next_power_of_2(n_rows))), BH
 
 
-def _raw_rows(raw: torch.Tensor) -> torch.Tensor:
-    """``raw (..., H)`` as a matrix of rows (any row stride; copied only when its last dimension is strided or
-    its leading ones cannot be merged)."""
-    H = raw.shape[-1]
-    if raw.stride(-1) != 1:
-        raw = raw.contiguous()
-    try:
-        return raw.view(-1, H)
-    except RuntimeError:                                 # leading dims that cannot be merged
-        return raw.contiguous().view(-1, H)
-
-
 def _grad_rows(grad: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:
     """The incoming gradient as ``(n_rows, H)``: any strides (a heads-first gradient is read in place)."""
     try:
@@ -118,7 +106,7 @@ class _LogDecay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, raw, A_log, dt_bias):
         cd = compute_dtype(raw.dtype)
-        rows = _raw_rows(raw)
+        rows = as_rows(raw)
         n_rows, H = rows.shape
         a, b = A_log.to(cd).contiguous(), dt_bias.to(cd).contiguous()
         g = torch.empty(raw.shape, dtype=cd, device=raw.device)
@@ -147,7 +135,7 @@ class _StepSize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, raw, dt_bias, dt_max, out_dtype):
         cd = compute_dtype(raw.dtype)
-        rows = _raw_rows(raw)
+        rows = as_rows(raw)
         n_rows, H = rows.shape
         b = dt_bias.to(cd).contiguous()
         dt = torch.empty(raw.shape, dtype=out_dtype or cd, device=raw.device)

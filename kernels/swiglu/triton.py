@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import as_rows, compute_dtype
 from ..launch import launch
 
 
@@ -52,17 +52,6 @@ def _swiglu_bwd(H, DY, DH, n_rows, F, s_h, s_dy, FP64: tl.constexpr, BR: tl.cons
     tl.store(out + F, (dy * a * s).to(DH.dtype.element_ty), mask=mask)
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a 2-D matrix of its rows (copied only when the last dimension is strided or the leading ones
-    cannot be merged)."""
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.contiguous().view(-1, t.shape[-1])
-
-
 def _grid(n_rows: int, F: int) -> tuple[tuple[int], int, int]:
     """``(grid, BR, BF)``: tiles of about 2048 elements, at most 256 columns wide."""
     BF = min(256, max(16, triton.next_power_of_2(F)))
@@ -73,7 +62,7 @@ def _grid(n_rows: int, F: int) -> tuple[tuple[int], int, int]:
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
-        rows = _as_rows(h)
+        rows = as_rows(h)
         n_rows, F = rows.shape[0], rows.shape[1] // 2
         y = torch.empty(*h.shape[:-1], F, dtype=h.dtype, device=h.device)
         grid, BR, BF = _grid(n_rows, F)
@@ -88,7 +77,7 @@ class _SwiGLU(torch.autograd.Function):
         (rows,) = ctx.saved_tensors
         shape, grid, BR, BF, fp64 = ctx.meta
         n_rows, F = rows.shape[0], rows.shape[1] // 2
-        dy_rows = _as_rows(dy)
+        dy_rows = as_rows(dy)
         dh = torch.empty(shape, dtype=rows.dtype, device=rows.device)
         launch(_swiglu_bwd, grid, rows, dy_rows, dh, n_rows, F, rows.stride(0), dy_rows.stride(0), FP64=fp64,
                BR=BR, BF=BF, num_warps=4)
