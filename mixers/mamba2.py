@@ -23,7 +23,7 @@ from torch import nn
 from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, one_pass, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
@@ -66,8 +66,11 @@ class Mamba2(Mixer):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def _project(self, u):
-        z, xBC = self.in_proj(u).split([self.d_inner, self.conv_dim], dim=-1)
-        return z, xBC
+        """``(z, xBC, raw)``, ``raw`` the step size's pre-activation: on the GPU plan one matmul for both
+        projections (:func:`project`), on a CPU each its own."""
+        zx, raw = project(u, [self.in_proj, self.gate.proj])
+        z, xBC = zx.split([self.d_inner, self.conv_dim], dim=-1)
+        return z, xBC, raw
 
     def _split(self, xBC):
         x, B, C = xBC.split([self.d_inner, self.options.d_state, self.options.d_state], dim=-1)
@@ -81,15 +84,9 @@ class Mamba2(Mixer):
         return self.out_proj(self.norm(y.flatten(-2), z))
 
     def _forward(self, u):
-        if one_pass(u):  # the GPU plan: one matmul for both projections, the step size one kernel each way
-            zx, raw = project(u, [self.in_proj, self.gate.proj])
-            z, xBC_raw = zx.split([self.d_inner, self.conv_dim], dim=-1)
-            x, B, C = self._split(self.conv(xBC_raw))
-            dt = self.gate.step_size(raw, DT_MAX, x.dtype)
-        else:
-            z, xBC_raw = self._project(u)
-            x, B, C = self._split(self.conv(xBC_raw))
-            dt = self.gate(u)[1].clamp(max=DT_MAX).to(x.dtype)
+        z, xBC_raw, raw = self._project(u)
+        x, B, C = self._split(self.conv(xBC_raw))
+        dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd(x, dt, A.to(x.dtype), B, C, backend=self.options.backend,
                    chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
@@ -104,12 +101,12 @@ class Mamba2(Mixer):
                 "ssm": torch.zeros(batch_size, self.n_heads, o.d_state, o.headdim, device=device, dtype=dtype)}
 
     def step(self, u_t, state):
-        z, xBC_raw = self._project(u_t)
+        z, xBC_raw, raw = self._project(u_t)
         xBC, conv_state = self.conv.step(xBC_raw, state["conv"])
         x, B, C = self._split(xBC)
-        dt = self.gate(u_t)[1].clamp(max=DT_MAX)
+        dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
-        y, h = ssd_step(x, dt.to(x.dtype), A.to(x.dtype), B, C, state["ssm"])
+        y, h = ssd_step(x, dt, A.to(x.dtype), B, C, state["ssm"])
         return self._finish(y, x, z), {"conv": conv_state, "ssm": h}
 
     def state_size(self, seq_len: int) -> int:
