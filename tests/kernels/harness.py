@@ -34,6 +34,14 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, w
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
 
+def value_and_grads(fn, inputs, dy) -> list[torch.Tensor]:
+    """``[fn(*inputs), its gradient in each input]`` for the upstream gradient ``dy``; each input keeps its
+    strides (a strided view reaches ``fn`` as one)."""
+    xs = [x.detach().requires_grad_() for x in inputs]
+    y = fn(*xs)
+    return [y.detach()] + list(torch.autograd.grad(y, xs, dy))
+
+
 def compare_backends(
     fn: Callable[..., torch.Tensor | Sequence[torch.Tensor]],
     ref: Callable[..., torch.Tensor | Sequence[torch.Tensor]],

@@ -10,7 +10,7 @@ import torch
 from kernels.backend import triton_usable_for
 from kernels.gate import log_decay, log_decay_reference, step_size, step_size_reference
 from kernels.launch import counting
-from tests.kernels.harness import assert_rel_close, cancellation
+from tests.kernels.harness import assert_rel_close, cancellation, value_and_grads
 
 pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
 
@@ -29,11 +29,8 @@ def test_log_decay_matches_formula(dtype, tol):
     dg = torch.randn(3, 40, H, dtype=dtype)
     outs = []
     for fn in (lambda *a: log_decay(*a, backend="triton"), log_decay_reference):
-        xs = [t.detach().requires_grad_() for t in (raw, A_log, dt_bias)]
         with counting() as launches:
-            g = fn(*xs)
-            grads = torch.autograd.grad(g, xs, dg)
-        outs.append(([g.detach(), *grads], sum(launches.values())))
+            outs.append((value_and_grads(fn, [raw, A_log, dt_bias], dg), sum(launches.values())))
     (got, n_launches), (want, _) = outs
     assert n_launches == 2
     exact = [t.detach().double() for t in (raw, A_log, dt_bias)]
@@ -70,11 +67,8 @@ def test_step_size_matches_formula(dtype, tol, dt_max):
     ddt = torch.randn(3, 40, H, dtype=dtype)
     outs = []
     for fn in (lambda r, b: step_size(r, b, dt_max, backend="triton"), lambda r, b: step_size_reference(r, b, dt_max)):
-        xs = [t.detach().requires_grad_() for t in (raw, dt_bias)]
         with counting() as launches:
-            dt = fn(*xs)
-            grads = torch.autograd.grad(dt, xs, ddt)
-        outs.append(([dt.detach(), *grads], dict(launches)))
+            outs.append((value_and_grads(fn, [raw, dt_bias], ddt), dict(launches)))
     (got, launched), (want, _) = outs
     assert launched == {"gate._step_fwd": 1, "gate._step_bwd": 1}
     if dt_max is not None:
@@ -108,13 +102,12 @@ def test_gates_in_bf16_at_real_size():
     raw = torch.randn(8, 2048, 32, device="cuda", dtype=torch.bfloat16) * 4
     A_log, dt_bias = torch.randn(32, device="cuda"), torch.randn(32, device="cuda") - 4
     dy = torch.randn(8, 2048, 32, device="cuda")
-    cases = [(lambda r, a, b: log_decay(r, a, b, backend="triton"), log_decay_reference, [raw, A_log, dt_bias]),
+    cases = [(lambda r, a, b: log_decay(r, a, b, backend="triton"), log_decay_reference, [raw, A_log, dt_bias],
+              torch.float32),
              (lambda r, b: step_size(r, b, 1e3, out_dtype=torch.bfloat16, backend="triton"),
-              lambda r, b: step_size_reference(r, b, 1e3), [raw, dt_bias])]
-    for fast, formula, inputs in cases:
-        xs = [t.detach().requires_grad_() for t in inputs]
-        exact = [t.detach().double().requires_grad_() for t in inputs]
-        got, want = fast(*xs), formula(*exact)
-        assert_rel_close(got.double(), want, 1e-2, "bf16 value")
-        for g, w in zip(torch.autograd.grad(got, xs, dy.to(got.dtype)), torch.autograd.grad(want, exact, dy.double())):
-            assert_rel_close(g.double(), w, 1e-2, "bf16 gradient")
+              lambda r, b: step_size_reference(r, b, 1e3), [raw, dt_bias], torch.bfloat16)]
+    for fast, formula, inputs, out_dtype in cases:
+        got = value_and_grads(fast, inputs, dy.to(out_dtype))
+        want = value_and_grads(formula, [t.double() for t in inputs], dy.double())
+        for i, (g, w) in enumerate(zip(got, want)):          # the value, then the inputs' gradients
+            assert_rel_close(g.double(), w, 1e-2, f"bf16 [{i}]")

@@ -17,7 +17,7 @@ from kernels.norm import (
     rms_norm,
     rms_norm_reference,
 )
-from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.harness import assert_rel_close, compare_backends, value_and_grads
 
 pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13}
@@ -31,19 +31,13 @@ def _views(dtype):
             "heads first": torch.randn(2, 4, 9, 16, dtype=dtype).transpose(1, 2)}
 
 
-def _grads(fn, inputs, dy):
-    xs = [x.detach().requires_grad_() for x in inputs]      # keeps each view's strides
-    y = fn(*xs)
-    return [y.detach()] + list(torch.autograd.grad(y, xs, dy))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "column block", "heads first"])
 def test_l2_normalize(dtype, layout):
     x = _views(dtype)[layout]
     dy = torch.randn(x.shape, dtype=dtype)
-    got = _grads(lambda x: l2_normalize(x, backend="triton"), [x], dy)
-    want = _grads(l2_normalize_reference, [x], dy)
+    got = value_and_grads(lambda x: l2_normalize(x, backend="triton"), [x], dy)
+    want = value_and_grads(l2_normalize_reference, [x], dy)
     for g, w in zip(got, want):
         assert_rel_close(g, w, TOL[dtype], layout)
 
@@ -62,8 +56,8 @@ def test_gated_rms_norm(dtype, layout):
     views = _views(dtype)
     x, z = views[layout], views["column block" if layout != "column block" else "heads first"]
     w, dy = torch.randn(16, dtype=dtype), torch.randn(x.shape, dtype=dtype)
-    got = _grads(lambda x, z, w: gated_rms_norm(x, z, w, eps=1e-5, backend="triton"), [x, z, w], dy)
-    want = _grads(lambda x, z, w: gated_rms_norm_reference(x, z, w, eps=1e-5), [x, z, w], dy)
+    got = value_and_grads(lambda x, z, w: gated_rms_norm(x, z, w, eps=1e-5, backend="triton"), [x, z, w], dy)
+    want = value_and_grads(lambda x, z, w: gated_rms_norm_reference(x, z, w, eps=1e-5), [x, z, w], dy)
     for g, w_ in zip(got, want):
         assert_rel_close(g, w_, TOL[dtype], layout)
 
@@ -83,8 +77,8 @@ def test_gated_rms_norm_wide_rows_and_one_launch_each_way():
 def test_rms_norm(dtype, layout):
     x = _views(dtype)[layout]
     w, dy = torch.randn(16, dtype=dtype), torch.randn(x.shape, dtype=dtype)
-    got = _grads(lambda x, w: rms_norm(x, w, eps=1e-5, backend="triton"), [x, w], dy)
-    want = _grads(lambda x, w: rms_norm_reference(x, w, eps=1e-5), [x, w], dy)
+    got = value_and_grads(lambda x, w: rms_norm(x, w, eps=1e-5, backend="triton"), [x, w], dy)
+    want = value_and_grads(lambda x, w: rms_norm_reference(x, w, eps=1e-5), [x, w], dy)
     for g, w_ in zip(got, want):
         assert_rel_close(g, w_, TOL[dtype], layout)
 
@@ -123,7 +117,7 @@ def test_rms_norms_in_bf16_at_real_size():
     cases = [(lambda x, w: rms_norm(x, w, backend="triton"), rms_norm_reference, [x, w]),
              (lambda x, z, w: gated_rms_norm(x, z, w, backend="triton"), gated_rms_norm_reference, [x, z, w])]
     for fast, formula, inputs in cases:
-        got = _grads(fast, inputs, dy)
-        want = _grads(formula, [t.double() for t in inputs], dy.double())
+        got = value_and_grads(fast, inputs, dy)
+        want = value_and_grads(formula, [t.double() for t in inputs], dy.double())
         for g, w_ in zip(got, want):
             assert_rel_close(g.double(), w_, 1e-2, "bf16")

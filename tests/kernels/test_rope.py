@@ -18,19 +18,13 @@ import torch
 from kernels.backend import triton_usable_for
 from kernels.launch import counting
 from kernels.rope import rope_reference, rotary, rotary_reference
-from tests.kernels.harness import assert_rel_close
+from tests.kernels.harness import assert_rel_close, value_and_grads
 
 pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
 
 
 def _fp32_tol(last_position: int) -> float:
     return max(1e-6, last_position * 2.0 ** -24)
-
-
-def _grads(fn, x, dy):
-    x = x.detach().requires_grad_()                 # keeps the view's strides
-    y = fn(x)
-    return y.detach(), torch.autograd.grad(y, x, dy)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
@@ -43,10 +37,10 @@ def test_rotary_matches_formula(dtype, start, head_dim, base):
     assert not x.is_contiguous()
     dy = torch.randn(x.shape, dtype=dtype)
     with counting() as launches:
-        y, dx = _grads(lambda t: rotary(t, start, base, rotated=2 * H, backend="triton"), x, dy)
+        y, dx = value_and_grads(lambda t: rotary(t, start, base, rotated=2 * H, backend="triton"), [x], dy)
     assert dict(launches) == {"rope._rotate": 2}
     assert y.is_contiguous() and y.dtype == dtype
-    want_y, want_dx = _grads(lambda t: rotary_reference(t, start, base, rotated=2 * H), x.double(), dy.double())
+    want_y, want_dx = value_and_grads(lambda t: rotary_reference(t, start, base, rotated=2 * H), [x.double()], dy.double())
     tol = {torch.float32: _fp32_tol(start + T), torch.float64: 1e-12, torch.float16: 1e-3}[dtype]
     assert_rel_close(y[:, :, :2 * H].double(), want_y[:, :, :2 * H], tol, "rotated")
     assert_rel_close(dx[:, :, :2 * H].double(), want_dx[:, :, :2 * H], tol, "rotated gradient")
@@ -116,7 +110,7 @@ def test_rotary_in_bf16_at_real_size():
     values and gradients."""
     x = torch.randn(1, 8192, 24, 128, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
-    y, dx = _grads(lambda t: rotary(t, 0, 10000.0, rotated=16, backend="triton"), x, dy)
-    want_y, want_dx = _grads(lambda t: rotary_reference(t, 0, 10000.0, rotated=16), x.double(), dy.double())
+    y, dx = value_and_grads(lambda t: rotary(t, 0, 10000.0, rotated=16, backend="triton"), [x], dy)
+    want_y, want_dx = value_and_grads(lambda t: rotary_reference(t, 0, 10000.0, rotated=16), [x.double()], dy.double())
     assert_rel_close(y.double(), want_y, 1e-2, "bf16")
     assert_rel_close(dx.double(), want_dx, 1e-2, "bf16 gradient")

@@ -10,16 +10,10 @@ import torch
 from kernels.backend import triton_usable_for
 from kernels.launch import counting
 from kernels.swiglu import swiglu, swiglu_reference
-from tests.kernels.harness import assert_rel_close
+from tests.kernels.harness import assert_rel_close, value_and_grads
 
 pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13, torch.float16: 1e-3}
-
-
-def _grads(fn, h, dy):
-    h = h.detach().requires_grad_()                 # keeps the view's strides
-    y = fn(h)
-    return y.detach(), torch.autograd.grad(y, h, dy)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
@@ -31,10 +25,10 @@ def test_swiglu_matches_formula(dtype, width, layout):
     assert h.is_contiguous() == (layout == "contiguous")
     dy = torch.randn(3, 7, width, dtype=dtype)
     with counting() as launches:
-        y, dh = _grads(lambda t: swiglu(t, backend="triton"), h, dy)
+        y, dh = value_and_grads(lambda t: swiglu(t, backend="triton"), [h], dy)
     assert dict(launches) == {"swiglu._swiglu_fwd": 1, "swiglu._swiglu_bwd": 1}
     assert y.dtype == dh.dtype == dtype
-    want_y, want_dh = _grads(swiglu_reference, h.double(), dy.double())
+    want_y, want_dh = value_and_grads(swiglu_reference, [h.double()], dy.double())
     assert_rel_close(y.double(), want_y, TOL[dtype], "value")
     assert_rel_close(dh.double(), want_dh, TOL[dtype], "gradient")
 
@@ -77,7 +71,7 @@ def test_swiglu_in_bf16_at_real_size():
     the fp64 formula."""
     h = torch.randn(8, 2048, 2 * 2816, device="cuda", dtype=torch.bfloat16) * 3
     dy = torch.randn(8, 2048, 2816, device="cuda", dtype=torch.bfloat16)
-    y, dh = _grads(lambda t: swiglu(t, backend="triton"), h, dy)
-    want_y, want_dh = _grads(swiglu_reference, h.double(), dy.double())
+    y, dh = value_and_grads(lambda t: swiglu(t, backend="triton"), [h], dy)
+    want_y, want_dh = value_and_grads(swiglu_reference, [h.double()], dy.double())
     assert_rel_close(y.double(), want_y, 1e-2, "bf16")
     assert_rel_close(dh.double(), want_dh, 1e-2, "bf16 gradient")
