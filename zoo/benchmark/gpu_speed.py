@@ -424,11 +424,12 @@ def _say(message: str) -> None:
 
 
 def _warm_torch() -> None:
-    """Torch's own one-time work, done once before any stage forks (the first backward of a process imports
-    sympy, seconds on a slow CPU): a training process pays it once whatever its layers, so no mixer's
-    first call should. Two-element tensors on the CPU: no thread pool starts, nothing touches CUDA."""
-    x = torch.ones(2, requires_grad=True)
-    (x * 2).backward(torch.ones(2))
+    """Torch's own one-time work, done once before any stage forks: the first backward of a process imports
+    sympy (through ``torch.fx.experimental.symbolic_shapes``), seconds on a slow CPU, and a training process
+    pays it once whatever its layers, so no mixer's first call should. The import alone, not a backward: a
+    backward starts autograd's device threads, which count the CUDA devices and so initialise the CUDA driver
+    in this process, and every forked stage then fails with CUDA's "initialization error"."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 
 def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
