@@ -180,8 +180,9 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
                 dq += _mm(dy / ys[:, None], w / ws, OP) * (ys[:, None] * ws)
             else:
                 dq += _mm(dy, w, OP)
-        m = (offs_t[:, None] < ntok) & (cr[None, :] < R)
-        tl.store(DQ + rows * R + offs_t[:, None] * (H * R) + cr[None, :], dq, mask=m)
+        # each branch names its own mask: Triton 3.6 refuses a name bound to two shapes across the branches
+        keep_q = (offs_t[:, None] < ntok) & (cr[None, :] < R)
+        tl.store(DQ + rows * R + offs_t[:, None] * (H * R) + cr[None, :], dq, mask=keep_q)
     else:
         pb = j - NTB
         dw = tl.zeros([BPB, BR], dtype=tl.float32)
@@ -190,13 +191,13 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
             dy = _tile(DY, rows * P + pb * BPB, offs_t, cp, ntok, P - pb * BPB, H * P)    # (BT, BPB)
             q = _tile(Q, rows * R, offs_t, cr, ntok, R, H * R)                             # (BT, BR)
             if OP == 2:  # columns of dY (they index dW's rows) into fp16's range
-                ys = _pow2_scale(tl.max(tl.abs(dy), axis=0))
-                dw += _mm(tl.trans(dy / ys[None, :]), q, OP) * ys[:, None]
+                col_scale = _pow2_scale(tl.max(tl.abs(dy), axis=0))
+                dw += _mm(tl.trans(dy / col_scale[None, :]), q, OP) * col_scale[:, None]
             else:
                 dw += _mm(tl.trans(dy), q, OP)
         offs_p = pb * BPB + cp
-        m = (offs_p[:, None] < P) & (cr[None, :] < R)
-        tl.store(DW + mat * P * R + offs_p[:, None] * R + cr[None, :], dw, mask=m)
+        keep_w = (offs_p[:, None] < P) & (cr[None, :] < R)
+        tl.store(DW + mat * P * R + offs_p[:, None] * R + cr[None, :], dw, mask=keep_w)
 
 
 def _tiles(chunk_size: int, R: int, P: int):
