@@ -58,8 +58,10 @@ def test_the_command_starts_the_interpreter_itself_and_refuses_a_mixer_without_k
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OMP_NUM_THREADS"] = "1"
     out = tmp_path / "tune.json"
+    # --isolate: the mixer is tuned (and its table entries written) by a process of its own, as on CUDA
     done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "jordan", "--dry-run", "--T", "16",
-                           "--json", str(out), "--write-table", "--arch", "90", "--table-dir", str(tmp_path)],
+                           "--json", str(out), "--write-table", "--arch", "90", "--table-dir", str(tmp_path),
+                           "--isolate"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -91,3 +93,27 @@ def test_a_run_starts_no_mixer_past_its_budget_reports_each_one_it_finishes_and_
         (name, sorted(result["mixers"]))))
     assert seen == [("jordan", ["jordan"])] and out["skipped"] == []
     assert (out["d_model"], out["head_dim"]) == (32, launch_tune.DRY.head_dim)   # another layer size when asked
+
+
+def test_a_variant_that_faults_on_the_card_ends_the_run_naming_it_and_keeps_what_was_measured(monkeypatch):
+    under = launch_tune._Layer.under
+
+    def faulting(layer, options):   # warps 8 make some kernel of the first mixer read outside its tensors
+        if layer.mixer_name == "jordan" and any(o["num_warps"] == 8 for o in options.values()):
+            def call():
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return call
+        return under(layer, options)
+    init = launch_tune._Layer.__init__
+
+    def named(layer, name, *args):
+        init(layer, name, *args)
+        layer.mixer_name = name
+    monkeypatch.setattr(launch_tune._Layer, "__init__", named)
+    monkeypatch.setattr(launch_tune._Layer, "under", faulting)
+    seen = []
+    out = launch_tune.tune(["jordan", "mamba2", "bdlru"], dry_run=True, T=16,
+                           after_each=lambda result, name: seen.append(name))
+    error = out["mixers"]["jordan"]["error"]
+    assert "variant num_warps=8, num_stages=1" in error and "illegal memory access" in error, error
+    assert out["skipped"] == ["mamba2", "bdlru"] and out["context_lost"] == "jordan" and seen == ["jordan"]

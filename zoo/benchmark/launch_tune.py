@@ -10,7 +10,10 @@ stages)`` of :data:`VARIANTS` is given to every kernel of the layer at once
 (:func:`kernels.launch.launch_options`), and one forward+backward per variant is profiled kernel by kernel
 (:mod:`zoo.benchmark.device_time`, the median of a few). Since a kernel's time depends on its own options
 only, these passes give every kernel its fastest variant. A variant that does not compile or load for a
-kernel (registers, shared memory) is found kernel by kernel, reported, and left out for it. Kernels that are
+kernel (registers, shared memory) is found kernel by kernel, reported, and left out for it. A variant that
+makes a kernel fault on the card (an illegal memory access: CUDA keeps that error for the rest of the process)
+ends its mixer's tuning with an error naming the variant; on CUDA every mixer is therefore tuned in a process of
+its own (``--isolate``, the default there), so such a fault costs one mixer, not the run. Kernels that are
 autotuned, or launched with different options at different places, are not tuned. The layer is then timed
 with every kernel at its fastest variant against its launchers' own options, side by side, and its outputs
 and gradients compared with theirs (:data:`AGREE`).
@@ -29,7 +32,9 @@ import contextlib
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,16 +116,32 @@ def _options(kernels, variant) -> dict:
     return {k: {"num_warps": warps, "num_stages": stages} for k in kernels}
 
 
+class ContextLost(RuntimeError):
+    """A variant made a kernel fault on the card (an illegal memory access, say): CUDA keeps that error for the
+    rest of the process, so every later launch fails and nothing more can be measured in it."""
+
+
+#: the error texts of faults that CUDA keeps for the rest of the process (see :class:`ContextLost`)
+FAULTS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction",
+          "device-side assert", "hardware stack error")
+
+
 def _runs(layer: _Layer, options: dict) -> str | None:
     """None if the layer's forward+backward compiles (ahead, on every core; nothing to compile off CUDA) and
     runs with ``options``, else the error: Triton refuses some schedules when it compiles them and others
-    (shared memory above the card's) when it first loads them."""
+    (shared memory above the card's) when it first loads them. A fault on the card raises :class:`ContextLost`
+    (the call is synchronised, so a fault shows here and not at a later variant's launch)."""
     try:
         compile_ahead(layer.under(options))
         layer.under(options)()
+        if layer.device.type == "cuda":
+            torch.cuda.synchronize(layer.device)
         return None
     except Exception as err:  # noqa: BLE001 - a schedule the compiler or the card refuses is a result
-        return error_text(err)
+        text = error_text(err)
+        if any(fault in text.lower() for fault in FAULTS):
+            raise ContextLost(text) from err
+        return text
 
 
 def kernel_ms(layer: _Layer, options: dict) -> dict:
@@ -136,7 +157,12 @@ def _sweep(layer: _Layer, tunable: list, variants, rows: dict) -> None:
     """Every variant's time for every tunable kernel into ``rows[kernel]["variants"]``."""
     for variant in variants:
         failed = {}
-        if _runs(layer, _options(tunable, variant)) is not None:
+        try:
+            refused = _runs(layer, _options(tunable, variant))
+        except ContextLost as err:
+            raise ContextLost(f"variant num_warps={variant[0]}, num_stages={variant[1]}, given to {', '.join(tunable)} "
+                              f"at once, faulted on the card: {err}") from err
+        if refused is not None:
             failed = {k: why for k in tunable if (why := _runs(layer, _options([k], variant))) is not None}
         times = kernel_ms(layer, _options([k for k in tunable if k not in failed], variant))
         for k in tunable:
@@ -236,18 +262,61 @@ def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_ea
               "dtype": plan.dtype if device.type == "cuda" else "fp32", "variants": [list(v) for v in variants],
               "mixers": {}, "skipped": []}
     start = time.perf_counter()
+    for i, name in enumerate(names):
+        if budget is not None and time.perf_counter() - start > budget:
+            result["skipped"].append(name)
+            continue
+        lost = False
+        try:
+            result["mixers"][name] = tune_layer(name, plan, T, variants, plan.warmup, plan.repeats)
+        except ContextLost as err:
+            result["mixers"][name] = {"mixer": name, "error": str(err)}
+            lost = True
+        except Exception as err:  # noqa: BLE001 - one mixer failing does not lose the others' results
+            result["mixers"][name] = {"mixer": name, "error": error_text(err)}
+        if device.type == "cuda" and not lost:
+            torch.cuda.empty_cache()
+        if after_each is not None:
+            after_each(result, name)
+        if lost:   # this process can launch nothing more: the rest wait for another (main() gives each its own)
+            result["skipped"] += names[i + 1:]
+            result["context_lost"] = name
+            break
+    return result
+
+
+def _child_arguments(args) -> list[str]:
+    """The command-line options of one mixer's process under ``--isolate`` (all but the mixers, the budget and
+    the output file)."""
+    out = ["--dry-run"] if args.dry_run else []
+    for flag, value in (("--T", args.T), ("--d-model", args.d_model), ("--head-dim", args.head_dim),
+                        ("--table-dir", args.table_dir), ("--arch", args.arch)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out + (["--write-table"] if args.write_table else [])
+
+
+def tune_isolated(names: list[str], arguments: list[str], budget: float | None = None) -> dict:
+    """:func:`tune`'s result, each mixer tuned by ``python -m zoo.benchmark.launch_tune <mixer> *arguments`` in a
+    process of its own (its table entries written by that process, one after another): a variant that faults
+    on the card ends its own process only. No mixer is started once ``budget`` seconds have passed."""
+    result: dict = {"mixers": {}, "skipped": []}
+    start = time.perf_counter()
     for name in names:
         if budget is not None and time.perf_counter() - start > budget:
             result["skipped"].append(name)
             continue
-        try:
-            result["mixers"][name] = tune_layer(name, plan, T, variants, plan.warmup, plan.repeats)
-        except Exception as err:  # noqa: BLE001 - one mixer failing does not lose the others' results
-            result["mixers"][name] = {"mixer": name, "error": error_text(err)}
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if after_each is not None:
-            after_each(result, name)
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "tune.json"
+            done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", name, *arguments,
+                                   "--json", str(out)], stdout=subprocess.DEVNULL)
+            child = json.loads(out.read_text()) if out.exists() else None
+        if child is None or name not in child["mixers"]:
+            result["mixers"][name] = {"mixer": name, "error": f"its process ended with exit status {done.returncode} "
+                                                              "before it wrote a result (its output is above)"}
+            continue
+        result.update({k: v for k, v in child.items() if k not in ("mixers", "skipped", "context_lost")})
+        result["mixers"][name] = child["mixers"][name]
     return result
 
 
@@ -265,6 +334,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, metavar="S", help="start no mixer after S seconds (the rest are skipped)")
     p.add_argument("--d-model", type=int, help="the layer's width (default 1024; 64 in a dry run)")
     p.add_argument("--head-dim", type=int, help="the layer's head dim (default 128; 16 in a dry run)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="tune each mixer in a process of its own, so that a variant faulting on the card loses only "
+                        "its mixer (default: on CUDA)")
     args = p.parse_args(argv)
     unknown = sorted(set(args.mixers) - set(tuned_mixers()))
     if unknown:
@@ -289,8 +361,15 @@ def main(argv=None) -> int:
             path = launch_table.merge(arch, entries, table_dir)
             print(f"launch_tune: {name}: {len(entries)} entries written into {path}", file=sys.stderr)
 
-    result = tune(args.mixers or tuned_mixers(), dry_run=args.dry_run, T=args.T, after_each=after_each,
-                  budget=args.budget, d_model=args.d_model, head_dim=args.head_dim)
+    names = args.mixers or tuned_mixers()
+    isolate = args.isolate if args.isolate is not None else (torch.cuda.is_available() and not args.dry_run)
+    if isolate:
+        result = tune_isolated(names, _child_arguments(args), args.budget)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    else:
+        result = tune(names, dry_run=args.dry_run, T=args.T, after_each=after_each, budget=args.budget,
+                      d_model=args.d_model, head_dim=args.head_dim)
     print(json.dumps(result, indent=1))
     if result["skipped"]:
         print(f"launch_tune: not started within the budget: {result['skipped']}", file=sys.stderr)
