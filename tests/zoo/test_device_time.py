@@ -6,7 +6,7 @@ from torch.profiler import ProfilerActivity
 
 from kernels.backend import triton_interpreting
 from kernels.launch import counting
-from zoo.benchmark.device_time import NAME_CHARS, breakdown, cpu_breakdown, group, profiled_events, short_name
+from zoo.benchmark.device_time import NAME_CHARS, breakdown, cpu_breakdown, group, host_issue, profiled_events, short_name
 
 
 def _three_products_and_a_sum(n: int):
@@ -70,6 +70,28 @@ def test_cuda_kernels_are_listed_with_device_times():
     found = breakdown(lambda: (a @ a @ a).sum(), torch.device("cuda"))
     assert found.launches >= 3 and found.device_ms > 0
     assert sum(k["calls"] for k in found.kernels) == found.launches
+
+
+@pytest.mark.gpu
+def test_host_issue_finds_each_wait_for_the_device_and_where_it_is_asked():
+    a = torch.randn(256, 256, device="cuda")
+    n = int(torch.randint(2, 5, ()).item())
+
+    def call():
+        for _ in range(n):
+            (a @ a).sum().item()   # each .item() waits for the device
+        a @ a                      # queued, not waited for
+
+    found = host_issue(call, torch.device("cuda"))
+    assert found["syncs"] == n and found["host_ms"] > 0
+    assert len(found["sync_sites"]) == 1 and found["sync_sites"][0].startswith(__file__), found["sync_sites"]
+    assert host_issue(lambda: a @ a, torch.device("cuda"))["syncs"] == 0
+
+
+def test_host_issue_on_a_cpu_times_the_call_and_counts_no_syncs():
+    import time
+    found = host_issue(lambda: time.sleep(0.02), torch.device("cpu"))
+    assert found["host_ms"] >= 20 and found["syncs"] is None and found["sync_sites"] == []
 
 
 @pytest.mark.skipif(not triton_interpreting(), reason="times interpreted launches: needs TRITON_INTERPRET=1, "

@@ -50,6 +50,8 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
         for row in json.loads((folder / f"{stage}.json").read_text())["rows"]:
             assert sum(k["calls"] for k in row["kernels"]) == row["launches"] > 0, (stage, row["T"])
             assert row["device_ms"] == pytest.approx(sum(k["ms"] for k in row["kernels"]), abs=1e-3)
+            if stage == "layers":   # the host's side: no device to wait for on a CPU
+                assert row["host_ms"] > 0 and row["syncs"] is None and row["sync_sites"] == [], row
     report = (folder / "summary.md").read_text()
     assert "## Targets" in report and "## Where the time goes" in report
     assert gpu_speed.main(["--check", str(folder)]) == done.returncode

@@ -10,10 +10,16 @@ mean nothing).
 :func:`breakdown` returns the count (the launches target: it does not depend on the timings), the summed
 device time, and the kernels grouped by name, longest first. Comparing ``device_ms`` with the wall time of
 the same call says how launch-bound it is: a GPU busy for 5 ms of a 50 ms call waits on the host.
+
+:func:`host_issue` says why: the host's own time to issue the call (on CUDA the call returns once its work is
+queued, so a host time near the wall time means the device waits on Python, autograd and the launchers), and
+the places where the call waits for the device (CUDA's sync debug mode: a read of a device value on the host,
+say), each of which empties the queue and leaves the device idle while the host catches up.
 """
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -112,3 +118,33 @@ BREAKDOWNS = {"cuda": cuda_breakdown, "cpu": cpu_breakdown}
 def breakdown(fn, device: torch.device) -> Breakdown:
     """:class:`Breakdown` of ``fn()`` on ``device`` (CUDA: device kernels; CPU: operators dispatched)."""
     return BREAKDOWNS[device.type](fn)
+
+
+#: the words of CUDA's sync debug mode warning (torch.cuda.set_sync_debug_mode)
+SYNC_WARNING = "synchronizing"
+
+
+def host_issue(fn, device: torch.device) -> dict:
+    """``host_ms``: wall time of ``fn()`` from an idle device until the call returns, without waiting for the
+    device at its end (on a CPU: the call). ``syncs``: how many times ``fn()`` waited for the device (CUDA's
+    sync debug mode, in a second call; None off CUDA) and ``sync_sites``: where, as ``file:line`` of the
+    Python code that asked (at most 5 distinct)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    host_ms = (time.perf_counter() - start) * 1e3
+    if device.type != "cuda":
+        return {"host_ms": round(host_ms, 4), "syncs": None, "sync_sites": []}
+    torch.cuda.synchronize(device)
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
+    sites = list(dict.fromkeys(f"{w.filename}:{w.lineno}" for w in syncs))[:5]
+    return {"host_ms": round(host_ms, 4), "syncs": len(syncs), "sync_sites": sites}

@@ -161,10 +161,13 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
     section("Where the time goes", f"One more forward+backward of each row above, its device kernels grouped by name "
             f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched, timed by the wall clock'}): "
             f"their summed time (`device ms`; far below the wall time, the call waits on the host) and the "
-            f"{TOP_KERNELS} longest.",
-            ["call", "T", "fwd+bwd ms", "device ms", "launches", "longest kernels: calls x, ms"],
-            [[call, r["T"], _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("device_ms")), _fmt(r.get("launches")),
-              longest_kernels(r)] for call, r in timed_rows if r.get("kernels")])
+            f"{TOP_KERNELS} longest; for layers, `host ms`: the host's time to issue the call (near the wall time: "
+            f"the device waits on Python and the launchers) and `syncs`: how often it waited for the device "
+            f"(CUDA's sync debug mode; where, in the layer files' `sync_sites`).",
+            ["call", "T", "fwd+bwd ms", "device ms", "host ms", "syncs", "launches", "longest kernels: calls x, ms"],
+            [[call, r["T"], _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("device_ms")), _fmt(r.get("host_ms")),
+              _fmt(r.get("syncs")), _fmt(r.get("launches")), longest_kernels(r)]
+             for call, r in timed_rows if r.get("kernels")])
     section("Language models", f"{plan['lm_layers']} layers, d_model {plan['lm_d_model']}, {plan['lm_tokens']} tokens "
             f"per step; steady state after {plan['lm_warmup']} warm-up steps, over up to {plan['lm_steps']} steps.",
             ["mixer", "T", "batch", "tokens/s", "warm-up steps", "timed steps", "timed s", "note"],

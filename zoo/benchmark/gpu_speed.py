@@ -78,7 +78,7 @@ from ..errors import UserError
 from ..model import HybridLM
 from ..recipes import resolve
 from ..training.optim import make_optimizer
-from .device_time import Breakdown, breakdown
+from .device_time import Breakdown, breakdown, host_issue
 from .gpu_report import check_folder, conclude, read_json
 from .gpu_targets import BASELINE, STAGES
 from .measure import error_text, free, measure, sync, times_ms
@@ -166,6 +166,15 @@ def layer_breakdown(mixer, T: int, device, dtype) -> Breakdown:
     x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     found = breakdown(lambda: mixer(x).backward(grad), device)
+    mixer.zero_grad(set_to_none=True)
+    return found
+
+
+def layer_host(mixer, T: int, device, dtype) -> dict:
+    """The host's side of one forward+backward of ``mixer`` at length ``T`` (:func:`.device_time.host_issue`)."""
+    x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    found = host_issue(lambda: mixer(x).backward(grad), device)
     mixer.zero_grad(set_to_none=True)
     return found
 
@@ -333,6 +342,7 @@ def stage_layers(plan: Plan, path: Path, deadline: float) -> None:
             if not row["error"]:
                 try:
                     row.update(layer_breakdown(mixer, T, device, dtype).as_row())
+                    row.update(layer_host(mixer, T, device, dtype))
                 except Exception as err:  # noqa: BLE001
                     row["error"] = f"launch count: {error_text(err)}"
             result["rows"].append(row)
