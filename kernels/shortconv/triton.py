@@ -1,4 +1,4 @@
-"""The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and one backward.
+"""The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and two backward.
 
 Layout ``x (B, T, C)`` as the projections produce it (any batch and time strides: a column block of a
 wider projection is read in place), ``weight (C, k)`` as the module holds it, ``k`` a compile-time
@@ -6,13 +6,20 @@ constant; outputs are contiguous. One program per (channel block, time block, ba
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
-- backward: with ``dy_r = dout_r SiLU'(y_r)`` recomputed for the ``k`` rows ``r = t .. t+k-1`` a token
-  feeds, ``dx_t = sum_s w_{k-1-s} dy_{t+s}``; a program walks up to ``T / 64`` consecutive time tiles and
-  stores its share of ``dw_j = sum_t dy_t x_{t-(k-1)+j}`` and ``db = sum_t dy_t`` (at most 64 shares per
-  channel and batch element), summed afterwards in one reduction.
+- backward, two kernels: ``g_r = dout_r SiLU'(y_r)`` with ``y`` recomputed (``_conv_act_bwd``, shaped like the
+  forward; without the SiLU ``g = dout``), then ``dx_t = sum_s w_{k-1-s} g_{t+s}`` and the sums
+  ``dw_j = sum_t g_t x_{t-(k-1)+j}``, ``db = sum_t g_t`` (``_conv_bwd``): a program walks up to ``T / 64``
+  consecutive time tiles with the taps as the leading axis of 3-D tiles (one load of the ``k`` rows each
+  tile needs, the sum over taps within each thread), accumulates ``g_t x_{t-(k-1)+j}`` elementwise and sums
+  over time once at its end, storing its share of ``dw`` and ``db`` (at most 64 shares per channel and batch
+  element), summed afterwards in one reduction. ``g`` is written once in fp32 (one more pass over ``T x C``)
+  so that no program recomputes ``y`` for the ``k`` rows each token feeds, which cost ``k^2`` shifted loads
+  and ``k`` sigmoids per element, and no tile sums over time across warps.
 
-So a convolution is one launch forward and two backward at every length (the CPU path of
-:mod:`mixers.conv_time_first` makes ``k + 1`` passes per time block, blocks sized for a core's cache).
+So a convolution is one launch forward and at most three backward (with the reduction) at every length (the
+CPU path of :mod:`mixers.conv_time_first` makes ``k + 1`` passes per time block, blocks sized for a core's
+cache).
+
 Arithmetic in fp32 (fp64 stays fp64); a depthwise filter has no product for tensor cores.
 """
 from __future__ import annotations
@@ -58,44 +65,62 @@ def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
-def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, n_groups, tiles, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-              ACT: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _conv_act_bwd(X, W, B, DOUT, G, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr):
+    """The SiLU's backward: ``g = dout * SiLU'(y)``, ``y`` recomputed from ``k`` shifted loads (as forward)."""
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
+    c = pid_c * BC + tl.arange(0, BC)
+    mc = c < C
+    y = _preact(X + batch * sb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
+    at = batch * T * C + t[:, None] * C + c[None, :]
+    keep = (t < T)[:, None] & mc[None, :]
+    dout = tl.load(DOUT + at, mask=keep, other=0.0).to(y.dtype)
+    sig = tl.sigmoid(y)
+    tl.store(G + at, dout * sig * (1.0 + y * (1.0 - sig)), mask=keep)
+
+
+@triton.jit
+def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
+              BT: tl.constexpr, BC: tl.constexpr):
+    """``dx`` of this program's time tiles and its share of ``dw`` and ``db`` from ``g`` (the gradient of the
+    convolution's output ``y``). Taps are the leading axis of 3-D tiles ``(BK, BT, BC)``, loaded at once:
+    ``g_{t+s}`` for ``dx_t = sum_s w_{k-1-s} g_{t+s}`` (a sum over the leading axis, within each thread), and
+    ``x_{t-(k-1)+j}`` for ``dw_j``, whose products with ``g_t`` accumulate elementwise over the tiles and are
+    summed over time once, at the end."""
     pid_c = tl.program_id(0)
     pid_g = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
     c = pid_c * BC + tl.arange(0, BC)
     mc = c < C
     taps = tl.arange(0, BK)
+    tap3 = taps[:, None, None]
+    c3 = c[None, None, :]
+    on3 = (tap3 < K) & mc[None, None, :]
+    wdt = W.dtype.element_ty
+    w3 = tl.load(W + c3 * K + (K - 1 - tap3), mask=on3, other=0.0)            # (BK, 1, BC): w_{k-1-s}
     xb = X + batch * sb
-    db = DOUT + batch * T * C
-    acc_w = tl.zeros([BK, BC], dtype=W.dtype.element_ty)      # this group's share of dw_j (row j), then db
-    acc_b = tl.zeros([BC], dtype=W.dtype.element_ty)
-    for it in range(tiles):                                 # consecutive time tiles of this group
+    gb = G + batch * T * C
+    acc_w = tl.zeros([BK, BT, BC], dtype=wdt)                                # g_t x_{t-(k-1)+j}, by j
+    acc_b = tl.zeros([1, BT, BC], dtype=wdt)
+    for it in range(tiles):                                                   # consecutive time tiles
         t = ((pid_g * tiles + it) * BT + tl.arange(0, BT)).to(tl.int64)
-        dx = tl.zeros([BT, BC], dtype=W.dtype.element_ty)
-        dy0 = tl.zeros([BT, BC], dtype=W.dtype.element_ty)
-        for s in tl.static_range(K):
-            r = t + s                                      # the rows token t feeds, through tap k-1-s
-            ok = (r < T)[:, None] & mc[None, :]
-            dy = tl.load(db + r[:, None] * C + c[None, :], mask=ok, other=0.0).to(dx.dtype)
-            if ACT:
-                y = _preact(xb, st, W, B, r, c, mc, T, C, K, HAS_BIAS, BT, BC)
-                sig = tl.sigmoid(y)
-                dy = dy * sig * (1.0 + y * (1.0 - sig))
-            dx += tl.load(W + c * K + (K - 1 - s), mask=mc, other=0.0)[None, :] * dy
-            if s == 0:
-                dy0 = dy
+        t3 = t[None, :, None]
+        rows = t3 + tap3                                                      # the rows token t feeds
+        g_fed = tl.load(gb + rows * C + c3, mask=on3 & (rows < T), other=0.0).to(wdt)
+        dx = tl.sum(g_fed * w3, axis=0)
         tl.store(DX + batch * T * C + t[:, None] * C + c[None, :], dx.to(DX.dtype.element_ty),
                  mask=(t < T)[:, None] & mc[None, :])
-        for j in tl.static_range(K):                       # dw_j += sum_t dy_t x_{t-(k-1)+j}
-            src = t - (K - 1 - j)
-            ok = (src >= 0) & (src < T)
-            x = tl.load(xb + src[:, None] * st + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
-            acc_w += tl.where(taps[:, None] == j, tl.sum(dy0 * x.to(dy0.dtype), axis=0)[None, :], 0.0)
-        acc_b += tl.sum(dy0, axis=0)
+        g = tl.sum(tl.where(tap3 == 0, g_fed, 0.0), axis=0)[None, :, :]    # g_t (s = 0), in g_fed's layout
+        src = t3 - (K - 1) + tap3                                             # the rows that fed token t
+        x = tl.load(xb + src * st + c3, mask=on3 & (src >= 0) & (src < T), other=0.0).to(wdt)
+        acc_w += g * x
+        acc_b += g
     part = PART + (batch * n_groups + pid_g) * C * (K + 1)
-    tl.store(part + c[None, :] * K + taps[:, None], acc_w, mask=(taps < K)[:, None] & mc[None, :])
-    tl.store(part + C * K + c, acc_b, mask=mc)
+    tl.store(part + c[None, :] * K + taps[:, None], tl.sum(acc_w, axis=1), mask=(taps < K)[:, None] & mc[None, :])
+    tl.store(part + C * K + c[None, :], tl.sum(acc_b, axis=1), mask=mc[None, :])
 
 
 #: programs along time in the backward at most (each stores one row of partial sums of dw and db, so at
@@ -103,10 +128,11 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, n_groups, tiles, K: tl.cons
 _MAX_GROUPS = 64
 
 
-def _blocks(T: int, C: int, backward: bool = False) -> tuple[int, int]:
-    """A 32 x 64 tile forward, 16 x 64 backward (which recomputes y for k shifted rows): no register spills
-    on sm_80 / sm_90."""
-    return min(16 if backward else 32, max(16, triton.next_power_of_2(T))), min(64, max(16, triton.next_power_of_2(C)))
+def _blocks(T: int, C: int, taps: int = 1) -> tuple[int, int]:
+    """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so past 4 taps their
+    time rows shrink (taps x rows <= 128): no register spills on sm_80 / sm_90."""
+    rows = max(4, min(32, 128 // taps))
+    return min(rows, max(16, triton.next_power_of_2(T))), min(64, max(16, triton.next_power_of_2(C)))
 
 
 class _CausalConvTriton(torch.autograd.Function):
@@ -133,15 +159,23 @@ class _CausalConvTriton(torch.autograd.Function):
         x, w, b = ctx.saved_tensors
         Bsz, T, C = x.shape
         K = ctx.K
-        BT, BC = _blocks(T, C, backward=True)
+        dout = dout.contiguous()
+        if ctx.activation:    # g = dout SiLU'(y): the gradient the convolution itself passes back
+            g = torch.empty(x.shape, dtype=w.dtype, device=x.device)
+            BT, BC = _blocks(T, C)
+            launch(_conv_act_bwd, (triton.cdiv(C, BC), triton.cdiv(T, BT), Bsz), x, w, b, dout, g, T, C,
+                   x.stride(0), x.stride(1), K=K, HAS_BIAS=ctx.has_bias, BT=BT, BC=BC)
+        else:
+            g = dout
+        BK = max(2, triton.next_power_of_2(K))
+        BT, BC = _blocks(T, C, BK)
         n_t = triton.cdiv(T, BT)
         tiles = triton.cdiv(n_t, _MAX_GROUPS)
         n_groups = triton.cdiv(n_t, tiles)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         part = w.new_empty(Bsz * n_groups, C * (K + 1))
-        launch(_conv_bwd, (triton.cdiv(C, BC), n_groups, Bsz), x, w, b, dout.contiguous(), dx, part, T, C,
-               x.stride(0), x.stride(1), n_groups, tiles, K=K, HAS_BIAS=ctx.has_bias, ACT=ctx.activation,
-               BK=max(2, triton.next_power_of_2(K)), BT=BT, BC=BC)
+        launch(_conv_bwd, (triton.cdiv(C, BC), n_groups, Bsz), x, w, g, dx, part, T, C, x.stride(0), x.stride(1),
+               n_groups, tiles, K=K, BK=BK, BT=BT, BC=BC)
         sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
         dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])
         db = sums[C * K:].to(ctx.dtypes[1]) if ctx.has_bias else None

@@ -1,7 +1,8 @@
 """The short convolution's Triton kernels (:mod:`kernels.shortconv`, the GPU path) against torch's
 ``conv1d`` (the reference), values and gradients of input, weight and bias, in fp32 and fp64 through the
 interpreter; and the time-first layer (:func:`mixers.conv_time_first.causal_conv_time_first`) taking them on
-the GPU plan, where it makes one launch forward and one backward at every length."""
+the GPU plan, where it makes one launch forward and two backward (the SiLU's, the convolution's) at every
+length."""
 from __future__ import annotations
 
 import contextlib
@@ -16,15 +17,18 @@ from kernels.shortconv import causal_conv, causal_conv_reference
 from mixers.conv_time_first import causal_conv_time_first
 from tests.kernels.harness import assert_rel_close, compare_backends
 
-pytestmark = pytest.mark.skipif(not triton_usable_for(torch.empty(0)), reason="needs Triton (interpreter)")
+# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
+pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
+                                reason="needs Triton (the interpreter, or a GPU)")
 
 
 @pytest.mark.parametrize("T,C,k,activation,bias", [(37, 80, 4, True, True), (37, 80, 4, False, False),
                                                     (3, 20, 4, True, False), (70, 9, 2, False, True),
-                                                    (5, 16, 1, True, True)])
+                                                    (5, 16, 1, True, True), (50, 20, 9, True, True)])
 def test_triton_matches_conv1d(T, C, k, activation, bias):
     """Ragged tiles in time and channels (37 x 80 against 32 x 64 tiles), T shorter than the filter,
-    width-1 filters, with and without SiLU and bias."""
+    width-1 filters, a width-9 filter (16 taps padded, the backward's time tiles 8 rows), with and without SiLU
+    and bias."""
     x, w = torch.randn(2, T, C), torch.randn(C, k)
     ins = [x, w] + ([torch.randn(C)] if bias else [])
 
@@ -61,8 +65,9 @@ def test_bad_shapes():
 
 
 @pytest.mark.parametrize("T", [40, 100])
-def test_gpu_plan_is_one_kernel_each_way(monkeypatch, T):
-    """Time blocks of 64 elements: the CPU path runs several; the GPU plan one kernel each way, same values."""
+def test_gpu_plan_is_one_kernel_forward_and_two_backward(monkeypatch, T):
+    """Time blocks of 64 elements: the CPU path runs several; the GPU plan one kernel forward and two backward
+    (SiLU's, then the convolution's), same values."""
     import mixers.conv_time_first as ctf
 
     monkeypatch.setattr(ctf, "_BLOCK_ELEMENTS", 64)
@@ -73,7 +78,38 @@ def test_gpu_plan_is_one_kernel_each_way(monkeypatch, T):
         with (gpu_path_on_cpu() if gpu else contextlib.nullcontext()), counting() as launches:
             y = causal_conv_time_first(*xs)
             y.backward(dy)
-        assert sum(launches.values()) == (2 if gpu else 0)
+        assert sum(launches.values()) == (3 if gpu else 0)
         results.append([y.detach()] + [t.grad for t in xs])
     for a, b_ in zip(*results):
         torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-12)
+
+
+def _against_fp64(x, w, b, dy, tol):
+    """Output and gradients of the Triton convolution (SiLU, bias) on low-precision inputs against the fp64
+    reference on the same (rounded) values, each judged by its relative error."""
+    ins = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = causal_conv(*ins, backend="triton")
+    got = [y.detach(), *torch.autograd.grad(y, ins, dy)]
+    ref_ins = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y_ref = causal_conv_reference(*ref_ins)
+    want = [y_ref.detach(), *torch.autograd.grad(y_ref, ref_ins, dy.double())]
+    for what, g, r in zip(("y", "dx", "dw", "db"), got, want):
+        assert g.dtype == x.dtype, what
+        assert_rel_close(g.double(), r, tol, what)
+
+
+def test_fp16_against_fp64():
+    """fp16 inputs (fp32 arithmetic inside, g kept in fp32): within fp16's rounding of each output."""
+    C = 48
+    x, dy = (torch.randn(2, 70, C).half() for _ in range(2))
+    _against_fp64(x, (torch.randn(C, 4) / 2).half(), torch.randn(C).half(), dy, 2e-3)
+
+
+@pytest.mark.gpu
+def test_bf16_at_layer_size_against_fp64():
+    """Gated DeltaNet's q/k/v convolution at d_model 1024 and 16K tokens in bf16 (several time tiles per
+    program, 48 channel blocks): within bf16's rounding of each output."""
+    C = 3072
+    x, dy = (torch.randn(1, 16384, C, device="cuda").bfloat16() for _ in range(2))
+    _against_fp64(x, (torch.randn(C, 4, device="cuda") / 2).bfloat16(), torch.randn(C, device="cuda").bfloat16(),
+                  dy, 1e-2)
