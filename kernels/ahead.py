@@ -15,6 +15,12 @@ releases the GIL in its passes and runs ``ptxas`` as a process of its own), and 
 is compiled. The real first call then finds them all. Without that mode (an older Triton) the kernels
 compile one after another, still before the run.
 
+A compiled kernel is not yet ready to launch: its first launch loads it onto the device and, with Triton up to
+3.6, builds its launcher by compiling a small C module with the system's C compiler (about 0.3 s a kernel, one
+after another: 4 s of Gated DeltaNet's first forward+backward on an H200 after its kernels were compiled
+ahead). :func:`compile_ahead` therefore also loads every kernel it compiled (:func:`load_kernels`), on the same
+threads, so that the first call launches at once.
+
 Inside :func:`compile_ahead` no kernel runs: its outputs keep whatever their launcher allocated, so the
 function must not depend on values (the zoo's launchers never read device values on the host).
 :func:`forward_backward_ahead` gives a module's forward and backward this way (:func:`dry_forward_backward`),
@@ -46,6 +52,7 @@ class AheadReport:
 
     launches: int = 0              # launches the run made (each warmed up instead of run)
     compiled: int = 0              # kernels compiled (distinct specialisations; a cached one counts too)
+    loaded: int = 0                # of those, kernels loaded onto their device (launcher built) ahead
     workers: int = 0               # compile threads (1: one after another, as the launches would)
     seconds: float = 0.0           # wall time of the whole compile-ahead, the run included
     skipped: str | None = None     # why nothing was compiled
@@ -53,8 +60,8 @@ class AheadReport:
     def describe(self) -> str:
         if self.skipped:
             return f"no kernels compiled ahead: {self.skipped}"
-        return (f"compiled {self.compiled} Triton kernels for {self.launches} launches ahead in {self.seconds:.1f} s "
-                f"on {self.workers} thread{'s' if self.workers != 1 else ''}")
+        return (f"compiled {self.compiled} Triton kernels for {self.launches} launches ahead ({self.loaded} loaded "
+                f"onto the device) in {self.seconds:.1f} s on {self.workers} thread{'s' if self.workers != 1 else ''}")
 
 
 def available_cores() -> int:
@@ -94,21 +101,63 @@ def _cached_kernels(kernel) -> tuple[object, int]:
     return kernel, sum(len(caches[0]) for caches in kernel.device_caches.values())
 
 
+def _compiled_by_device(fn) -> dict:
+    """``{(device, cache key): compiled kernel}`` of a JITFunction's caches."""
+    return {(device, key): kernel for device, caches in list(fn.device_caches.items())
+            for key, kernel in list(caches[0].items())}
+
+
+def _load(device, kernel) -> bool:
+    """Load one compiled kernel onto ``device`` as its first launch would (Triton's ``_init_handles``: the
+    binary onto the device, the launcher built). False where this Triton has no such step or it fails: the
+    first launch then does it, and raises what it raises."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is None or getattr(kernel, "module", None) is not None:
+        return False
+    on_device = torch.cuda.device(device) if isinstance(device, int) and torch.cuda.is_available() \
+        else contextlib.nullcontext()               # the device whose launches look the kernel up
+    try:
+        with on_device:
+            init()
+        return True
+    except Exception:  # noqa: BLE001 - shared memory over the card's, say: the launch reports it
+        return False
+
+
+def load_kernels(kernels: list[tuple[object, object]], workers: int) -> int:
+    """Load every ``(device, compiled kernel)`` (:func:`_load`), ``workers`` at a time; returns how many were
+    loaded. The launchers' C compiles run as processes of their own, so threads overlap them."""
+    if not kernels:
+        return 0
+    if workers <= 1:
+        return sum(_load(device, kernel) for device, kernel in kernels)
+    with ThreadPoolExecutor(min(workers, len(kernels)), thread_name_prefix="load-ahead") as pool:
+        return sum(pool.map(lambda item: _load(*item), kernels))
+
+
 class _Ahead:
     """The launches of one compile-ahead, each turned into a warm-up of its kernel."""
 
     def __init__(self, mode, async_module):
         self.mode, self.async_module, self.launches = mode, async_module, 0
         self.held_before: dict[int, tuple[object, int]] = {}  # id(JITFunction) -> (it, kernels it held before)
+        self.keys_before: dict[int, set] = {}                  # id(JITFunction) -> its cache keys before
 
     def compiled(self) -> int:
         """Kernels added to the JIT caches of the functions launched since the start."""
         return sum(_cached_kernels(fn)[1] - before for fn, before in self.held_before.values())
 
+    def new_kernels(self) -> list[tuple[object, object]]:
+        """``(device, compiled kernel)`` of every kernel added to those caches since the start."""
+        return [(key[0], kernel) for fn_id, (fn, _) in self.held_before.items()
+                for key, kernel in _compiled_by_device(fn).items() if key not in self.keys_before[fn_id]]
+
     def warm(self, kernel, grid, args: tuple, kwargs: dict) -> None:
         self.launches += 1
         fn, held = _cached_kernels(kernel)
-        self.held_before.setdefault(id(fn), (fn, held))
+        if id(fn) not in self.held_before:
+            self.held_before[id(fn)] = (fn, held)
+            self.keys_before[id(fn)] = set(_compiled_by_device(fn))
         if self.mode is None:
             kernel.warmup(*args, grid=grid, **kwargs)
             return
@@ -157,6 +206,7 @@ def compile_ahead(run: Callable[[], object], workers: int | None = None) -> Ahea
             run()
         finally:
             _active = None
+    report.loaded = load_kernels(ahead.new_kernels(), workers)
     report.launches, report.compiled = ahead.launches, ahead.compiled()
     report.seconds = time.perf_counter() - start
     return report

@@ -18,6 +18,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -42,8 +43,19 @@ def test_a_layer_compiled_ahead_finds_its_kernels(mixer, tmp_path):
     assert row["recompiled"] == 0, row
 
 
+class _StubCompiled:
+    """Stands for a compiled kernel: its first launch (``_init_handles``) loads it; records the thread."""
+
+    def __init__(self):
+        self.module, self.loads = None, []
+
+    def _init_handles(self):
+        self.loads.append(threading.current_thread().name)
+        self.module = "loaded"
+
+
 class _StubKernel:
-    """Stands for a JITFunction: records warm-ups, refuses to run."""
+    """Stands for a JITFunction: records warm-ups (each compiles a kernel into its cache), refuses to run."""
 
     def __init__(self):
         self.device_caches, self.warmed = {}, []
@@ -53,7 +65,7 @@ class _StubKernel:
 
     def warmup(self, *args, grid, **kwargs):
         self.warmed.append((args, grid, kwargs))
-        self.device_caches.setdefault(0, ({},))[0][len(self.warmed)] = object()
+        self.device_caches.setdefault(0, ({},))[0][("key", len(self.warmed))] = _StubCompiled()
 
 
 def test_launches_inside_a_compile_ahead_are_warmed_up_not_run(monkeypatch):
@@ -63,7 +75,9 @@ def test_launches_inside_a_compile_ahead_are_warmed_up_not_run(monkeypatch):
     assert [(a[1], g, kw) for a, g, kw in kernel.warmed] == [(7, (4,), {"BLOCK": 16})] * 2
     assert all(a[0] is x for a, _, _ in kernel.warmed)
     assert (report.launches, report.compiled, report.workers, report.skipped) == (2, 2, 1, None)
-    assert report.describe().startswith("compiled 2 Triton kernels for 2 launches ahead in ")
+    cached = list(kernel.device_caches[0][0].values())
+    assert report.loaded == 2 and [c.loads for c in cached] == [[threading.current_thread().name]] * 2
+    assert report.describe().startswith("compiled 2 Triton kernels for 2 launches ahead (2 loaded onto the device) in ")
     assert ahead.warming_up() is None  # over once it returns
 
     def nested():
@@ -99,7 +113,7 @@ def test_a_layer_compiled_ahead_runs_without_compiling_and_keeps_its_state():
     x = torch.randn(1, 1000, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     rng = torch.cuda.get_rng_state(), torch.get_rng_state()
     report = ahead.forward_backward_ahead(layer, x)
-    assert report.skipped is None and report.launches > 0
+    assert report.skipped is None and report.launches > 0 and report.loaded == report.compiled
     assert all(p.grad is None for p in layer.parameters()) and x.grad is None
     assert torch.equal(rng[0], torch.cuda.get_rng_state()) and torch.equal(rng[1], torch.get_rng_state())
     # the real call: every launch finds its kernel (Triton asks its cache hook only before a compile)
@@ -111,3 +125,20 @@ def test_a_layer_compiled_ahead_runs_without_compiling_and_keeps_its_state():
         layer(x).backward(torch.randn_like(x))
         torch.cuda.synchronize()
     assert misses == []
+
+
+def test_a_compile_ahead_loads_the_kernels_it_compiled_on_its_threads_and_no_others(monkeypatch):
+    """Loading a kernel (its binary onto the device, its launcher built: a C compile with Triton <= 3.6) is
+    what a first launch does after compiling; a compile-ahead does it too, on its threads, for the kernels it
+    compiled; a kernel compiled before keeps its state, and a Triton without that step loads nothing."""
+    monkeypatch.setattr(ahead, "triton_interpreting", lambda: False)
+    kernel, x = _StubKernel(), torch.randn(3)
+    launch_count = int(torch.randint(2, 6, ()).item())
+    kernel.device_caches[0] = ({("before", 0): _StubCompiled()},)
+    report = ahead.compile_ahead(lambda: [launch(kernel, (1,), x, i) for i in range(launch_count)], workers=2)
+    cache = kernel.device_caches[0][0]
+    assert report.loaded == report.compiled == launch_count
+    assert cache[("before", 0)].loads == []
+    new = [c for k, c in cache.items() if k[0] == "key"]
+    assert len(new) == launch_count and all(len(c.loads) == 1 and c.loads[0].startswith("load-ahead") for c in new)
+    assert ahead.load_kernels([(0, object())], workers=2) == 0          # nothing to load with

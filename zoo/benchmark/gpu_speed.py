@@ -224,7 +224,8 @@ def stage_first_call(plan: Plan, name: str, path: Path, deadline: float) -> None
         sync(device)
         start = time.perf_counter()
         ahead = forward_backward_ahead(mixer, x, workers=max(1, available_cores() // plan.first_call_workers))
-        row.update(ahead_seconds=time.perf_counter() - start, kernels_ahead=ahead.compiled, threads=ahead.workers)
+        row.update(ahead_seconds=time.perf_counter() - start, kernels_ahead=ahead.compiled,
+                   kernels_loaded=ahead.loaded, threads=ahead.workers)
         if ahead.skipped:
             row["ahead_skipped"] = ahead.skipped
         mixer(x).backward(grad)
