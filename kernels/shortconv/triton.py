@@ -48,16 +48,20 @@ def _preact(xb, st, W, B, t, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
+def _tile(C, BT: tl.constexpr, BC: tl.constexpr):
+    """This program's batch element, time rows, channels and channel mask (grid: channel blocks, time blocks,
+    batch)."""
+    batch = tl.program_id(2).to(tl.int64)
+    t = (tl.program_id(1) * BT + tl.arange(0, BT)).to(tl.int64)
+    c = tl.program_id(0) * BC + tl.arange(0, BC)
+    return batch, t, c, c < C
+
+
+@triton.jit
 def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr):
-    pid_c = tl.program_id(0)
-    pid_t = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
-    c = pid_c * BC + tl.arange(0, BC)
-    mc = c < C
-    xb = X + batch * sb
-    y = _preact(xb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
+    batch, t, c, mc = _tile(C, BT, BC)
+    y = _preact(X + batch * sb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
     if ACT:
         y = y * tl.sigmoid(y)
     tl.store(OUT + batch * T * C + t[:, None] * C + c[None, :], y.to(OUT.dtype.element_ty),
@@ -68,12 +72,7 @@ def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexp
 def _conv_act_bwd(X, W, B, DOUT, G, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
                   BC: tl.constexpr):
     """The SiLU's backward: ``g = dout * SiLU'(y)``, ``y`` recomputed from ``k`` shifted loads (as forward)."""
-    pid_c = tl.program_id(0)
-    pid_t = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
-    c = pid_c * BC + tl.arange(0, BC)
-    mc = c < C
+    batch, t, c, mc = _tile(C, BT, BC)
     y = _preact(X + batch * sb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
     at = batch * T * C + t[:, None] * C + c[None, :]
     keep = (t < T)[:, None] & mc[None, :]

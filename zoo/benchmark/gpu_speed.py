@@ -161,22 +161,23 @@ def build_layer(name: str, plan: Plan, device, dtype):
 
 
 # ------------------------------------------------------------------------------------------- launch counters
-def layer_breakdown(mixer, T: int, device, dtype) -> Breakdown:
-    """The kernels of one forward+backward of ``mixer`` at length ``T`` (:mod:`.device_time`)."""
+def _one_call(probe, mixer, T: int, device, dtype):
+    """``probe(call, device)`` of one forward+backward of ``mixer`` at length ``T``, its gradients cleared after."""
     x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    found = breakdown(lambda: mixer(x).backward(grad), device)
+    found = probe(lambda: mixer(x).backward(grad), device)
     mixer.zero_grad(set_to_none=True)
     return found
+
+
+def layer_breakdown(mixer, T: int, device, dtype) -> Breakdown:
+    """The kernels of one forward+backward of ``mixer`` at length ``T`` (:mod:`.device_time`)."""
+    return _one_call(breakdown, mixer, T, device, dtype)
 
 
 def layer_host(mixer, T: int, device, dtype) -> dict:
     """The host's side of one forward+backward of ``mixer`` at length ``T`` (:func:`.device_time.host_issue`)."""
-    x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
-    found = host_issue(lambda: mixer(x).backward(grad), device)
-    mixer.zero_grad(set_to_none=True)
-    return found
+    return _one_call(host_issue, mixer, T, device, dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- stages
