@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see below
 import torch.nn.functional as F
 
 from kernels.ahead import available_cores, forward_backward_ahead
@@ -85,6 +86,11 @@ from .measure import error_text, free, measure, sync, times_ms
 from .runner import write_json
 from .train_rate import lm_step, steady_rate
 
+# torch.fx.experimental.symbolic_shapes: what a process's first backward imports (sympy; seconds on a slow CPU),
+# imported here once before any stage forks, as a training process pays it once whatever its layers, so that no
+# mixer's first call pays it. The import alone, not a backward: a backward starts autograd's device threads,
+# which count the CUDA devices and so initialise the CUDA driver in this process, and every forked stage then
+# fails with CUDA's "initialization error" (seen on an H200).
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -435,20 +441,10 @@ def _say(message: str) -> None:
     print(f"gpu_speed: {message}", flush=True)
 
 
-def _warm_torch() -> None:
-    """Torch's own one-time work, done once before any stage forks: the first backward of a process imports
-    sympy (through ``torch.fx.experimental.symbolic_shapes``), seconds on a slow CPU, and a training process
-    pays it once whatever its layers, so no mixer's first call should. The import alone, not a backward: a
-    backward starts autograd's device threads, which count the CUDA devices and so initialise the CUDA driver
-    in this process, and every forked stage then fails with CUDA's "initialization error"."""
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401
-
-
 def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
     # the stages fork from this process, so it must never initialise CUDA: a CUDA check here (there is none
     # meant to be) then asks NVML instead of the driver
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    _warm_torch()
     start = time.time()
     deadline = start + plan.budget
     scratch = Path(tempfile.mkdtemp(prefix="zoo-gpu-speed-"))
