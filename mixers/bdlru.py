@@ -19,7 +19,8 @@ negative or complex eigenvalues (e.g. a near-permutation), which state tracking 
 ``selective = False`` makes the logits a learned constant per block (the input-independent variant).
 Initialisation: every weight (and the constant logits) N(0, 0.02), zero bias, so the transitions
 start near uniform rows ``1/(m+1)``. The scan is :func:`kernels.blockscan.block_scan` (chunked
-PyTorch on a CPU, Triton on CUDA); the decode state is ``N * m`` numbers per sequence.
+PyTorch on a CPU, Triton on CUDA), and on CUDA the gates come from :func:`kernels.blockscan.softmax_gates`
+(one kernel each way); the decode state is ``N * m`` numbers per sequence.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.blockscan import BACKENDS, block_scan, block_scan_step
+from kernels.backend import triton_pieces_for
+from kernels.blockscan import BACKENDS, block_scan, block_scan_step, softmax_gates
 
 from .base import Mixer, State, register_mixer
 from .layers import at_least_fp32, no_weight_decay
@@ -97,6 +99,9 @@ class BDLRU(Mixer):
         return A, a0.squeeze(-2).unflatten(-1, (N, m))
 
     def _inputs(self, x):
+        if self.options.selective and triton_pieces_for(x):
+            # the GPU path: the projections as they are, the softmax and a0 v in one kernel each way
+            return softmax_gates(self.a_proj(x), self.v_proj(x), self.m, backend="triton")
         A, a0 = self.gates(x)
         v = at_least_fp32(self.v_proj(x)).unflatten(-1, (self.N, self.m))
         return A, a0 * v

@@ -12,6 +12,8 @@ Per batch element, for ``N`` independent blocks of size ``m`` (layout batch, tim
   Memory-Decay Bounds in Linear State Space Models", OpenReview 8Kg8lL3L58). All such transitions are
   polynomials in ``N`` and commute, so a product of them is a truncated polynomial
   ``sum_{j<m} e_j N^j``; the chunked path multiplies these in ``O(m)`` per factor instead of ``O(m^3)``.
+* :func:`softmax_gates` — BD-LRU's transitions and inputs from its projections (a row softmax per block,
+  :mod:`.gates`), one Triton kernel each way on the GPU path.
 * :func:`jordan_scan_normed` — the same with a LayerNorm of the state after every step,
   ``h_t = LN(A_t h_{t-1} + b_t)`` (the paper's cure for the polynomial blow-up); nonlinear and
   therefore sequential.
@@ -38,6 +40,7 @@ from .reference import (
     jordan_scan_reference,
     jordan_step,
     jordan_step_normed,
+    softmax_gates_reference,
 )
 
 __all__ = [
@@ -49,6 +52,8 @@ __all__ = [
     "jordan_scan_normed",
     "jordan_step_normed",
     "jordan_transition",
+    "softmax_gates",
+    "softmax_gates_reference",
 ]
 
 #: the backends every op of this family implements (``auto`` picks among them); mixers offer these
@@ -113,6 +118,22 @@ def block_scan(A, b, initial_state=None, chunk_size: int = 64, backend: str = "a
     from .triton import block_scan_triton
 
     return block_scan_triton(A, b, initial_state, chunk_size=chunk_size)
+
+
+def softmax_gates(logits, v, m: int, backend: str = "auto"):
+    """``(A (..., N, m, m), b (..., N, m))`` from ``logits (..., N m (m+1))`` and ``v (..., N m)``: each row of a
+    block's ``m x (m+1)`` logits through a softmax, ``A`` its first ``m`` columns, ``b`` its last times ``v``
+    (:func:`.reference.softmax_gates_reference`). Backends ``reference`` / ``torch`` (that formula) and
+    ``triton`` (:mod:`.gates`)."""
+    m = int(m)
+    if m < 1 or v.shape[-1] % m or logits.shape[-1] != v.shape[-1] * (m + 1) or logits.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"softmax_gates: expected logits (..., N m (m+1)) and v (..., N m) for block size {m}, "
+                         f"got logits {tuple(logits.shape)} and v {tuple(v.shape)}")
+    if resolve_backend(backend, v, op="softmax_gates", available=BACKENDS) == "triton":
+        from .gates import softmax_gates_triton
+
+        return softmax_gates_triton(logits, v, m)
+    return softmax_gates_reference(logits, v, m)
 
 
 def jordan_transition(lam, c, m: int):

@@ -35,6 +35,7 @@ __all__ = [
     "jordan_scan_normed_reference",
     "jordan_step_normed",
     "shift_up",
+    "softmax_gates_reference",
 ]
 
 
@@ -129,3 +130,13 @@ def _stack(hs, h_last, like):
     if T == 0:
         return like.new_zeros(Bsz, 0, N, m), h_last.to(like.dtype)
     return torch.stack(hs, dim=1).to(like.dtype), h_last.to(like.dtype)
+
+
+def softmax_gates_reference(logits: torch.Tensor, v: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """BD-LRU's transition and input from its projections (the spec of :mod:`kernels.blockscan.gates`): each row
+    of a block's ``m x (m+1)`` logits (features in the order block, row, column) through a softmax, ``A`` its
+    first ``m`` columns and ``b`` its last times ``v``. ``logits (..., N m (m+1))``, ``v (..., N m)``; returns
+    ``A (..., N, m, m)`` and ``b (..., N, m)`` in fp32 (fp64 stays fp64)."""
+    cd = _cdt(logits, v)
+    p = torch.softmax(logits.to(cd).unflatten(-1, (-1, m, m + 1)), dim=-1)
+    return p[..., :m], p[..., m] * v.to(cd).unflatten(-1, (-1, m))

@@ -59,6 +59,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.attention.triton import attention_triton
+from kernels.blockscan.gates import softmax_gates_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
 from kernels.gate.triton import log_decay_triton, step_size_triton
@@ -201,6 +202,7 @@ def _blockscan(dt, quick):
             _fwd_bwd(jordan_scan_triton(lam, c, _meta(B, T, N, m, dtype=dt))[0])
             _fwd_bwd(jordan_scan_normed_triton(lam, c, _meta(B, T, N, m, dtype=dt), _meta(N, m, dtype=dt),
                                                _meta(N, m, dtype=dt), initial_state=h0))
+            _fwd_bwd(softmax_gates_triton(_meta(B, T, N * m * (m + 1), dtype=dt), _meta(B, T, N * m, dtype=dt), m))
         yield f"m={m}", run
 
 
