@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_usable_for
 from kernels.gate import log_decay, log_decay_reference, step_size, step_size_reference
 from kernels.launch import counting
-from tests.kernels.harness import assert_rel_close, cancellation, value_and_grads
+from tests.kernels.harness import assert_rel_close, cancellation, needs_triton, value_and_grads
 
-# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
-pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
-                                reason="needs Triton (the interpreter, or a GPU)")
+pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU-marked tests run
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_usable_for
 from kernels.launch import counting
 from kernels.norm import (
     gated_rms_norm,
@@ -17,11 +16,9 @@ from kernels.norm import (
     rms_norm,
     rms_norm_reference,
 )
-from tests.kernels.harness import assert_rel_close, compare_backends, value_and_grads
+from tests.kernels.harness import assert_rel_close, compare_backends, needs_triton, value_and_grads
 
-# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
-pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
-                                reason="needs Triton (the interpreter, or a GPU)")
+pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU-marked tests run
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13}
 
 

@@ -15,14 +15,11 @@ import contextlib
 import pytest
 import torch
 
-from kernels.backend import triton_usable_for
 from kernels.launch import counting
 from kernels.rope import rope_reference, rotary, rotary_reference
-from tests.kernels.harness import assert_rel_close, value_and_grads
+from tests.kernels.harness import assert_rel_close, needs_triton, value_and_grads
 
-# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
-pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
-                                reason="needs Triton (the interpreter, or a GPU)")
+pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU-marked tests run
 
 
 def _fp32_tol(last_position: int) -> float:

@@ -10,16 +10,13 @@ import contextlib
 import pytest
 import torch
 
-from kernels.backend import triton_usable_for
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import counting
 from kernels.shortconv import causal_conv, causal_conv_reference
 from mixers.conv_time_first import causal_conv_time_first
-from tests.kernels.harness import assert_rel_close, compare_backends
+from tests.kernels.harness import assert_rel_close, compare_backends, needs_triton
 
-# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
-pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
-                                reason="needs Triton (the interpreter, or a GPU)")
+pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU-marked tests run
 
 
 @pytest.mark.parametrize("T,C,k,activation,bias", [(37, 80, 4, True, True), (37, 80, 4, False, False),

@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_usable_for
 from kernels.launch import counting
 from kernels.swiglu import swiglu, swiglu_reference
-from tests.kernels.harness import assert_rel_close, value_and_grads
+from tests.kernels.harness import assert_rel_close, needs_triton, value_and_grads
 
-# the interpreter on a CPU; on a GPU machine (no interpreter) the GPU-marked tests run
-pytestmark = pytest.mark.skipif(not (triton_usable_for(torch.empty(0)) or torch.cuda.is_available()),
-                                reason="needs Triton (the interpreter, or a GPU)")
+pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU-marked tests run
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13, torch.float16: 1e-3}
 
 
