@@ -94,11 +94,11 @@ def _async_compile_module():
     return _async_compile if hasattr(_async_compile, "AsyncCompileMode") else None
 
 
-def _cached_kernels(kernel) -> tuple[object, int]:
-    """The JITFunction under autotune/heuristics wrappers and how many compiled kernels it holds now."""
+def _jit_function(kernel):
+    """The JITFunction under autotune/heuristics wrappers (they keep it as ``.fn``)."""
     while not hasattr(kernel, "device_caches"):
         kernel = kernel.fn
-    return kernel, sum(len(caches[0]) for caches in kernel.device_caches.values())
+    return kernel
 
 
 def _compiled_by_device(fn) -> dict:
@@ -140,24 +140,19 @@ class _Ahead:
 
     def __init__(self, mode, async_module):
         self.mode, self.async_module, self.launches = mode, async_module, 0
-        self.held_before: dict[int, tuple[object, int]] = {}  # id(JITFunction) -> (it, kernels it held before)
-        self.keys_before: dict[int, set] = {}                  # id(JITFunction) -> its cache keys before
-
-    def compiled(self) -> int:
-        """Kernels added to the JIT caches of the functions launched since the start."""
-        return sum(_cached_kernels(fn)[1] - before for fn, before in self.held_before.values())
+        self.before: dict[int, tuple[object, set]] = {}  # id(JITFunction) -> (it, its cache keys before)
 
     def new_kernels(self) -> list[tuple[object, object]]:
-        """``(device, compiled kernel)`` of every kernel added to those caches since the start."""
-        return [(key[0], kernel) for fn_id, (fn, _) in self.held_before.items()
-                for key, kernel in _compiled_by_device(fn).items() if key not in self.keys_before[fn_id]]
+        """``(device, compiled kernel)`` of every kernel added to the JIT caches of the functions launched since
+        the start (a kernel Triton found in its disk cache counts too)."""
+        return [(key[0], kernel) for fn, keys in self.before.values()
+                for key, kernel in _compiled_by_device(fn).items() if key not in keys]
 
     def warm(self, kernel, grid, args: tuple, kwargs: dict) -> None:
         self.launches += 1
-        fn, held = _cached_kernels(kernel)
-        if id(fn) not in self.held_before:
-            self.held_before[id(fn)] = (fn, held)
-            self.keys_before[id(fn)] = set(_compiled_by_device(fn))
+        fn = _jit_function(kernel)
+        if id(fn) not in self.before:
+            self.before[id(fn)] = (fn, set(_compiled_by_device(fn)))
         if self.mode is None:
             kernel.warmup(*args, grid=grid, **kwargs)
             return
@@ -206,8 +201,9 @@ def compile_ahead(run: Callable[[], object], workers: int | None = None) -> Ahea
             run()
         finally:
             _active = None
-    report.loaded = load_kernels(ahead.new_kernels(), workers)
-    report.launches, report.compiled = ahead.launches, ahead.compiled()
+    compiled = ahead.new_kernels()
+    report.launches, report.compiled = ahead.launches, len(compiled)
+    report.loaded = load_kernels(compiled, workers)
     report.seconds = time.perf_counter() - start
     return report
 
