@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see below
+import torch.fx.experimental.symbolic_shapes  # noqa: F401 - what a first backward imports: see run()
 import torch.nn.functional as F
 
 from kernels.ahead import available_cores, forward_backward_ahead
@@ -86,11 +86,6 @@ from .measure import error_text, free, measure, sync, times_ms
 from .runner import write_json
 from .train_rate import lm_step, steady_rate
 
-# torch.fx.experimental.symbolic_shapes: what a process's first backward imports (sympy; seconds on a slow CPU),
-# imported here once before any stage forks, as a training process pays it once whatever its layers, so that no
-# mixer's first call pays it. The import alone, not a backward: a backward starts autograd's device threads,
-# which count the CUDA devices and so initialise the CUDA driver in this process, and every forked stage then
-# fails with CUDA's "initialization error" (seen on an H200).
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -443,7 +438,10 @@ def _say(message: str) -> None:
 
 def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
     # the stages fork from this process, so it must never initialise CUDA: a CUDA check here (there is none
-    # meant to be) then asks NVML instead of the driver
+    # meant to be) then asks NVML instead of the driver. Nor may it run a backward, which starts autograd's
+    # device threads; they count the CUDA devices, which initialises the driver, and every forked stage then
+    # fails with CUDA's "initialization error" (seen on an H200). What a process's first backward imports
+    # (sympy, seconds on a slow CPU) is imported at the top instead, so that no mixer's first call pays it.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     start = time.time()
     deadline = start + plan.budget
