@@ -16,12 +16,14 @@ w_t [v_t, 1]^T`` (``a_t`` the log decays ``gamma log(1 - w)`` of the written slo
    ``(M x C) @ (C x d_v)`` product) and ``d = e^{A_C}``.
 2. ``_slots_carry``: ``X_{c+1} = d_c X_c + U_c``, an element-wise pass over the chunks, one program per
    (batch x head, tile of the ``M (d_v + 1)`` entries); it records the state entering every chunk.
-3. ``_slots_read``, one program per (chunk, batch x head, tile of ``d_v``): for each read slot ``i`` the
+3. ``_slots_read``, one program per (chunk, batch x head): for each read slot ``i`` the
    chunk's interactions ``E_i[t, s] = w_s[m] e^{A_t[m] - A_s[m]}`` at ``m = R_{t,i}`` (``C x C``; the
    cumulative decays ``A_s[m]`` come from comparing the read slot with every write of the chunk, so no
    ``M``-sized tile appears), ``z_t[m] = e^{A_t[m]} z_0[m] + sum_s E_i[t, s]``, ``q``, then
    ``o = P V + sum_i q_i e^{A_t} S_0[R_i]`` with ``P = sum_i q_i E_i`` (a ``(C x C) @ (C x d_v)`` product
-   and ``K`` row gathers of the start state). Every exponent is a difference ``A_t - A_s <= 0``.
+   and ``K`` row gathers of the start state, ``d_v`` columns a tile at a time after the interactions: a
+   program per tile of ``d_v`` would compute the interactions, the kernel's main cost, once per tile). Every
+   exponent is a difference ``A_t - A_s <= 0``.
 
 The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (the reads' gradients, the
 intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
@@ -56,9 +58,9 @@ and the shares are summed. ``tl.debug_barrier()`` orders each token's stores bef
 read slot may be the one just written (read-after-write). No products here (rows are gathered one token at
 a time).
 
-Parallelism at B = 1, d_model 1024 (8 heads, d_v 128, M = 64, K = 4), T 16384, C 32: 512 x 8 = 4096
-programs in the chunk stages (16384 in the forward read, which also splits ``d_v`` in 4 tiles), 17 x 8 in
-the carries (512 steps each), where the sequential kernel ran 8 programs of 16384 steps.
+Parallelism at B = 1, d_model 1024 (8 heads, d_v 128, M = 64, K = 4), T 16384, C 64 (the GPU's chunk):
+256 x 8 = 2048 programs in the chunk stages, 17 x 8 in the carries (256 steps each), where the sequential
+kernel ran 8 programs of 16384 steps.
 
 **Addressing**, ``_topk_fwd`` / ``_topk_bwd``, one program per ``BR`` addresses (rows of ``U d_p`` logits):
 the softmax of every factor, then the search of :mod:`kernels.slots.addressing` (keep the ``K`` best partial
@@ -78,6 +80,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common import pow2
 from ..launch import launch
 from ..split_dot import dot_state_x, dot_x_state
 from .reference import W_MAX, log_keep
@@ -236,7 +239,10 @@ def _slots_carry(XS, DEC, S0, Z0, SN, ZN, E, DV1, NC, HAS_X0: tl.constexpr, REVE
 
 @triton.jit
 def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
-                BT: tl.constexpr, BDV: tl.constexpr):
+                BT: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
+    # first the read slots' interactions, once per chunk (the O(K^2 BT^2) part): P and, per read slot i, the
+    # start-state row it gathers and that row's coefficient q_i e^{A_t}, kept as columns of (BT, BK) tiles; then
+    # the output BDV value columns at a time
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -248,21 +254,30 @@ def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
     atok = (b * T + ts) * SA + h * K
     vtok = (b * T + ts) * SV + h * DV
     gam = tl.load(GAM + h).to(tl.float32)
-    dd = tl.program_id(2) * BDV + tl.arange(0, BDV)
-    dm = dd < DV
     DV1 = DV + 1
     chunk = (bh * NC + c) * M * DV1
+    kk = tl.arange(0, BK)
     P = tl.zeros([BT, BT], dtype=tl.float32)
-    o = tl.zeros([BT, BDV], dtype=tl.float32)
+    gather = tl.zeros([BT, BK], dtype=tl.int64)
+    coef = tl.zeros([BT, BK], dtype=tl.float32)
     for i in range(K):
         ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i,
                                                              K, DV1, eps)
         P += q[:, None] * E
-        s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
-        o += (q * eA)[:, None] * s0
-    vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
-    o += _dot_coef(P, vt)
-    tl.store(O + tok[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=valid[:, None] & dm[None, :])
+        col = (kk == i)[None, :]
+        gather = tl.where(col, rows[:, None], gather)
+        coef = tl.where(col, (q * eA)[:, None], coef)
+    for d0 in range(0, DV, BDV):
+        dd = d0 + tl.arange(0, BDV)
+        tm = valid[:, None] & (dd < DV)[None, :]
+        vt = tl.load(V + vtok[:, None] + dd[None, :], mask=tm, other=0.0)
+        o = _dot_coef(P, vt)
+        for i in range(K):
+            col = (kk == i)[None, :]
+            rows = tl.sum(tl.where(col, gather, 0), axis=1)
+            s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0)
+            o += tl.sum(tl.where(col, coef, 0.0), axis=1)[:, None] * s0
+        tl.store(O + tok[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=tm)
 
 
 @triton.jit
@@ -532,21 +547,17 @@ def _slots_bwd(
 # ------------------------------------------------------------------------------------------------------
 # launchers
 # ------------------------------------------------------------------------------------------------------
-def _pow2(x: int) -> int:
-    return triton.next_power_of_2(x)
-
-
 class _ChunkPlan:
     """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64], keeping the read backward's
     ``[BT, BM]`` tile of all slots within 4096 entries), slot tile ``BMS`` of the state kernels, value
     columns ``BDV``."""
 
     def __init__(self, T, M, dv, K, chunk_size):
-        self.BM = max(16, _pow2(M))
+        self.BM = max(16, pow2(M))
         self.BMS = min(self.BM, 64)  # the state kernels' slot tile
-        self.BT = max(16, min(64, _pow2(chunk_size), 4096 // self.BM))
-        self.BDV = min(32, max(16, _pow2(dv)))
-        self.BK = _pow2(K)
+        self.BT = max(16, min(64, pow2(chunk_size), 4096 // self.BM))
+        self.BDV = min(32, max(16, pow2(dv)))
+        self.BK = pow2(K)
         self.NC = triton.cdiv(T, self.BT)
         self.warps = 8
         self.BE = 512
@@ -598,8 +609,8 @@ class _ChunkedSlots(torch.autograd.Function):
         has_init = S0 is not None
         launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, S0 if has_init else XS, z0 if has_init else XS,
                S, z, E, dv + 1, pl.NC, HAS_X0=has_init, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
-        launch(_slots_read, (pl.NC, BH, triton.cdiv(dv, pl.BDV)), wi, w, gamma, ri, r, v, XS, O, T, H, M, K, dv,
-               pl.NC, SA, SV, eps, BT=pl.BT, BDV=pl.BDV, num_warps=pl.warps)
+        launch(_slots_read, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, O, T, H, M, K, dv,
+               pl.NC, SA, SV, eps, BT=pl.BT, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
         ctx.save_for_backward(wi, w, ri, r, v, gamma, XS, DEC)
         ctx.meta = (M, eps, chunk_size, SA, SV, has_init)
         return O, S, z
@@ -638,7 +649,7 @@ class _ChunkedSlots(torch.autograd.Function):
 
 
 def _sparse_blocks(K, dv):
-    return _pow2(K), min(32, _pow2(dv))
+    return pow2(K), min(32, pow2(dv))
 
 
 def _sparse_state(S0, z0, B, H, M, dv, tiles, like):
@@ -838,7 +849,7 @@ def _logit_rows(logits: torch.Tensor):
 def _topk_blocks(K: int, dp: int):
     """Rows per program ``BR`` and tiles ``BC`` (kept prefixes, >= K) and ``BD`` (digits): ``BR BC BD <= 2048``
     candidates per program."""
-    BC, BD = _pow2(K), _pow2(dp)
+    BC, BD = pow2(K), pow2(dp)
     return max(1, min(64, 2048 // (BC * BD))), BC, BD
 
 
