@@ -22,6 +22,7 @@ per-token solve or state update drift from ``forward`` by far more than bf16 rou
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Mapping
 
 import torch
@@ -35,8 +36,9 @@ def _shape(shape) -> str:
 
 
 def module_dtype(mixer: torch.nn.Module) -> torch.dtype | None:
-    """The dtype of the mixer's first floating parameter (or buffer); None if it has none."""
-    for tensor in (*mixer.parameters(), *mixer.buffers()):
+    """The dtype of the mixer's first floating parameter (or buffer); None if it has none. (Runs at every call:
+    the generators stop at the first floating tensor instead of listing the module tree.)"""
+    for tensor in itertools.chain(mixer.parameters(), mixer.buffers()):
         if tensor.is_floating_point():
             return tensor.dtype
     return None

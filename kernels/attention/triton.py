@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..common import pow2
 from ..launch import launch
 
 __all__ = ["attention_triton"]
@@ -289,7 +290,7 @@ class _AttentionTriton(torch.autograd.Function):
         TK = k.shape[1]
         o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         lse = torch.empty(Bsz, H, TQ, device=q.device, dtype=torch.float32)
-        BLOCK_D = max(16, triton.next_power_of_2(D))
+        BLOCK_D = max(16, pow2(D))
         _launch("fwd", "TQ", Bsz,
                 (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride()),
                 dict(H=H, TQ=TQ, TK=TK, D=D, qk_scale=scale * LOG2E, CAUSAL=causal,
@@ -304,7 +305,7 @@ class _AttentionTriton(torch.autograd.Function):
         causal, scale = ctx.causal, ctx.scale
         Bsz, TQ, H, D = q.shape
         TK = k.shape[1]
-        BLOCK_D = max(16, triton.next_power_of_2(D))
+        BLOCK_D = max(16, pow2(D))
         do = do.to(q.dtype)
         delta = torch.empty_like(lse)
         bm = 64 if not triton_interpreting() else _INTERP_BLOCK

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype
+from ..common import as_rows, compute_dtype, pow2
 from ..launch import launch
 
 #: rows of logits per program (fewer for wide rows: at most 1024 entries of a tile, no register spills)
@@ -81,7 +81,7 @@ def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: 
 
 
 def _launch_shape(m: int, n_rows: int):
-    BJ = triton.next_power_of_2(m + 1)
+    BJ = pow2(m + 1)
     BR = min(ROWS, max(16, 1024 // BJ))
     return (triton.cdiv(n_rows, BR),), dict(M=m, BR=BR, BJ=BJ)
 

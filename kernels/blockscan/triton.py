@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pow2
 from ..launch import launch
 from ..split_dot import dot_x_state
 
@@ -410,13 +410,13 @@ def _normed_bwd(LAM, CC, Bv, H0, H, W, DH, DHLAST, DLAM, DC, DB, DH0, DW, DBIAS,
 # launch configuration: blocks per program (BN) and warps from the size of the largest register tile
 # ------------------------------------------------------------------------------------------------------
 def _block_m(m: int) -> int:
-    return max(2, triton.next_power_of_2(m))
+    return max(2, pow2(m))
 
 
 def _tile(N: int, per_block: int, budget: int, cap: int = 64) -> int:
     """Blocks per program: as many as keep ``BN * per_block`` within ``budget`` elements, at most ``cap``
     and ``N`` rounded up to a power of two."""
-    return max(1, min(budget // per_block, cap, triton.next_power_of_2(N)))
+    return max(1, min(budget // per_block, cap, pow2(N)))
 
 
 def _warps(elements: int) -> int:
@@ -563,7 +563,7 @@ class _JordanScan(torch.autograd.Function):
 def _normed_tile(N, m):
     """One warp per program, ``32 / m`` blocks in it (an entry per lane): a step's latency is what counts."""
     BM = _block_m(m)
-    return BM, max(1, min(32 // BM, triton.next_power_of_2(N))), 1
+    return BM, max(1, min(32 // BM, pow2(N))), 1
 
 
 class _NormedScan(torch.autograd.Function):

@@ -60,6 +60,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..common import pow2
 from ..launch import launch
 from .chunked import interleave_inputs
 from .reference import flatten_substeps
@@ -498,20 +499,13 @@ def using_plan(plan: KernelPlan):
         _tuned = outer
 
 
-def _next_pow2(n: int, lo: int = 16) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
-
-
 def block_chunk(chunk_size: int, K: int, V: int, low_precision: bool = False) -> int:
     """The chunk the kernels run: ``chunk_size`` rounded up to a power of two >= 16 (``tl.dot`` block
     limits), at most :data:`MAX_CHUNK`; with fp32 inputs at most 32 from head dim 32 on (fp32 products are
     not on tensor cores, their 64-long chunk tiles spill heavily, and at K = V = 128 they need more shared
     memory than an sm_80 block has). The result does not depend on it."""
     cap = MAX_CHUNK if low_precision or max(K, V) < 32 else 32
-    return min(_next_pow2(int(chunk_size)), cap)
+    return min(pow2(int(chunk_size), 16), cap)
 
 
 def query_stride(num_householder: int, BT: int) -> int:
@@ -668,7 +662,7 @@ def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chun
     if NQ > 1 and (BT % NQ or BT // NQ < 16 or L % NQ):
         raise ValueError(f"delta_product (triton): query_stride {NQ} must divide the length {L} and the chunk {BT} "
                          f"into tiles of >= 16 rows; interleave the queries instead (query_stride=1)")
-    Kp, Vp = _next_pow2(K), _next_pow2(V)
+    Kp, Vp = pow2(K, 16), pow2(V, 16)
     if (L + BT) * H * max(Kp, Vp, BT) >= 2 ** 31:
         raise ValueError(f"delta_product (triton): {L} positions x {H} heads x head dim {max(K, V)} overflow the "
                          f"kernels' 32-bit row offsets; run the sequence in pieces with the state carried")

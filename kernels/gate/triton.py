@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype
+from ..common import as_rows, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -90,8 +90,8 @@ def _step_bwd(RAW, DT_BIAS, DDT, DRAW, PART, n_rows, H, s_raw, s_ddt_row, s_ddt_
 
 
 def _blocks(H: int, n_rows: int) -> tuple[int, int]:
-    BH = max(2, triton.next_power_of_2(H))
-    return max(1, min(128, 4096 // BH, triton.next_power_of_2(n_rows))), BH
+    BH = max(2, pow2(H))
+    return max(1, min(128, 4096 // BH, pow2(n_rows))), BH
 
 
 def _grad_rows(grad: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:

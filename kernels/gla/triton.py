@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common import pow2
 from ..launch import launch
 from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
 
@@ -335,7 +336,7 @@ def operand_code(*tensors) -> int:
 
 def block(d: int) -> int:
     """The padded head dimension of a tile (a power of two, at least 16 for ``tl.dot``)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, pow2(d))
 
 
 def tok_strides(t: torch.Tensor) -> tuple:

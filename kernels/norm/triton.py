@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pow2
 from ..launch import launch
 
 
@@ -120,8 +120,8 @@ def _rows(x: torch.Tensor):
 def _block(D: int, n_rows: int) -> tuple[int, int, int]:
     """``(rows per program, padded row length, warps)``: about 1024 elements per program, 8 per thread for
     rows up to 1024 (the backward keeps about six such tiles live), more warps for longer rows."""
-    BD = max(16, triton.next_power_of_2(D))
-    return max(1, min(16, 1024 // BD, triton.next_power_of_2(n_rows))), BD, min(16, max(4, BD // 256))
+    BD = max(16, pow2(D))
+    return max(1, min(16, 1024 // BD, pow2(n_rows))), BD, min(16, max(4, BD // 256))
 
 
 class _L2Normalize(torch.autograd.Function):

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pow2
 from ..launch import launch
 
 
@@ -68,8 +68,8 @@ def _rotate_into(x: torch.Tensor, start: int, base: float, rotated: int, sign: i
     half = D // 2
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_pos = B * T
-    BH = max(2, triton.next_power_of_2(half))
-    BT = max(1, min(64, 2048 // BH, triton.next_power_of_2(n_pos)))
+    BH = max(2, pow2(half))
+    BT = max(1, min(64, 2048 // BH, pow2(n_pos)))
     hi, lo = _split_log2(base)
     launch(_rotate, (triton.cdiv(n_pos, BT),), x, y, n_pos, T, G, rotated, *x.stride()[:3], *y.stride()[:3],
            start, hi, lo, SIGN=sign, HALF=half, BH=BH, BT=BT, FP64=compute_dtype(x.dtype) == torch.float64,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pow2
 from ..launch import launch
 
 
@@ -68,7 +68,7 @@ def _scan_bwd(A, STARTS, DSTARTS, DFIN, DX, DA, DS0, n, D, n_blocks,
 
 
 def _block(D: int) -> int:
-    return min(512, max(16, triton.next_power_of_2(D)))
+    return min(512, max(16, pow2(D)))
 
 
 class _ChunkScanTriton(torch.autograd.Function):

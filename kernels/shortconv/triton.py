@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype
+from ..common import compute_dtype, pow2
 from ..launch import launch
 
 
@@ -131,7 +131,7 @@ def _blocks(T: int, C: int, taps: int = 1) -> tuple[int, int]:
     """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so past 4 taps their
     time rows shrink (taps x rows <= 128): no register spills on sm_80 / sm_90."""
     rows = max(4, min(32, 128 // taps))
-    return min(rows, max(16, triton.next_power_of_2(T))), min(64, max(16, triton.next_power_of_2(C)))
+    return min(rows, max(16, pow2(T))), min(64, max(16, pow2(C)))
 
 
 class _CausalConvTriton(torch.autograd.Function):
@@ -166,7 +166,7 @@ class _CausalConvTriton(torch.autograd.Function):
                    x.stride(0), x.stride(1), K=K, HAS_BIAS=ctx.has_bias, BT=BT, BC=BC)
         else:
             g = dout
-        BK = max(2, triton.next_power_of_2(K))
+        BK = max(2, pow2(K))
         BT, BC = _blocks(T, C, BK)
         n_t = triton.cdiv(T, BT)
         tiles = triton.cdiv(n_t, _MAX_GROUPS)

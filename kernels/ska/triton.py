@@ -66,7 +66,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import pad_time
+from ..common import pad_time, pow2
 from ..launch import launch
 from ..split_dot import dot_x_state
 from .operator import JITTERS, SCALE_FLOOR, chain_operator
@@ -83,10 +83,6 @@ FP32_DOT_KERNELS = {
                             "number reaches (tokens seen) / ridge: a 16-bit rounding would move W by O(1)",
     "_ska_operator_bwd_kernel": "the backward of the same factorisation (same conditioning as the forward)",
 }
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
 
 
 @triton.jit
@@ -203,7 +199,7 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
 def _tiles(chunk_size: int, R: int, P: int):
     """``(BT, BR, BPB)``: tokens, rank (padded) and value dims per program; every tile fits any GPU's
     registers (at most 64 x 64 fp32 operands and accumulators)."""
-    return min(64, _pow2(chunk_size)), _pow2(R), min(64, _pow2(P))
+    return min(64, pow2(chunk_size, 16)), pow2(R, 16), min(64, pow2(P, 16))
 
 
 def _warps(op: int, backward: bool = False) -> int:
@@ -590,9 +586,9 @@ def _stats_tiles(chunk_size: int, R: int, P: int):
     """``(BT, BR, BP, warps)``: tokens, rank and value dims per program of the statistics kernels. The
     backward holds three ``r x r`` gradient tiles next to five token tiles; with a 64-wide rank the token and
     value tiles shrink to 32 rows (fp32 spilled ~50 KB at 64 on sm_90, none at 32 with 8 warps)."""
-    BR = _pow2(R)
+    BR = pow2(R, 16)
     tile = 64 if BR <= 32 else 32
-    return min(tile, _pow2(chunk_size)), BR, min(tile, _pow2(P)), 8
+    return min(tile, pow2(chunk_size, 16)), BR, min(tile, pow2(P, 16)), 8
 
 
 def _operator_tiles(R: int, P: int):
@@ -600,8 +596,8 @@ def _operator_tiles(R: int, P: int):
     CUDA cores, whose product layouts repeat each operand row and column across threads, so the warps grow
     with the rank (ptxas on sm_90, backward spills: rank 32 3.8 KB at 4 warps, 2 KB at 8; rank 64 47 KB at
     8, 7.4 KB at 16), and value tiles of 32 rows."""
-    BR = _pow2(R)
-    return BR, min(32, _pow2(P)), 4 if BR <= 16 else 8 if BR <= 32 else 16
+    BR = pow2(R, 16)
+    return BR, min(32, pow2(P, 16)), 4 if BR <= 16 else 8 if BR <= 32 else 16
 
 
 def flat_statistics(G, M, C) -> torch.Tensor:

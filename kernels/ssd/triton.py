@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
+from ..common import pow2
 from ..launch import launch
 
 __all__ = ["ssd_triton", "chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads",
@@ -327,11 +328,11 @@ def column_block(P: int, low_precision: bool) -> int:
     """Columns of ``x`` per program, a power of two >= 16: all of ``P`` up to 64 with 16-bit inputs (blocks
     of 64 above), 16 with fp32 inputs, whose exact products are FMA loops over whole register tiles
     (python -m zoo.benchmark.compile_check: at 32 columns and chunk 64 they spilled 1-23 KB per thread)."""
-    return min(64, max(16, triton.next_power_of_2(P))) if low_precision else 16
+    return min(64, max(16, pow2(P))) if low_precision else 16
 
 
 def _blocks(L, N, P, block_p):
-    return dict(BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_N=max(16, triton.next_power_of_2(N)),
+    return dict(BLOCK_L=max(16, pow2(L)), BLOCK_N=max(16, pow2(N)),
                 BLOCK_P=block_p)
 
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype
+from ..common import as_rows, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -54,8 +54,8 @@ def _swiglu_bwd(H, DY, DH, n_rows, F, s_h, s_dy, FP64: tl.constexpr, BR: tl.cons
 
 def _grid(n_rows: int, F: int) -> tuple[tuple[int], int, int]:
     """``(grid, BR, BF)``: tiles of about 2048 elements, at most 256 columns wide."""
-    BF = min(256, max(16, triton.next_power_of_2(F)))
-    BR = max(1, min(2048 // BF, triton.next_power_of_2(max(n_rows, 1))))
+    BF = min(256, max(16, pow2(F)))
+    BR = max(1, min(2048 // BF, pow2(max(n_rows, 1))))
     return (triton.cdiv(n_rows, BR) * triton.cdiv(F, BF),), BR, BF
 
 

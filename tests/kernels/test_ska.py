@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kernels.backend import BackendUnavailable, triton_importable
+from kernels.common import pow2
 from kernels.ska import (
     ska,
     ska_chain,
@@ -249,7 +250,7 @@ def test_triton_chain_with_the_smallest_tiles(monkeypatch):
     tiles (the backward's dQ sums over value tiles, its dW over token tiles); nothing may depend on them."""
     import kernels.ska.triton as kt
     assert kt._tiles(128, 64, 256) == (64, 64, 64)             # no tile above 64 x 64
-    monkeypatch.setattr(kt, "_tiles", lambda chunk_size, R, P: (16, kt._pow2(R), 16))
+    monkeypatch.setattr(kt, "_tiles", lambda chunk_size, R, P: (16, pow2(R, 16), 16))
     B, T, H, r, P, cs, p = 1, 50, 1, 16, 20, 32, 2
     N = -(-T // cs)
     mats = [torch.randn(B, N, H, r, r).tril(), torch.randn(B, N, H, r, r) * 0.3, torch.randn(B, N, H, P, r)]
@@ -305,7 +306,7 @@ def test_triton_statistics_match_explicit_sums(monkeypatch, mode, cs, masked, T)
     with tiles of 16 tokens and 16 value dims (a chunk of 32 spans two token tiles, P = 20 two value tiles).
     fp32 sums of at most T products: measured <= 1e-7 relative, tolerance 1e-6."""
     import kernels.ska.triton as kt
-    monkeypatch.setattr(kt, "_stats_tiles", lambda chunk_size, R, P: (16, kt._pow2(R), 16, 4))
+    monkeypatch.setattr(kt, "_stats_tiles", lambda chunk_size, R, P: (16, pow2(R, 16), 16, 4))
     ska_statistics_triton = kt.ska_statistics_triton
     _, k, v, w = rand_inputs(1, T, 2, 5, 20, dtype=torch.float32, masked=masked)
     compare_backends(lambda k, v: ska_statistics_triton(k, v, w, chunk_size=cs, mode=mode),
@@ -347,7 +348,7 @@ def test_triton_operator_matches_solve_operator(monkeypatch, r, P, p):
     tiles of 16 (P = 20 spans two). Keys with a ridge of 0.05 keep G's condition number below ~1e3, so fp32
     errors stay below ~1e3 x 6e-8; measured <= 4e-6, tolerance 1e-4."""
     import kernels.ska.triton as kt
-    monkeypatch.setattr(kt, "_operator_tiles", lambda R, P: (kt._pow2(R), 16, 4))
+    monkeypatch.setattr(kt, "_operator_tiles", lambda R, P: (pow2(R, 16), 16, 4))
     ska_operator_triton = kt.ska_operator_triton
     S, s = _random_statistics(1, 2, 3, r, P)
     gamma = torch.tensor([1.0, 1.3, 2.0], dtype=F64)
