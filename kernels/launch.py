@@ -11,10 +11,10 @@ how :mod:`zoo.benchmark.compile_check` finds what to compile: the configurations
 own code, never from a second copy. Inside :func:`counting` every launch is counted by kernel name (and
 runs, unless told not to), and :func:`launching` says whether a launch is running (the interpreter runs
 torch operations of its own inside a launch, which a count of a layer's operations leaves out: on a GPU
-they are the kernel). Inside :func:`kernels.ahead.compile_ahead` every launch is compiled instead of run.
-On a CUDA device a launch takes the options its architecture's launch table measured for exactly its
-configuration (:mod:`kernels.launch_table`), whichever of these it is; :meth:`Launch.on_arch` gives a record
-the same options for the compile check.
+they are the kernel). Inside :func:`kernels.ahead.compile_ahead` every launch is compiled instead of run,
+and inside :func:`host_only` it does everything but run. On a CUDA device a launch takes the options its
+architecture's launch table measured for exactly its configuration (:mod:`kernels.launch_table`), whichever
+of these it is; :meth:`Launch.on_arch` gives a record the same options for the compile check.
 """
 from __future__ import annotations
 
@@ -171,6 +171,8 @@ def launch(kernel, grid, *args, **kwargs):
         name = _count(kernel, args, kwargs)
         if not _counters[-1].execute:
             return None
+    if _host_only:
+        return None
     timers = [c for c in _counters if c.timed is not None]
     start = time.perf_counter() if timers else 0.0
     _running += 1
@@ -261,6 +263,21 @@ def _count(kernel, args: tuple, kwargs: dict) -> str:
 _counters: list = []
 _running = 0
 _options: dict = {}
+_host_only = False
+
+
+@contextlib.contextmanager
+def host_only():
+    """Inside, a launch does all its host-side work (the launch table's options, :func:`launch_options`) and
+    returns where it would call the kernel, which does not run (its outputs keep what the launcher allocated).
+    What remains of a layer's call is the host's share of it apart from Triton's own launcher: Python, autograd
+    and torch's dispatch (:mod:`zoo.benchmark.host_cost` times it)."""
+    global _host_only
+    outer, _host_only = _host_only, True
+    try:
+        yield
+    finally:
+        _host_only = outer
 
 
 @contextlib.contextmanager

@@ -47,3 +47,25 @@ def test_options_nest_and_the_inner_ones_win():
         with counting() as outer:
             run()
     assert inner.options[name] == {(8, 2)} and outer.options[name] == {(2, 1)}
+
+
+def test_host_only_launches_do_everything_but_run_the_kernel():
+    from kernels.gate.reference import log_decay_reference
+    from kernels.gate.triton import log_decay_triton
+    from kernels.launch import host_only
+    H = int(torch.randint(2, 6, ()))
+    raw, A, bias = torch.randn(2, int(torch.randint(8, 40, ())), H), torch.randn(H), torch.randn(H)
+    expected = log_decay_reference(raw, A, bias)
+    with counting() as outside:
+        ran = log_decay_triton(raw, A, bias)
+    torch.testing.assert_close(ran, expected)
+    # inside, the launcher allocates and launches as always (counted, with its options) and nothing computes:
+    # the output keeps whatever its allocation held
+    with host_only(), counting() as inside:
+        out = log_decay_triton(raw, A, bias)
+    assert dict(inside) == dict(outside) and inside.options == outside.options
+    assert not torch.allclose(out, expected)
+    with counting() as after:                  # and the next launch runs again
+        again = log_decay_triton(raw, A, bias)
+    torch.testing.assert_close(again, expected)
+    assert dict(after) == dict(outside)
