@@ -52,6 +52,9 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
             assert row["device_ms"] == pytest.approx(sum(k["ms"] for k in row["kernels"]), abs=1e-3)
             if stage == "layers":   # the host's side: no device to wait for on a CPU
                 assert row["host_ms"] > 0 and row["syncs"] is None and row["sync_sites"] == [], row
+    for row in json.loads((folder / "lm.json").read_text())["rows"]:  # one more step: its kernels and host time
+        assert row["step_launches"] > 0 and row["step_device_ms"] >= 0, row
+        assert row["step_host_ms"] > 0 and row["step_syncs"] is None, row
     report = (folder / "summary.md").read_text()
     assert "## Targets" in report and "## Where the time goes" in report
     assert gpu_speed.main(["--check", str(folder)]) == done.returncode

@@ -25,7 +25,9 @@ at its limit keeps what it measured:
    steady-state training tokens/s at ``T = 2048`` (batch 8) and ``T = 8192`` (batch 2, the same tokens per
    step), timed over steps 20-70 (:mod:`zoo.benchmark.train_rate`; a slow model is timed over fewer steps
    within its share of the stage's time, and the row says how many), each model's kernels compiled ahead
-   first (``ahead_seconds``), as ``zoo train`` does;
+   first (``ahead_seconds``), as ``zoo train`` does; then one more step's device kernels (``step_launches``,
+   ``step_device_ms``) and the host's time to issue it (``step_host_ms``, ``step_syncs``): a step whose host
+   time exceeds its device time is launch-bound, its tokens/s set by Python, autograd and the launchers;
 6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs (with its kernels'
    device times, beside ours), last and under the
    time left (it autotunes for 30-90 s per shape at its first call; ``FLA_CACHE_RESULTS=1`` and the shared
@@ -368,9 +370,13 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     autocast = DTYPES[plan.dtype] if device.type == "cuda" and plan.dtype != "fp32" else None
     with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         ahead = forward_backward_ahead(model, inputs)  # as zoo train does before its first step
-    rate = steady_rate(lambda: lm_step(model, optimizer, inputs, labels, autocast), batch * T, device,
-                       plan.lm_warmup, plan.lm_steps, seconds)
-    return {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict()}
+    def step():
+        lm_step(model, optimizer, inputs, labels, autocast)
+    rate = steady_rate(step, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds)
+    kernels, host = breakdown(step, device), host_issue(step, device)
+    return {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict(), "step_launches": kernels.launches,
+            "step_device_ms": round(kernels.device_ms, 3), "step_host_ms": host["host_ms"],
+            "step_syncs": host["syncs"]}
 
 
 def stage_lm(plan: Plan, path: Path, deadline: float) -> None:
