@@ -116,4 +116,40 @@ def test_a_variant_that_faults_on_the_card_ends_the_run_naming_it_and_keeps_what
                            after_each=lambda result, name: seen.append(name))
     error = out["mixers"]["jordan"]["error"]
     assert "variant num_warps=8, num_stages=1" in error and "illegal memory access" in error, error
+    assert out["mixers"]["jordan"]["faulted_variant"] == [8, 1]   # what --isolate tunes it again without
     assert out["skipped"] == ["mamba2", "bdlru"] and out["context_lost"] == "jordan" and seen == ["jordan"]
+
+
+def test_a_mixer_whose_process_faulted_is_tuned_again_without_the_variants_that_faulted(monkeypatch):
+    bad = [(8, 1), (4, 2)]      # the first two processes fault, on these variants in turn; the third finishes
+    calls = []
+
+    def in_process(name, arguments):
+        calls.append(arguments)
+        if len(calls) <= len(bad):
+            w, s = bad[len(calls) - 1]
+            return {"card": "test", "mixers": {name: {"mixer": name, "faulted_variant": [w, s],
+                                                      "error": f"variant num_warps={w}, num_stages={s} faulted"}}}
+        return {"card": "test", "mixers": {name: {"mixer": name, "kernels": {}, "layer": {}}}}
+    monkeypatch.setattr(launch_tune, "tune_in_process", in_process)
+    out = launch_tune.tune_isolated(["jordan"], ["--dry-run"])
+    assert calls == [["--dry-run"], ["--dry-run", "--skip-variant", "8,1"],
+                     ["--dry-run", "--skip-variant", "8,1", "--skip-variant", "4,2"]]
+    jordan = out["mixers"]["jordan"]
+    assert "error" not in jordan and out["card"] == "test"
+    assert [(v["num_warps"], v["num_stages"]) for v in jordan["faulted_variants"]] == bad
+    # a mixer that keeps faulting is given up after MAX_FAULTS new processes, its last error kept
+    calls.clear()
+    bad[:] = [(w, 3) for w in range(launch_tune.MAX_FAULTS + 5)]
+    out = launch_tune.tune_isolated(["jordan"], [])
+    assert len(calls) == launch_tune.MAX_FAULTS + 1 and "faulted" in out["mixers"]["jordan"]["error"]
+    assert len(out["mixers"]["jordan"]["faulted_variants"]) == launch_tune.MAX_FAULTS
+
+
+def test_skipped_variants_are_not_tried():
+    skip = launch_tune.DRY_VARIANTS[:1]
+    out = launch_tune.tune(["jordan"], dry_run=True, T=16, skip_variants=skip)
+    assert out["variants"] == [list(v) for v in launch_tune.DRY_VARIANTS[1:]]
+    _check(out["mixers"]["jordan"], launch_tune.DRY_VARIANTS[1:])
+    with pytest.raises(SystemExit):
+        launch_tune.main(["jordan", "--dry-run", "--skip-variant", "eight"])

@@ -13,7 +13,9 @@ only, these passes give every kernel its fastest variant. A variant that does no
 kernel (registers, shared memory) is found kernel by kernel, reported, and left out for it. A variant that
 makes a kernel fault on the card (an illegal memory access: CUDA keeps that error for the rest of the process)
 ends its mixer's tuning with an error naming the variant; on CUDA every mixer is therefore tuned in a process of
-its own (``--isolate``, the default there), so such a fault costs one mixer, not the run. Kernels that are
+its own (``--isolate``, the default there), and a mixer whose process ended on a fault is tuned again in a new
+one without the variants that faulted (``--skip-variant``; the result lists them under ``faulted_variants``),
+so such a fault costs one variant of one mixer. Kernels that are
 autotuned, or launched with different options at different places, are not tuned. The layer is then timed
 with every kernel at its fastest variant against its launchers' own options, side by side, and its outputs
 and gradients compared with theirs (:data:`AGREE`).
@@ -61,6 +63,8 @@ DRY_VARIANTS = ((4, 2), (8, 1))
 AGREE = 3e-2
 #: profiled passes per variant (each kernel's time is their median)
 PROFILES = 3
+#: variants that may fault on the card before a mixer's tuning is given up (each costs a process and its compile)
+MAX_FAULTS = 3
 
 
 def tuned_mixers() -> list[str]:
@@ -118,7 +122,12 @@ def _options(kernels, variant) -> dict:
 
 class ContextLost(RuntimeError):
     """A variant made a kernel fault on the card (an illegal memory access, say): CUDA keeps that error for the
-    rest of the process, so every later launch fails and nothing more can be measured in it."""
+    rest of the process, so every later launch fails and nothing more can be measured in it. ``variant``: the
+    ``(num_warps, num_stages)`` given to the kernels when it happened, where known."""
+
+    def __init__(self, message: str, variant: tuple | None = None):
+        super().__init__(message)
+        self.variant = variant
 
 
 #: the error texts of faults that CUDA keeps for the rest of the process (see :class:`ContextLost`)
@@ -161,7 +170,7 @@ def _sweep(layer: _Layer, tunable: list, variants, rows: dict) -> None:
             refused = _runs(layer, _options(tunable, variant))
         except ContextLost as err:
             raise ContextLost(f"variant num_warps={variant[0]}, num_stages={variant[1]}, given to {', '.join(tunable)} "
-                              f"at once, faulted on the card: {err}") from err
+                              f"at once, faulted on the card: {err}", tuple(variant)) from err
         if refused is not None:
             failed = {k: why for k in tunable if (why := _runs(layer, _options([k], variant))) is not None}
         times = kernel_ms(layer, _options([k for k in tunable if k not in failed], variant))
@@ -244,18 +253,21 @@ def table_entries(result: dict) -> list[dict]:
 
 
 def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_each=None,
-         budget: float | None = None, d_model: int | None = None, head_dim: int | None = None) -> dict:
+         budget: float | None = None, d_model: int | None = None, head_dim: int | None = None,
+         skip_variants=()) -> dict:
     """Every mixer of ``names`` tuned in turn (:func:`tune_layer`); ``after_each(result, name)`` is called after
     each one (the command writes its files there, so a run stopped by a time limit keeps what it measured); no
     mixer is started once ``budget`` seconds have passed (those are listed under ``"skipped"``). ``d_model`` and
     ``head_dim`` replace the layer's (a launch table entry matches the constexprs of its size: head counts and
-    head dims among them)."""
+    head dims among them); the variants in ``skip_variants`` are not tried. A mixer ended by a fault on the card
+    has the variant that faulted as its ``faulted_variant``."""
     plan = DRY if dry_run else FULL
     plan = dataclasses.replace(plan, d_model=d_model or plan.d_model, head_dim=head_dim or plan.head_dim)
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("launch_tune needs a CUDA device (or --dry-run)")
     T = T or plan.first_call_length
-    variants = DRY_VARIANTS if dry_run else VARIANTS
+    skip = {tuple(v) for v in skip_variants}
+    variants = [v for v in (DRY_VARIANTS if dry_run else VARIANTS) if v not in skip]
     device = torch.device(plan.device)
     result = {"card": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
               "commit": commit(environment(device)), "d_model": plan.d_model, "head_dim": plan.head_dim,
@@ -270,7 +282,8 @@ def tune(names: list[str], dry_run: bool = False, T: int | None = None, after_ea
         try:
             result["mixers"][name] = tune_layer(name, plan, T, variants, plan.warmup, plan.repeats)
         except ContextLost as err:
-            result["mixers"][name] = {"mixer": name, "error": str(err)}
+            result["mixers"][name] = {"mixer": name, "error": str(err),
+                                      "faulted_variant": list(err.variant) if err.variant else None}
             lost = True
         except Exception as err:  # noqa: BLE001 - one mixer failing does not lose the others' results
             result["mixers"][name] = {"mixer": name, "error": error_text(err)}
@@ -293,31 +306,58 @@ def _child_arguments(args) -> list[str]:
                         ("--table-dir", args.table_dir), ("--arch", args.arch)):
         if value is not None:
             out += [flag, str(value)]
+    out += [a for v in args.skip_variant for a in ("--skip-variant", f"{v[0]},{v[1]}")]
     return out + (["--write-table"] if args.write_table else [])
 
 
+def tune_in_process(name: str, arguments: list[str]) -> dict | None:
+    """The result of ``python -m zoo.benchmark.launch_tune <name> *arguments`` run in a process of its own, or
+    ``{"exit_status": n}`` where it ended before it wrote one."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "tune.json"
+        done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", name, *arguments,
+                               "--json", str(out)], stdout=subprocess.DEVNULL)
+        child = json.loads(out.read_text()) if out.exists() else None
+    return child if child is not None and name in child["mixers"] else {"exit_status": done.returncode}
+
+
 def tune_isolated(names: list[str], arguments: list[str], budget: float | None = None) -> dict:
-    """:func:`tune`'s result, each mixer tuned by ``python -m zoo.benchmark.launch_tune <mixer> *arguments`` in a
-    process of its own (its table entries written by that process, one after another): a variant that faults
-    on the card ends its own process only. No mixer is started once ``budget`` seconds have passed."""
+    """:func:`tune`'s result, each mixer tuned by :func:`tune_in_process` (its table entries written by that
+    process, one after another): a variant that faults on the card ends its own process only, and the mixer is
+    tuned again without it (and without those that faulted before; they are listed under its
+    ``faulted_variants`` with their errors). No mixer is started, or started again, once ``budget`` seconds have
+    passed."""
     result: dict = {"mixers": {}, "skipped": []}
     start = time.perf_counter()
     for name in names:
-        if budget is not None and time.perf_counter() - start > budget:
-            result["skipped"].append(name)
-            continue
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder) / "tune.json"
-            done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", name, *arguments,
-                                   "--json", str(out)], stdout=subprocess.DEVNULL)
-            child = json.loads(out.read_text()) if out.exists() else None
-        if child is None or name not in child["mixers"]:
-            result["mixers"][name] = {"mixer": name, "error": f"its process ended with exit status {done.returncode} "
-                                                              "before it wrote a result (its output is above)"}
-            continue
-        result.update({k: v for k, v in child.items() if k not in ("mixers", "skipped", "context_lost")})
-        result["mixers"][name] = child["mixers"][name]
+        faulted: list = []
+        while True:
+            if budget is not None and time.perf_counter() - start > budget:
+                if not faulted:
+                    result["skipped"].append(name)
+                break
+            skips = [a for v in faulted for a in ("--skip-variant", f"{v['num_warps']},{v['num_stages']}")]
+            child = tune_in_process(name, arguments + skips)
+            if "exit_status" in child:
+                result["mixers"][name] = {"mixer": name, "error": f"its process ended with exit status "
+                                          f"{child['exit_status']} before it wrote a result (its output is above)"}
+                break
+            result.update({k: v for k, v in child.items() if k not in ("mixers", "skipped", "context_lost")})
+            mixer = child["mixers"][name]
+            result["mixers"][name] = {**mixer, "faulted_variants": faulted} if faulted else mixer
+            variant = mixer.get("faulted_variant")
+            if not variant or len(faulted) >= MAX_FAULTS:
+                break
+            faulted.append({"num_warps": variant[0], "num_stages": variant[1], "error": mixer["error"]})
     return result
+
+
+def _variant(text: str) -> tuple[int, int]:
+    try:
+        warps, stages = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected num_warps,num_stages such as 8,2, got {text!r}") from None
+    return warps, stages
 
 
 def main(argv=None) -> int:
@@ -334,6 +374,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, metavar="S", help="start no mixer after S seconds (the rest are skipped)")
     p.add_argument("--d-model", type=int, help="the layer's width (default 1024; 64 in a dry run)")
     p.add_argument("--head-dim", type=int, help="the layer's head dim (default 128; 16 in a dry run)")
+    p.add_argument("--skip-variant", type=_variant, action="append", default=[], metavar="W,S",
+                   help="do not try num_warps W with num_stages S (repeatable; --isolate adds those that faulted)")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="tune each mixer in a process of its own, so that a variant faulting on the card loses only "
                         "its mixer (default: on CUDA)")
@@ -369,7 +411,7 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     else:
         result = tune(names, dry_run=args.dry_run, T=args.T, after_each=after_each, budget=args.budget,
-                      d_model=args.d_model, head_dim=args.head_dim)
+                      d_model=args.d_model, head_dim=args.head_dim, skip_variants=args.skip_variant)
     print(json.dumps(result, indent=1))
     if result["skipped"]:
         print(f"launch_tune: not started within the budget: {result['skipped']}", file=sys.stderr)
