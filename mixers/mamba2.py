@@ -79,8 +79,7 @@ class Mamba2(Mixer):
         shape = (*B.shape[:-1], self.n_heads, self.options.d_state)
         return x, B.unsqueeze(-2).expand(shape), C.unsqueeze(-2).expand(shape)
 
-    def _finish(self, y, x, z):
-        y = y + self.D.to(y.dtype)[:, None] * x
+    def _finish(self, y, z):
         return self.out_proj(self.norm(y.flatten(-2), z))
 
     def _forward(self, u):
@@ -88,9 +87,9 @@ class Mamba2(Mixer):
         x, B, C = self._split(self.conv(xBC_raw))
         dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
-        y, h = ssd(x, dt, A.to(x.dtype), B, C, backend=self.options.backend,
+        y, h = ssd(x, dt, A.to(x.dtype), B, C, backend=self.options.backend, D=self.D,
                    chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
-        return self._finish(y, x, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
+        return self._finish(y, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
 
     def prefill(self, x, mask=None):
         return self._forward(x)
@@ -107,7 +106,8 @@ class Mamba2(Mixer):
         dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd_step(x, dt, A.to(x.dtype), B, C, state["ssm"])
-        return self._finish(y, x, z), {"conv": conv_state, "ssm": h}
+        y = y + self.D.to(y.dtype)[:, None] * x
+        return self._finish(y, z), {"conv": conv_state, "ssm": h}
 
     def state_size(self, seq_len: int) -> int:
         o = self.options

@@ -3,6 +3,7 @@
 Backends: ``reference`` (token recurrence), ``torch`` (chunked, the CPU default; computed through
 the GLA chunked path), ``triton`` (chunked Triton kernels), ``mamba_ssm`` (the mamba-ssm package's
 ``mamba_chunk_scan_combined``, CUDA only, imported on first use). ``ssd_step`` is the one-token decode.
+``D`` adds Mamba-2's skip ``y_t += D_h x_t``.
 """
 from __future__ import annotations
 
@@ -18,17 +19,20 @@ BACKENDS = ("reference", "torch", "triton", "mamba_ssm")
 
 
 @full_precision
-def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
-    """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``."""
+def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str = "auto", D=None):
+    """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``; with ``D (H,)``, ``y`` includes Mamba-2's skip
+    ``D_h x_t`` (the Triton backend adds it in its output kernel, the others after)."""
     wide = max(B.shape[-1], x.shape[-1]) > 128  # the Triton kernels' MAX_DIM (see kernels/ssd/triton.py)
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,
                              unsupported={"triton": "d_state or head dim above 128"} if wide else None)
-    if chosen == "reference":
-        return ssd_reference(x, dt, A, B, C, initial_state=initial_state)
     if chosen == "triton":
         from .triton import ssd_triton
-        return ssd_triton(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
-    if chosen == "mamba_ssm":
+        return ssd_triton(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state, D=D)
+    if chosen == "reference":
+        y, final = ssd_reference(x, dt, A, B, C, initial_state=initial_state)
+    elif chosen == "mamba_ssm":
         from .outside import ssd_mamba_ssm
-        return ssd_mamba_ssm(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
-    return ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
+        y, final = ssd_mamba_ssm(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
+    else:
+        y, final = ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
+    return (y, final) if D is None else (y + D.to(y.dtype)[:, None] * x, final)

@@ -9,10 +9,11 @@ entering chunk ``c`` and ``G_c`` the gradient of the state leaving it:
 
     chunk_states       S_c = sum_s exp(a_L - a_s) B_s u_s^T,  and a_L
     pass_states        h0_0 = init,  h0_{c+1} = exp(a_L^c) h0_c + S_c  (hstart, and the final state)
-    chunk_outputs      y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) u_s + exp(a_t) C_t^T h0_c
+    chunk_outputs      y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) u_s + exp(a_t) C_t^T h0_c  (+ D x_t, the skip)
     chunk_state_grads  D_c = sum_t exp(a_t) C_t dy_t^T
     pass_state_grads   G_last = dfinal,  G_{c-1} = exp(a_L^c) G_c + D_c  (gend, and the initial state's)
     chunk_grads        the gradients of  sum_c <dy_c, y_c> + <G_c, exp(a_L^c) h0_c + S_c>  w.r.t. x, dt, A, B, C
+                       (and D)
                        with every h0_c and G_c held fixed (autograd through the two references above)
 
 Layouts: ``x, dy (b, T, H, P)``, ``dt (b, T, H)``, ``A (H,)``, ``B, C (b, T, H, N)``; states and their
@@ -59,8 +60,8 @@ def pass_states(states, alast, initial_state=None):
     return torch.stack(starts, dim=1), h
 
 
-def chunk_outputs(x, dt, A, B, C, hstart, L: int):
-    """``y (b, T, H, P)``."""
+def chunk_outputs(x, dt, A, B, C, hstart, L: int, D=None):
+    """``y (b, T, H, P)``, with the skip ``D (H,)`` added where given."""
     T = x.shape[1]
     a = _decays(dt, A, L)                                                                # (b, n, L, H)
     seg = a.unsqueeze(3) - a.unsqueeze(2)                                                # [t, s]: a_t - a_s
@@ -70,7 +71,8 @@ def chunk_outputs(x, dt, A, B, C, hstart, L: int):
     scores = torch.einsum("bcthn,bcshn->bctsh", Cc, Bc) * decay
     y = torch.einsum("bctsh,bcshp->bcthp", scores, u)
     y = y + torch.exp(a).unsqueeze(-1) * torch.einsum("bcthn,bchnp->bcthp", Cc, hstart.to(y.dtype))
-    return y.flatten(1, 2)[:, :T]
+    y = y.flatten(1, 2)[:, :T]
+    return y if D is None else y + D.to(y.dtype)[:, None] * x
 
 
 def chunk_state_grads(C, dy, dt, A, L: int):
@@ -90,12 +92,14 @@ def pass_state_grads(dstates, alast, dfinal=None):
     return torch.stack(ends, dim=1), g
 
 
-def chunk_grads(x, dt, A, B, C, dy, hstart, gend, L: int):
-    """``(dx, ddt, dA, dB, dC)``, by autograd through :func:`chunk_outputs` and :func:`chunk_states`."""
-    inputs = [t.detach().requires_grad_(True) for t in (x, dt, A, B, C)]
-    xi, dti, Ai, Bi, Ci = inputs
+def chunk_grads(x, dt, A, B, C, dy, hstart, gend, L: int, D=None):
+    """``(dx, ddt, dA, dB, dC, dD)`` (``dD`` None without the skip), by autograd through :func:`chunk_outputs`
+    and :func:`chunk_states`."""
+    inputs = [t.detach().requires_grad_(True) for t in (x, dt, A, B, C) + (() if D is None else (D,))]
+    xi, dti, Ai, Bi, Ci = inputs[:5]
     S, alast = chunk_states(xi, dti, Ai, Bi, L)
     leaving = torch.exp(alast).permute(0, 2, 1)[..., None, None] * hstart.to(S.dtype) + S
-    objective = (dy.to(S.dtype) * chunk_outputs(xi, dti, Ai, Bi, Ci, hstart, L)).sum() + \
-        (gend.to(S.dtype) * leaving).sum()
-    return torch.autograd.grad(objective, inputs)
+    y = chunk_outputs(xi, dti, Ai, Bi, Ci, hstart, L, inputs[5] if D is not None else None)
+    objective = (dy.to(S.dtype) * y).sum() + (gend.to(S.dtype) * leaving).sum()
+    grads = torch.autograd.grad(objective, inputs)
+    return (*grads, None) if D is None else grads

@@ -176,12 +176,13 @@ def _state_pass_bwd(
 
 @triton.jit
 def _chunk_out(
-    X, DT, A, Bm, Cm, HSTART, Y,
+    X, DT, A, Bm, Cm, HSTART, DSKIP, Y,
     s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_yb, s_yt, s_yh, s_yp,
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_D: tl.constexpr,
 ):
-    # y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c, on BLOCK_P columns of y
+    # y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c (+ D_h x_t), on BLOCK_P columns
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_p = tl.program_id(2)
@@ -210,6 +211,8 @@ def _chunk_out(
     h0 = tl.load(HSTART + ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :],
                  mask=n_ok[:, None] & p_ok[None, :], other=0.0)
     y += tl.exp(a)[:, None] * tl.dot(c_mat, h0.to(c_mat.dtype), input_precision=PREC)
+    if HAS_D:
+        y += tl.load(DSKIP + h) * x.to(tl.float32)
     tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yt + offs_p[None, :] * s_yp,
              y.to(Y.dtype.element_ty), mask=ok[:, None] & p_ok[None, :])
 
@@ -258,13 +261,15 @@ def _chunk_bwd_tiles(
 
 @triton.jit
 def _chunk_bwd_x(
-    X, DT, A, Bm, Cm, DY, HSTART, GEND, DX, DDT, DA_PART,
-    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_t, s_part_a,
+    X, DT, A, Bm, Cm, DY, HSTART, GEND, DSKIP, DX, DDT, DA_PART,
+    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_t, s_part_a, s_part_d,
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_D: tl.constexpr,
 ):
     # du, dx and the chunk's ddt and dA (see the module docstring) from BLOCK_P columns of x: dx whole,
-    # the block's share of ddt and dA (linear in the columns) at offsets pid_p * s_part_*
+    # the block's share of ddt and dA (linear in the columns) at offsets pid_p * s_part_*; with the skip
+    # y += D_h x, dx += D_h dy and the block's share of dD_h = sum dy . x at s_part_d past its dA share
     (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
         _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
                          s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
@@ -279,7 +284,13 @@ def _chunk_bwd_x(
     k_mat = tl.dot(c_mat, tl.trans(b_mat), input_precision=PREC) * dmat
     bg = tl.dot(b_mat, g.to(lo), input_precision=PREC)  # (L, P)
     du = tl.dot(tl.trans(k_mat.to(lo)), dy, input_precision=PREC) + e_end[:, None] * bg
-    tl.store(DX + lp_off, (du * dt[:, None]).to(DX.dtype.element_ty), mask=lp_mask)
+    dx = du * dt[:, None]
+    if HAS_D:
+        dyf = dy.to(tl.float32)
+        dx += tl.load(DSKIP + h) * dyf
+        tl.store(DA_PART + s_part_d + pid_p * s_part_a + pid_bh.to(tl.int64) * NCHUNK + pid_c,
+                 tl.sum(tl.sum(dyf * xf, 1), 0))
+    tl.store(DX + lp_off, dx.to(DX.dtype.element_ty), mask=lp_mask)
     ddt = tl.sum(du * xf, 1)
     state_in = e_end * tl.sum(u * bg, 1)  # d/da_s of the chunk state is -state_in_s
     w = k_mat * tl.dot(dy, tl.trans(u.to(lo)), input_precision=PREC)
@@ -405,8 +416,9 @@ def pass_states(states, alast, initial_state, dtype):
     return _pass(_state_pass, "HAS_INIT", states, alast, initial_state, dtype)
 
 
-def chunk_outputs(x, dt, A32, B, C, hstart, L: int):
-    """``y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c`` within every chunk."""
+def chunk_outputs(x, dt, A32, B, C, hstart, L: int, D=None):
+    """``y_t = sum_{s<=t} exp(a_t - a_s) (C_t . B_s) dt_s x_s + exp(a_t) C_t^T h0_c`` within every chunk, plus
+    the skip ``D_h x_t`` with ``D`` (H,) fp32."""
     b, T, H, P = x.shape
     N = B.shape[-1]
     n = triton.cdiv(T, L)
@@ -414,8 +426,9 @@ def chunk_outputs(x, dt, A32, B, C, hstart, L: int):
     hstart = hstart.contiguous()
     y = torch.empty_like(x)
     launch(_chunk_out, (n, b * H, triton.cdiv(P, block_p)),
-           x, dt, A32, B, C, hstart, y, *x.stride(), *dt.stride(), *B.stride(), *y.stride(),
-           T, H, N, P, L, n, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
+           x, dt, A32, B, C, hstart, A32 if D is None else D, y, *x.stride(), *dt.stride(), *B.stride(),
+           *y.stride(), T, H, N, P, L, n, PREC=_PREC, **_blocks(L, N, P, block_p), HAS_D=D is not None,
+           **_launch_opts())
     return y
 
 
@@ -431,14 +444,16 @@ def pass_state_grads(dstates, alast, dfinal, dtype):
     return _pass(_state_pass_bwd, "HAS_DFINAL", dstates, alast, dfinal, dtype)
 
 
-def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int):
-    """``(dx, ddt, dA, dB, dC)`` of every chunk's ``<dy, y> + <G, exp(a_L) h0 + S>`` with the states ``h0``
+def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int, D=None):
+    """``(dx, ddt, dA, dB, dC, dD)`` of every chunk's ``<dy, y> + <G, exp(a_L) h0 + S>`` with the states ``h0``
     entering and the gradients ``G`` of the states leaving held fixed (``dA`` (H,) fp32 summed over batch and
-    chunks; the others in their inputs' dtypes)."""
+    chunks; the others in their inputs' dtypes); with the skip ``D`` (H,) fp32 in ``y``, its gradient ``dD``
+    (H,) fp32, else None."""
     b, T, H, P = x.shape
     N = B.shape[-1]
     n = triton.cdiv(T, L)
-    dx, ddt, dB, dC, da_part, parts = _chunk_bwd_outputs(x, dt, B, n, column_block(P, x.dtype != torch.float32))
+    dx, ddt, dB, dC, sums, parts = _chunk_bwd_outputs(x, dt, B, n, column_block(P, x.dtype != torch.float32),
+                                                      D is not None)
     assert dy.stride() == x.stride() and C.stride() == B.stride()
     hstart, gend = hstart.contiguous(), gend.contiguous()
     grid = (n, b * H, parts.count)
@@ -446,37 +461,43 @@ def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int):
     strides = (*x.stride(), *dt.stride(), *B.stride())
     sizes = (T, H, N, P, L, n)
     consts = dict(PREC=_PREC, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
-    launch(_chunk_bwd_x, grid, *tiles, dx, ddt, da_part, *strides, parts.t, parts.a, *sizes, **consts)
+    launch(_chunk_bwd_x, grid, *tiles, A32 if D is None else D, dx, ddt, sums, *strides,
+           parts.t, parts.a, sums[0].numel(), *sizes, HAS_D=D is not None, **consts)
     out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
     launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
     if parts.count > 1:  # the column blocks' shares of dB, dC, ddt
         dB, dC, ddt = (part.sum(0).to(like.dtype) for part, like in ((dB, B), (dC, C), (ddt, dt)))
-    return dx, ddt, da_part.sum(dim=(0, 1, 3)), dB, dC
+    if D is None:
+        return dx, ddt, sums[0].sum(dim=(0, 1, 3)), dB, dC, None
+    dA, dD = sums.sum(dim=(1, 2, 4))      # the per-chunk partial sums of both in one reduction
+    return dx, ddt, dA, dB, dC, dD
 
 
 class _SSDTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, initial_state, chunk_size):
+    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size):
         L = chunk_size
         A32 = A.to(torch.float32).contiguous()
+        D32 = None if D is None else D.to(torch.float32).contiguous()
         states, alast = chunk_states(x, dt, A32, B, L)
         hstart, final = pass_states(states, alast, initial_state, x.dtype)
-        y = chunk_outputs(x, dt, A32, B, C, hstart, L)
-        ctx.save_for_backward(x, dt, A, B, C, hstart, alast)
+        y = chunk_outputs(x, dt, A32, B, C, hstart, L, D32)
+        ctx.save_for_backward(x, dt, A, B, C, D, hstart, alast)
         ctx.chunk_size = L
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
         return y, final.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy, dfinal):
-        x, dt, A, B, C, hstart, alast = ctx.saved_tensors
+        x, dt, A, B, C, D, hstart, alast = ctx.saved_tensors
         L = ctx.chunk_size
         A32 = A.to(torch.float32).contiguous()
+        D32 = None if D is None else D.to(torch.float32).contiguous()
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype).contiguous()
         gend, dinit = pass_state_grads(chunk_state_grads(C, dy, dt, A32, L), alast, dfinal, x.dtype)
-        dx, ddt, dA, dB, dC = chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L)
+        dx, ddt, dA, dB, dC, dD = chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L, D32)
         dinit_out = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
-        return dx, ddt, dA.to(A.dtype), dB, dC, dinit_out, None
+        return dx, ddt, dA.to(A.dtype), dB, dC, None if D is None else dD.to(D.dtype), dinit_out, None
 
 
 class _Parts(NamedTuple):
@@ -490,14 +511,15 @@ class _Parts(NamedTuple):
     a: int
 
 
-def _chunk_bwd_outputs(x, dt, B, n, block_p):
-    """``dx``, ``ddt``, ``dB``, ``dC``, the dA partials and the column split of the backward chunk kernels:
-    with one column block, the gradients themselves; with several, fp32 shares stacked along a leading
-    axis (in the layouts of ``dt`` and ``B``), summed by the caller."""
+def _chunk_bwd_outputs(x, dt, B, n, block_p, has_d: bool):
+    """``dx``, ``ddt``, ``dB``, ``dC``, the per-chunk partial sums of dA (and of dD with the skip: ``(2 or 1,
+    count, b, H, n)``, summed by the caller in one reduction) and the column split of the backward chunk
+    kernels: with one column block, the gradients themselves; with several, fp32 shares stacked along a
+    leading axis (in the layouts of ``dt`` and ``B``), summed by the caller."""
     b, T, H, P = x.shape
     count = triton.cdiv(P, block_p)
     dx = torch.empty_like(x)
-    da_part = torch.empty(count, b, H, n, device=x.device, dtype=torch.float32)
+    da_part = torch.empty(2 if has_d else 1, count, b, H, n, device=x.device, dtype=torch.float32)
     if count == 1:
         dB, dC = (torch.empty(B.shape, device=x.device, dtype=B.dtype) for _ in range(2))
         return dx, torch.empty_like(dt), dB, dC, da_part, _Parts(block_p, 1, 0, 0, 0)
@@ -506,9 +528,10 @@ def _chunk_bwd_outputs(x, dt, B, n, block_p):
     return dx, ddt, dB, dC, da_part, _Parts(block_p, count, B.numel(), dt.numel(), b * H * n)
 
 
-def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
+def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None):
     """Chunked SSD with Triton kernels. ``x (B, T, H, P)``, ``dt (B, T, H)``, ``A (H,)``,
-    ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)``.
+    ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)`` and skip ``D (H,)`` (``y += D_h x``, in the
+    output kernel; its gradients in the backward's).
 
     Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
     input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16, and
@@ -517,9 +540,11 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     if x.dim() != 4 or dt.dim() != 3 or A.dim() != 1 or B.dim() != 4 or C.dim() != 4:
         raise ValueError("ssd_triton: expected x (B,T,H,P), dt (B,T,H), A (H,), B and C (B,T,H,N)")
     bsz, T, H, P = x.shape
-    if dt.shape != (bsz, T, H) or A.shape != (H,) or B.shape[:3] != (bsz, T, H) or C.shape != B.shape:
+    if dt.shape != (bsz, T, H) or A.shape != (H,) or B.shape[:3] != (bsz, T, H) or C.shape != B.shape or (
+            D is not None and D.shape != (H,)):
         raise ValueError(f"ssd_triton: shapes x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, "
-                         f"B {tuple(B.shape)}, C {tuple(C.shape)} do not match")
+                         f"B {tuple(B.shape)}, C {tuple(C.shape)}"
+                         f"{'' if D is None else f', D {tuple(D.shape)}'} do not match")
     N = B.shape[-1]
     if initial_state is not None and initial_state.shape != (bsz, H, N, P):
         raise ValueError(f"ssd_triton: initial_state must be {(bsz, H, N, P)}, got {tuple(initial_state.shape)}")
@@ -532,7 +557,7 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
                          f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
     if x.dtype == torch.float64:  # computed in fp32, as every fp32 input (the kernels take 32 and 16 bits)
         h0 = None if initial_state is None else initial_state.float()
-        y, final = ssd_triton(x.float(), dt.float(), A, B.float(), C.float(), chunk_size, h0)
+        y, final = ssd_triton(x.float(), dt.float(), A, B.float(), C.float(), chunk_size, h0, D)
         return y.double(), final.double()
     chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
     x, dt = x.contiguous(), dt.contiguous()
@@ -541,4 +566,4 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
         B, C = B.contiguous(), C.contiguous()
     # else read in place: Mamba-2's one group of B and C, expanded over the heads (a head stride of 0), is
     # neither copied per head nor saved per head for the backward
-    return _SSDTriton.apply(x, dt, A, B, C, initial_state, chunk_size)
+    return _SSDTriton.apply(x, dt, A, B, C, D, initial_state, chunk_size)

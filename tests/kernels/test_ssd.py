@@ -279,6 +279,25 @@ def test_dispatcher_every_backend(backend):
     assert_rel_close(h, h_ref, 1e-5, backend)
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch", pytest.param("triton", marks=needs_triton)])
+def test_the_skip_d_adds_d_x_and_takes_its_gradient(backend):
+    """``ssd(..., D=D)`` is ``ssd(...) + D x`` (Mamba-2's skip; the Triton backend adds it inside its output kernel
+    and forms dx's and dD's shares in its backward), gradients included: against the fp64 recurrence."""
+    ins = _inputs(2, int(torch.randint(5, 40, ())), 2, 16, 16, True)
+    skip = torch.randn(2)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (*ins, skip)]
+    y, h = ssd(*leaves[:5], chunk_size=16, initial_state=leaves[5], backend=backend, D=leaves[6])
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    grads = torch.autograd.grad((y * dy).sum() + (h * dh).sum(), leaves)
+    exact = [t.detach().double().requires_grad_(True) for t in leaves]
+    y_ref, h_ref = ssd_reference(*exact[:5], initial_state=exact[5])
+    y_ref = y_ref + exact[6][:, None] * exact[0]
+    grads_ref = torch.autograd.grad((y_ref * dy.double()).sum() + (h_ref * dh.double()).sum(), exact)
+    assert_rel_close(y, y_ref, 1e-5, "y")
+    for name, g, g_ref in zip(("dx", "ddt", "dA", "dB", "dC", "dh0", "dD"), grads, grads_ref):
+        assert_rel_close(g, g_ref, 1e-4, name)
+
+
 @needs_triton
 def test_triton_rejects_bad_shapes():
     x, dt, A, B, C = _inputs(1, 8, 2, 16, 16)

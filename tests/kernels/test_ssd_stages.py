@@ -34,20 +34,22 @@ def _inputs(b, T, H, P, N, dtype=torch.float64, device=DEVICE, shared_bc=False):
 def test_references_compose_to_the_recurrence_and_its_gradients():
     b, T, H, P, N, L = 2, 37, 3, 5, 4, 8
     x, dt, A, B, C = _inputs(b, T, H, P, N)
-    h0 = torch.randn(b, H, N, P, dtype=torch.float64)
+    h0, skip = torch.randn(b, H, N, P, dtype=torch.float64), torch.randn(H, dtype=torch.float64)
     dy, dfinal = torch.randn_like(x), torch.randn(b, H, N, P, dtype=torch.float64)
-    leaves = [t.clone().requires_grad_(True) for t in (x, dt, A, B, C, h0)]
+    leaves = [t.clone().requires_grad_(True) for t in (x, dt, A, B, C, h0, skip)]
     y_ref, final_ref = ssd_reference(*leaves[:5], initial_state=leaves[5])
+    y_ref = y_ref + leaves[6][:, None] * leaves[0]       # Mamba-2's skip D x, by hand
     grads_ref = torch.autograd.grad((y_ref * dy).sum() + (final_ref * dfinal).sum(), leaves)
 
     S, alast = ref.chunk_states(x, dt, A, B, L)
     hstart, final = ref.pass_states(S, alast, h0)
-    y = ref.chunk_outputs(x, dt, A, B, C, hstart, L)
+    y = ref.chunk_outputs(x, dt, A, B, C, hstart, L, skip)
     assert rel_err(y, y_ref) < 1e-12 and rel_err(final, final_ref) < 1e-12
     gend, dinit = ref.pass_state_grads(ref.chunk_state_grads(C, dy, dt, A, L), alast, dfinal)
-    grads = (*ref.chunk_grads(x, dt, A, B, C, dy, hstart, gend, L), dinit)
-    for name, g, g_ref in zip(("dx", "ddt", "dA", "dB", "dC", "dinit"), grads, grads_ref):
+    *grads, dskip = ref.chunk_grads(x, dt, A, B, C, dy, hstart, gend, L, skip)
+    for name, g, g_ref in zip(("dx", "ddt", "dA", "dB", "dC", "dinit", "dskip"), (*grads, dinit, dskip), grads_ref):
         assert rel_err(g, g_ref) < 1e-10, name
+    assert ref.chunk_grads(x, dt, A, B, C, dy, hstart, gend, L)[5] is None     # no skip, no gradient of it
 
 
 def _stage_cases(b, T, H, P, N, L, dtype, shared_bc=False, device=DEVICE):
@@ -62,8 +64,9 @@ def _stage_cases(b, T, H, P, N, L, dtype, shared_bc=False, device=DEVICE):
     gend, dinit = ref.pass_state_grads(D, alast, dfinal)
     # the chunk kernels read the states in the input dtype (16-bit: operands): hand them the rounded ones
     hstart, gend = hstart.to(dtype).double(), gend.to(dtype).double()
+    skip = torch.randn(H, dtype=torch.float64, device=device).float().double()   # the kernels take it in fp32
     return dict(x=x, dt=dt, A=A, B=B, C=C, h0=h0, dfinal=dfinal, dy=dy, S=S, alast=alast, hstart=hstart,
-                final=final, D=D, gend=gend, dinit=dinit)
+                final=final, D=D, gend=gend, dinit=dinit, skip=skip)
 
 
 def _run_stages(c, L, dtype):
@@ -77,29 +80,31 @@ def _run_stages(c, L, dtype):
     out = {}
     out["S"], out["alast"] = tri.chunk_states(x, dt, A32, B, L)
     out["hstart"], out["final"] = tri.pass_states(c["S"].float(), c["alast"].float(), c["h0"].float(), dtype)
-    out["y"] = tri.chunk_outputs(x, dt, A32, B, C, lo(c["hstart"]), L)
+    out["y"] = tri.chunk_outputs(x, dt, A32, B, C, lo(c["hstart"]), L, c["skip"].float())
     out["D"] = tri.chunk_state_grads(C, dy, dt, A32, L)
     out["gend"], out["dinit"] = tri.pass_state_grads(c["D"].float(), c["alast"].float(), c["dfinal"].float(), dtype)
-    out["dx"], out["ddt"], out["dA"], out["dB"], out["dC"] = tri.chunk_grads(
-        x, dt, A32, B, C, dy, lo(c["hstart"]), lo(c["gend"]), L)
+    out["dx"], out["ddt"], out["dA"], out["dB"], out["dC"], out["dskip"] = tri.chunk_grads(
+        x, dt, A32, B, C, dy, lo(c["hstart"]), lo(c["gend"]), L, c["skip"].float())
     return {k: v.double() for k, v in out.items()}
 
 
 def _expected(c, L):
-    y = ref.chunk_outputs(c["x"], c["dt"], c["A"], c["B"], c["C"], c["hstart"], L)
-    grads = ref.chunk_grads(c["x"], c["dt"], c["A"], c["B"], c["C"], c["dy"], c["hstart"], c["gend"], L)
-    return dict(c, y=y, **dict(zip(("dx", "ddt", "dA", "dB", "dC"), grads)))
+    y = ref.chunk_outputs(c["x"], c["dt"], c["A"], c["B"], c["C"], c["hstart"], L, c["skip"])
+    grads = ref.chunk_grads(c["x"], c["dt"], c["A"], c["B"], c["C"], c["dy"], c["hstart"], c["gend"], L, c["skip"])
+    return dict(c, y=y, **dict(zip(("dx", "ddt", "dA", "dB", "dC", "dskip"), grads)))
 
 
-STAGES = ("S", "alast", "hstart", "final", "y", "D", "gend", "dinit", "dx", "ddt", "dA", "dB", "dC")
+STAGES = ("S", "alast", "hstart", "final", "y", "D", "gend", "dinit", "dx", "ddt", "dA", "dB", "dC", "dskip")
 
 
 def _check(out, want, tol, dA_scale):
+    # dA and the skip's dD are signed sums over every token: each is bounded by the size of its terms (see
+    # tests/kernels/test_ssd.py), sum |dt_t dA_t| <= |ddt| |dt| and sum |dy x| <= |dy| |x|
+    sums = {"dA": dA_scale, "dskip": (want["dy"].norm() * want["x"].norm()).item()}
     for name in STAGES:
-        if name == "dA":
-            # a signed sum over every token: bounded by the size of its terms (see tests/kernels/test_ssd.py)
+        if name in sums:
             err = (out[name] - want[name]).abs().max().item()
-            assert err <= tol * dA_scale, f"dA: abs error {err:.2e} > {tol:.0e} * {dA_scale:.2e}"
+            assert err <= tol * sums[name], f"{name}: abs error {err:.2e} > {tol:.0e} * {sums[name]:.2e}"
         else:
             assert rel_err(out[name], want[name]) < tol, f"{name}: rel err {rel_err(out[name], want[name]):.2e}"
 

@@ -129,7 +129,8 @@ def _ssd(dt, quick):
             B, T, H = 2, 1024, 4
             x, Bm, Cm = _meta(B, T, H, P, dtype=dt), _meta(B, T, H, N, dtype=dt), _meta(B, T, H, N, dtype=dt)
             dtt, A = _meta(B, T, H, dtype=dt), _meta(H, dtype=torch.float32)
-            _fwd_bwd(ssd_triton(x, dtt, A, Bm, Cm, chunk_size=L, initial_state=_meta(B, H, N, P, dtype=dt)))
+            _fwd_bwd(ssd_triton(x, dtt, A, Bm, Cm, chunk_size=L, initial_state=_meta(B, H, N, P, dtype=dt),
+                                D=_meta(H, dtype=torch.float32)))      # with Mamba-2's skip, as the mixer runs it
         yield f"N={N} P={P} chunk={L}", run
 
 
