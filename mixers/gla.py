@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels.backend import triton_pieces_for
+from kernels.gate import beta_scale
 from kernels.gla import BACKENDS, gla, gla_step
 
 from .base import Mixer, State, register_mixer
@@ -90,7 +92,9 @@ class GatedRegressionBlock(Mixer):
             q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
             q = l2_normalize(q)                                           # = F.normalize(q, dim=-1)
             k = l2_normalize(k)
-        if self.options.beta_gate:
+        if self.options.beta_gate and triton_pieces_for(k):   # one launch each way for the sigmoid and both products
+            k, v = beta_scale(k, v, p["beta"], backend="triton")
+        elif self.options.beta_gate:
             beta = torch.sigmoid(p["beta"]).unsqueeze(-1)
             k, v = k * beta, v * beta
         if self.options.forget_gate:

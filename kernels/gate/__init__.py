@@ -1,5 +1,6 @@
 """The Mamba-2 log-decay gate of the gated mixers, ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, and
-its step size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone (what Mamba-2's scan takes).
+its step size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone (what Mamba-2's scan takes); and the beta
+gate of the GLA and GKA layers, ``(k sigmoid(raw), v sigmoid(raw))`` per head (:func:`beta_scale`).
 
 Backends: ``reference`` (the PyTorch formula, :mod:`.reference`) and ``triton`` (one kernel forward and
 one backward, :mod:`.triton`), the GPU path. The CPU path is :class:`mixers.layers.DecayGate`'s own
@@ -8,9 +9,10 @@ PyTorch code, which picks between the two paths by :func:`kernels.device.plan_fo
 from __future__ import annotations
 
 from ..backend import resolve_backend
-from .reference import log_decay_reference, step_size_reference
+from .reference import beta_scale_reference, log_decay_reference, step_size_reference
 
-__all__ = ["BACKENDS", "log_decay", "log_decay_reference", "step_size", "step_size_reference"]
+__all__ = ["BACKENDS", "beta_scale", "beta_scale_reference", "log_decay", "log_decay_reference", "step_size",
+           "step_size_reference"]
 
 #: the backends this family implements
 BACKENDS = ("reference", "triton")
@@ -42,3 +44,16 @@ def step_size(raw, dt_bias, dt_max: float | None = None, out_dtype=None, backend
         return step_size_triton(raw, dt_bias, dt_max, out_dtype)
     dt = step_size_reference(raw, dt_bias, dt_max)
     return dt if out_dtype is None else dt.to(out_dtype)
+
+
+def beta_scale(k, v, raw, backend: str = "auto"):
+    """``k (..., H, d_k)``, ``v (..., H, d_v)``, ``raw (..., H)`` -> ``(k beta, v beta)`` with ``beta =
+    sigmoid(raw)`` per head, in ``k``'s and ``v``'s dtypes."""
+    if k.shape[:-1] != raw.shape or v.shape[:-1] != raw.shape:
+        raise ValueError(f"beta_scale: k (..., H, d_k), v (..., H, d_v) and raw (..., H) must share (..., H), got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)} and {tuple(raw.shape)}")
+    if resolve_backend(backend, k, op="beta_scale", available=BACKENDS) == "triton":
+        from .triton import beta_scale_triton  # lazy: triton is optional
+
+        return beta_scale_triton(k, v, raw)
+    return beta_scale_reference(k, v, raw)

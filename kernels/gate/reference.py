@@ -1,6 +1,8 @@
 """The spec of the Mamba-2 log-decay gate: ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, and of its step
 size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone, in at least fp32 (Dao & Gu, "Transformers are SSMs",
-arXiv 2405.21060)."""
+arXiv 2405.21060); and of the beta gate of the GLA and GKA layers, ``(k beta, v beta)`` with ``beta =
+sigmoid(raw)`` per head (Gated KalmaNet, arXiv 2511.21016: the gate scales the keys and values, so the
+statistics carry ``beta^2``)."""
 from __future__ import annotations
 
 import torch
@@ -21,3 +23,10 @@ def step_size_reference(raw: torch.Tensor, dt_bias: torch.Tensor, dt_max: float 
     cd = compute_dtype(raw.dtype)
     dt = F.softplus(raw.to(cd) + dt_bias.to(cd))
     return dt if dt_max is None else dt.clamp(max=dt_max)
+
+
+def beta_scale_reference(k: torch.Tensor, v: torch.Tensor, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k (..., H, d_k)``, ``v (..., H, d_v)``, ``raw (..., H)`` -> ``(k beta, v beta)``, ``beta = sigmoid(raw)``
+    per head (the mixers' formula, in the inputs' dtypes)."""
+    beta = torch.sigmoid(raw).unsqueeze(-1)
+    return k * beta, v * beta

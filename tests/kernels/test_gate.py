@@ -1,13 +1,14 @@
 """The log-decay gate's Triton kernels (:mod:`kernels.gate`, the GPU path) against the PyTorch formula
 ``-exp(A_log) softplus(raw + dt_bias)``, values and gradients of all three inputs in fp32 and fp64 through
 the interpreter, including steps far in both tails of the softplus and a strided projection block; and the
-step size alone, ``min(softplus(raw + dt_bias), dt_max)``, the same way."""
+step size alone, ``min(softplus(raw + dt_bias), dt_max)``, the same way; and the beta gate ``(k sigmoid(raw),
+v sigmoid(raw))`` of the GLA and GKA layers, on column blocks of one projection as the layers read them."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.gate import log_decay, log_decay_reference, step_size, step_size_reference
+from kernels.gate import beta_scale, beta_scale_reference, log_decay, log_decay_reference, step_size, step_size_reference
 from kernels.launch import counting
 from tests.kernels.harness import assert_rel_close, cancellation, needs_triton, value_and_grads
 
@@ -110,3 +111,61 @@ def test_gates_in_bf16_at_real_size():
         want = value_and_grads(formula, [t.double() for t in inputs], dy.double())
         for i, (g, w) in enumerate(zip(got, want)):          # the value, then the inputs' gradients
             assert_rel_close(g.double(), w, 1e-2, f"bf16 [{i}]")
+
+
+def _beta_inputs(B, T, H, dk, dv, dtype, device="cpu"):
+    """``k (B, T, H, dk)``, ``v (B, T, H, dv)`` and ``raw (B, T, H)``: column blocks of one wide tensor (row strides
+    wider than their own rows, as a layer's projections are), and the upstream gradients (contiguous)."""
+    wide = torch.randn(B, T, H * (dk + dv + 1) + 7, dtype=dtype, device=device)
+    k = wide[..., 3:3 + H * dk].unflatten(-1, (H, dk))
+    v = wide[..., 3 + H * dk:3 + H * (dk + dv)].unflatten(-1, (H, dv))
+    raw = wide[..., 3 + H * (dk + dv):3 + H * (dk + dv + 1)] * 3
+    return [k, v, raw], [torch.randn(B, T, H, d, dtype=dtype, device=device) for d in (dk, dv)]
+
+
+def _beta_values_and_grads(fn, inputs, grads):
+    xs = [x.detach().requires_grad_() for x in inputs]
+    ko, vo = fn(*xs)
+    return [ko.detach(), vo.detach(), *torch.autograd.grad((ko, vo), xs, grads)]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_beta_scale_matches_formula(dtype, tol):
+    """Head dims that are not powers of two, more heads than one step of the kernel takes; one launch each way."""
+    H, dk, dv = int(torch.randint(3, 12, ())), int(torch.randint(5, 40, ())), int(torch.randint(5, 40, ()))
+    inputs, grads = _beta_inputs(2, int(torch.randint(3, 30, ())), H, dk, dv, dtype)
+    with counting() as forward:
+        ko, vo = beta_scale(*inputs, backend="triton")
+    assert sum(forward.values()) == 1 and ko.dtype == vo.dtype == dtype
+    with counting() as both:
+        got = _beta_values_and_grads(lambda *a: beta_scale(*a, backend="triton"), inputs, grads)
+    assert sum(both.values()) == 2
+    want = _beta_values_and_grads(beta_scale_reference, inputs, grads)
+    for name, a, b in zip(("k beta", "v beta", "d k", "d v", "d raw"), got, want):
+        assert_rel_close(a, b, tol, name)
+
+
+def test_beta_scale_in_fp16_and_bad_shapes():
+    """fp16 inputs: computed in fp32 and rounded once, within fp16's rounding of the fp64 formula."""
+    inputs, grads = _beta_inputs(2, 19, 4, 16, 24, torch.float16)
+    got = _beta_values_and_grads(lambda *a: beta_scale(*a, backend="triton"), inputs, grads)
+    want = _beta_values_and_grads(beta_scale_reference, [x.double() for x in inputs], [g.double() for g in grads])
+    for name, a, b in zip(("k beta", "v beta", "d k", "d v", "d raw"), got, want):
+        assert a.dtype == torch.float16
+        assert_rel_close(a.double(), b, 2e-3, name)
+    k, v, raw = inputs
+    with pytest.raises(ValueError, match="must share"):
+        beta_scale(k, v[:, :-1], raw)
+    with pytest.raises(ValueError, match="must share"):
+        beta_scale(k, v, raw[..., :-1])
+
+
+@pytest.mark.gpu
+def test_beta_scale_in_bf16_at_real_size():
+    """bf16 keys and values of a GLA / GKA layer (8 heads of 128, 8 x 2048 tokens) within bf16 rounding of the
+    fp64 formula, values and gradients."""
+    inputs, grads = _beta_inputs(8, 2048, 8, 128, 128, torch.bfloat16, device="cuda")
+    got = _beta_values_and_grads(lambda *a: beta_scale(*a, backend="triton"), inputs, grads)
+    want = _beta_values_and_grads(beta_scale_reference, [x.double() for x in inputs], [g.double() for g in grads])
+    for name, a, b in zip(("k beta", "v beta", "d k", "d v", "d raw"), got, want):
+        assert_rel_close(a.double(), b, 1e-2, name)

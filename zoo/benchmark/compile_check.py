@@ -62,7 +62,7 @@ from kernels.attention.triton import attention_triton
 from kernels.blockscan.gates import softmax_gates_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
-from kernels.gate.triton import log_decay_triton, step_size_triton
+from kernels.gate.triton import beta_scale_triton, log_decay_triton, step_size_triton
 from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
@@ -265,6 +265,12 @@ def _gate(dt, quick):
                                       _meta(H, dtype=torch.float32)))
             _fwd_bwd(step_size_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32), 1e3, dt))
         yield f"H={H}", run
+    for H, D in (((8, 128),) if quick else ((4, 64), (8, 128), (16, 256))):
+        def beta(H=H, D=D):   # the GLA / GKA beta gate on column blocks of a layer's projections
+            wide = _meta(2, 1024, H * (2 * D + 1), dtype=dt)
+            _fwd_bwd(beta_scale_triton(wide[..., :H * D].unflatten(-1, (H, D)),
+                                       wide[..., H * D:2 * H * D].unflatten(-1, (H, D)), wide[..., 2 * H * D:]))
+        yield f"beta H={H} D={D}", beta
 
 
 def _rope(dt, quick):
