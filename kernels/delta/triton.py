@@ -46,9 +46,11 @@ inverse is within 0.7e-4 to 2.2e-4 before that rounding, and ``U``'s error is th
 combination. fp32 inputs keep every product in fp32 (``input_precision="ieee"``).
 
 Sizes: ``q`` ``(B, L / NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)``, ``beta`` ``(B, L, H)``,
-``g`` ``(B, L / NQ, H)`` in their own layout (no copies); rows past ``L`` are masked (zero ``k``, ``beta``,
-``gamma``: identity steps). Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims
-are powers of two >= 16 (the wrapper pads others with zero columns).
+``g`` ``(B, L / NQ, H)`` in their own layout (no copies; ``q``, ``k`` and ``v`` at any token stride ``SQ``,
+``SK``, ``SV``, so the column blocks of a layer's projections are read in place, while their gradients are
+written contiguous); rows past ``L`` are masked (zero ``k``, ``beta``, ``gamma``: identity steps).
+Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims are powers of two >= 16 (the
+wrapper pads others with zero columns).
 """
 from __future__ import annotations
 
@@ -123,7 +125,7 @@ def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
 # forward kernels
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp,
+def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK, SV,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
               NQ: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr):
     c = tl.program_id(0)
@@ -134,7 +136,7 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp,
     rows = tl.arange(0, BT)
     t = c * BT + rows
     m_t = (t < L)[:, None]
-    k_base = k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K)
+    k_base = k_ptr + b * L * SK + hd * K + t[:, None] * SK
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     if HAS_G:
         gam = tl.load(g_ptr + b * (L // NQ) * H + hd + (t // NQ) * H, mask=(t < L) & (t % NQ == 0),
@@ -162,13 +164,13 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp,
     Tu = (Tm * beta[None, :]).to(DT)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        vv = tl.load(v_ptr + (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :], mask=m_t, other=0.0)
+        vv = tl.load(v_ptr + b * L * SV + hd * V + t[:, None] * SV + offs_v[None, :], mask=m_t, other=0.0)
         U = tl.dot(Tu, vv, input_precision=_PREC)
         tl.store(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], U.to(DT))
 
 
 @triton.jit
-def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, N,
+def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, N, SK,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                HAS_H0: tl.constexpr):
     iv = tl.program_id(0)
@@ -193,14 +195,14 @@ def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, 
         tl.store(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], D.to(DT))
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
-        kT = tl.load(k_ptr + (b * L * H + hd) * K + offs_k[:, None] + t[None, :] * (H * K),
+        kT = tl.load(k_ptr + b * L * SK + hd * K + offs_k[:, None] + t[None, :] * SK,
                      mask=(t < L)[None, :], other=0.0)
         S = S * tl.exp(gC) + tl.dot(kT, (D * tl.exp(gC - G)[:, None]).to(DT), input_precision=_PREC)
     tl.store(hT_ptr + bh * K * V + kv_off, S)
 
 
 @triton.jit
-def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N,
+def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
              NQ: tl.constexpr):
     c = tl.program_id(0)
@@ -216,9 +218,9 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N,
     t = c * BT + rows
     tok = c * BQ + qi
     m_q = (tok < L // NQ)[:, None]
-    qq = tl.load(q_ptr + (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K) + offs_k[None, :], mask=m_q,
+    qq = tl.load(q_ptr + b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ + offs_k[None, :], mask=m_q,
                  other=0.0)
-    kk = tl.load(k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K) + offs_k[None, :], mask=(t < L)[:, None],
+    kk = tl.load(k_ptr + b * L * SK + hd * K + t[:, None] * SK + offs_k[None, :], mask=(t < L)[:, None],
                  other=0.0)
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
@@ -239,7 +241,7 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N,
 # backward kernels
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N,
+def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N, SQ, SK,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
              BV: tl.constexpr, NQ: tl.constexpr):
     c = tl.program_id(0)
@@ -255,8 +257,9 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
     t = c * BT + rows
     tok = c * BQ + qi
     m_q = (tok < L // NQ)[:, None]
-    q_base = (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K)
-    k_base = (b * L * H + hd) * K + t[:, None] * (H * K)
+    q_base = b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ
+    dq_base = (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K)          # dq is contiguous
+    k_base = b * L * SK + hd * K + t[:, None] * SK
     do_base = (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V)
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
@@ -292,7 +295,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
         dqg = eGq[:, None] * dqS
         qb = tl.load(q_ptr + q_base + offs_kb[None, :], mask=m_q, other=0.0)
         kb = tl.load(k_ptr + k_base + offs_kb[None, :], mask=(t < L)[:, None], other=0.0)
-        tl.store(dq_ptr + q_base + offs_kb[None, :], tl.dot(dQKd, kb, dqg, input_precision=_PREC), mask=m_q)
+        tl.store(dq_ptr + dq_base + offs_kb[None, :], tl.dot(dQKd, kb, dqg, input_precision=_PREC), mask=m_q)
         tl.store(dk_ptr + bh * Lp * K + t[:, None] * K + offs_kb[None, :],
                  tl.dot(tl.trans(dQKd), qb, input_precision=_PREC))
         at_q += tl.sum(dqg * qb.to(tl.float32), 1)
@@ -304,7 +307,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
 
 
 @triton.jit
-def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_ptr, dh0_ptr, scale, L, Lp, N,
+def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_ptr, dh0_ptr, scale, L, Lp, N, SQ, SK,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                NQ: tl.constexpr, HAS_DHT: tl.constexpr):
     iv = tl.program_id(0)
@@ -328,14 +331,14 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
         tl.store(dh_ptr + (bh * N + c) * K * V + kv_off, dS.to(DT))
         t = c * BT + rows
         tok = c * BQ + qi
-        kk = tl.load(k_ptr + (b * L * H + hd) * K + t[:, None] * (H * K) + offs_k[None, :],
+        kk = tl.load(k_ptr + b * L * SK + hd * K + t[:, None] * SK + offs_k[None, :],
                      mask=(t < L)[:, None], other=0.0)
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
         dD = tl.load(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :]) \
             + tl.dot(kk, dS.to(DT), input_precision=_PREC) * tl.exp(gC - G)[:, None]
         tl.store(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], dD.to(DT))
-        qT = tl.load(q_ptr + (b * (L // NQ) * H + hd) * K + offs_k[:, None] + tok[None, :] * (H * K),
+        qT = tl.load(q_ptr + b * (L // NQ) * SQ + hd * K + offs_k[:, None] + tok[None, :] * SQ,
                      mask=(tok < L // NQ)[None, :], other=0.0)
         Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
         do = tl.load(do_ptr + (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V) + offs_v[None, :],
@@ -348,7 +351,7 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
 
 @triton.jit
 def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dko_ptr, dGo_ptr,
-              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N,
+              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, NQ: tl.constexpr, HAS_G: tl.constexpr):
     c = tl.program_id(0)
@@ -359,7 +362,8 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     rows = tl.arange(0, BT)
     t = c * BT + rows
     m_t = (t < L)[:, None]
-    k_base = (b * L * H + hd) * K + t[:, None] * (H * K)
+    k_base = b * L * SK + hd * K + t[:, None] * SK
+    dk_base = (b * L * H + hd) * K + t[:, None] * (H * K)                   # dk and dv are contiguous
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + bh * Lp + t)
     gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
@@ -373,12 +377,12 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     db = tl.zeros([BT], dtype=tl.float32)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        v_off = (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :]
-        vv = tl.load(v_ptr + v_off, mask=m_t, other=0.0)
+        vv = tl.load(v_ptr + b * L * SV + hd * V + t[:, None] * SV + offs_v[None, :], mask=m_t, other=0.0)
         dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
         dTm += tl.dot(dD, tl.trans(vv), input_precision=_PREC) * beta[None, :]
         dbv = tl.dot(TmT, dD, input_precision=_PREC)
-        tl.store(dv_ptr + v_off, beta[:, None] * dbv, mask=m_t)
+        tl.store(dv_ptr + (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :], beta[:, None] * dbv,
+                 mask=m_t)
         db += tl.sum(dbv * vv.to(tl.float32), 1)
     # per K block: D = U - W h_c (dW), the exit state K^T (e^{gC - G} D) (dK, dgC) and W = Tm diag(beta e^G) K
     KK = tl.zeros([BT, BT], dtype=tl.float32)
@@ -426,7 +430,7 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
         dk = tl.load(dko_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
         dk = tl.dot(Ed, kb, dk, input_precision=_PREC)
         dk = tl.dot(tl.trans(Ed), kb, dk, input_precision=_PREC)
-        tl.store(dk_ptr + k_base + offs_k[None, :], dk, mask=m_t)
+        tl.store(dk_ptr + dk_base + offs_k[None, :], dk, mask=m_t)
     if HAS_G:
         Z = E * KK                                           # dA * A
         dG = dbg * bg - z + tl.sum(Z, 1) - tl.sum(Z, 0) + tl.load(dGo_ptr + bh * Lp + t)
@@ -519,6 +523,17 @@ def query_stride(num_householder: int, BT: int) -> int:
 # the stages: one launch each, each with its reference in kernels.delta.stages; layouts as in the module
 # docstring, intermediates (B*H, Lp, ...) with Lp = N * BT, the chunk states (B*H, N, K, V)
 # ---------------------------------------------------------------------------------------------------
+def addressable(x: torch.Tensor) -> torch.Tensor:
+    """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: rows of ``H D`` entries (heads ``D`` apart, unit
+    stride inside) at any token stride, batches ``L`` tokens apart. A column block of a wider tensor (the keys
+    and values of a layer's fused projections) qualifies as it is; anything else is copied."""
+    B, L, H, D = x.shape
+    st = x.stride()
+    if (D == 1 or st[3] == 1) and (H == 1 or st[2] == D) and (B == 1 or st[0] == L * st[1]) and st[1] >= H * D:
+        return x
+    return x.contiguous()
+
+
 def _dims(k, V: int, BT: int):
     """``(B, L, H, K, N, plan)``: the sizes of a launch on keys ``k`` and values of head dim ``V``, its number
     of chunks and its block plan (a tuning sweep's, else :func:`kernel_plan`'s)."""
@@ -531,13 +546,14 @@ def prep(k, v, beta, g, NQ: int, BT: int):
     ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K`` (in ``k``'s dtype)."""
     V = v.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
+    k, v = addressable(k), addressable(v)
     lowp, dt = k.dtype != torch.float32, k.dtype
     G = torch.empty(B * H, N * BT, device=k.device, dtype=torch.float32)
     Tm = torch.empty(B * H, N * BT, BT, device=k.device, dtype=dt)
     U = torch.empty(B * H, N * BT, V, device=k.device, dtype=dt)
     W = torch.empty(B * H, N * BT, K, device=k.device, dtype=dt)
     launch(_fwd_prep, (N, B * H), k, v, beta, g if g is not None else beta, G, Tm, U, W, L, N * BT,
-           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, LOWP=lowp,
+           k.stride(1), v.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, LOWP=lowp,
            num_warps=plan.warps)
     return G, Tm, U, W
 
@@ -547,11 +563,12 @@ def state_pass(k, G, U, W, h0, BT: int):
     state (fp32), from ``h0`` (fp32) or zero."""
     V = U.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
+    k = addressable(k)
     h = torch.empty(B * H, N, K, V, device=k.device, dtype=k.dtype)
     D = torch.empty(B * H, N * BT, V, device=k.device, dtype=k.dtype)
     hT = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     launch(_fwd_state, (V // plan.bv_state, B * H), k, G, U, W, h0 if h0 is not None else hT, h, D, hT, L, N * BT,
-           N, H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=h0 is not None, num_warps=plan.warps_fwd_state,
+           N, k.stride(1), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=h0 is not None, num_warps=plan.warps_fwd_state,
            num_stages=plan.stages_state)
     return h, D, hT
 
@@ -560,8 +577,9 @@ def output(q, k, G, h, D, scale: float, NQ: int, BT: int):
     """``o (B, L / NQ, H, V)`` at the query rows: ``scale (e^G Q h_c + ((Q K^T) * M) D)``."""
     V = D.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
+    q, k = addressable(q), addressable(k)
     o = torch.empty(B, L // NQ, H, V, device=k.device, dtype=k.dtype)
-    launch(_fwd_out, (N, B * H), q, k, G, h, D, o, float(scale), L, N * BT, N,
+    launch(_fwd_out, (N, B * H), q, k, G, h, D, o, float(scale), L, N * BT, N, q.stride(1), k.stride(1),
            H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
     return o
 
@@ -572,12 +590,13 @@ def output_grads(q, k, G, h, D, do, scale: float, NQ: int, BT: int):
     V = D.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
     f32 = dict(device=k.device, dtype=torch.float32)
-    dq = torch.empty_like(q)
+    q, k = addressable(q), addressable(k)
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk_o = torch.empty(B * H, N * BT, K, **f32)
     dG_o = torch.empty(B * H, N * BT, **f32)
     dDo = torch.empty(B * H, N * BT, V, **f32)
     launch(_bwd_out, (N, B * H), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, N * BT, N,
-           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+           q.stride(1), k.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
     return dq, dk_o, dG_o, dDo
 
 
@@ -586,12 +605,13 @@ def state_grads(q, k, G, W, do, dDo, dhT, scale: float, NQ: int, BT: int):
     ``D``: ``dDo`` plus the state update's part) and of the initial state (fp32), from ``dhT`` (or zero)."""
     V = dDo.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
+    q, k = addressable(q), addressable(k)
     dh = torch.empty(B * H, N, K, V, device=k.device, dtype=k.dtype)
     dU = torch.empty(B * H, N * BT, V, device=k.device, dtype=k.dtype)
     dh0 = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     launch(_bwd_state, (V // plan.bv_state, B * H), q, k, G, W, do, dDo,
            dhT.float().contiguous() if dhT is not None else dh0, dh, dU, dh0, float(scale), L, N * BT, N,
-           H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=dhT is not None,
+           q.stride(1), k.stride(1), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=dhT is not None,
            num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
     return dh, dU, dh0
 
@@ -601,11 +621,13 @@ def prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ: int, BT: int)
     transform, with the other stages' parts ``dk_o`` and ``dG_o`` added (``dg`` None without a gate)."""
     V = v.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
-    dk, dv, db = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
+    k, v = addressable(k), addressable(v)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv, db = torch.empty(v.shape, device=v.device, dtype=v.dtype), torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else None
     launch(_bwd_prep, (N, B * H), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-           dg if g is not None else db, L, N * BT, N, H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ,
-           HAS_G=g is not None, num_warps=plan.warps)
+           dg if g is not None else db, L, N * BT, N, k.stride(1), v.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk,
+           BV=plan.bv, NQ=NQ, HAS_G=g is not None, num_warps=plan.warps)
     return dk, dv, db, dg
 
 
@@ -613,9 +635,9 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
     """The six kernels with autograd.
 
     Inputs: ``q`` ``(B, L/NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)`` (one dtype: fp32, bf16 or
-    fp16, contiguous, head dims powers of two >= 16), ``beta`` ``(B, L, H)``, ``g`` ``(B, L/NQ, H)`` or None,
-    ``h0`` ``(B, H, K, V)`` fp32 or None, ``scale``, ``NQ``, chunk ``BT``. Returns ``o`` ``(B, L/NQ, H, V)`` in
-    the inputs' dtype and the final state ``(B, H, K, V)`` in fp32.
+    fp16, :func:`addressable`: read in place at their token strides, head dims powers of two >= 16), ``beta``
+    ``(B, L, H)``, ``g`` ``(B, L/NQ, H)`` or None, ``h0`` ``(B, H, K, V)`` fp32 or None, ``scale``, ``NQ``, chunk
+    ``BT``. Returns ``o`` ``(B, L/NQ, H, V)`` in the inputs' dtype and the final state ``(B, H, K, V)`` in fp32.
     """
 
     @staticmethod
@@ -667,9 +689,9 @@ def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chun
         raise ValueError(f"delta_product (triton): {L} positions x {H} heads x head dim {max(K, V)} overflow the "
                          f"kernels' 32-bit row offsets; run the sequence in pieces with the state carried")
 
-    def cols(x, D, Dp):   # zero columns up to a power-of-two head dim; contiguous in the compute dtype
+    def cols(x, D, Dp):   # zero columns up to a power-of-two head dim, in the compute dtype
         x = x.to(dt)
-        return (F.pad(x, (0, Dp - D)) if Dp != D else x).contiguous()
+        return addressable(F.pad(x, (0, Dp - D)) if Dp != D else x)
 
     h0 = None
     if initial_state is not None:

@@ -77,6 +77,38 @@ def test_triton_padded_dims_and_v_blocks(monkeypatch):
     compare_backends(fn, ref_fn(n), inputs, tol=2e-5, grad_tol=5e-5)
 
 
+@needs_triton
+@pytest.mark.parametrize("B", [1, 2])
+def test_triton_reads_column_blocks_of_one_projection_in_place(B, monkeypatch):
+    """q, k, v as column blocks of one wide tensor (a layer's fused projections, token stride wider than a token's
+    heads): read at their strides, with no copy; the outputs and every gradient equal those of contiguous
+    copies, and both match the reference."""
+    import kernels.delta.triton as kt
+    T, H, D = int(torch.randint(5, 40, ())), 2, 16
+    wide = torch.randn(B, T, 3 * H * D + 5)
+    blocks = [slice(2 + i * H * D, 2 + (i + 1) * H * D) for i in range(3)]
+    wide[..., blocks[1]] = F.normalize(wide[..., blocks[1]].unflatten(-1, (H, D)), dim=-1).flatten(-2)
+    q, k, v = (wide[..., b].unflatten(-1, (H, D)) for b in blocks)
+    beta, g = torch.rand(B, T, H) * 2, F.logsigmoid(torch.randn(B, T, H) + 2)
+    seen, apply = [], kt.ChunkGatedDeltaRuleTriton.apply
+
+    def spy(*args):
+        seen.append([a.stride() for a in args[:3]])
+        return apply(*args)
+    monkeypatch.setattr(kt.ChunkGatedDeltaRuleTriton, "apply", spy)
+    runs = []
+    for qi, ki, vi in ((q, k, v), (q.contiguous(), k.contiguous(), v.contiguous())):
+        leaves = [x.detach().requires_grad_() for x in (qi, ki, vi, beta, g)]
+        o, S = kt.chunk_gated_delta_rule_triton(*leaves, chunk_size=16)
+        do, dS = torch.randn_like(o, generator=torch.Generator().manual_seed(1)), torch.ones_like(S)
+        runs.append([o, S, *torch.autograd.grad((o * do).sum() + (S * dS).sum(), leaves)])
+    assert seen[0] == [q.stride(), k.stride(), v.stride()] != seen[1]   # the blocks reached the kernels as they are
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    o_ref, S_ref = delta_product_reference(q, k, v, beta, g, 1, scale=1.0)   # the kernels take q pre-scaled
+    assert rel_err(runs[0][0], o_ref) < 2e-5 and rel_err(runs[0][1], S_ref) < 2e-5
+
+
 def _backends():
     out = ["reference", "torch"]
     if triton_importable() and (torch.cuda.is_available() or triton_interpreting()):
