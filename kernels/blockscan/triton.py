@@ -466,6 +466,7 @@ def _use_mm(plan, A, acc):
 class _BlockScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, chunk):
+        ctx.set_materialize_grads(False)          # an unused final state gets no zero-filled gradient
         Bsz, T, N, m = b.shape
         acc = _acc_dtype(A, b, h0)
         A, b = _inner_contiguous(A, 3), b.contiguous()
@@ -515,6 +516,7 @@ class _BlockScan(torch.autograd.Function):
 class _JordanScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lam, c, b, h0, chunk):
+        ctx.set_materialize_grads(False)          # an unused final state gets no zero-filled gradient
         Bsz, T, N, m = b.shape
         acc = _acc_dtype(lam, c, b, h0)
         lam, b = lam.contiguous(), b.contiguous()
@@ -569,6 +571,7 @@ def _normed_tile(N, m):
 class _NormedScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lam, c, b, h0, weight, bias, eps):
+        ctx.set_materialize_grads(False)          # an unused final state gets no zero-filled gradient
         Bsz, T, N, m = b.shape
         lam, b = lam.contiguous(), b.contiguous()
         h0c = h0.contiguous() if h0 is not None else None

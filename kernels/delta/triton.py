@@ -642,6 +642,7 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, h0, scale: float, NQ: int, BT: int):
+        ctx.set_materialize_grads(False)          # an unused final state gets no zero-filled gradient
         G, Tm, U, W = prep(k, v, beta, g, NQ, BT)
         h, D, hT = state_pass(k, G, U, W, h0, BT)
         o = output(q, k, G, h, D, scale, NQ, BT)
@@ -653,7 +654,9 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
     def backward(ctx, do, dhT):
         q, k, v, beta, g, G, Tm, W, h, D = ctx.saved_tensors
         scale, NQ, BT, has_h0 = ctx.args
-        do = do.to(k.dtype).contiguous()
+        B, L, H = beta.shape
+        do = torch.zeros(B, L // NQ, H, v.shape[-1], dtype=k.dtype, device=k.device) if do is None else \
+            do.to(k.dtype).contiguous()
         dq, dk_o, dG_o, dDo = output_grads(q, k, G, h, D, do, scale, NQ, BT)
         dh, dU, dh0 = state_grads(q, k, G, W, do, dDo, dhT, scale, NQ, BT)
         dk, dv, db, dg = prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ, BT)

@@ -109,6 +109,24 @@ def test_triton_reads_column_blocks_of_one_projection_in_place(B, monkeypatch):
     assert rel_err(runs[0][0], o_ref) < 2e-5 and rel_err(runs[0][1], S_ref) < 2e-5
 
 
+@needs_triton
+@pytest.mark.parametrize("use", ["output", "state"])
+def test_triton_gradients_of_one_output_alone(use):
+    """Training uses the output alone, a state-passing caller the final state alone: the unused one's gradient is
+    not zero-filled (no launch), and the gradients still match the reference's."""
+    n = 1
+    q, k, v, beta, g, s0 = make_inputs(1, 21, 2, 16, 16, n, True)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, beta, g, s0)]
+    exact = [x.detach().double().requires_grad_() for x in (q, k, v, beta, g, s0)]
+    o, S = delta_product(*leaves[:5], n, initial_state=leaves[5], chunk_size=16, backend="triton")
+    o_ref, S_ref = ref_fn(n)(*exact)
+    picked, picked_ref = (o, o_ref) if use == "output" else (S, S_ref)
+    w = torch.randn_like(picked_ref)
+    for got, want in zip(torch.autograd.grad((picked * w.float()).sum(), leaves),
+                         torch.autograd.grad((picked_ref * w).sum(), exact, allow_unused=True)):
+        assert rel_err(got, want) < 5e-5 if want is not None else not got.any()   # q does not reach the state
+
+
 def _backends():
     out = ["reference", "torch"]
     if triton_importable() and (torch.cuda.is_available() or triton_interpreting()):

@@ -299,6 +299,25 @@ def test_the_skip_d_adds_d_x_and_takes_its_gradient(backend):
 
 
 @needs_triton
+def test_triton_gradients_of_the_final_state_alone():
+    """A state-passing caller differentiates the final state alone: the unused output's gradient is not
+    zero-filled, and the gradients match the fp64 recurrence's."""
+    ins = _inputs(2, int(torch.randint(5, 40, ())), 2, 16, 16, True)
+    leaves = [t.detach().clone().requires_grad_(True) for t in ins]
+    _, h = ssd(*leaves[:5], chunk_size=16, initial_state=leaves[5], backend="triton")
+    exact = [t.detach().double().requires_grad_(True) for t in ins]
+    _, h_ref = ssd_reference(*exact[:5], initial_state=exact[5])
+    w = torch.randn_like(h_ref)
+    grads_ref = torch.autograd.grad((h_ref * w).sum(), exact, allow_unused=True)
+    for name, g, g_ref in zip(("dx", "ddt", "dA", "dB", "dC", "dh0"), torch.autograd.grad((h * w.float()).sum(), leaves),
+                              grads_ref):
+        if g_ref is None:                     # C reaches only the outputs
+            assert not g.any(), name
+        else:
+            assert_rel_close(g, g_ref, 1e-4, name)
+
+
+@needs_triton
 def test_triton_rejects_bad_shapes():
     x, dt, A, B, C = _inputs(1, 8, 2, 16, 16)
     with pytest.raises(ValueError, match="do not match"):
