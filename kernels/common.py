@@ -12,7 +12,7 @@
   the cost per token and the size of every temporary buffer no longer grow with ``T``, and the result is
   the same function. On the GPU plan the whole sequence is one call (each segment would be a fixed
   number of kernel launches more).
-- :func:`pow2`: a power-of-two tile size from the host.
+- :func:`pow2` / :func:`cdiv`: a power-of-two tile size and a grid's extent, from the host.
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
@@ -32,6 +32,11 @@ def pow2(n: int, lo: int = 1) -> int:
     """The smallest power of two >= ``max(n, lo)``: a tile size (Triton's ``next_power_of_2`` is a constexpr
     function, several times slower to call from a launcher, which runs at every call)."""
     return 1 << (max(int(n), lo, 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for a launch grid (Triton's ``cdiv`` is a constexpr function, slower to call from the host)."""
+    return -(-int(a) // int(b))
 
 
 def compute_dtype(*dtypes) -> torch.dtype:

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
-from ..common import pow2
+from ..common import cdiv, pow2
 from ..launch import launch
 
 __all__ = ["attention_triton"]
@@ -273,7 +273,7 @@ def _launch(name, grid_len_name, batch, args, kwargs):
 
     def grid(meta):
         block = meta["BLOCK_M"] if grid_len_name == "TQ" else meta["BLOCK_N"]
-        return (triton.cdiv(kwargs[grid_len_name], block), kwargs["H"] * batch)
+        return (cdiv(kwargs[grid_len_name], block), kwargs["H"] * batch)
 
     launch(kern, grid, *args, **kwargs, **extra)
 
@@ -309,7 +309,7 @@ class _AttentionTriton(torch.autograd.Function):
         do = do.to(q.dtype)
         delta = torch.empty_like(lse)
         bm = 64 if not triton_interpreting() else _INTERP_BLOCK
-        launch(_attn_bwd_delta, (triton.cdiv(TQ, bm), Bsz * H),
+        launch(_attn_bwd_delta, (cdiv(TQ, bm), Bsz * H),
             o, do, delta, *o.stride(), *do.stride(), H, TQ, D, BLOCK_M=bm, BLOCK_D=BLOCK_D)
         # gradients are dense (B, T, H, D) even when q, k, v are strided views (e.g. of a fused qkv)
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype, pow2
+from ..common import as_rows, cdiv, compute_dtype, pow2
 from ..launch import launch
 
 #: rows of logits per program (fewer for wide rows: at most 1024 entries of a tile, no register spills)
@@ -83,7 +83,7 @@ def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: 
 def _launch_shape(m: int, n_rows: int):
     BJ = pow2(m + 1)
     BR = min(ROWS, max(16, 1024 // BJ))
-    return (triton.cdiv(n_rows, BR),), dict(M=m, BR=BR, BJ=BJ)
+    return (cdiv(n_rows, BR),), dict(M=m, BR=BR, BJ=BJ)
 
 
 class _SoftmaxGates(torch.autograd.Function):

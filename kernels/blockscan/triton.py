@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype, pow2
+from ..common import cdiv, compute_dtype, pow2
 from ..launch import launch
 from ..split_dot import dot_x_state
 
@@ -456,7 +456,7 @@ class _ChunkPlan:
         self.w_carry = _warps(self.bn_carry * BM * BM)
 
     def grid(self, bn, B, N):
-        return (self.NC, triton.cdiv(N, bn), B)
+        return (self.NC, cdiv(N, bn), B)
 
 
 def _use_mm(plan, A, acc):
@@ -482,7 +482,7 @@ class _BlockScan(torch.autograd.Function):
         else:
             launch(_dense_fwd, pl.grid(pl.bn_local, Bsz, N), A, b, XS, P, L, H, T, N, m, C, NC, sAb, sAt,
                    LOCAL=True, BN=pl.bn_local, BM=BM, NS=_STAGES, num_warps=pl.w_local)
-        launch(_carry, (triton.cdiv(N, pl.bn_carry), Bsz), P, L, h0c if h0c is not None else XS, XS, XN, N, m, NC,
+        launch(_carry, (cdiv(N, pl.bn_carry), Bsz), P, L, h0c if h0c is not None else XS, XS, XN, N, m, NC,
                HAS_X0=h0c is not None, REVERSE=False, BN=pl.bn_carry, BM=BM, NS=_STAGES, num_warps=pl.w_carry)
         launch(_dense_fwd, pl.grid(pl.bn_run, Bsz, N), A, b, XS, P, L, H, T, N, m, C, NC, sAb, sAt,
                LOCAL=False, BN=pl.bn_run, BM=BM, NS=_STAGES, num_warps=pl.w_run)
@@ -505,7 +505,7 @@ class _BlockScan(torch.autograd.Function):
         db = torch.empty(Bsz, T, N, m, dtype=b_dtype, device=H.device)
         launch(_dense_bwd, pl.grid(pl.bn_run, Bsz, N), A, XS, H, dh, GS, LOC, dA, db, T, N, m, C, NC, sAb, sAt,
                LOCAL=True, BN=pl.bn_run, BM=BM, NS=_STAGES, num_warps=pl.w_run)
-        launch(_carry, (triton.cdiv(N, pl.bn_carry), Bsz), P, LOC, dlast.contiguous() if dlast is not None else GS,
+        launch(_carry, (cdiv(N, pl.bn_carry), Bsz), P, LOC, dlast.contiguous() if dlast is not None else GS,
                GS, DH0, N, m, NC, HAS_X0=dlast is not None, REVERSE=True, BN=pl.bn_carry, BM=BM, NS=_STAGES,
                num_warps=pl.w_carry)
         launch(_dense_bwd, pl.grid(pl.bn_run, Bsz, N), A, XS, H, dh, GS, LOC, dA, db, T, N, m, C, NC, sAb, sAt,
@@ -528,7 +528,7 @@ class _JordanScan(torch.autograd.Function):
         sc = c.stride()
         for local in (True, False):
             if not local:
-                launch(_carry, (triton.cdiv(N, pl.bn_carry), Bsz), P, L, h0c if h0c is not None else XS, XS, XN,
+                launch(_carry, (cdiv(N, pl.bn_carry), Bsz), P, L, h0c if h0c is not None else XS, XS, XN,
                        N, m, NC, HAS_X0=h0c is not None, REVERSE=False, BN=pl.bn_carry, BM=BM, NS=_STAGES,
                        num_warps=pl.w_carry)
             launch(_jordan_fwd, pl.grid(pl.bn_run, Bsz, N), lam, c, b, XS, P, L, H, T, N, m, C, NC, *sc,
@@ -554,7 +554,7 @@ class _JordanScan(torch.autograd.Function):
         args = (lam, c, XS, H, dh, GS, LOC, dlam, dc, db, T, N, m, C, NC, *c.stride())
         launch(_jordan_bwd, pl.grid(pl.bn_run, Bsz, N), *args, LOCAL=True, BN=pl.bn_run, BM=BM, NS=_STAGES,
                num_warps=pl.w_run)
-        launch(_carry, (triton.cdiv(N, pl.bn_carry), Bsz), P, LOC, dlast.contiguous() if dlast is not None else GS,
+        launch(_carry, (cdiv(N, pl.bn_carry), Bsz), P, LOC, dlast.contiguous() if dlast is not None else GS,
                GS, DH0, N, m, NC, HAS_X0=dlast is not None, REVERSE=True, BN=pl.bn_carry, BM=BM, NS=_STAGES,
                num_warps=pl.w_carry)
         launch(_jordan_bwd, pl.grid(pl.bn_run, Bsz, N), *args, LOCAL=False, BN=pl.bn_run, BM=BM, NS=_STAGES,
@@ -577,7 +577,7 @@ class _NormedScan(torch.autograd.Function):
         h0c = h0.contiguous() if h0 is not None else None
         H = torch.empty(Bsz, T, N, m, dtype=_acc_dtype(lam, c, b, h0, weight, bias), device=b.device)
         BM, bn, warps = _normed_tile(N, m)
-        launch(_normed_fwd, (triton.cdiv(N, bn), Bsz), lam, c, b, h0c if h0c is not None else H, weight, bias, H,
+        launch(_normed_fwd, (cdiv(N, bn), Bsz), lam, c, b, h0c if h0c is not None else H, weight, bias, H,
                T, N, m, *c.stride(), eps, HAS_INIT=h0c is not None, BN=bn, BM=BM, NS=_STAGES, num_warps=warps)
         ctx.save_for_backward(lam, c, b, h0c, H, weight)
         ctx.eps = eps
@@ -595,7 +595,7 @@ class _NormedScan(torch.autograd.Function):
         db = torch.empty(Bsz, T, N, m, dtype=ctx.dtypes[2], device=dev)
         dh0, dw, dbias = (torch.empty(Bsz, N, m, dtype=H.dtype, device=dev) for _ in range(3))
         BM, bn, warps = _normed_tile(N, m)
-        launch(_normed_bwd, (triton.cdiv(N, bn), Bsz), lam, c, b, h0 if h0 is not None else H, H, weight, dh,
+        launch(_normed_bwd, (cdiv(N, bn), Bsz), lam, c, b, h0 if h0 is not None else H, H, weight, dh,
                dlast.contiguous() if dlast is not None else H, dlam, dc, db, dh0, dw, dbias, T, N, m, *c.stride(),
                ctx.eps, HAS_INIT=h0 is not None, HAS_DLAST=dlast is not None, BN=bn, BM=BM, NS=_STAGES,
                num_warps=warps)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype, pow2
+from ..common import as_rows, cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -119,7 +119,7 @@ class _LogDecay(torch.autograd.Function):
         a, b = A_log.to(cd).contiguous(), dt_bias.to(cd).contiguous()
         g = torch.empty(raw.shape, dtype=cd, device=raw.device)
         BR, BH = _blocks(H, n_rows)
-        launch(_gate_fwd, (triton.cdiv(n_rows, BR),), rows, a, b, g, n_rows, H, rows.stride(0), BR=BR, BH=BH)
+        launch(_gate_fwd, (cdiv(n_rows, BR),), rows, a, b, g, n_rows, H, rows.stride(0), BR=BR, BH=BH)
         ctx.save_for_backward(rows, a, b)
         ctx.meta = (raw.shape, raw.dtype, A_log.dtype, dt_bias.dtype, BR, BH)
         return g
@@ -129,7 +129,7 @@ class _LogDecay(torch.autograd.Function):
         rows, a, b = ctx.saved_tensors
         shape, raw_dtype, a_dtype, b_dtype, BR, BH = ctx.meta
         n_rows, H = rows.shape
-        n_prog = triton.cdiv(n_rows, BR)
+        n_prog = cdiv(n_rows, BR)
         draw = torch.empty(shape, dtype=raw_dtype, device=rows.device)
         part = a.new_empty(n_prog, 2 * H)
         dg_rows = _grad_rows(dg, n_rows, H)
@@ -149,7 +149,7 @@ class _StepSize(torch.autograd.Function):
         dt = torch.empty(raw.shape, dtype=out_dtype or cd, device=raw.device)
         BR, BH = _blocks(H, n_rows)
         cap = dt_max is not None
-        launch(_step_fwd, (triton.cdiv(n_rows, BR),), rows, b, dt, n_rows, H, rows.stride(0),
+        launch(_step_fwd, (cdiv(n_rows, BR),), rows, b, dt, n_rows, H, rows.stride(0),
                float(dt_max) if cap else 0.0, CAP=cap, BR=BR, BH=BH)
         ctx.save_for_backward(rows, b)
         ctx.meta = (raw.shape, raw.dtype, dt_bias.dtype, dt_max, BR, BH)
@@ -160,7 +160,7 @@ class _StepSize(torch.autograd.Function):
         rows, b = ctx.saved_tensors
         shape, raw_dtype, b_dtype, dt_max, BR, BH = ctx.meta
         n_rows, H = rows.shape
-        n_prog = triton.cdiv(n_rows, BR)
+        n_prog = cdiv(n_rows, BR)
         draw = torch.empty(shape, dtype=raw_dtype, device=rows.device)
         part = b.new_empty(n_prog, H)
         ddt_rows = _grad_rows(ddt, n_rows, H)
@@ -270,7 +270,7 @@ class _BetaScale(torch.autograd.Function):
         ko, vo = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(v.shape, dtype=v.dtype,
                                                                                    device=v.device)
         BR, NH, BDK, BDV = _beta_blocks(H, dk, dv, n_rows)
-        launch(_beta_fwd, (triton.cdiv(n_rows, BR),), kr, vr, rr, ko, vo, n_rows, H, dk, dv, kr.stride(0),
+        launch(_beta_fwd, (cdiv(n_rows, BR),), kr, vr, rr, ko, vo, n_rows, H, dk, dv, kr.stride(0),
                vr.stride(0), rr.stride(0), BR=BR, NH=NH, BDK=BDK, BDV=BDV, FP64=_fp64(k, v, raw))
         ctx.save_for_backward(kr, vr, rr)
         ctx.meta = (k.shape, v.shape, raw.shape, raw.dtype)
@@ -289,7 +289,7 @@ class _BetaScale(torch.autograd.Function):
         dv = torch.empty(v_shape, dtype=vr.dtype, device=vr.device)
         draw = torch.empty(raw_shape, dtype=raw_dtype, device=rr.device)
         BR, NH, BDK, BDV = _beta_blocks(H, dk_dim, dv_dim, n_rows)
-        launch(_beta_bwd, (triton.cdiv(n_rows, BR),), kr, vr, rr, gk, gv, dk, dv, draw, n_rows, H, dk_dim, dv_dim,
+        launch(_beta_bwd, (cdiv(n_rows, BR),), kr, vr, rr, gk, gv, dk, dv, draw, n_rows, H, dk_dim, dv_dim,
                kr.stride(0), vr.stride(0), rr.stride(0), gk.stride(0), gv.stride(0), BR=BR, NH=NH, BDK=BDK,
                BDV=BDV, FP64=_fp64(kr, vr, rr))
         return dk, dv, draw

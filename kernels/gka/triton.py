@@ -70,6 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common import cdiv
 from ..gla import triton as stages
 from ..gla.triton import chunk_gates, decay_mask, state_tile, store_tokens, tok_strides, tokens, unit_last
 from ..launch import launch
@@ -551,7 +552,7 @@ class _Layout:
     def __init__(self, k, C):
         self.B, self.T, self.H, self.D = k.shape
         self.C = C
-        self.n = triton.cdiv(self.T, C)
+        self.n = cdiv(self.T, C)
         self.Tp = self.n * C
         self.BD = stages.block(self.D)
 

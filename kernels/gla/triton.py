@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import pow2
+from ..common import cdiv, pow2
 from ..launch import launch
 from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
 
@@ -380,12 +380,12 @@ def state_pass(k, v, g, initial, C: int, KK: bool, op: int, P: int):
     """``(starts (B, H, n, R, d_k), final (B, H, R, d_k))``, fp32, ``R = [d_k +] d_v``."""
     B, T, H, DK = k.shape
     DV = v.shape[-1]
-    n = triton.cdiv(T, C)
+    n = cdiv(T, C)
     R = DV + (DK if KK else 0)
     starts = torch.empty(B, H, n, R, DK, device=k.device, dtype=torch.float32)
     fin = torch.empty(B, H, R, DK, device=k.device, dtype=torch.float32)
     BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV, P)
-    blocks = triton.cdiv(DV, BR) + (triton.cdiv(DK, BR) if KK else 0)
+    blocks = cdiv(DV, BR) + (cdiv(DK, BR) if KK else 0)
     launch(_state_fwd, (blocks, B * H), k, v, g, fin if initial is None else initial, starts, fin, T, H, n, DK, DV,
            *tok_strides(k), *tok_strides(v), *tok_strides(g), C=C, BK=BK, BR=BR, KK=KK,
            HAS_INIT=initial is not None, OP=op, P=P, num_warps=warps)
@@ -399,7 +399,7 @@ def output(q, k, v, g, starts, scale: float, C: int, op: int, QP: int, P: int, d
     n, R = starts.shape[2], starts.shape[3]
     o = torch.empty(B, T, H, DV, device=k.device, dtype=dtype)
     BK, BV, warps = output_config(DK, DV, fp32_operands=op == 0)
-    launch(_output_fwd, (n, B * H, triton.cdiv(DV, BV)), q, k, v, g, starts, o, float(scale), T, H, n, DK, DV, R,
+    launch(_output_fwd, (n, B * H, cdiv(DV, BV)), q, k, v, g, starts, o, float(scale), T, H, n, DK, DV, R,
            R - DV, *tok_strides(q), *tok_strides(k), *tok_strides(v), *tok_strides(g), *tok_strides(o),
            C=C, BK=BK, BV=BV, OP=op, QP=QP, P=P, num_warps=warps)
     return o
@@ -408,12 +408,12 @@ def output(q, k, v, g, starts, scale: float, C: int, op: int, QP: int, P: int, d
 def state_grads(q, do, g, E, dfin, has_init: bool, scale: float, C: int, R: int, DK: int, op: int, P: int):
     """``(D (B, H, n, R, d_k): dL/dS_{c+1} for every chunk, dL/dS_0 or None)``, fp32."""
     B, T, H, DV = do.shape
-    n = triton.cdiv(T, C)
+    n = cdiv(T, C)
     KK = R > DV
     ds = torch.empty(B, H, n, R, DK, device=do.device, dtype=torch.float32)
     ds0 = torch.empty(B, H, R, DK, device=do.device, dtype=torch.float32) if has_init else None
     BK, BR, warps = state_config(DK, min(DK, DV) if KK else DV, P)
-    blocks = triton.cdiv(DV, BR) + (triton.cdiv(DK, BR) if KK else 0)
+    blocks = cdiv(DV, BR) + (cdiv(DK, BR) if KK else 0)
     launch(_state_bwd, (blocks, B * H), q, do, g, ds if E is None else E, ds if dfin is None else dfin, ds,
            ds if ds0 is None else ds0, float(scale), T, H, n, DK, DV, *tok_strides(q), *tok_strides(do),
            *tok_strides(g), C=C, BK=BK, BR=BR, KK=KK, HAS_E=E is not None, HAS_DFIN=dfin is not None,

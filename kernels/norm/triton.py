@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype, pow2
+from ..common import cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -132,7 +132,7 @@ class _L2Normalize(torch.autograd.Function):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BR, BD, warps = _block(D, n_rows)
         fp64 = compute_dtype(x.dtype) == torch.float64
-        launch(_l2_fwd, (triton.cdiv(n_rows, BR),), x, y, n_rows, inner, sx, six, D, eps, FP64=fp64, BR=BR, BD=BD,
+        launch(_l2_fwd, (cdiv(n_rows, BR),), x, y, n_rows, inner, sx, six, D, eps, FP64=fp64, BR=BR, BD=BD,
                num_warps=warps)
         ctx.save_for_backward(x)
         ctx.eps, ctx.layout = eps, (n_rows, inner, sx, six, BR, BD, warps, fp64)
@@ -143,7 +143,7 @@ class _L2Normalize(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         n_rows, inner, sx, six, BR, BD, warps, fp64 = ctx.layout
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        launch(_l2_bwd, (triton.cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, x.shape[-1],
+        launch(_l2_bwd, (cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, x.shape[-1],
                ctx.eps, FP64=fp64, BR=BR, BD=BD, num_warps=warps)
         return dx, None
 
@@ -163,7 +163,7 @@ class _RMSNorm(torch.autograd.Function):
         w = weight.to(compute_dtype(x.dtype)).contiguous()
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BR, BD, warps = _block(D, n_rows)
-        launch(_rms_fwd, (triton.cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps,
+        launch(_rms_fwd, (cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps,
                GATED=gated, BR=BR, BD=BD, num_warps=warps)
         ctx.save_for_backward(x, z, w)
         ctx.eps, ctx.layout, ctx.w_dtype = eps, (n_rows, inner, sx, six, sz, siz, BR, BD, warps), weight.dtype
@@ -175,7 +175,7 @@ class _RMSNorm(torch.autograd.Function):
         x, z, w = ctx.saved_tensors
         n_rows, inner, sx, six, sz, siz, BR, BD, warps = ctx.layout
         D = x.shape[-1]
-        n_prog = triton.cdiv(n_rows, BR)
+        n_prog = cdiv(n_rows, BR)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device) if ctx.gated else dx
         dw = w.new_empty(n_prog, D)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype, pow2
+from ..common import cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -71,7 +71,7 @@ def _rotate_into(x: torch.Tensor, start: int, base: float, rotated: int, sign: i
     BH = max(2, pow2(half))
     BT = max(1, min(64, 2048 // BH, pow2(n_pos)))
     hi, lo = _split_log2(base)
-    launch(_rotate, (triton.cdiv(n_pos, BT),), x, y, n_pos, T, G, rotated, *x.stride()[:3], *y.stride()[:3],
+    launch(_rotate, (cdiv(n_pos, BT),), x, y, n_pos, T, G, rotated, *x.stride()[:3], *y.stride()[:3],
            start, hi, lo, SIGN=sign, HALF=half, BH=BH, BT=BT, FP64=compute_dtype(x.dtype) == torch.float64,
            num_warps=4)
     return y

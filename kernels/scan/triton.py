@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype, pow2
+from ..common import cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -85,7 +85,7 @@ class _ChunkScanTriton(torch.autograd.Function):
         starts = X_f.new_empty(L, n, D)
         fin = X_f.new_empty(L, D)
         BLOCK = _block(D)
-        launch(_scan_fwd, (triton.cdiv(D, BLOCK), L), a_f, X_f, fin if s0 is None else s0, starts, fin, n, D,
+        launch(_scan_fwd, (cdiv(D, BLOCK), L), a_f, X_f, fin if s0 is None else s0, starts, fin, n, D,
                HAS_INIT=s0 is not None, BLOCK=BLOCK)
         ctx.save_for_backward(a_f, starts)
         state_shape = X.shape[:a.ndim - 1] + X.shape[a.ndim:]
@@ -101,7 +101,7 @@ class _ChunkScanTriton(torch.autograd.Function):
         L, n, D = starts.shape
         cd = starts.dtype
         BLOCK = _block(D)
-        n_blocks = triton.cdiv(D, BLOCK)
+        n_blocks = cdiv(D, BLOCK)
         dX = starts.new_empty(L, n, D)
         da = starts.new_empty(L, n_blocks, n)
         has_init = init_dt is not None

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import compute_dtype, pow2
+from ..common import cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -146,7 +146,7 @@ class _CausalConvTriton(torch.autograd.Function):
         b = bias.to(cd).contiguous() if bias is not None else w
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BT, BC = _blocks(T, C)
-        launch(_conv_fwd, (triton.cdiv(C, BC), triton.cdiv(T, BT), Bsz), x, w, b, out, T, C, x.stride(0),
+        launch(_conv_fwd, (cdiv(C, BC), cdiv(T, BT), Bsz), x, w, b, out, T, C, x.stride(0),
                x.stride(1), K=K, HAS_BIAS=bias is not None, ACT=activation, BT=BT, BC=BC)
         ctx.save_for_backward(x, w, b)
         ctx.has_bias, ctx.activation, ctx.K = bias is not None, activation, K
@@ -162,18 +162,18 @@ class _CausalConvTriton(torch.autograd.Function):
         if ctx.activation:    # g = dout SiLU'(y): the gradient the convolution itself passes back
             g = torch.empty(x.shape, dtype=w.dtype, device=x.device)
             BT, BC = _blocks(T, C)
-            launch(_conv_act_bwd, (triton.cdiv(C, BC), triton.cdiv(T, BT), Bsz), x, w, b, dout, g, T, C,
+            launch(_conv_act_bwd, (cdiv(C, BC), cdiv(T, BT), Bsz), x, w, b, dout, g, T, C,
                    x.stride(0), x.stride(1), K=K, HAS_BIAS=ctx.has_bias, BT=BT, BC=BC)
         else:
             g = dout
         BK = max(2, pow2(K))
         BT, BC = _blocks(T, C, BK)
-        n_t = triton.cdiv(T, BT)
-        tiles = triton.cdiv(n_t, _MAX_GROUPS)
-        n_groups = triton.cdiv(n_t, tiles)
+        n_t = cdiv(T, BT)
+        tiles = cdiv(n_t, _MAX_GROUPS)
+        n_groups = cdiv(n_t, tiles)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         part = w.new_empty(Bsz * n_groups, C * (K + 1))
-        launch(_conv_bwd, (triton.cdiv(C, BC), n_groups, Bsz), x, w, g, dx, part, T, C, x.stride(0), x.stride(1),
+        launch(_conv_bwd, (cdiv(C, BC), n_groups, Bsz), x, w, g, dx, part, T, C, x.stride(0), x.stride(1),
                n_groups, tiles, K=K, BK=BK, BT=BT, BC=BC)
         sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
         dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])

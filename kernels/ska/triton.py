@@ -66,7 +66,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import pad_time, pow2
+from ..common import cdiv, pad_time, pow2
 from ..launch import launch
 from ..split_dot import dot_x_state
 from .operator import JITTERS, SCALE_FLOOR, chain_operator
@@ -220,8 +220,8 @@ class _SKAApply(torch.autograd.Function):
         op = _OPERAND.get(q.dtype, 0)
         y = torch.empty(B, T, H, P, device=q.device, dtype=torch.float32)
         BT, BR, BPB = _tiles(chunk_size, R, P)
-        npb = triton.cdiv(P, BPB)
-        launch(_ska_apply_kernel, (N, B * H, triton.cdiv(chunk_size, BT) * npb), q, W, y, T, H, N, chunk_size, R,
+        npb = cdiv(P, BPB)
+        launch(_ska_apply_kernel, (N, B * H, cdiv(chunk_size, BT) * npb), q, W, y, T, H, N, chunk_size, R,
                P, npb, BT=BT, BR=BR, BPB=BPB, OP=op, num_warps=_warps(op))
         ctx.save_for_backward(W, q)
         ctx.chunk_size, ctx.op = chunk_size, op
@@ -237,7 +237,7 @@ class _SKAApply(torch.autograd.Function):
         dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
         dW = torch.empty_like(W)
         BT, BR, BPB = _tiles(cs, R, P)
-        ntb, npb = triton.cdiv(cs, BT), triton.cdiv(P, BPB)
+        ntb, npb = cdiv(cs, BT), cdiv(P, BPB)
         launch(_ska_apply_bwd_kernel, (N, B * H, ntb + npb), q, W, dy, dq, dW, T, H, N, cs, R, P, ntb, npb,
                BT=BT, BR=BR, BPB=BPB, OP=ctx.op, num_warps=_warps(ctx.op, backward=True))
         return dW, dq.to(q.dtype), None
@@ -619,11 +619,11 @@ class _SKAStatistics(torch.autograd.Function):
     def forward(ctx, k, v, w, chunk_size: int, prefix: bool):
         B, T, H, R = k.shape
         P = v.shape[-1]
-        N = triton.cdiv(T, chunk_size)
+        N = cdiv(T, chunk_size)
         own = torch.empty(B, N, H, 2 * R * R + P * R, device=k.device, dtype=torch.float32)
         BT, BR, BP, warps = _stats_tiles(chunk_size, R, P)
         wt = k if w is None else w
-        launch(_ska_stats_kernel, (B * N * H, 1 + triton.cdiv(P, BP)), k, v, wt, own, T, H, N, chunk_size, R, P,
+        launch(_ska_stats_kernel, (B * N * H, 1 + cdiv(P, BP)), k, v, wt, own, T, H, N, chunk_size, R, P,
                0 if prefix else 1, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
                wt.stride(0), BT=BT, BR=BR, BP=BP, HAS_W=w is not None, num_warps=warps)
         ctx.save_for_backward(k, v, w)
@@ -636,14 +636,14 @@ class _SKAStatistics(torch.autograd.Function):
         chunk_size, prefix = ctx.meta
         B, T, H, R = k.shape
         P = v.shape[-1]
-        N = triton.cdiv(T, chunk_size)
+        N = cdiv(T, chunk_size)
         # chunk c's own statistics reach every later slot: D[N - 2 - c] = sum_{n > c} dS[n] (reversed suffix sums)
         D = dS.contiguous() if prefix else dS.flip(1).cumsum(dim=1)
         dk = torch.empty(B, T, H, R, device=k.device, dtype=k.dtype)
         dv = torch.empty(B, T, H, P, device=v.device, dtype=v.dtype)
         BT, BR, BP, warps = _stats_tiles(chunk_size, R, P)
         wt = k if w is None else w
-        launch(_ska_stats_bwd_kernel, (B * N * H, triton.cdiv(chunk_size, BT)), k, v, wt, D, dk, dv, T, H, N,
+        launch(_ska_stats_bwd_kernel, (B * N * H, cdiv(chunk_size, BT)), k, v, wt, D, dk, dv, T, H, N,
                D.shape[1], chunk_size, R, P, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
                v.stride(2), wt.stride(0), PREFIX=prefix, BT=BT, BR=BR, BP=BP, HAS_W=w is not None, num_warps=warps)
         return dk, dv, None, None, None
@@ -717,8 +717,8 @@ def key_scale(k, w, *, prefix: bool, chunk_size: int, normalisation: str) -> tor
         knorm = knorm * (w > 0)[:, :, None]
     if prefix or normalisation == "seq_max":
         s = knorm.amax(dim=1, keepdim=True).clamp_min(SCALE_FLOOR)
-        return s if prefix else s.expand(B, triton.cdiv(T, chunk_size), H)
-    N = triton.cdiv(T, chunk_size)
+        return s if prefix else s.expand(B, cdiv(T, chunk_size), H)
+    N = cdiv(T, chunk_size)
     cmax = pad_time(knorm, chunk_size).reshape(B, N, chunk_size, H).amax(dim=2)
     return torch.cummax(F.pad(cmax, (0, 0, 1, 0))[:, :-1], dim=1).values.clamp_min(SCALE_FLOOR)
 

@@ -80,7 +80,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import pow2
+from ..common import cdiv, pow2
 from ..launch import launch
 from ..split_dot import dot_state_x, dot_x_state
 from .reference import W_MAX, log_keep
@@ -558,7 +558,7 @@ class _ChunkPlan:
         self.BT = max(16, min(64, pow2(chunk_size), 4096 // self.BM))
         self.BDV = min(32, max(16, pow2(dv)))
         self.BK = pow2(K)
-        self.NC = triton.cdiv(T, self.BT)
+        self.NC = cdiv(T, self.BT)
         self.warps = 8
         self.BE = 512
 
@@ -607,7 +607,7 @@ class _ChunkedSlots(torch.autograd.Function):
         launch(_slots_state, (pl.NC, BH), wi, w, gamma, v, XS, DEC, T, H, M, K, dv, pl.NC, SA, SV,
                BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, num_warps=pl.warps)
         has_init = S0 is not None
-        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), XS, DEC, S0 if has_init else XS, z0 if has_init else XS,
+        launch(_slots_carry, (cdiv(E, pl.BE), BH), XS, DEC, S0 if has_init else XS, z0 if has_init else XS,
                S, z, E, dv + 1, pl.NC, HAS_X0=has_init, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_read, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, O, T, H, M, K, dv,
                pl.NC, SA, SV, eps, BT=pl.BT, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
@@ -639,7 +639,7 @@ class _ChunkedSlots(torch.autograd.Function):
         DVO = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
         launch(_slots_read_bwd, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
                pl.NC, SA, SV, eps, BT=pl.BT, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
-        launch(_slots_carry, (triton.cdiv(E, pl.BE), BH), LG, DEC, dS if has_final else LG, dz if has_final else LG,
+        launch(_slots_carry, (cdiv(E, pl.BE), BH), LG, DEC, dS if has_final else LG, dz if has_final else LG,
                dS0, dz0, E, dv + 1, pl.NC, HAS_X0=has_final, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_state_bwd, (pl.NC, BH), wi, w, gamma, v, XS, LG, DEC, DLA, DW, DWO, DG, DVP, DVO, T, H, M, K,
                dv, pl.NC, SA, SV, BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
@@ -665,7 +665,7 @@ class _SparseSlots(torch.autograd.Function):
         B, T, H, K = wi.shape
         dv = v.shape[-1]
         BK, BD = _sparse_blocks(K, dv)
-        tiles = triton.cdiv(dv, BD)
+        tiles = cdiv(dv, BD)
         wi, ri = wi.contiguous(), ri.contiguous()
         w, dec, r, v = (x.float().contiguous() for x in (w, dec, r, v))
         S, Z = _sparse_state(S0, z0, B, H, num_slots, dv, tiles, v)
@@ -685,7 +685,7 @@ class _SparseSlots(torch.autograd.Function):
         B, T, H, K = wi.shape
         dv = v.shape[-1]
         BK, BD = _sparse_blocks(K, dv)
-        tiles = triton.cdiv(dv, BD)
+        tiles = cdiv(dv, BD)
         S, Z = _sparse_state(*(init if init else (None, None)), B, H, M, dv, tiles, v)
         # rebuild the final memory by replaying the writes (nothing M-sized was saved)
         launch(_slots_fwd, (B * H, tiles), wi, w, dec, ri, r, v, S, Z, P, Pz, v, T, H, M, K, dv, eps,
@@ -864,7 +864,7 @@ class _KroneckerTopk(torch.autograd.Function):
         BR, BC, BD = _topk_blocks(k, dp)
         if R:
             rows, NI, SO, SI = _logit_rows(logits)
-            launch(_topk_fwd, (triton.cdiv(R, BR),), rows, idx, w, R, NI, SO, SI, float(tau), U=U, DP=dp, K=k,
+            launch(_topk_fwd, (cdiv(R, BR),), rows, idx, w, R, NI, SO, SI, float(tau), U=U, DP=dp, K=k,
                    RENORM=renormalize, HARD=hard, BR=BR, BC=BC, BD=BD, num_warps=4)
         ctx.mark_non_differentiable(idx)
         ctx.save_for_backward(logits, idx)
@@ -883,7 +883,7 @@ class _KroneckerTopk(torch.autograd.Function):
         BR, BC, BD = _topk_blocks(k, dp)
         if R:
             rows, NI, SO, SI = _logit_rows(logits)
-            launch(_topk_bwd, (triton.cdiv(R, BR),), rows, idx, dw.contiguous(), dl, R, NI, SO, SI, float(tau),
+            launch(_topk_bwd, (cdiv(R, BR),), rows, idx, dw.contiguous(), dl, R, NI, SO, SI, float(tau),
                    U=U, DP=dp, K=k, RENORM=renormalize, BR=BR, BC=BC, BD=BD, num_warps=4)
         return dl, None, None, None, None
 

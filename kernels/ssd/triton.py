@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
-from ..common import pow2
+from ..common import cdiv, pow2
 from ..launch import launch
 
 __all__ = ["ssd_triton", "chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads",
@@ -380,11 +380,11 @@ def _chunk_sums(km, vm, dt, A32, L: int, mode: int):
     the chunks' last cumulative decays."""
     b, T, H, P = vm.shape
     N = km.shape[-1]
-    n = triton.cdiv(T, L)
+    n = cdiv(T, L)
     block_p = column_block(P, vm.dtype != torch.float32)
     out = torch.empty(b, n, H, N, P, device=vm.device, dtype=torch.float32)
     alast = torch.empty(b, H, n, device=vm.device, dtype=torch.float32) if mode == 0 else out  # MODE 1: unused
-    launch(_chunk_state, (n, b * H, triton.cdiv(P, block_p)),
+    launch(_chunk_state, (n, b * H, cdiv(P, block_p)),
            km, vm, dt, A32, out, alast, *km.stride(), *vm.stride(), *dt.stride(),
            T, H, N, P, L, n, MODE=mode, PREC=_PREC, **_blocks(L, N, P, block_p), **_launch_opts())
     return out, alast
@@ -403,7 +403,7 @@ def _pass(kernel, has_start: str, parts, alast, start, dtype):
     parts, alast = parts.contiguous(), alast.contiguous()
     stored = torch.empty_like(parts, dtype=dtype)
     last = torch.empty(b, H, N, P, device=parts.device, dtype=torch.float32)
-    launch(kernel, (triton.cdiv(N * P, _PASS_BLOCK), b * H), parts, alast,
+    launch(kernel, (cdiv(N * P, _PASS_BLOCK), b * H), parts, alast,
            start.contiguous() if start is not None else last, stored, last, H, n, N * P,
            **{has_start: start is not None}, BLOCK=_PASS_BLOCK)
     return stored, last
@@ -421,11 +421,11 @@ def chunk_outputs(x, dt, A32, B, C, hstart, L: int, D=None):
     the skip ``D_h x_t`` with ``D`` (H,) fp32."""
     b, T, H, P = x.shape
     N = B.shape[-1]
-    n = triton.cdiv(T, L)
+    n = cdiv(T, L)
     block_p = column_block(P, x.dtype != torch.float32)
     hstart = hstart.contiguous()
     y = torch.empty_like(x)
-    launch(_chunk_out, (n, b * H, triton.cdiv(P, block_p)),
+    launch(_chunk_out, (n, b * H, cdiv(P, block_p)),
            x, dt, A32, B, C, hstart, A32 if D is None else D, y, *x.stride(), *dt.stride(), *B.stride(),
            *y.stride(), T, H, N, P, L, n, PREC=_PREC, **_blocks(L, N, P, block_p), HAS_D=D is not None,
            **_launch_opts())
@@ -451,7 +451,7 @@ def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int, D=None):
     (H,) fp32, else None."""
     b, T, H, P = x.shape
     N = B.shape[-1]
-    n = triton.cdiv(T, L)
+    n = cdiv(T, L)
     dx, ddt, dB, dC, sums, parts = _chunk_bwd_outputs(x, dt, B, n, column_block(P, x.dtype != torch.float32),
                                                       D is not None)
     assert dy.stride() == x.stride() and C.stride() == B.stride()
@@ -518,7 +518,7 @@ def _chunk_bwd_outputs(x, dt, B, n, block_p, has_d: bool):
     kernels: with one column block, the gradients themselves; with several, fp32 shares stacked along a
     leading axis (in the layouts of ``dt`` and ``B``), summed by the caller."""
     b, T, H, P = x.shape
-    count = triton.cdiv(P, block_p)
+    count = cdiv(P, block_p)
     dx = torch.empty_like(x)
     da_part = torch.empty(2 if has_d else 1, count, b, H, n, device=x.device, dtype=torch.float32)
     if count == 1:

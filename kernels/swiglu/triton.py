@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, compute_dtype, pow2
+from ..common import as_rows, cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -56,7 +56,7 @@ def _grid(n_rows: int, F: int) -> tuple[tuple[int], int, int]:
     """``(grid, BR, BF)``: tiles of about 2048 elements, at most 256 columns wide."""
     BF = min(256, max(16, pow2(F)))
     BR = max(1, min(2048 // BF, pow2(max(n_rows, 1))))
-    return (triton.cdiv(n_rows, BR) * triton.cdiv(F, BF),), BR, BF
+    return (cdiv(n_rows, BR) * cdiv(F, BF),), BR, BF
 
 
 class _SwiGLU(torch.autograd.Function):
