@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.backend import triton_pieces_for
 from kernels.delta import BACKENDS, delta_product, delta_product_step
+from kernels.gate import scaled_sigmoid
 
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
@@ -112,6 +114,9 @@ class DeltaProduct(Mixer):
         return q, k, v, self._beta(b)
 
     def _beta(self, b):
+        scale = 2.0 if self.options.allow_neg_eigval else 1.0
+        if triton_pieces_for(b):   # one launch each way, fp32 from a 16-bit projection
+            return scaled_sigmoid(b, scale, backend="triton").unflatten(-1, (self.n_h, self.n_heads))
         beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (self.n_h, self.n_heads))
         if self.options.allow_neg_eigval:
             beta = 2 * beta

@@ -1,6 +1,7 @@
 """The Mamba-2 log-decay gate of the gated mixers, ``g = -exp(A_log) softplus(raw + dt_bias)`` per head, and
 its step size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone (what Mamba-2's scan takes); and the beta
-gate of the GLA and GKA layers, ``(k sigmoid(raw), v sigmoid(raw))`` per head (:func:`beta_scale`).
+gate of the GLA and GKA layers, ``(k sigmoid(raw), v sigmoid(raw))`` per head (:func:`beta_scale`), and the
+delta rule's step size ``scale sigmoid(raw)`` (:func:`scaled_sigmoid`).
 
 Backends: ``reference`` (the PyTorch formula, :mod:`.reference`) and ``triton`` (one kernel forward and
 one backward, :mod:`.triton`), the GPU path. The CPU path is :class:`mixers.layers.DecayGate`'s own
@@ -9,10 +10,10 @@ PyTorch code, which picks between the two paths by :func:`kernels.device.plan_fo
 from __future__ import annotations
 
 from ..backend import resolve_backend
-from .reference import beta_scale_reference, log_decay_reference, step_size_reference
+from .reference import beta_scale_reference, log_decay_reference, scaled_sigmoid_reference, step_size_reference
 
-__all__ = ["BACKENDS", "beta_scale", "beta_scale_reference", "log_decay", "log_decay_reference", "step_size",
-           "step_size_reference"]
+__all__ = ["BACKENDS", "beta_scale", "beta_scale_reference", "log_decay", "log_decay_reference", "scaled_sigmoid",
+           "scaled_sigmoid_reference", "step_size", "step_size_reference"]
 
 #: the backends this family implements
 BACKENDS = ("reference", "triton")
@@ -57,3 +58,12 @@ def beta_scale(k, v, raw, backend: str = "auto"):
 
         return beta_scale_triton(k, v, raw)
     return beta_scale_reference(k, v, raw)
+
+
+def scaled_sigmoid(raw, scale: float = 1.0, backend: str = "auto"):
+    """``raw (..., H)`` -> ``scale sigmoid(raw)`` in at least fp32 (the delta rule's ``beta``)."""
+    if resolve_backend(backend, raw, op="scaled_sigmoid", available=BACKENDS) == "triton":
+        from .triton import scaled_sigmoid_triton  # lazy: triton is optional
+
+        return scaled_sigmoid_triton(raw, scale)
+    return scaled_sigmoid_reference(raw, scale)

@@ -2,7 +2,8 @@
 size ``dt = min(softplus(raw + dt_bias), dt_max)`` alone, in at least fp32 (Dao & Gu, "Transformers are SSMs",
 arXiv 2405.21060); and of the beta gate of the GLA and GKA layers, ``(k beta, v beta)`` with ``beta =
 sigmoid(raw)`` per head (Gated KalmaNet, arXiv 2511.21016: the gate scales the keys and values, so the
-statistics carry ``beta^2``)."""
+statistics carry ``beta^2``); and of the delta rule's step size ``beta = scale sigmoid(raw)`` (``scale`` 2 lets
+the transitions ``I - beta k k^T`` have negative eigenvalues)."""
 from __future__ import annotations
 
 import torch
@@ -30,3 +31,8 @@ def beta_scale_reference(k: torch.Tensor, v: torch.Tensor, raw: torch.Tensor) ->
     per head (the mixers' formula, in the inputs' dtypes)."""
     beta = torch.sigmoid(raw).unsqueeze(-1)
     return k * beta, v * beta
+
+
+def scaled_sigmoid_reference(raw: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``raw (..., H)`` -> ``scale sigmoid(raw)`` in at least fp32."""
+    return scale * torch.sigmoid(raw.to(compute_dtype(raw.dtype)))

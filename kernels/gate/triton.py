@@ -19,6 +19,11 @@ A program takes ``BR`` rows and walks the heads ``NH`` at a time, a ``(BR, NH, d
 k + sum dv' v)`` per row and head (both sums complete within the step). ``k``, ``v`` and ``raw`` may be column
 blocks of wider tensors (any row stride; heads ``d`` apart), as the layers' projections and normalised keys
 are.
+
+The delta rule's step size, ``beta = scale sigmoid(raw)`` (``scale`` 2 where negative eigenvalues are allowed):
+one kernel each way (``_beta_gate_fwd`` / ``_beta_gate_bwd``) on the ``(rows, H)`` logits, in fp32 from a
+16-bit projection, where the formula launches a sigmoid and a product each way (and a cast where the
+projection is 16-bit).
 """
 from __future__ import annotations
 
@@ -299,3 +304,57 @@ def beta_scale_triton(k: torch.Tensor, v: torch.Tensor, raw: torch.Tensor) -> tu
     """:func:`kernels.gate.reference.beta_scale_reference` in one launch each way (computed in fp32, fp64 where an
     input is fp64; each output rounded once to its input's dtype)."""
     return _BetaScale.apply(k, v, raw)
+
+
+@triton.jit
+def _scaled_sigmoid_fwd(RAW, OUT, n_rows, H, s_raw, scale, BR: tl.constexpr, BH: tl.constexpr, FP64: tl.constexpr):
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    cols = tl.arange(0, BH)
+    mask = (rows < n_rows)[:, None] & (cols < H)[None, :]
+    raw = tl.load(RAW + rows[:, None] * s_raw + cols[None, :], mask=mask, other=0.0)
+    out = scale * tl.sigmoid(raw.to(tl.float64 if FP64 else tl.float32))
+    tl.store(OUT + rows[:, None] * H + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scaled_sigmoid_bwd(RAW, DOUT, DRAW, n_rows, H, s_raw, s_dout_row, s_dout_col, scale, BR: tl.constexpr,
+                        BH: tl.constexpr, FP64: tl.constexpr):
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    cols = tl.arange(0, BH)
+    mask = (rows < n_rows)[:, None] & (cols < H)[None, :]
+    cd = tl.float64 if FP64 else tl.float32
+    sig = tl.sigmoid(tl.load(RAW + rows[:, None] * s_raw + cols[None, :], mask=mask, other=0.0).to(cd))
+    dout = tl.load(DOUT + rows[:, None] * s_dout_row + cols[None, :] * s_dout_col, mask=mask, other=0.0).to(cd)
+    tl.store(DRAW + rows[:, None] * H + cols[None, :], (scale * sig * (1.0 - sig) * dout).to(DRAW.dtype.element_ty),
+             mask=mask)
+
+
+class _ScaledSigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, raw, scale):
+        rows = as_rows(raw)
+        n_rows, H = rows.shape
+        out = torch.empty(raw.shape, dtype=compute_dtype(raw.dtype), device=raw.device)
+        BR, BH = _blocks(H, n_rows)
+        fp64 = raw.dtype == torch.float64
+        launch(_scaled_sigmoid_fwd, (cdiv(n_rows, BR),), rows, out, n_rows, H, rows.stride(0), float(scale),
+               BR=BR, BH=BH, FP64=fp64)
+        ctx.save_for_backward(rows)
+        ctx.meta = (raw.shape, raw.dtype, float(scale), BR, BH, fp64)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        (rows,) = ctx.saved_tensors
+        shape, raw_dtype, scale, BR, BH, fp64 = ctx.meta
+        n_rows, H = rows.shape
+        draw = torch.empty(shape, dtype=raw_dtype, device=rows.device)
+        d_rows = _grad_rows(dout, n_rows, H)
+        launch(_scaled_sigmoid_bwd, (cdiv(n_rows, BR),), rows, d_rows, draw, n_rows, H, rows.stride(0),
+               *d_rows.stride(), scale, BR=BR, BH=BH, FP64=fp64)
+        return draw, None
+
+
+def scaled_sigmoid_triton(raw: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """:func:`kernels.gate.reference.scaled_sigmoid_reference` in one launch each way."""
+    return _ScaledSigmoid.apply(raw, scale)

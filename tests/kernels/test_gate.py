@@ -2,13 +2,23 @@
 ``-exp(A_log) softplus(raw + dt_bias)``, values and gradients of all three inputs in fp32 and fp64 through
 the interpreter, including steps far in both tails of the softplus and a strided projection block; and the
 step size alone, ``min(softplus(raw + dt_bias), dt_max)``, the same way; and the beta gate ``(k sigmoid(raw),
-v sigmoid(raw))`` of the GLA and GKA layers, on column blocks of one projection as the layers read them."""
+v sigmoid(raw))`` of the GLA and GKA layers, on column blocks of one projection as the layers read them; and
+the delta rule's step size ``scale sigmoid(raw)``."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.gate import beta_scale, beta_scale_reference, log_decay, log_decay_reference, step_size, step_size_reference
+from kernels.gate import (
+    beta_scale,
+    beta_scale_reference,
+    log_decay,
+    log_decay_reference,
+    scaled_sigmoid,
+    scaled_sigmoid_reference,
+    step_size,
+    step_size_reference,
+)
 from kernels.launch import counting
 from tests.kernels.harness import assert_rel_close, cancellation, needs_triton, value_and_grads
 
@@ -96,16 +106,18 @@ def test_step_size_in_a_16_bit_dtype_and_bad_inputs():
 
 @pytest.mark.gpu
 def test_gates_in_bf16_at_real_size():
-    """bf16 projections of 32 heads over 8 x 2048 tokens (a Mamba-2 layer of d_model 1024): the log decay
-    and the capped step size (stored in bf16, as Mamba-2 feeds its scan) within bf16 rounding of the fp64
-    formulas, values and gradients."""
+    """bf16 projections of 32 heads over 8 x 2048 tokens (a Mamba-2 layer of d_model 1024): the log decay,
+    the capped step size (stored in bf16, as Mamba-2 feeds its scan) and the delta rule's 2 sigmoid within
+    bf16 rounding of the fp64 formulas, values and gradients."""
     raw = torch.randn(8, 2048, 32, device="cuda", dtype=torch.bfloat16) * 4
     A_log, dt_bias = torch.randn(32, device="cuda"), torch.randn(32, device="cuda") - 4
     dy = torch.randn(8, 2048, 32, device="cuda")
     cases = [(lambda r, a, b: log_decay(r, a, b, backend="triton"), log_decay_reference, [raw, A_log, dt_bias],
               torch.float32),
              (lambda r, b: step_size(r, b, 1e3, out_dtype=torch.bfloat16, backend="triton"),
-              lambda r, b: step_size_reference(r, b, 1e3), [raw, dt_bias], torch.bfloat16)]
+              lambda r, b: step_size_reference(r, b, 1e3), [raw, dt_bias], torch.bfloat16),
+             (lambda r: scaled_sigmoid(r, 2.0, backend="triton"), lambda r: scaled_sigmoid_reference(r, 2.0), [raw],
+              torch.float32)]
     for fast, formula, inputs, out_dtype in cases:
         got = value_and_grads(fast, inputs, dy.to(out_dtype))
         want = value_and_grads(formula, [t.double() for t in inputs], dy.double())
@@ -169,3 +181,22 @@ def test_beta_scale_in_bf16_at_real_size():
     want = _beta_values_and_grads(beta_scale_reference, [x.double() for x in inputs], [g.double() for g in grads])
     for name, a, b in zip(("k beta", "v beta", "d k", "d v", "d raw"), got, want):
         assert_rel_close(a.double(), b, 1e-2, name)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-13), (torch.float16, 1e-6)])
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_scaled_sigmoid_matches_formula(dtype, tol, scale):
+    """A column block of a wider projection, logits from -20 to 20; the output in fp32 (fp64 for fp64 logits)
+    from 16-bit logits too, as the formula computes it; one launch each way."""
+    H = int(torch.randint(2, 9, ()))
+    wide = (torch.randn(2, int(torch.randint(3, 40, ())), 3 * H) * 6).to(dtype)
+    wide[0, 0, H:2 * H] = torch.linspace(-20, 20, H).to(dtype)
+    raw = wide[..., H:2 * H]
+    dout = torch.randn(raw.shape, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    with counting() as launched:
+        got = value_and_grads(lambda r: scaled_sigmoid(r, scale, backend="triton"), [raw], dout)
+    assert sum(launched.values()) == 2
+    want = value_and_grads(lambda r: scaled_sigmoid_reference(r, scale), [raw], dout)
+    assert got[0].dtype == want[0].dtype and got[1].dtype == dtype
+    assert_rel_close(got[0], want[0], tol, "beta")
+    assert_rel_close(got[1].double(), want[1].double(), tol if dtype != torch.float16 else 1e-3, "d raw")

@@ -62,7 +62,7 @@ from kernels.attention.triton import attention_triton
 from kernels.blockscan.gates import softmax_gates_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
-from kernels.gate.triton import beta_scale_triton, log_decay_triton, step_size_triton
+from kernels.gate.triton import beta_scale_triton, log_decay_triton, scaled_sigmoid_triton, step_size_triton
 from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
@@ -264,6 +264,7 @@ def _gate(dt, quick):
             _fwd_bwd(log_decay_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32),
                                       _meta(H, dtype=torch.float32)))
             _fwd_bwd(step_size_triton(_meta(2, 1024, H, dtype=dt), _meta(H, dtype=torch.float32), 1e3, dt))
+            _fwd_bwd(scaled_sigmoid_triton(_meta(2, 1024, 5 * H, dtype=dt)[..., H:2 * H], 2.0))
         yield f"H={H}", run
     for H, D in (((8, 128),) if quick else ((4, 64), (8, 128), (16, 256))):
         def beta(H=H, D=D):   # the GLA / GKA beta gate on column blocks of a layer's projections
