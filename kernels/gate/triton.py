@@ -208,19 +208,34 @@ def _beta_rows(RAW, pid, n_rows, H, h0, s_raw, BR: tl.constexpr, NH: tl.constexp
 
 
 @triton.jit
+def _scale_heads(X, XO, rows, heads, row_ok, head_ok, D, BD: tl.constexpr, s_x, H, beta):
+    """One ``(rows, heads, BD)`` tile of ``x`` (row stride ``s_x``) times ``beta`` into the contiguous ``XO``."""
+    off, m = _head_tile(rows, heads, D, BD, s_x, row_ok, head_ok)
+    out, _ = _head_tile(rows, heads, D, BD, H * D, row_ok, head_ok)
+    x = tl.load(X + off, mask=m, other=0.0).to(beta.dtype)
+    tl.store(XO + out, (x * beta[:, :, None]).to(XO.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _scale_heads_bwd(X, DXO, DX, rows, heads, row_ok, head_ok, D, BD: tl.constexpr, s_x, s_dxo, H, beta):
+    """``dx = dx' beta`` of one tile into the contiguous ``DX``; returns ``sum dx' x`` per row and head."""
+    off, m = _head_tile(rows, heads, D, BD, s_x, row_ok, head_ok)
+    g_off, _ = _head_tile(rows, heads, D, BD, s_dxo, row_ok, head_ok)
+    out, _ = _head_tile(rows, heads, D, BD, H * D, row_ok, head_ok)
+    x = tl.load(X + off, mask=m, other=0.0).to(beta.dtype)
+    dxo = tl.load(DXO + g_off, mask=m, other=0.0).to(beta.dtype)
+    tl.store(DX + out, (dxo * beta[:, :, None]).to(DX.dtype.element_ty), mask=m)
+    return tl.sum(dxo * x, axis=2)
+
+
+@triton.jit
 def _beta_fwd(K, V, RAW, KO, VO, n_rows, H, DK, DV, s_k, s_v, s_raw,
               BR: tl.constexpr, NH: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, FP64: tl.constexpr):
     pid = tl.program_id(0)
     for h0 in range(0, H, NH):
         rows, heads, row_ok, head_ok, beta = _beta_rows(RAW, pid, n_rows, H, h0, s_raw, BR, NH, FP64)
-        off, m = _head_tile(rows, heads, DK, BDK, s_k, row_ok, head_ok)
-        out, _ = _head_tile(rows, heads, DK, BDK, H * DK, row_ok, head_ok)
-        k = tl.load(K + off, mask=m, other=0.0).to(beta.dtype)
-        tl.store(KO + out, (k * beta[:, :, None]).to(KO.dtype.element_ty), mask=m)
-        off, m = _head_tile(rows, heads, DV, BDV, s_v, row_ok, head_ok)
-        out, _ = _head_tile(rows, heads, DV, BDV, H * DV, row_ok, head_ok)
-        v = tl.load(V + off, mask=m, other=0.0).to(beta.dtype)
-        tl.store(VO + out, (v * beta[:, :, None]).to(VO.dtype.element_ty), mask=m)
+        _scale_heads(K, KO, rows, heads, row_ok, head_ok, DK, BDK, s_k, H, beta)
+        _scale_heads(V, VO, rows, heads, row_ok, head_ok, DV, BDV, s_v, H, beta)
 
 
 @triton.jit
@@ -229,20 +244,8 @@ def _beta_bwd(K, V, RAW, DKO, DVO, DK, DVV, DRAW, n_rows, H, DK_DIM, DV_DIM, s_k
     pid = tl.program_id(0)
     for h0 in range(0, H, NH):
         rows, heads, row_ok, head_ok, beta = _beta_rows(RAW, pid, n_rows, H, h0, s_raw, BR, NH, FP64)
-        off, m = _head_tile(rows, heads, DK_DIM, BDK, s_k, row_ok, head_ok)
-        g_off, _ = _head_tile(rows, heads, DK_DIM, BDK, s_dko, row_ok, head_ok)
-        out, _ = _head_tile(rows, heads, DK_DIM, BDK, H * DK_DIM, row_ok, head_ok)
-        k = tl.load(K + off, mask=m, other=0.0).to(beta.dtype)
-        dko = tl.load(DKO + g_off, mask=m, other=0.0).to(beta.dtype)
-        tl.store(DK + out, (dko * beta[:, :, None]).to(DK.dtype.element_ty), mask=m)
-        dot = tl.sum(dko * k, axis=2)
-        off, m = _head_tile(rows, heads, DV_DIM, BDV, s_v, row_ok, head_ok)
-        g_off, _ = _head_tile(rows, heads, DV_DIM, BDV, s_dvo, row_ok, head_ok)
-        out, _ = _head_tile(rows, heads, DV_DIM, BDV, H * DV_DIM, row_ok, head_ok)
-        v = tl.load(V + off, mask=m, other=0.0).to(beta.dtype)
-        dvo = tl.load(DVO + g_off, mask=m, other=0.0).to(beta.dtype)
-        tl.store(DVV + out, (dvo * beta[:, :, None]).to(DVV.dtype.element_ty), mask=m)
-        dot += tl.sum(dvo * v, axis=2)
+        dot = _scale_heads_bwd(K, DKO, DK, rows, heads, row_ok, head_ok, DK_DIM, BDK, s_k, s_dko, H, beta)
+        dot += _scale_heads_bwd(V, DVO, DVV, rows, heads, row_ok, head_ok, DV_DIM, BDV, s_v, s_dvo, H, beta)
         tl.store(DRAW + rows[:, None] * H + heads[None, :], (beta * (1.0 - beta) * dot).to(DRAW.dtype.element_ty),
                  mask=row_ok[:, None] & head_ok[None, :])
 
