@@ -4,8 +4,9 @@ gate of the GLA and GKA layers, ``(k sigmoid(raw), v sigmoid(raw))`` per head (:
 delta rule's step size ``scale sigmoid(raw)`` (:func:`scaled_sigmoid`).
 
 Backends: ``reference`` (the PyTorch formula, :mod:`.reference`) and ``triton`` (one kernel forward and
-one backward, :mod:`.triton`), the GPU path. The CPU path is :class:`mixers.layers.DecayGate`'s own
-PyTorch code, which picks between the two paths by :func:`kernels.device.plan_for`.
+one backward, :mod:`.triton`; the beta gate's in :mod:`.beta`), the GPU path. The CPU path is
+:class:`mixers.layers.DecayGate`'s own PyTorch code, which picks between the two paths by
+:func:`kernels.device.plan_for`.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def beta_scale(k, v, raw, backend: str = "auto"):
         raise ValueError(f"beta_scale: k (..., H, d_k), v (..., H, d_v) and raw (..., H) must share (..., H), got "
                          f"{tuple(k.shape)}, {tuple(v.shape)} and {tuple(raw.shape)}")
     if resolve_backend(backend, k, op="beta_scale", available=BACKENDS) == "triton":
-        from .triton import beta_scale_triton  # lazy: triton is optional
+        from .beta import beta_scale_triton  # lazy: triton is optional
 
         return beta_scale_triton(k, v, raw)
     return beta_scale_reference(k, v, raw)

@@ -62,7 +62,8 @@ from kernels.attention.triton import attention_triton
 from kernels.blockscan.gates import softmax_gates_triton
 from kernels.blockscan.triton import block_scan_triton, jordan_scan_normed_triton, jordan_scan_triton
 from kernels.delta.triton import delta_product_triton
-from kernels.gate.triton import beta_scale_triton, log_decay_triton, scaled_sigmoid_triton, step_size_triton
+from kernels.gate.beta import beta_scale_triton
+from kernels.gate.triton import log_decay_triton, scaled_sigmoid_triton, step_size_triton
 from kernels.gka.triton import chunk_solve_heads_first, gka_triton
 from kernels.gla.triton import gla_triton
 from kernels.launch import Launch, jit_function, recording
