@@ -176,9 +176,12 @@ FP16_U = 2.0 ** -11
 @needs_triton
 @pytest.mark.parametrize("M", [16, 300])
 def test_triton_fp16_matches_fp64(M):
+    """The normalisers' gradients pass through ``r / (z + eps)``, whose conditioning varies from draw to draw (a
+    rare draw, none of seeds 0-299, put the initial normaliser's at 4.05 u against 4 u): each tolerance is
+    also at least 4x what fp16 rounding costs the reference itself on the draw."""
     ins = [x.half() if x.is_floating_point() else x for x in _inputs(1, 37, 2, M, 3, 20, init=True)]
     compare_backends(_call(slot_memory, M, backend="triton", chunk_size=16), _reference(M), ins,
-                     tol=2 * FP16_U, grad_tol=4 * FP16_U, shared=_gamma_per_write(1, 37, 2, M))
+                     tol=2 * FP16_U, grad_tol=4 * FP16_U, rounding_factor=4, shared=_gamma_per_write(1, 37, 2, M))
 
 
 def fwd_bwd_launches(run, T):
