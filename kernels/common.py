@@ -13,6 +13,7 @@
   the same function. On the GPU plan the whole sequence is one call (each segment would be a fixed
   number of kernel launches more).
 - :func:`pow2` / :func:`cdiv`: a power-of-two tile size and a grid's extent, from the host.
+- :func:`as_rows` / :func:`token_stride`: how a kernel reads a column block of a wider tensor in place.
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
@@ -67,6 +68,16 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
         return t.view(-1, t.shape[-1])
     except RuntimeError:                                 # leading dims that cannot be merged
         return t.contiguous().view(-1, t.shape[-1])
+
+
+def token_stride(x: torch.Tensor) -> int | None:
+    """The stride between tokens of ``x (B, T, H, n)`` when a kernel can address it as rows ``(b T + t) stride
+    + h n + i`` (the ``H n`` entries of a token contiguous, batches ``T`` tokens apart), else None. A slice of a
+    wider tensor, such as the value columns of a layer's fused projections, qualifies without a copy."""
+    B, T, H, n = x.shape
+    st = x.stride()
+    ok = (n == 1 or st[3] == 1) and (H == 1 or st[2] == n) and (B == 1 or st[0] == T * st[1])
+    return st[1] if ok else None
 
 
 def causal_mask(size: int, device=None) -> torch.Tensor:

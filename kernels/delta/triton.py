@@ -62,7 +62,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import pow2
+from ..common import pow2, token_stride
 from ..launch import launch
 from .chunked import interleave_inputs
 from .reference import flatten_substeps
@@ -524,14 +524,10 @@ def query_stride(num_householder: int, BT: int) -> int:
 # docstring, intermediates (B*H, Lp, ...) with Lp = N * BT, the chunk states (B*H, N, K, V)
 # ---------------------------------------------------------------------------------------------------
 def addressable(x: torch.Tensor) -> torch.Tensor:
-    """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: rows of ``H D`` entries (heads ``D`` apart, unit
-    stride inside) at any token stride, batches ``L`` tokens apart. A column block of a wider tensor (the keys
-    and values of a layer's fused projections) qualifies as it is; anything else is copied."""
-    B, L, H, D = x.shape
-    st = x.stride()
-    if (D == 1 or st[3] == 1) and (H == 1 or st[2] == D) and (B == 1 or st[0] == L * st[1]) and st[1] >= H * D:
-        return x
-    return x.contiguous()
+    """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: at its token stride
+    (:func:`kernels.common.token_stride`) where it has one (a column block of a layer's fused projections), else
+    a contiguous copy."""
+    return x if token_stride(x) is not None else x.contiguous()
 
 
 def _dims(k, V: int, BT: int):

@@ -33,7 +33,7 @@ G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``, a
 decays ``gamma log(1 - min(w, W_MAX))`` are computed from ``w`` and ``gamma`` where they are used, and
 ``_slots_state_bwd`` ends by passing their gradient to ``w`` (the weights' final gradient) and to ``gamma``
 (one partial sum per chunk, added up by the launcher: the one torch operation of the backward); the
-addresses and values are read through a token stride (:func:`_token_stride`), so the halves of a joint
+addresses and values are read through a token stride (:func:`kernels.common.token_stride`), so the halves of a joint
 write-and-read address tensor and the value columns of a layer's projections are read in place; the final
 state is written as ``S`` and ``z`` directly. Cost per head: time
 ``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v + 1)`` numbers per chunk for the chunk states (written,
@@ -80,7 +80,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, pow2
+from ..common import cdiv, pow2, token_stride
 from ..launch import launch
 from ..split_dot import dot_state_x, dot_x_state
 from .reference import W_MAX, log_keep
@@ -563,20 +563,9 @@ class _ChunkPlan:
         self.BE = 512
 
 
-def _token_stride(x: torch.Tensor) -> int | None:
-    """The stride between tokens of ``x (B, T, H, n)`` when the kernels can address it as rows ``(b T + t) stride
-    + h n + i`` (the ``H n`` entries of a token contiguous, batches ``T`` tokens apart), else None. A slice of a
-    wider tensor, such as the read half of a joint write-and-read address or the value columns of a layer's
-    projections, qualifies without a copy."""
-    B, T, H, n = x.shape
-    st = x.stride()
-    ok = (n == 1 or st[3] == 1) and (H == 1 or st[2] == n) and (B == 1 or st[0] == T * st[1])
-    return st[1] if ok else None
-
-
 def _addressable(*xs):
     """``(tensors, stride)``: the tensors as they are when they share one token stride, else contiguous copies."""
-    strides = {_token_stride(x) for x in xs}
+    strides = {token_stride(x) for x in xs}
     if len(strides) == 1 and None not in strides:
         return xs, strides.pop()
     xs = tuple(x.contiguous() for x in xs)
@@ -585,7 +574,7 @@ def _addressable(*xs):
 
 class _ChunkedSlots(torch.autograd.Function):
     """Inputs ``wi, w, ri, r (B, T, H, K)``, ``v (B, T, H, d_v)`` (each may be a slice with a token stride, see
-    :func:`_token_stride`), ``gamma (H,)``, ``S0 (B, H, M, d_v)``, ``z0 (B, H, M)`` (fp32) or None; returns
+    :func:`kernels.common.token_stride`), ``gamma (H,)``, ``S0 (B, H, M, d_v)``, ``z0 (B, H, M)`` (fp32) or None; returns
     ``(o (B, T, H, d_v), S_T (B, H, M, d_v), z_T (B, H, M))``. The log decays of the writes are computed from
     ``w`` and ``gamma`` inside the kernels, and their gradient passed to ``w`` and ``gamma`` there."""
 
