@@ -105,8 +105,7 @@ class Mamba2(Mixer):
         x, B, C = self._split(xBC)
         dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
-        y, h = ssd_step(x, dt, A.to(x.dtype), B, C, state["ssm"])
-        y = y + self.D.to(y.dtype)[:, None] * x
+        y, h = ssd_step(x, dt, A.to(x.dtype), B, C, state["ssm"], D=self.D)
         return self._finish(y, z), {"conv": conv_state, "ssm": h}
 
     def state_size(self, seq_len: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..backend import resolve_backend
 from ..common import full_precision
 from .chunked import ssd_chunked
-from .reference import ssd_reference, ssd_step
+from .reference import skip, ssd_reference, ssd_step
 
 __all__ = ["BACKENDS", "ssd", "ssd_chunked", "ssd_reference", "ssd_step"]
 
@@ -35,4 +35,4 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str =
         y, final = ssd_mamba_ssm(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
     else:
         y, final = ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, initial_state=initial_state)
-    return (y, final) if D is None else (y + D.to(y.dtype)[:, None] * x, final)
+    return skip(y, x, D), final

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .reference import skip
+
 __all__ = ["chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads", "chunk_grads"]
 
 
@@ -71,8 +73,7 @@ def chunk_outputs(x, dt, A, B, C, hstart, L: int, D=None):
     scores = torch.einsum("bcthn,bcshn->bctsh", Cc, Bc) * decay
     y = torch.einsum("bctsh,bcshp->bcthp", scores, u)
     y = y + torch.exp(a).unsqueeze(-1) * torch.einsum("bcthn,bchnp->bcthp", Cc, hstart.to(y.dtype))
-    y = y.flatten(1, 2)[:, :T]
-    return y if D is None else y + D.to(y.dtype)[:, None] * x
+    return skip(y.flatten(1, 2)[:, :T], x, D)
 
 
 def chunk_state_grads(C, dy, dt, A, L: int):
