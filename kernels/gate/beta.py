@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import as_rows, cdiv, pow2
+from ..common import as_rows, cdiv, compute_dtype, pow2
 from ..launch import launch
 
 
@@ -89,10 +89,6 @@ def _head_rows(x: torch.Tensor) -> torch.Tensor:
     return as_rows(x.flatten(-2))
 
 
-def _fp64(*xs) -> bool:
-    return any(x.dtype == torch.float64 for x in xs)
-
-
 def _beta_blocks(H: int, dk: int, dv: int, n_rows: int) -> tuple[int, int, int, int]:
     """``(BR, NH, BDK, BDV)``: about 2048 entries per ``(BR, NH, d)`` tile (the backward holds four of them)."""
     BDK, BDV = pow2(dk), pow2(dv)
@@ -110,7 +106,7 @@ class _BetaScale(torch.autograd.Function):
                                                                                    device=v.device)
         BR, NH, BDK, BDV = _beta_blocks(H, dk, dv, n_rows)
         launch(_beta_fwd, (cdiv(n_rows, BR),), kr, vr, rr, ko, vo, n_rows, H, dk, dv, kr.stride(0),
-               vr.stride(0), rr.stride(0), BR=BR, NH=NH, BDK=BDK, BDV=BDV, FP64=_fp64(k, v, raw))
+               vr.stride(0), rr.stride(0), BR=BR, NH=NH, BDK=BDK, BDV=BDV, FP64=compute_dtype(k, v, raw) == torch.float64)
         ctx.save_for_backward(kr, vr, rr)
         ctx.meta = (k.shape, v.shape, raw.shape, raw.dtype)
         return ko, vo
@@ -130,7 +126,7 @@ class _BetaScale(torch.autograd.Function):
         BR, NH, BDK, BDV = _beta_blocks(H, dk_dim, dv_dim, n_rows)
         launch(_beta_bwd, (cdiv(n_rows, BR),), kr, vr, rr, gk, gv, dk, dv, draw, n_rows, H, dk_dim, dv_dim,
                kr.stride(0), vr.stride(0), rr.stride(0), gk.stride(0), gv.stride(0), BR=BR, NH=NH, BDK=BDK,
-               BDV=BDV, FP64=_fp64(kr, vr, rr))
+               BDV=BDV, FP64=compute_dtype(kr, vr, rr) == torch.float64)
         return dk, dv, draw
 
 
