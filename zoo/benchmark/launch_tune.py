@@ -306,11 +306,15 @@ def _child_arguments(args) -> list[str]:
                         ("--table-dir", args.table_dir), ("--arch", args.arch)):
         if value is not None:
             out += [flag, str(value)]
-    out += [a for v in args.skip_variant for a in ("--skip-variant", f"{v[0]},{v[1]}")]
-    return out + (["--write-table"] if args.write_table else [])
+    return out + _skip_arguments(args.skip_variant) + (["--write-table"] if args.write_table else [])
 
 
-def tune_in_process(name: str, arguments: list[str]) -> dict | None:
+def _skip_arguments(variants) -> list[str]:
+    """``--skip-variant W,S`` for each ``(num_warps, num_stages)`` of ``variants``."""
+    return [a for warps, stages in variants for a in ("--skip-variant", f"{warps},{stages}")]
+
+
+def tune_in_process(name: str, arguments: list[str]) -> dict:
     """The result of ``python -m zoo.benchmark.launch_tune <name> *arguments`` run in a process of its own, or
     ``{"exit_status": n}`` where it ended before it wrote one."""
     with tempfile.TemporaryDirectory() as folder:
@@ -336,7 +340,7 @@ def tune_isolated(names: list[str], arguments: list[str], budget: float | None =
                 if not faulted:
                     result["skipped"].append(name)
                 break
-            skips = [a for v in faulted for a in ("--skip-variant", f"{v['num_warps']},{v['num_stages']}")]
+            skips = _skip_arguments((v["num_warps"], v["num_stages"]) for v in faulted)
             child = tune_in_process(name, arguments + skips)
             if "exit_status" in child:
                 result["mixers"][name] = {"mixer": name, "error": f"its process ended with exit status "
