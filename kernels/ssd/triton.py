@@ -520,13 +520,13 @@ def _chunk_bwd_outputs(x, dt, B, n, block_p, has_d: bool):
     b, T, H, P = x.shape
     count = cdiv(P, block_p)
     dx = torch.empty_like(x)
-    da_part = torch.empty(2 if has_d else 1, count, b, H, n, device=x.device, dtype=torch.float32)
+    sums = torch.empty(2 if has_d else 1, count, b, H, n, device=x.device, dtype=torch.float32)
     if count == 1:
         dB, dC = (torch.empty(B.shape, device=x.device, dtype=B.dtype) for _ in range(2))
-        return dx, torch.empty_like(dt), dB, dC, da_part, _Parts(block_p, 1, 0, 0, 0)
+        return dx, torch.empty_like(dt), dB, dC, sums, _Parts(block_p, 1, 0, 0, 0)
     ddt = torch.empty(count, *dt.shape, device=x.device, dtype=torch.float32)
     dB, dC = (torch.empty(count, *B.shape, device=x.device, dtype=torch.float32) for _ in range(2))
-    return dx, ddt, dB, dC, da_part, _Parts(block_p, count, B.numel(), dt.numel(), b * H * n)
+    return dx, ddt, dB, dC, sums, _Parts(block_p, count, B.numel(), dt.numel(), b * H * n)
 
 
 def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None):
