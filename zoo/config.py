@@ -76,6 +76,10 @@ class TrainConfig:
                          omit_at_default=True)
     compile: bool = opt(False, "torch.compile the model for training (falls back to eager with a warning "
                                "where compilation fails)", omit_at_default=True)
+    cuda_graph: bool = opt(False, "on CUDA, capture each step's forward and backward passes once as a CUDA graph "
+                                  "and replay it (the host issues one launch a step instead of every kernel; "
+                                  "falls back to eager with a warning on a CPU, under torchrun or where capture "
+                                  "fails)", omit_at_default=True)
     tokens: int = opt(0, "train on this many tokens instead of train.steps: steps = ceil(tokens / (batch_size * "
                          "task seq_len)) (0: use steps)", at_least=0, omit_at_default=True)
     grad_accum: int = opt(1, "split each step's batch into this many micro-batches whose gradients add up (the "
@@ -87,6 +91,9 @@ class TrainConfig:
                                 "runs/<recipe name or key>)")
 
     def __post_init__(self):
+        if self.compile and self.cuda_graph:
+            raise ValueError("train.compile and train.cuda_graph are both true: torch.compile and the captured step "
+                             "each take the whole training forward; choose one")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"train.batch_size ({self.batch_size}) is not a multiple of train.grad_accum "
                              f"({self.grad_accum}); make it one")

@@ -55,6 +55,7 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
     for row in json.loads((folder / "lm.json").read_text())["rows"]:  # one more step: its kernels and host time
         assert row["step_launches"] > 0 and row["step_device_ms"] >= 0, row
         assert row["step_host_ms"] > 0 and row["step_syncs"] is None, row
+        assert row["graph_error"] == "needs CUDA" and "graph_tokens_per_second" not in row, row
     report = (folder / "summary.md").read_text()
     assert "## Targets" in report and "## Where the time goes" in report
     assert gpu_speed.main(["--check", str(folder)]) == done.returncode
@@ -167,14 +168,21 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
     # fla killed during its autotuning at the longer length: its forward there came back, its backward not
     write_json(tmp_path / "fla.json", {"rows": [{"T": short, "fwd_ms": r[6], "fwd_bwd_ms": r[7]},
                                                 {"T": long, "fwd_ms": r[8]}], "stopped": "ran past its 90 s limit"})
-    layer_rows, lm_rows, fb, tps = [], [], {}, {}
+    layer_rows, lm_rows, fb, tps, graph = [], [], {}, {}, {}
     for i, name in enumerate(names):
         for j, T in enumerate(plan.layer_lengths):
             fb[name, T] = r[10 + 2 * i + j]
             layer_rows.append({"mixer": name, "T": T, "fwd_bwd_ms": fb[name, T], "launches": 7 * i + j})
         for j, T in enumerate(plan.lm_lengths):
             tps[name, T] = 1000 * r[40 + 2 * i + j]
-            lm_rows.append({"mixer": name, "T": T, "tokens_per_second": tps[name, T]})
+            row = {"mixer": name, "T": T, "tokens_per_second": tps[name, T]}
+            # captured steps: every model but one in two, and not attention at the longer length
+            if i % 2 == 0 and not (name == "attention" and j == 1):
+                graph[name, T] = 1000 * r[10 + 2 * i + j] + tps[name, T]
+                row["graph_tokens_per_second"] = graph[name, T]
+            else:
+                row["graph_error"] = "capturing the step failed (RuntimeError: boom)"
+            lm_rows.append(row)
     write_json(tmp_path / "layers.json", {"rows": layer_rows})
     write_json(tmp_path / "lm.json", {"rows": lm_rows[:-1], "stopped": "ran past its 110 s limit"})
     write_json(tmp_path / "first_call.json", {"rows": {n: {"seconds": float(i)} for i, n in enumerate(names)}})
@@ -196,8 +204,11 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
             got = summary["lm_vs_attention"][name][str(T)]
             if name == last and T == plan.lm_lengths[-1]:
                 assert got == "not measured: the lm stage ran past its 110 s limit"
+            elif (name, T) in graph and ("attention", T) in graph:  # both captured: graph steps compared
+                assert got == pytest.approx(graph[name, T] / graph["attention", T])
             else:
                 assert got == pytest.approx(tps[name, T] / tps["attention", T])
+    assert any((n, plan.lm_lengths[0]) in graph for n in linear) and ("attention", plan.lm_lengths[0]) in graph
 
 
 def _writes_then_hangs(path):

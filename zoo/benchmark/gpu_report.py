@@ -80,6 +80,22 @@ def two_step_ratios(kernel: dict | None, lengths) -> dict:
                            TIMES) for T in lengths}
 
 
+#: a language-model row's tokens/s with each step's passes captured as a CUDA graph (absent where capture failed)
+GRAPH_RATE = "graph_tokens_per_second"
+
+
+def lm_mode(mine: dict | None, base: dict | None) -> str:
+    """The rate a language model is compared to attention's by: the captured steps' where both models captured
+    theirs (the host out of both steps), else the eager steps' (the same kind of step on both sides)."""
+    both = all(r is not None and targets.is_number(r.get(GRAPH_RATE)) for r in (mine, base))
+    return GRAPH_RATE if both else "tokens_per_second"
+
+
+def lm_ratio(lm: dict | None, name: str, T: int):
+    mine, base = _find(lm, mixer=name, T=T), _find(lm, mixer=BASELINE, T=T)
+    return _ratio(("lm", lm, mine), ("lm", lm, base), (lm_mode(mine, base),))
+
+
 def summarize(folder: Path) -> tuple[dict, dict]:
     """``summary.json``'s content from the stage files in ``folder``, and DeltaProduct's n_h 2 / n_h 1."""
     stages = {name: read_json(folder / f"{name}.json") for name in ("env", *STAGES)}
@@ -96,10 +112,7 @@ def summarize(folder: Path) -> tuple[dict, dict]:
         if name in env["linear"]:
             layer_vs_sdpa[name] = {T: _ratio(side, ("layers", layers, _find(layers, mixer=BASELINE, T=int(T))),
                                              ("fwd_bwd_ms",)) for T, side in by_T.items()}
-    lm_vs_attention = {
-        name: {str(T): _ratio(("lm", lm, _find(lm, mixer=name, T=T)), ("lm", lm, _find(lm, mixer=BASELINE, T=T)),
-                              ("tokens_per_second",)) for T in plan["lm_lengths"]}
-        for name in env["linear"]}
+    lm_vs_attention = {name: {str(T): lm_ratio(lm, name, T) for T in plan["lm_lengths"]} for name in env["linear"]}
     first_call_s = {name: _value("first_call", first, (first or {}).get("rows", {}).get(name), "seconds")
                     for name in env["mixers"]}
     summary = {"card": env["card"], "commit": env["commit"], "kernel_vs_fla": {"delta_rule": kernel_vs_fla},
@@ -169,10 +182,18 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
               _fmt(r.get("syncs")), _fmt(r.get("launches")), longest_kernels(r)]
              for call, r in timed_rows if r.get("kernels")])
     section("Language models", f"{plan['lm_layers']} layers, d_model {plan['lm_d_model']}, {plan['lm_tokens']} tokens "
-            f"per step; steady state after {plan['lm_warmup']} warm-up steps, over up to {plan['lm_steps']} steps.",
-            ["mixer", "T", "batch", "tokens/s", "warm-up steps", "timed steps", "timed s", "note"],
-            [[r["mixer"], r["T"], r.get("batch", ""), _fmt(r.get("tokens_per_second")), _fmt(r.get("warmup_steps")),
-              _fmt(r.get("timed_steps")), _fmt(r.get("timed_seconds")), note(stage["lm"], r)]
+            f"per step; steady state after {plan['lm_warmup']} warm-up steps, over up to {plan['lm_steps']} steps; "
+            f"eager steps, then steps whose forward and backward replay a CUDA graph (`graph`). The targets compare "
+            f"the graph steps where both models captured theirs, else the eager ones (`compared`).",
+            ["mixer", "T", "batch", "tokens/s", "graph tokens/s", "compared", "timed steps", "host ms", "device ms",
+             "launches", "note"],
+            [[r["mixer"], r["T"], r.get("batch", ""), _fmt(r.get("tokens_per_second")), _fmt(r.get(GRAPH_RATE)),
+              "graph" if lm_mode(r, _find(stage["lm"], mixer=BASELINE, T=r["T"])) == GRAPH_RATE else "eager",
+              ", ".join(_fmt(r.get(k)) for k in ("timed_steps", "graph_timed_steps") if r.get(k) is not None),
+              _fmt(r.get("step_host_ms")),
+              _fmt(r.get("step_device_ms")), _fmt(r.get("step_launches")),
+              "; ".join(x for x in (note(stage["lm"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
+                        if x)]
              for r in _rows(stage["lm"])])
     section("First call", f"T {plan['first_call_length']}: a fresh process per mixer with an empty Triton cache, the "
             f"first forward+backward, compilation included.", ["mixer", "backend", "seconds", "note"],

@@ -28,6 +28,9 @@ at its limit keeps what it measured:
    first (``ahead_seconds``), as ``zoo train`` does; then one more step's device kernels (``step_launches``,
    ``step_device_ms``) and the host's time to issue it (``step_host_ms``, ``step_syncs``): a step whose host
    time exceeds its device time is launch-bound, its tokens/s set by Python, autograd and the launchers;
+   then the same model trains on with each step's forward and backward captured once as a CUDA graph and
+   replayed (``train.cuda_graph``, :mod:`zoo.training.captured`): ``graph_tokens_per_second`` and its steps,
+   or ``graph_error`` where the capture failed. Each mode gets half the row's time;
 6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs (with its kernels'
    device times, beside ours), last and under the
    time left (it autotunes for 30-90 s per shape at its first call; ``FLA_CACHE_RESULTS=1`` and the shared
@@ -86,7 +89,7 @@ from .gpu_report import check_folder, conclude, read_json
 from .gpu_targets import BASELINE, STAGES
 from .measure import error_text, free, measure, sync, times_ms
 from .runner import write_json
-from .train_rate import lm_step, steady_rate
+from .train_rate import LMStep, steady_rate
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -114,7 +117,7 @@ class Plan:
     warmup: int = 2                           # untimed calls before each timing
     repeats: int = 5                          # timed calls (median)
     budget: float = 420.0                     # seconds for the whole run (8 minutes less start-up)
-    stage_seconds: tuple = (("env", 60), ("first_call", 110), ("kernel", 45), ("layers", 110), ("lm", 110))
+    stage_seconds: tuple = (("env", 60), ("first_call", 110), ("kernel", 45), ("layers", 110), ("lm", 150))
     first_call_seconds: float = 20.0          # one mixer's fresh process
     first_call_workers: int = 2               # fresh processes at a time (each compiles on its share of the cores)
     fla_seconds: float = 60.0                 # kept for the fla stage, which gets whatever is left
@@ -370,13 +373,18 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     autocast = DTYPES[plan.dtype] if device.type == "cuda" and plan.dtype != "fp32" else None
     with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
         ahead = forward_backward_ahead(model, inputs)  # as zoo train does before its first step
-    def step():
-        lm_step(model, optimizer, inputs, labels, autocast)
-    rate = steady_rate(step, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds)
+    step = LMStep(model, optimizer, inputs, labels, autocast)
+    rate = steady_rate(step, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds / 2)
     kernels, host = breakdown(step, device), host_issue(step, device)
-    return {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict(), "step_launches": kernels.launches,
-            "step_device_ms": round(kernels.device_ms, 3), "step_host_ms": host["host_ms"],
-            "step_syncs": host["syncs"]}
+    row = {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict(), "step_launches": kernels.launches,
+           "step_device_ms": round(kernels.device_ms, 3), "step_host_ms": host["host_ms"], "step_syncs": host["syncs"]}
+    graphed = LMStep(model, optimizer, inputs, labels, autocast, cuda_graph=device.type == "cuda")
+    if device.type != "cuda":
+        return {**row, "graph_error": "needs CUDA"}
+    graph_rate = steady_rate(graphed, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds / 2)
+    if graphed.passes.error is not None:
+        return {**row, "graph_error": graphed.passes.error}
+    return {**row, **{f"graph_{k}": v for k, v in graph_rate.as_dict().items()}}
 
 
 def stage_lm(plan: Plan, path: Path, deadline: float) -> None:

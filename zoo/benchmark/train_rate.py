@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..training import throughput
+from ..training.captured import StepPasses
 
 #: fewest steps of each phase a time budget leaves
 MIN_WARMUP_STEPS = 2
@@ -34,15 +35,37 @@ class Rate:
         return dict(vars(self))
 
 
+def lm_passes(model, autocast: torch.dtype | None = None):
+    """The forward (under autocast for bf16/fp16), next-token cross-entropy and backward of a language model:
+    ``passes(inputs, labels) -> (loss,)``, as :class:`~zoo.training.captured.StepPasses` runs or captures it."""
+    def passes(inputs, labels):
+        ctx = torch.autocast(inputs.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+        with ctx:
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        loss.backward()
+        return (loss.detach(),)
+    return passes
+
+
+class LMStep:
+    """One training step of a language model on fixed ``inputs``/``labels`` ``(batch, T)``: its passes
+    (:func:`lm_passes`), eager or captured as a CUDA graph (``cuda_graph``: :class:`StepPasses`, which falls back
+    to eager and says why in ``passes.error``), then the optimizer's step."""
+
+    def __init__(self, model, optimizer, inputs: torch.Tensor, labels: torch.Tensor,
+                 autocast: torch.dtype | None = None, cuda_graph: bool = False):
+        self.optimizer, self.batch = optimizer, {"inputs": inputs, "labels": labels}
+        self.passes = StepPasses(lm_passes(model, autocast), list(model.parameters()), inputs.device, cuda_graph)
+
+    def __call__(self) -> None:
+        self.passes(self.batch)
+        self.optimizer.step()
+
+
 def lm_step(model, optimizer, inputs: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None = None):
-    """One training step of a language model on ``inputs``/``labels`` ``(batch, T)``."""
-    ctx = torch.autocast(inputs.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
-    with ctx:
-        logits = model(inputs)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    """One eager training step of a language model on ``inputs``/``labels`` ``(batch, T)``."""
+    LMStep(model, optimizer, inputs, labels, autocast)()
 
 
 def steady_rate(step, tokens_per_step: int, device: torch.device, warmup: int, steps: int,

@@ -4,7 +4,9 @@ in steady state, after a warm-up, with the warm-up's time beside it (:mod:`zoo.t
 
 Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast on CUDA; ``fp32``,
 ``bf16`` and ``fp16`` (autocast plus a gradient scaler) choose explicitly. ``train.compile`` runs the
-training forward through ``torch.compile`` (evaluation stays eager). On CUDA the metrics include
+training forward through ``torch.compile`` (evaluation stays eager); ``train.cuda_graph`` captures a step's
+forward and backward passes once as a CUDA graph and replays it (:mod:`zoo.training.captured`; the metric
+``cuda_graph`` says whether it did). On CUDA the metrics include
 ``peak_memory_mib``: the most device memory held by tensors during training (evaluation not counted). The
 same seed gives the same numbers on re-run on a CPU: the model init, the data and the batch order all
 derive from ``recipe.seed``. On CUDA, before its first step a process compiles every Triton kernel of a
@@ -45,6 +47,7 @@ from ..tasks import Task, TaskData
 from ..tasks.text import training_data
 from . import checkpoint as ckpt
 from . import distributed
+from .captured import StepPasses
 from .device import autocast, resolve_device, resolve_precision
 from .evaluation import evaluate_data, forward_loss, test_metrics
 from .state import TrainState
@@ -178,7 +181,32 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     return run, state, train_data
 
 
-def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[float, float]:
+def _training_passes(run: _Run, state: TrainState, forward: _Forward):
+    """The forward and backward passes of one step over its micro-batches (``train.grad_accum``), as one
+    callable of the step's tensors that :class:`~zoo.training.captured.StepPasses` runs eagerly or captures:
+    ``passes(inputs, labels, mask, scale) -> (summed loss, hits)``, ``scale`` the loss's factor (a number, or a
+    device tensor in a captured step). Micro-batches are row ranges of the batch (slices, no gather)."""
+    t = run.recipe.train
+
+    def passes(inputs, labels, mask, scale):
+        sizes = [len(part) for part in torch.arange(len(inputs)).chunk(t.grad_accum)]
+        total = correct = 0
+        start = 0
+        for i, size in enumerate(sizes):
+            rows = slice(start, start + size)
+            start += size
+            part = TaskData(inputs[rows], labels[rows], None if mask is None else mask[rows])
+            loss_sum, hits, _supervised = forward_loss(forward, part, run.device, run.precision, reduction="sum")
+            # under DDP, gradients are averaged over ranks once, after the last micro-batch
+            defer = run.ctx.enabled and i < len(sizes) - 1
+            with forward.eager.no_sync() if defer else contextlib.nullcontext():
+                state.scaler.scale(loss_sum * scale).backward()
+            total, correct = total + loss_sum.detach().double(), correct + hits.sum()
+        return total, correct
+    return passes
+
+
+def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> tuple[float, float]:
     """One optimizer step on the next global batch; returns its loss and accuracy over all ranks.
 
     The host waits for the device once, after the whole step is queued: the batch is copied without
@@ -189,21 +217,12 @@ def _step(run: _Run, state: TrainState, forward: _Forward, train_data) -> tuple[
     # the global count of supervised tokens (the loss's denominator) is known before any forward pass
     count = run.ctx.all_sum([(host.labels != -100).sum().item()], run.device)[0]
     batch = host.to(run.device, non_blocking=True)
-    state.optimizer.zero_grad(set_to_none=True)
-    total = correct = 0
-    parts = torch.arange(len(batch)).chunk(t.grad_accum)  # micro-batches: their gradients add up
     if not run.kernels_compiled:
         run.kernels_compiled = True
-        _compile_kernels_ahead(run, state, batch.batch(parts[0]))
-    for i, part in enumerate(parts):
-        loss_sum, hits, _supervised = forward_loss(forward, batch.batch(part), run.device, run.precision,
-                                                   reduction="sum")
-        # under DDP, gradients are averaged over ranks once, after the last micro-batch
-        defer = run.ctx.enabled and i < len(parts) - 1
-        with forward.eager.no_sync() if defer else contextlib.nullcontext():
-            # DDP averages over ranks: x world size / global count = the full batch's mean
-            state.scaler.scale(loss_sum * (run.ctx.world_size / max(count, 1))).backward()
-        total, correct = total + loss_sum.detach().double(), correct + hits.sum()
+        _compile_kernels_ahead(run, state, batch.batch(torch.arange(len(batch)).chunk(t.grad_accum)[0]))
+    # DDP averages over ranks: x world size / global count = the full batch's mean
+    total, correct = passes({"inputs": batch.inputs, "labels": batch.labels, "mask": batch.mask,
+                             "scale": run.ctx.world_size / max(count, 1)})
     if t.grad_clip > 0:
         state.scaler.unscale_(state.optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
@@ -273,13 +292,16 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     forward = _Forward(state.model, run.ctx, run.device, t.compile)
+    passes = StepPasses(_training_passes(run, state, forward), list(state.model.parameters()), run.device,
+                        t.cuda_graph, why_not="a run under torchrun averages its gradients through DDP, outside "
+                                              "any graph" if run.ctx.enabled else None)
     test_data = run.task.make("test", recipe.seed)
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
     state.throughput.start(run.device, warmup_steps(t.steps))
     try:
         while state.step < t.steps and not state.finished:
-            loss, accuracy = _step(run, state, forward, train_data)
+            loss, accuracy = _step(run, state, passes, train_data)
             state.record(loss, accuracy)
             evaluated = _periodic_eval(run, state, test_data)
             shown.update(run, state, loss, accuracy, evaluated)
@@ -296,6 +318,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
         metrics["peak_memory_mib"] = torch.cuda.max_memory_allocated(run.device) / 2**20
     metrics.update(test_metrics(state.model, recipe, run.task, run.device, run.precision))
     metrics["device"] = str(run.device)
+    if t.cuda_graph:
+        metrics["cuda_graph"] = passes.mode if passes.error is None else f"eager: {passes.error}"
     metrics["wall_seconds"] = time.perf_counter() - process_start
     if run.tracker is not None:
         run.tracker.log(state.step, {f"final/{k}": v for k, v in metrics.items() if k.startswith("test_")})
