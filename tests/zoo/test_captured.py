@@ -24,7 +24,7 @@ from zoo.errors import UserError
 from zoo.model import HybridLM
 from zoo.recipes import resolve
 from zoo.training import distributed, evaluation, loop
-from zoo.training.captured import StepPasses
+from zoo.training.captured import StepPasses, agreement
 from zoo.training.loop import train
 
 from .test_train import TINY
@@ -164,6 +164,24 @@ def test_eager_passes_start_every_step_from_no_gradient():
         expected = torch.autograd.grad(model(x).square().sum(), model.weight)[0]
         torch.testing.assert_close(model.weight.grad, expected)
     assert passes.mode == "eager" and passes.error is None
+
+
+def test_agreement_measures_the_gap_between_two_steps():
+    model = torch.nn.Linear(6, 2)
+    params = list(model.parameters())
+    x = torch.randn(5, 6)
+    cpu = torch.device("cpu")
+
+    def passes(factor):
+        def run(x):
+            loss = model(x).square().mean() * factor
+            loss.backward()
+            return (loss.detach(),)
+        return run
+    same = agreement(StepPasses(passes(1.0), params, cpu), StepPasses(passes(1.0), params, cpu), {"x": x})
+    assert same == {"outputs": 0.0, "grads": 0.0}
+    off = agreement(StepPasses(passes(1.0), params, cpu), StepPasses(passes(1.25), params, cpu), {"x": x})
+    assert off["outputs"] == pytest.approx(0.25) and off["grads"] == pytest.approx(0.25)
 
 
 def _tiny_lm(name: str, seed: int):

@@ -178,8 +178,12 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
             row = {"mixer": name, "T": T, "tokens_per_second": tps[name, T]}
             # captured steps: every model but one in two, and not attention at the longer length
             if i % 2 == 0 and not (name == "attention" and j == 1):
-                graph[name, T] = 1000 * r[10 + 2 * i + j] + tps[name, T]
-                row["graph_tokens_per_second"] = graph[name, T]
+                row["graph_tokens_per_second"] = 1000 * r[10 + 2 * i + j] + tps[name, T]
+                # a captured step that computed something else than the eager one is not compared
+                row["graph_loss_gap"] = 0.0 if i % 4 == 0 else 0.5
+                row["graph_grad_gap"] = 1e-3
+                if i % 4 == 0:
+                    graph[name, T] = row["graph_tokens_per_second"]
             else:
                 row["graph_error"] = "capturing the step failed (RuntimeError: boom)"
             lm_rows.append(row)
@@ -209,6 +213,9 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
             else:
                 assert got == pytest.approx(tps[name, T] / tps["attention", T])
     assert any((n, plan.lm_lengths[0]) in graph for n in linear) and ("attention", plan.lm_lengths[0]) in graph
+    gapped = [n for i, n in enumerate(names) if i % 4 == 2 and n in linear]
+    assert gapped and all(summary["lm_vs_attention"][n][str(plan.lm_lengths[0])] == pytest.approx(
+        tps[n, plan.lm_lengths[0]] / tps["attention", plan.lm_lengths[0]]) for n in gapped)
 
 
 def _writes_then_hangs(path):

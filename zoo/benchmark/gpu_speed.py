@@ -30,7 +30,9 @@ at its limit keeps what it measured:
    time exceeds its device time is launch-bound, its tokens/s set by Python, autograd and the launchers;
    then the same model trains on with each step's forward and backward captured once as a CUDA graph and
    replayed (``train.cuda_graph``, :mod:`zoo.training.captured`): ``graph_tokens_per_second`` and its steps,
-   or ``graph_error`` where the capture failed. Each mode gets half the row's time;
+   or ``graph_error`` where the capture failed, and how far the first replay's loss and gradients are from an
+   eager step's on the same weights (``graph_loss_gap``, ``graph_grad_gap``: largest difference relative to
+   the largest magnitude; 0 where they agree to the bit). Each mode gets half the row's time;
 6. ``fla``: flash-linear-attention's ``chunk_delta_rule`` on the kernel stage's inputs (with its kernels'
    device times, beside ours), last and under the
    time left (it autotunes for 30-90 s per shape at its first call; ``FLA_CACHE_RESULTS=1`` and the shared
@@ -83,6 +85,7 @@ from ..environment import environment
 from ..errors import UserError
 from ..model import HybridLM
 from ..recipes import resolve
+from ..training.captured import agreement
 from ..training.optim import make_optimizer
 from .device_time import Breakdown, breakdown, host_issue
 from .gpu_report import check_folder, conclude, read_json
@@ -381,10 +384,13 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     graphed = LMStep(model, optimizer, inputs, labels, autocast, cuda_graph=device.type == "cuda")
     if device.type != "cuda":
         return {**row, "graph_error": "needs CUDA"}
-    graph_rate = steady_rate(graphed, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds / 2)
+    # the first call captures; it and an eager step from the same weights must agree (no optimizer step between)
+    agree = agreement(step.passes, graphed.passes, graphed.batch)
     if graphed.passes.error is not None:
         return {**row, "graph_error": graphed.passes.error}
-    return {**row, **{f"graph_{k}": v for k, v in graph_rate.as_dict().items()}}
+    graph_rate = steady_rate(graphed, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds / 2)
+    return {**row, "graph_loss_gap": agree["outputs"], "graph_grad_gap": agree["grads"],
+            **{f"graph_{k}": v for k, v in graph_rate.as_dict().items()}}
 
 
 def stage_lm(plan: Plan, path: Path, deadline: float) -> None:

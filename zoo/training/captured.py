@@ -134,3 +134,26 @@ class StepPasses:
     def mode(self) -> str:
         """``graph`` once a capture exists, else ``eager``."""
         return "graph" if self.captured is not None else "eager"
+
+
+def agreement(eager: StepPasses, captured: StepPasses, inputs: dict) -> dict:
+    """How far a captured step's results are from an eager step's on the same parameters and ``inputs`` (both
+    ``StepPasses`` over the same parameters, neither followed by an optimizer step): ``{"outputs": r, "grads": r}``,
+    each the largest difference over the outputs (gradients) relative to the largest magnitude of the eager
+    one; 0 where they agree to the bit."""
+    captured_outputs = [o.detach().clone() for o in captured(inputs)]
+    captured_grads = [None if p.grad is None else p.grad.detach().clone() for p in captured.params]
+    eager_outputs = eager(inputs)
+
+    def gap(pairs) -> float:
+        worst = 0.0
+        for mine, truth in pairs:
+            if mine is None or truth is None:
+                if mine is not truth:
+                    return float("inf")
+                continue
+            scale = truth.detach().float().abs().max().clamp_min(1e-30)
+            worst = max(worst, float((mine.float() - truth.detach().float()).abs().max() / scale))
+        return worst
+    return {"outputs": gap(zip(captured_outputs, eager_outputs)),
+            "grads": gap(zip(captured_grads, [p.grad for p in eager.params]))}
