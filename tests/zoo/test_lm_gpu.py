@@ -116,6 +116,7 @@ def test_the_device_script_runs_the_grid_at_toy_size_on_the_cpu(tmp_path):
         assert all(math.isfinite(m[k]) for k in ("val_bpb", "val_bpb@64", "val_bpb@128", "train_tokens_per_second"))
         assert m["params"] > 0 and m["state_size"] > 0 and m["data_source_hash"]
         assert [h["step"] for h in row["history"]] == [1]
+        assert m["cuda_graph"].startswith("eager: it needs a CUDA device")  # the recipe asks; a CPU cannot
     with open(out / "curves.csv") as fh:
         points = list(csv.DictReader(fh))
     for row in rows:

@@ -107,6 +107,7 @@ class StepPasses:
                  cuda_graph: bool = False, why_not: str | None = None):
         self.passes, self.params, self.device = passes, list(params), device
         self.captured: CapturedPasses | None = None
+        self.replayed = False  # whether a capture was made (and replayed)
         self.error: str | None = None  # why the step runs eagerly although a graph was asked for
         self.wanted = cuda_graph
         if cuda_graph and device.type != "cuda":
@@ -126,14 +127,23 @@ class StepPasses:
                 first = str(err).splitlines()[0] if str(err) else ""
                 self._give_up(f"capturing the step failed ({type(err).__name__}: {first})")
         if self.captured is not None and self.captured.fits(inputs):
+            self.replayed = True
             return self.captured(inputs)
         _drop_grads(self.params)
         return self.passes(**inputs)
 
+    def close(self) -> None:
+        """Drop the graph and the gradients it wrote (its memory pool is freed once nothing else holds them); a
+        later call runs eagerly."""
+        self.wanted = False
+        if self.captured is not None:
+            _drop_grads(self.params)
+            self.captured = None
+
     @property
     def mode(self) -> str:
-        """``graph`` once a capture exists, else ``eager``."""
-        return "graph" if self.captured is not None else "eager"
+        """``graph`` once a capture was made (also after :meth:`close`), else ``eager``."""
+        return "graph" if self.replayed else "eager"
 
 
 def agreement(eager: StepPasses, captured: StepPasses, inputs: dict) -> dict:

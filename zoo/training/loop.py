@@ -312,6 +312,7 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
         state.finished = True
     finally:
         shown.bar.close()
+        passes.close()  # a captured step's graph and gradients are not needed by the evaluation
     state.stop_clock()
     metrics = state.summary(t.batch_size * run.task.seq_len)
     if run.device.type == "cuda":  # the training peak of this process, before evaluation
