@@ -21,6 +21,10 @@ Under ``torchrun`` (see :mod:`zoo.training.distributed`) the model is wrapped in
 DistributedDataParallel and each rank trains on its shard of the global batch; rank 0 alone prints,
 tracks and checkpoints.
 
+A step is queued without waiting for the device, and its loss and accuracy are read once the next step is
+queued (at once where an evaluation, a checkpoint, the warm-up clock's end or the run's end follows it), so a
+GPU always has work while the host waits for the numbers, books the step and prepares the next batch.
+
 When stderr is not a terminal, progress is a plain line (step, loss, accuracy, elapsed) at least every
 ``PLAIN_PROGRESS_SECONDS`` and at every periodic evaluation, so piped runs never sit silent.
 """
@@ -206,12 +210,18 @@ def _training_passes(run: _Run, state: TrainState, forward: _Forward):
     return passes
 
 
-def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> tuple[float, float]:
-    """One optimizer step on the next global batch; returns its loss and accuracy over all ranks.
+@dataclass
+class _Queued:
+    """A step whose work is queued on the device: its summed loss and hits (one float64 tensor of two, a copy of
+    its own) and the global count of supervised tokens."""
+    sums: torch.Tensor
+    count: int
 
-    The host waits for the device once, after the whole step is queued: the batch is copied without
-    waiting (pinned memory on CUDA), the count of supervised tokens comes from the host's copy of the
-    labels, and the loss and hits are summed on the device and read after the optimizer step."""
+
+def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> _Queued:
+    """Queue one optimizer step on the next global batch; nothing in it waits for the device (:func:`_read`
+    does): the batch is copied without waiting (pinned memory on CUDA), the count of supervised tokens comes
+    from the host's copy of the labels, and the loss and hits are summed on the device."""
     t = run.recipe.train
     host = state.next_batch(train_data, t.batch_size).batch(run.ctx.shard(t.batch_size))
     # the global count of supervised tokens (the loss's denominator) is known before any forward pass
@@ -223,14 +233,32 @@ def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> tuple
     # DDP averages over ranks: x world size / global count = the full batch's mean
     total, correct = passes({"inputs": batch.inputs, "labels": batch.labels, "mask": batch.mask,
                              "scale": run.ctx.world_size / max(count, 1)})
+    sums = torch.stack([total, correct.to(total.dtype)])  # a copy: a captured step's outputs are rewritten
     if t.grad_clip > 0:
         state.scaler.unscale_(state.optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()
-    total, correct = run.ctx.all_sum([total.item(), correct.item()], run.device)
-    return total / max(count, 1), correct / max(count, 1)
+    return _Queued(sums, count)
+
+
+def _read(run: _Run, queued: _Queued) -> tuple[float, float]:
+    """The loss and accuracy of a queued step over all ranks (waits for its work)."""
+    total, correct = run.ctx.all_sum(queued.sums.tolist(), run.device)
+    return total / max(queued.count, 1), correct / max(queued.count, 1)
+
+
+def _read_at_once(run: _Run, state: TrainState) -> bool:
+    """Whether the step just queued must be read and recorded before the next one is queued: an evaluation, a
+    checkpoint or the end of the warm-up's clock follows it, or it is the run's last. Any other step is
+    recorded after the next one is queued, so that the device runs that one while the host waits for the
+    numbers (one wait for the device per step, but never with nothing queued behind it)."""
+    t = run.recipe.train
+    k = state.step + 1
+    return (k >= t.steps or bool(t.eval_every and k % t.eval_every == 0)
+            or bool(t.checkpoint_every and k % t.checkpoint_every == 0)
+            or state.throughput.done_here + 1 == state.throughput.warmup)
 
 
 def _compile_kernels_ahead(run: _Run, state: TrainState, micro_batch) -> None:
@@ -299,16 +327,26 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
     state.throughput.start(run.device, warmup_steps(t.steps))
+    def finish(queued: _Queued) -> None:  # a step's numbers, then what follows it
+        loss, accuracy = _read(run, queued)
+        state.record(loss, accuracy)
+        evaluated = _periodic_eval(run, state, test_data)
+        shown.update(run, state, loss, accuracy, evaluated)
+        if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
+                and not state.finished:
+            with state.throughput.paused():
+                run.checkpoint(state)
+
+    pending = None  # a queued step not recorded yet (see _read_at_once)
     try:
-        while state.step < t.steps and not state.finished:
-            loss, accuracy = _step(run, state, passes, train_data)
-            state.record(loss, accuracy)
-            evaluated = _periodic_eval(run, state, test_data)
-            shown.update(run, state, loss, accuracy, evaluated)
-            if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
-                    and not state.finished:
-                with state.throughput.paused():
-                    run.checkpoint(state)
+        while state.step + (pending is not None) < t.steps and not state.finished:
+            queued = _step(run, state, passes, train_data)
+            if pending is not None:
+                finish(pending)
+            pending = queued
+            if _read_at_once(run, state):
+                finish(pending)
+                pending = None
         state.finished = True
     finally:
         shown.bar.close()
