@@ -25,7 +25,7 @@ class TaskData:
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
-    def batch(self, index: torch.Tensor) -> "TaskData":
+    def batch(self, index: torch.Tensor | slice) -> "TaskData":
         return TaskData(self.inputs[index], self.labels[index], None if self.mask is None else self.mask[index])
 
     def to(self, device, non_blocking: bool = False) -> "TaskData":

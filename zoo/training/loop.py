@@ -185,6 +185,12 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     return run, state, train_data
 
 
+def _micro_batch_sizes(rows: int, parts: int) -> list[int]:
+    """Rows of each of ``parts`` micro-batches of a batch of ``rows`` (as ``torch.chunk`` splits: equal but the
+    last)."""
+    return [len(part) for part in torch.arange(rows).chunk(parts)]
+
+
 def _training_passes(run: _Run, state: TrainState, forward: _Forward):
     """The forward and backward passes of one step over its micro-batches (``train.grad_accum``), as one
     callable of the step's tensors that :class:`~zoo.training.captured.StepPasses` runs eagerly or captures:
@@ -193,7 +199,7 @@ def _training_passes(run: _Run, state: TrainState, forward: _Forward):
     t = run.recipe.train
 
     def passes(inputs, labels, mask, scale):
-        sizes = [len(part) for part in torch.arange(len(inputs)).chunk(t.grad_accum)]
+        sizes = _micro_batch_sizes(len(inputs), t.grad_accum)
         total = correct = 0
         start = 0
         for i, size in enumerate(sizes):
@@ -229,7 +235,7 @@ def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> _Queu
     batch = host.to(run.device, non_blocking=True)
     if not run.kernels_compiled:
         run.kernels_compiled = True
-        _compile_kernels_ahead(run, state, batch.batch(torch.arange(len(batch)).chunk(t.grad_accum)[0]))
+        _compile_kernels_ahead(run, state, batch.batch(slice(0, _micro_batch_sizes(len(batch), t.grad_accum)[0])))
     # DDP averages over ranks: x world size / global count = the full batch's mean
     total, correct = passes({"inputs": batch.inputs, "labels": batch.labels, "mask": batch.mask,
                              "scale": run.ctx.world_size / max(count, 1)})
@@ -253,7 +259,7 @@ def _read_at_once(run: _Run, state: TrainState) -> bool:
     """Whether the step just queued must be read and recorded before the next one is queued: an evaluation, a
     checkpoint or the end of the warm-up's clock follows it, or it is the run's last. Any other step is
     recorded after the next one is queued, so that the device runs that one while the host waits for the
-    numbers (one wait for the device per step, but never with nothing queued behind it)."""
+    numbers."""
     t = run.recipe.train
     k = state.step + 1
     return (k >= t.steps or bool(t.eval_every and k % t.eval_every == 0)
@@ -327,6 +333,7 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
     state.throughput.start(run.device, warmup_steps(t.steps))
+
     def finish(queued: _Queued) -> None:  # a step's numbers, then what follows it
         loss, accuracy = _read(run, queued)
         state.record(loss, accuracy)
