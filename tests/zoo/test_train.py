@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from zoo import train
@@ -204,6 +205,30 @@ def test_tracking_is_optional_and_named_when_missing(tmp_path):
         train(recipe, progress=False)
         assert list(tmp_path.glob("events.out.tfevents.*"))
     assert resolve(TINY, ["train.tracking=tensorboard"]).key == resolve(TINY).key  # bookkeeping only
+
+
+def test_the_tracker_logs_each_step_with_the_learning_rate_it_took(monkeypatch):
+    """Steps are recorded one step late at times (zoo.training.loop._read_at_once): each logged step still
+    carries its own loss and the learning rate of its own update (warm-up then cosine, zoo.training.optim)."""
+    from zoo.training import loop
+    logged = []
+
+    class Recorder:
+        def log(self, step, values):
+            logged.append((step, values))
+
+        def close(self):
+            pass
+    monkeypatch.setattr(loop, "make_tracker", lambda *args, **kwargs: Recorder())
+    steps = 7
+    recipe = resolve(TINY, [f"train.steps={steps}", "train.warmup_steps=3", "train.tracking=tensorboard",
+                            "train.eval_every=4", f"seed={int(torch.randint(0, 1000, ()))}"])
+    train(recipe, progress=False)
+    per_step = [(s, v) for s, v in logged if "train/lr" in v]
+    assert [s for s, _ in per_step] == list(range(1, steps + 1))
+    for step, values in per_step:
+        assert values["train/lr"] == pytest.approx(recipe.train.lr * lr_at(step - 1, recipe), rel=1e-12), step
+    assert len({v["train/loss"] for _, v in per_step}) == steps  # each step's own loss
 
 
 def test_a_diverged_model_reports_nan_accuracy_not_a_plausible_number():

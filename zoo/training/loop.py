@@ -219,9 +219,10 @@ def _training_passes(run: _Run, state: TrainState, forward: _Forward):
 @dataclass
 class _Queued:
     """A step whose work is queued on the device: its summed loss and hits (one float64 tensor of two, a copy of
-    its own) and the global count of supervised tokens."""
+    its own), the global count of supervised tokens and the learning rate it stepped with."""
     sums: torch.Tensor
     count: int
+    lr: float
 
 
 def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> _Queued:
@@ -243,10 +244,11 @@ def _step(run: _Run, state: TrainState, passes: StepPasses, train_data) -> _Queu
     if t.grad_clip > 0:
         state.scaler.unscale_(state.optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), t.grad_clip)
+    lr = state.scheduler.get_last_lr()[0]
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()
-    return _Queued(sums, count)
+    return _Queued(sums, count, lr)
 
 
 def _read(run: _Run, queued: _Queued) -> tuple[float, float]:
@@ -301,13 +303,13 @@ class _Progress:
                         disable=None if show else True, dynamic_ncols=True, leave=False)  # None: off if no tty
         self.plain, self.last = show and self.bar.disable, time.perf_counter()
 
-    def update(self, run: _Run, state: TrainState, loss: float, accuracy: float, evaluated: bool) -> None:
+    def update(self, run: _Run, state: TrainState, loss: float, accuracy: float, lr: float, evaluated: bool) -> None:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{state.loss_ema:.3f}", acc=f"{state.acc_ema:.3f}")
         if run.tracker is not None:
             run.tracker.log(state.step, {"train/loss": loss, "train/accuracy": accuracy,
                                          "train/loss_ema": state.loss_ema,
-                                         "train/lr": state.scheduler.get_last_lr()[0]})
+                                         "train/lr": lr})
         now = time.perf_counter()
         if self.plain and (evaluated or now - self.last >= PLAIN_PROGRESS_SECONDS):
             test = f" test_acc {state.history[-1]['test_accuracy']:.3f}" if evaluated else ""
@@ -338,7 +340,7 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
         loss, accuracy = _read(run, queued)
         state.record(loss, accuracy)
         evaluated = _periodic_eval(run, state, test_data)
-        shown.update(run, state, loss, accuracy, evaluated)
+        shown.update(run, state, loss, accuracy, queued.lr, evaluated)
         if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
                 and not state.finished:
             with state.throughput.paused():
