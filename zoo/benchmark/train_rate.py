@@ -65,7 +65,9 @@ class LMStep:
 
 def lm_step(model, optimizer, inputs: torch.Tensor, labels: torch.Tensor, autocast: torch.dtype | None = None):
     """One eager training step of a language model on ``inputs``/``labels`` ``(batch, T)``."""
-    LMStep(model, optimizer, inputs, labels, autocast)()
+    optimizer.zero_grad(set_to_none=True)
+    lm_passes(model, autocast)(inputs, labels)
+    optimizer.step()
 
 
 def steady_rate(step, tokens_per_step: int, device: torch.device, warmup: int, steps: int,
