@@ -381,9 +381,9 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     kernels, host = breakdown(step, device), host_issue(step, device)
     row = {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict(), "step_launches": kernels.launches,
            "step_device_ms": round(kernels.device_ms, 3), "step_host_ms": host["host_ms"], "step_syncs": host["syncs"]}
-    graphed = LMStep(model, optimizer, inputs, labels, autocast, cuda_graph=device.type == "cuda")
     if device.type != "cuda":
         return {**row, "graph_error": "needs CUDA"}
+    graphed = LMStep(model, optimizer, inputs, labels, autocast, cuda_graph=True)
     # the first call captures; it and an eager step from the same weights must agree (no optimizer step between)
     agree = agreement(step.passes, graphed.passes, graphed.batch)
     if graphed.passes.error is not None:
