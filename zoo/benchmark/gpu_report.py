@@ -89,10 +89,8 @@ GRAPH_GAP_LIMIT = 1e-2
 
 def graph_trusted(row: dict | None) -> bool:
     """Whether ``row``'s captured steps ran and computed what the eager ones compute."""
-    if row is None or not targets.is_number(row.get(GRAPH_RATE)):
-        return False
-    gaps = [row.get(k) for k in ("graph_loss_gap", "graph_grad_gap")]
-    return all(g is None or (targets.is_number(g) and g <= GRAPH_GAP_LIMIT) for g in gaps)
+    values = [(row or {}).get(k) for k in (GRAPH_RATE, "graph_loss_gap", "graph_grad_gap")]
+    return all(targets.is_number(v) for v in values) and max(values[1:]) <= GRAPH_GAP_LIMIT
 
 
 def lm_mode(mine: dict | None, base: dict | None) -> str:
