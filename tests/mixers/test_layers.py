@@ -1,10 +1,11 @@
 """Shared layers: the causal short convolution (hand-written backward) against ``conv1d`` and its
-own decode step."""
+own decode step; the fused projection of the GPU plan against the modules called one by one."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mixers.layers import ShortConv
+from kernels.device import gpu_path_on_cpu
+from mixers.layers import ShortConv, project
 
 
 def _conv1d_reference(conv: ShortConv, x: torch.Tensor) -> torch.Tensor:
@@ -49,3 +50,28 @@ def test_short_conv_forward_equals_decode_steps():
 def test_short_conv_rejects_wrong_shape():
     with pytest.raises(ValueError, match="batch, time, 6"):
         ShortConv(6, 4)(torch.randn(2, 5, 7))
+
+
+@pytest.mark.parametrize("widths", [(24, 5, 7), (16, 8, 8), (3,)])
+def test_project_fused_equals_modules_with_aligned_rows(widths):
+    """On the GPU plan one matmul, its row padded to a multiple of 16 outputs: every part equals its module's
+    output (and its gradients the separate modules'), and the token stride of every part read in place (a
+    bias-free one; a bias is added into a new tensor) divides by 16."""
+    d = 11
+    group = [torch.nn.Linear(d, widths[0] - 1, bias=False, dtype=torch.float64),
+             torch.nn.Linear(d, 1, bias=False, dtype=torch.float64)]
+    modules = [group] + [torch.nn.Linear(d, w, bias=i % 2 == 1, dtype=torch.float64) for i, w in enumerate(widths[1:])]
+    x = torch.randn(2, 7, d, dtype=torch.float64, requires_grad=True)
+    with gpu_path_on_cpu():
+        parts = project(x, modules)
+    want = [torch.cat([m(x) for m in group], -1)] + [m(x) for m in modules[1:]]
+    params = [x] + [p for m in group + modules[1:] for p in m.parameters()]
+    gs = [torch.randn_like(w) for w in want]
+    got_grads = torch.autograd.grad(sum((p * g).sum() for p, g in zip(parts, gs)), params)
+    want_grads = torch.autograd.grad(sum((w * g).sum() for w, g in zip(want, gs)), params)
+    for p, w, m in zip(parts, want, modules):
+        torch.testing.assert_close(p, w, rtol=1e-12, atol=1e-12)
+        if len(widths) > 1 and getattr(m, "bias", None) is None:
+            assert p.stride(1) % 16 == 0, f"token stride {p.stride(1)} of a part of widths {widths}"
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

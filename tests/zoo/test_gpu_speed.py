@@ -54,10 +54,15 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
                 assert row["host_ms"] > 0 and row["syncs"] is None and row["sync_sites"] == [], row
     for row in json.loads((folder / "lm.json").read_text())["rows"]:  # one more step: its kernels and host time
         assert row["step_launches"] > 0 and row["step_device_ms"] >= 0, row
+        kept = row["step_kernels"]   # the longest names of the step, longest first
+        assert 0 < len(kept) <= gpu_speed.STEP_KERNELS and all(k["calls"] > 0 for k in kept), row
+        assert [k["ms"] for k in kept] == sorted((k["ms"] for k in kept), reverse=True)
+        assert sum(k["ms"] for k in kept) <= row["step_device_ms"] + 1e-3, row
         assert row["step_host_ms"] > 0 and row["step_syncs"] is None, row
         assert row["graph_error"] == "needs CUDA" and "graph_tokens_per_second" not in row, row
     report = (folder / "summary.md").read_text()
     assert "## Targets" in report and "## Where the time goes" in report
+    assert "## Where a language model's step goes" in report
     assert gpu_speed.main(["--check", str(folder)]) == done.returncode
     # a run stopped before its summary: --check builds the same one from the stage files
     (folder / "summary.json").unlink()

@@ -207,6 +207,14 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
               "; ".join(x for x in (note(stage["lm"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
                         if x)]
              for r in _rows(stage["lm"])])
+    step_rows = [r for r in _rows(stage["lm"]) if r.get("step_kernels")]
+    if step_rows:
+        section("Where a language model's step goes", "The profiled step of each row above (eager): its device "
+                f"kernels grouped by name, the {TOP_KERNELS} longest (calls x, ms); with a captured step the "
+                "device time is the step's time.",
+                ["mixer", "T", "device ms", "longest kernels: calls x, ms"],
+                [[r["mixer"], r["T"], _fmt(r.get("step_device_ms")), longest_kernels({"kernels": r["step_kernels"]})]
+                 for r in step_rows])
     section("First call", f"T {plan['first_call_length']}: a fresh process per mixer with an empty Triton cache, the "
             f"first forward+backward, compilation included.", ["mixer", "backend", "seconds", "note"],
             [[name, r.get("backend", ""), _fmt(r.get("seconds")), r.get("error", "")]

@@ -26,8 +26,9 @@ at its limit keeps what it measured:
    step), timed over steps 20-70 (:mod:`zoo.benchmark.train_rate`; a slow model is timed over fewer steps
    within its share of the stage's time, and the row says how many), each model's kernels compiled ahead
    first (``ahead_seconds``), as ``zoo train`` does; then one more step's device kernels (``step_launches``,
-   ``step_device_ms``) and the host's time to issue it (``step_host_ms``, ``step_syncs``): a step whose host
-   time exceeds its device time is launch-bound, its tokens/s set by Python, autograd and the launchers;
+   ``step_device_ms``, the longest by name in ``step_kernels``) and the host's time to issue it
+   (``step_host_ms``, ``step_syncs``): a step whose host time exceeds its device time is launch-bound, its
+   tokens/s set by Python, autograd and the launchers;
    then the same model trains on with each step's forward and backward captured once as a CUDA graph and
    replayed (``train.cuda_graph``, :mod:`zoo.training.captured`): ``graph_tokens_per_second`` and its steps,
    or ``graph_error`` where the capture failed, and how far the first replay's loss and gradients are from an
@@ -95,6 +96,8 @@ from .runner import write_json
 from .train_rate import LMStep, steady_rate
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+#: kernels (by name, longest first) a language-model row keeps from its profiled step
+STEP_KERNELS = 8
 
 
 @dataclass(frozen=True)
@@ -380,7 +383,8 @@ def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
     rate = steady_rate(step, batch * T, device, plan.lm_warmup, plan.lm_steps, seconds / 2)
     kernels, host = breakdown(step, device), host_issue(step, device)
     row = {"batch": batch, "ahead_seconds": ahead.seconds, **rate.as_dict(), "step_launches": kernels.launches,
-           "step_device_ms": round(kernels.device_ms, 3), "step_host_ms": host["host_ms"], "step_syncs": host["syncs"]}
+           "step_device_ms": round(kernels.device_ms, 3), "step_kernels": kernels.kernels[:STEP_KERNELS],
+           "step_host_ms": host["host_ms"], "step_syncs": host["syncs"]}
     if device.type != "cuda":
         return {**row, "graph_error": "needs CUDA"}
     graphed = LMStep(model, optimizer, inputs, labels, autocast, cuda_graph=True)
