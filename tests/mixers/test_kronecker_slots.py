@@ -11,7 +11,7 @@ import torch
 from kernels.backend import triton_importable, triton_usable_for
 from mixers import build_mixer
 from mixers.options import OptionError
-from tests.kernels.harness import assert_rel_close
+from tests.kernels.harness import assert_rel_close, rel_err
 from tests.mixers.gpu_path import assert_gpu_path_matches
 
 D = 32
@@ -51,10 +51,20 @@ def test_backends_give_the_same_mixer(kernel):
     x = torch.randn(2, 9, D, dtype=torch.float64)
     y_r, gx_r, gp_r = _run(ref, x)
     y, gx, gp = _run(m, x.to(dtype))
-    assert_rel_close(y, y_r, 1e-5, "output")
-    assert_rel_close(gx, gx_r, 1e-4, "input gradient")
+    # the token loop in fp32 too: what fp32 arithmetic alone costs this draw. A gradient can nearly cancel (the
+    # read projection's, about 1 draw in 1000, at 1e-3 of its usual norm), and then every fp32 backend, the
+    # token loop included, is 1e-3 from fp64 relative to it; a backend is held to 4x the loop's error there
+    loop = make(dtype, backend="reference")
+    loop.load_state_dict(ref.state_dict())
+    y_l, gx_l, gp_l = _run(loop, x.to(dtype))
+
+    def close(got, loop_got, want, tol, what):
+        assert_rel_close(got, want, max(tol, 4 * rel_err(loop_got, want)), what)
+
+    close(y, y_l, y_r, 1e-5, "output")
+    close(gx, gx_l, gx_r, 1e-4, "input gradient")
     for n in gp_r:
-        assert_rel_close(gp[n], gp_r[n], 1e-4, f"gradient of {n}")
+        close(gp[n], gp_l[n], gp_r[n], 1e-4, f"gradient of {n}")
 
 
 @pytest.mark.parametrize("opts", [
