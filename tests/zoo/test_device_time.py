@@ -6,7 +6,16 @@ from torch.profiler import ProfilerActivity
 
 from kernels.backend import triton_interpreting
 from kernels.launch import counting
-from zoo.benchmark.device_time import NAME_CHARS, breakdown, cpu_breakdown, group, host_issue, profiled_events, short_name
+from zoo.benchmark.device_time import (
+    NAME_CHARS,
+    breakdown,
+    cpu_breakdown,
+    group,
+    host_issue,
+    profiled_events,
+    short_name,
+    warnings_of_this_thread,
+)
 
 
 def _three_products_and_a_sum(n: int):
@@ -86,6 +95,20 @@ def test_host_issue_finds_each_wait_for_the_device_and_where_it_is_asked():
     assert found["syncs"] == n and found["host_ms"] > 0
     assert len(found["sync_sites"]) == 1 and found["sync_sites"][0].startswith(__file__), found["sync_sites"]
     assert host_issue(lambda: a @ a, torch.device("cuda"))["syncs"] == 0
+
+
+def test_only_the_calling_threads_warnings_are_kept():
+    import threading
+    import warnings
+    n = int(torch.randint(1, 4, ()).item())
+    with warnings_of_this_thread("synchronizing") as found:
+        other = threading.Thread(target=lambda: warnings.warn("another thread synchronizing", stacklevel=1))
+        other.start()
+        other.join()
+        for _ in range(n):
+            warnings.warn("a call synchronizing", stacklevel=1)   # each time, though from one place
+        warnings.warn("unrelated", stacklevel=1)
+    assert len(found) == n and len(set(found)) == 1 and found[0].startswith(__file__), found
 
 
 def test_host_issue_on_a_cpu_times_the_call_and_counts_no_syncs():

@@ -18,6 +18,8 @@ say), each of which empties the queue and leaves the device idle while the host 
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -127,8 +129,8 @@ SYNC_WARNING = "synchronizing"
 def host_issue(fn, device: torch.device) -> dict:
     """``host_ms``: wall time of ``fn()`` from an idle device until the call returns, without waiting for the
     device at its end (on a CPU: the call). ``syncs``: how many times ``fn()`` waited for the device (CUDA's
-    sync debug mode, in a second call; None off CUDA) and ``sync_sites``: where, as ``file:line`` of the
-    Python code that asked (at most 5 distinct)."""
+    sync debug mode, in a second call, on the calling thread; None off CUDA) and ``sync_sites``: where, as
+    ``file:line`` of the Python code that asked (at most 5 distinct)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -138,13 +140,27 @@ def host_issue(fn, device: torch.device) -> dict:
         return {"host_ms": round(host_ms, 4), "syncs": None, "sync_sites": []}
     torch.cuda.synchronize(device)
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_of_this_thread(SYNC_WARNING) as syncs:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
-    sites = list(dict.fromkeys(f"{w.filename}:{w.lineno}" for w in syncs))[:5]
-    return {"host_ms": round(host_ms, 4), "syncs": len(syncs), "sync_sites": sites}
+    return {"host_ms": round(host_ms, 4), "syncs": len(syncs), "sync_sites": list(dict.fromkeys(syncs))[:5]}
+
+
+@contextlib.contextmanager
+def warnings_of_this_thread(marker: str):
+    """Within the block, every warning whose message holds ``marker`` and that the calling thread raises (each
+    time, not once per place) is listed as ``file:line`` in the list the block gets. The warnings filter is
+    the process's: another thread's warnings of the same time (a compile-ahead's, say) are not the block's."""
+    caller, found = threading.get_ident(), []
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        if threading.get_ident() == caller and marker in str(message):
+            found.append(f"{filename}:{lineno}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = keep
+        yield found
