@@ -12,6 +12,7 @@ from zoo.benchmark.device_time import (
     cpu_breakdown,
     group,
     host_issue,
+    is_annotation,
     profiled_events,
     short_name,
     warnings_of_this_thread,
@@ -95,6 +96,24 @@ def test_host_issue_finds_each_wait_for_the_device_and_where_it_is_asked():
     assert found["syncs"] == n and found["host_ms"] > 0
     assert len(found["sync_sites"]) == 1 and found["sync_sites"][0].startswith(__file__), found["sync_sites"]
     assert host_issue(lambda: a @ a, torch.device("cuda"))["syncs"] == 0
+
+
+def test_record_function_ranges_are_not_counted_as_work():
+    from types import SimpleNamespace
+    kernel = SimpleNamespace(name="_fwd_state", is_user_annotation=False, activity_type="kernel")
+    range_on_device = SimpleNamespace(name="Optimizer.step#AdamW.step", is_user_annotation=True,
+                                      activity_type="gpu_user_annotation")
+    marked_by_kind = SimpleNamespace(name="ProfilerStep#1", is_user_annotation=False,
+                                     activity_type="gpu_user_annotation")
+    assert not is_annotation(kernel) and is_annotation(range_on_device) and is_annotation(marked_by_kind)
+    n = int(torch.randint(1, 4, ()).item())
+
+    def call():
+        with torch.profiler.record_function("a range"):
+            for _ in range(n):
+                torch.ones(3) @ torch.ones(3)
+    names = [name for name, _ in profiled_events(call, ProfilerActivity.CPU, torch.autograd.DeviceType.CPU)]
+    assert "a range" not in names and names.count("aten::dot") == n, names
 
 
 def test_only_the_calling_threads_warnings_are_kept():

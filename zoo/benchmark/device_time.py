@@ -81,7 +81,16 @@ def profiled_events(fn, activity: ProfilerActivity, device_type) -> list[tuple[s
         fn()
         if activity == ProfilerActivity.CUDA:
             torch.cuda.synchronize()
-    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == device_type]
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == device_type and not is_annotation(e)]
+
+
+def is_annotation(event) -> bool:
+    """Whether a profiler event is a ``record_function`` range rather than work: on CUDA such a range is also
+    drawn on the device's timeline (the optimizer's ``Optimizer.step#AdamW.step`` spans its kernels), and
+    counting it would add a launch and its span, already counted in its kernels, to the device time."""
+    kind = str(getattr(event, "activity_type", "") or "").lower()
+    return bool(getattr(event, "is_user_annotation", False)) or kind.endswith("user_annotation")
 
 
 def cuda_breakdown(fn) -> Breakdown:
