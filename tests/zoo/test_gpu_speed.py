@@ -60,6 +60,8 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
         assert sum(k["ms"] for k in kept) <= row["step_device_ms"] + 1e-3, row
         assert row["step_host_ms"] > 0 and row["step_syncs"] is None, row
         assert row["graph_error"] == "needs CUDA" and "graph_tokens_per_second" not in row, row
+    for row in json.loads((folder / "layers.json").read_text())["rows"]:  # a graph of each layer: CUDA only
+        assert row["graph_error"] == "needs CUDA" and "graph_fwd_bwd_ms" not in row, row
     report = (folder / "summary.md").read_text()
     assert "## Targets" in report and "## Where the time goes" in report
     assert "## Where a language model's step goes" in report
@@ -173,11 +175,22 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
     # fla killed during its autotuning at the longer length: its forward there came back, its backward not
     write_json(tmp_path / "fla.json", {"rows": [{"T": short, "fwd_ms": r[6], "fwd_bwd_ms": r[7]},
                                                 {"T": long, "fwd_ms": r[8]}], "stopped": "ran past its 90 s limit"})
-    layer_rows, lm_rows, fb, tps, graph = [], [], {}, {}, {}
+    layer_rows, lm_rows, fb, tps, graph, graph_fb = [], [], {}, {}, {}, {}
+    replays = torch.rand(2 * len(names), dtype=torch.float64).add(0.05).tolist()
     for i, name in enumerate(names):
         for j, T in enumerate(plan.layer_lengths):
             fb[name, T] = r[10 + 2 * i + j]
-            layer_rows.append({"mixer": name, "T": T, "fwd_bwd_ms": fb[name, T], "launches": 7 * i + j})
+            row = {"mixer": name, "T": T, "fwd_bwd_ms": fb[name, T], "launches": 7 * i + j}
+            # captured layers: all but one in three (attention's among them); one whose graph computed
+            # something else than the eager call is not compared
+            if i % 3 != 1:
+                row.update(graph_fwd_bwd_ms=replays[2 * i + j], graph_grad_gap=1e-4,
+                           graph_output_gap=0.0 if i % 3 == 0 else 0.2)
+                if i % 3 == 0:
+                    graph_fb[name, T] = replays[2 * i + j]
+            else:
+                row["graph_error"] = "capturing the step failed (RuntimeError: boom)"
+            layer_rows.append(row)
         for j, T in enumerate(plan.lm_lengths):
             tps[name, T] = 1000 * r[40 + 2 * i + j]
             row = {"mixer": name, "T": T, "tokens_per_second": tps[name, T]}
@@ -208,7 +221,11 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
     last = linear[-1]
     for name in linear:
         for T in plan.layer_lengths:
-            assert summary["layer_vs_sdpa"][name][str(T)] == pytest.approx(fb[name, T] / fb["attention", T])
+            if (name, T) in graph_fb:   # both layers captured (attention's always): the replays compared
+                want = graph_fb[name, T] / graph_fb["attention", T]
+            else:
+                want = fb[name, T] / fb["attention", T]
+            assert summary["layer_vs_sdpa"][name][str(T)] == pytest.approx(want), (name, T)
         for T in plan.lm_lengths:
             got = summary["lm_vs_attention"][name][str(T)]
             if name == last and T == plan.lm_lengths[-1]:
@@ -218,6 +235,8 @@ def test_the_summary_holds_the_ratios_of_the_stage_files(tmp_path):
             else:
                 assert got == pytest.approx(tps[name, T] / tps["attention", T])
     assert any((n, plan.lm_lengths[0]) in graph for n in linear) and ("attention", plan.lm_lengths[0]) in graph
+    assert any((n, plan.layer_lengths[0]) in graph_fb for n in linear)
+    assert any((n, plan.layer_lengths[0]) not in graph_fb for n in linear)
     gapped = [n for i, n in enumerate(names) if i % 4 == 2 and n in linear]
     assert gapped and all(summary["lm_vs_attention"][n][str(plan.lm_lengths[0])] == pytest.approx(
         tps[n, plan.lm_lengths[0]] / tps["attention", plan.lm_lengths[0]]) for n in gapped)
@@ -311,3 +330,17 @@ def test_a_mixer_registered_outside_the_library_is_not_benchmarked():
     every, linear = mixer_names()
     assert "cumulative_mean" in MIXERS.names() and "cumulative_mean" not in every + linear
     assert set(every) == set(MIXERS.builtin_names("mixers")) and every[0] == "attention"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["attention", "gated_deltanet"])
+def test_a_layer_captured_as_a_graph_computes_what_the_eager_call_does(name):
+    plan = dataclasses.replace(FULL, d_model=256, head_dim=64)
+    device = torch.device("cuda")
+    mixer = gpu_speed.build_layer(name, plan, device, torch.bfloat16)
+    found = gpu_speed.layer_graph(mixer, 512, device, torch.bfloat16, warmup=1, repeats=3)
+    assert "graph_error" not in found, found
+    assert found["graph_output_gap"] <= gpu_report.GRAPH_GAP_LIMIT, found
+    assert found["graph_grad_gap"] <= gpu_report.GRAPH_GAP_LIMIT, found
+    assert found["graph_fwd_bwd_ms"] > 0
+    assert all(p.grad is None for p in mixer.parameters())   # the graph's gradients are let go

@@ -87,9 +87,16 @@ GRAPH_RATE = "graph_tokens_per_second"
 GRAPH_GAP_LIMIT = 1e-2
 
 
-def graph_trusted(row: dict | None) -> bool:
-    """Whether ``row``'s captured steps ran and computed what the eager ones compute."""
-    values = [(row or {}).get(k) for k in (GRAPH_RATE, "graph_loss_gap", "graph_grad_gap")]
+#: a layer row's forward+backward time replaying one CUDA graph of it (absent where capture failed)
+GRAPH_TIME = "graph_fwd_bwd_ms"
+#: the gaps to an eager call that a captured value of each kind comes with
+GRAPH_GAPS = {GRAPH_RATE: ("graph_loss_gap", "graph_grad_gap"), GRAPH_TIME: ("graph_output_gap", "graph_grad_gap")}
+
+
+def graph_trusted(row: dict | None, key: str = GRAPH_RATE) -> bool:
+    """Whether ``row``'s captured passes ran (``key``: the captured rate or time) and computed what the eager ones
+    compute."""
+    values = [(row or {}).get(k) for k in (key, *GRAPH_GAPS[key])]
     return all(targets.is_number(v) for v in values) and max(values[1:]) <= GRAPH_GAP_LIMIT
 
 
@@ -98,6 +105,12 @@ def lm_mode(mine: dict | None, base: dict | None) -> str:
     theirs and they agree with the eager ones (the host out of both steps), else the eager steps' (the same kind
     of step on both sides)."""
     return GRAPH_RATE if graph_trusted(mine) and graph_trusted(base) else "tokens_per_second"
+
+
+def layer_mode(mine: dict | None, base: dict | None) -> str:
+    """The time a layer is compared to the SDPA layer's by: the captured forward+backward's where both layers
+    captured theirs and they agree with an eager call (the host out of both calls), else the eager one's."""
+    return GRAPH_TIME if graph_trusted(mine, GRAPH_TIME) and graph_trusted(base, GRAPH_TIME) else "fwd_bwd_ms"
 
 
 def lm_ratio(lm: dict | None, name: str, T: int):
@@ -119,8 +132,10 @@ def summarize(folder: Path) -> tuple[dict, dict]:
         by_T = {str(T): ("layers", layers, _find(layers, mixer=name, T=T)) for T in plan["layer_lengths"]}
         launches[name] = {T: _value(*side, "launches") for T, side in by_T.items()}
         if name in env["linear"]:
-            layer_vs_sdpa[name] = {T: _ratio(side, ("layers", layers, _find(layers, mixer=BASELINE, T=int(T))),
-                                             ("fwd_bwd_ms",)) for T, side in by_T.items()}
+            layer_vs_sdpa[name] = {}
+            for T, side in by_T.items():
+                base = ("layers", layers, _find(layers, mixer=BASELINE, T=int(T)))
+                layer_vs_sdpa[name][T] = _ratio(side, base, (layer_mode(side[2], base[2]),))
     lm_vs_attention = {name: {str(T): lm_ratio(lm, name, T) for T in plan["lm_lengths"]} for name in env["linear"]}
     first_call_s = {name: _value("first_call", first, (first or {}).get("rows", {}).get(name), "seconds")
                     for name in env["mixers"]}
@@ -173,10 +188,19 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
     section("Layers", f"d_model {plan['d_model']}, head dim {plan['head_dim']}, batch 1, median of `repeats` after "
             f"{plan['warmup']} warm-up calls (fewer repeats where a layer's share of the stage's time is short); "
             f"launches: device kernels of one forward+backward "
-            f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched'}).",
-            ["mixer", "backend", "T", "repeats", "fwd ms", "fwd+bwd ms", "launches", "note"],
+            f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched'}); `graph`: the same "
+            f"forward+backward captured once as a CUDA graph and replayed (`graph gap`: its first replay's output "
+            f"and gradients against an eager call's, relative). The targets compare the graphs where both layers "
+            f"captured theirs within a gap of {GRAPH_GAP_LIMIT:g}, else the eager calls (`compared`).",
+            ["mixer", "backend", "T", "repeats", "fwd ms", "fwd+bwd ms", "graph fwd+bwd ms", "compared",
+             "graph gap out, grads", "launches", "note"],
             [[r["mixer"], r.get("backend", ""), r["T"], _fmt(r.get("repeats")), _fmt(r.get("fwd_ms")),
-              _fmt(r.get("fwd_bwd_ms")), _fmt(r.get("launches")), note(stage["layers"], r)]
+              _fmt(r.get("fwd_bwd_ms")), _fmt(r.get(GRAPH_TIME)),
+              "graph" if layer_mode(r, _find(stage["layers"], mixer=BASELINE, T=r["T"])) == GRAPH_TIME else "eager",
+              ", ".join(_fmt(r.get(k)) for k in GRAPH_GAPS[GRAPH_TIME] if r.get(k) is not None),
+              _fmt(r.get("launches")),
+              "; ".join(x for x in (note(stage["layers"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
+                        if x)]
              for r in _rows(stage["layers"])])
     timed_rows = [(f"{r['op']} ({r['backend']})", r) for r in kernel_rows] + \
         [(f"{r['mixer']} layer ({r.get('backend', '')})", r) for r in _rows(stage["layers"])]

@@ -20,7 +20,10 @@ at its limit keeps what it measured:
 4. ``layers``: every mixer's layer (``d_model 1024``, head dim 128, batch 1, our backend: Triton where
    the family has it, else the chunked PyTorch path) next to an SDPA attention layer at the same lengths
    (:func:`zoo.benchmark.measure.measure`), the device kernels one forward+backward launches
-   (``torch.profiler`` on CUDA) and their device time by kernel;
+   (``torch.profiler`` on CUDA) and their device time by kernel; then the same forward+backward captured once
+   as a CUDA graph and replayed (:func:`layer_graph`: ``graph_fwd_bwd_ms``, and the first replay's gaps to an
+   eager call, ``graph_output_gap`` and ``graph_grad_gap``; or ``graph_error``), the layer's time with the host
+   out of it, as in a language model trained with ``train.cuda_graph``;
 5. ``lm``: four-layer language models (``d_model 512``) of every linear-state mixer and of attention,
    steady-state training tokens/s at ``T = 2048`` (batch 8) and ``T = 8192`` (batch 2, the same tokens per
    step), timed over steps 20-70 (:mod:`zoo.benchmark.train_rate`; a slow model is timed over fewer steps
@@ -86,7 +89,7 @@ from ..environment import environment
 from ..errors import UserError
 from ..model import HybridLM
 from ..recipes import resolve
-from ..training.captured import agreement
+from ..training.captured import StepPasses, agreement
 from ..training.optim import make_optimizer
 from .device_time import Breakdown, breakdown, host_issue
 from .gpu_report import check_folder, conclude, read_json
@@ -190,6 +193,37 @@ def layer_breakdown(mixer, T: int, device, dtype) -> Breakdown:
 def layer_host(mixer, T: int, device, dtype) -> dict:
     """The host's side of one forward+backward of ``mixer`` at length ``T`` (:func:`.device_time.host_issue`)."""
     return _one_call(host_issue, mixer, T, device, dtype)
+
+
+def layer_graph(mixer, T: int, device, dtype, warmup: int, repeats: int) -> dict:
+    """One forward+backward of ``mixer`` at length ``T`` (the input's gradient too) captured once as a CUDA graph
+    (:mod:`zoo.training.captured`) and replayed: ``graph_fwd_bwd_ms``, the median replay of ``repeats`` after
+    ``warmup`` (the device's time: the host issues one launch), and how far the first replay's output and
+    gradients are from an eager call's (``graph_output_gap``, ``graph_grad_gap``); ``graph_error`` where it
+    cannot be captured."""
+    if device.type != "cuda":
+        return {"graph_error": "needs CUDA"}
+    params = [p for p in mixer.parameters() if p.requires_grad]
+
+    def passes(x, grad):
+        leaf = x.detach().requires_grad_()
+        y = mixer(leaf)
+        y.backward(grad)
+        return y.detach(), leaf.grad
+
+    x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype)
+    inputs = {"x": x, "grad": torch.randn_like(x)}
+    graphed = StepPasses(passes, params, device, cuda_graph=True)
+    try:
+        agree = agreement(StepPasses(passes, params, device), graphed, inputs)
+        if graphed.error is not None:
+            return {"graph_error": graphed.error}
+        replay = graphed.captured.graph.replay
+        return {"graph_fwd_bwd_ms": statistics.median(times_ms(replay, device, warmup, repeats)),
+                "graph_output_gap": agree["outputs"], "graph_grad_gap": agree["grads"]}
+    finally:
+        graphed.close()
+        mixer.zero_grad(set_to_none=True)
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -325,12 +359,13 @@ def stage_fla(plan: Plan, path: Path, deadline: float) -> None:
 
 def _repeats(plan: Plan, previous: dict | None, T: int, seconds: float) -> int:
     """Timed calls that fit ``seconds`` (``plan.repeats`` at most, 1 at least), predicting a forward+backward
-    at ``T`` from the previous length's (linear in T); about three forward+backward's worth per repeat
-    (forward, forward+backward, and their share of the warm-up and the launch count)."""
+    at ``T`` from the previous length's (linear in T); about four forward+backward's worth per repeat
+    (forward, forward+backward, a graph replay, and their share of the warm-ups, the launch count and the
+    capture)."""
     if not previous or not previous.get("fwd_bwd_ms"):
         return plan.repeats
     call = previous["fwd_bwd_ms"] / 1e3 * T / previous["T"]
-    return max(1, min(plan.repeats, int(seconds / (3 * call)) - plan.warmup))
+    return max(1, min(plan.repeats, int(seconds / (4 * call)) - plan.warmup))
 
 
 def stage_layers(plan: Plan, path: Path, deadline: float) -> None:
@@ -359,6 +394,10 @@ def stage_layers(plan: Plan, path: Path, deadline: float) -> None:
                     row.update(layer_host(mixer, T, device, dtype))
                 except Exception as err:  # noqa: BLE001
                     row["error"] = f"launch count: {error_text(err)}"
+                try:
+                    row.update(layer_graph(mixer, T, device, dtype, plan.warmup, repeats))
+                except Exception as err:  # noqa: BLE001
+                    row["graph_error"] = error_text(err)
             result["rows"].append(row)
             write_json(path, result)
             free(device)
