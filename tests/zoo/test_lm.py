@@ -207,8 +207,11 @@ def test_a_token_budget_sets_the_steps_and_gradient_accumulation_gives_the_same_
     assert lm_recipe(tmp_path, tokens=1000, steps=1).train.steps == math.ceil(1000 / (4 * 16))
     whole = zoo.train(lm_recipe(tmp_path, batch_size=8), progress=False)
     accumulated = zoo.train(lm_recipe(tmp_path, batch_size=8, grad_accum=4), progress=False)
+    # Adam divides each gradient by its own running size, so where an element's gradient nearly cancels the
+    # fp32 rounding of a different summation order shows in its update (2e-6 seen once); a wrong accumulation
+    # (a micro-batch lost or counted twice) moves updates by the order of the learning rate, 1e-3 here
     for a, b in zip(whole.model.parameters(), accumulated.model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
     assert lm_recipe(tmp_path, batch_size=8).key == lm_recipe(tmp_path, batch_size=8, grad_accum=1).key
 
 

@@ -160,6 +160,33 @@ def longest_kernels(row: dict, top: int = TOP_KERNELS) -> str:
     return "; ".join(f"{k['name']} {k['calls']}x {k['ms']:.3g}" for k in row["kernels"][:top])
 
 
+def _note(data: dict, row: dict | None = None) -> str:
+    """Why a row (or its stage) has no value: its error, the stage's stop or error."""
+    return (row or {}).get("error") or data.get("stopped") or data.get("error") or ""
+
+
+def _layer_table(layers: dict | None, plan: dict) -> tuple[str, list, list]:
+    """The report's layer section: its text, columns and rows."""
+    about = (f"d_model {plan['d_model']}, head dim {plan['head_dim']}, batch 1, median of `repeats` after "
+             f"{plan['warmup']} warm-up calls (fewer repeats where a layer's share of the stage's time is short); "
+             f"launches: device kernels of one forward+backward "
+             f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched'}); `graph`: the same "
+             f"forward+backward captured once as a CUDA graph and replayed (`graph gap`: its first replay's output "
+             f"and gradients against an eager call's, relative). The targets compare the graphs where both layers "
+             f"captured theirs within a gap of {GRAPH_GAP_LIMIT:g}, else the eager calls (`compared`).")
+    columns = ["mixer", "backend", "T", "repeats", "fwd ms", "fwd+bwd ms", "graph fwd+bwd ms", "compared",
+               "graph gap out, grads", "launches", "note"]
+    body = [[r["mixer"], r.get("backend", ""), r["T"], _fmt(r.get("repeats")), _fmt(r.get("fwd_ms")),
+             _fmt(r.get("fwd_bwd_ms")), _fmt(r.get(GRAPH_TIME)),
+             "graph" if layer_mode(r, _find(layers, mixer=BASELINE, T=r["T"])) == GRAPH_TIME else "eager",
+             ", ".join(_fmt(r.get(k)) for k in GRAPH_GAPS[GRAPH_TIME] if r.get(k) is not None),
+             _fmt(r.get("launches")),
+             "; ".join(x for x in (_note(layers or {}, r), r.get("graph_error") and f"graph: {r['graph_error']}")
+                       if x)]
+            for r in _rows(layers)]
+    return about, columns, body
+
+
 def render(folder: Path, results: list, status: int, seconds: float | None) -> str:
     """``summary.md``: the verdicts, then every stage's numbers."""
     stage = {name: read_json(folder / f"{name}.json") or {} for name in ("env", *STAGES)}
@@ -175,33 +202,14 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
     def section(title: str, about: str, columns: list, body: list) -> None:
         parts.extend([f"## {title}\n", about + "\n", tabulate(body, headers=columns, tablefmt="github") + "\n"])
 
-    def note(data: dict, row: dict | None = None) -> str:
-        return (row or {}).get("error") or data.get("stopped") or data.get("error") or ""
-
     kernel_rows = _rows(stage["kernel"]) + _rows(stage["fla"])
     section("Kernels", f"B 1, H {plan['kernel_heads']}, K = V = {plan['kernel_dim']}, median of {plan['repeats']} "
             f"after {plan['warmup']} warm-up calls. Ours: {stage['kernel'].get('about', 'not run')}; theirs: "
             f"{stage['fla'].get('about', stage['fla'].get('error', 'not run'))}.",
             ["op", "backend", "T", "fwd ms", "fwd+bwd ms", "note"],
             [[r["op"], r["backend"], r["T"], _fmt(r.get("fwd_ms")), _fmt(r.get("fwd_bwd_ms")),
-              note(stage["fla"] if r["op"].startswith("theirs") else stage["kernel"], r)] for r in kernel_rows])
-    section("Layers", f"d_model {plan['d_model']}, head dim {plan['head_dim']}, batch 1, median of `repeats` after "
-            f"{plan['warmup']} warm-up calls (fewer repeats where a layer's share of the stage's time is short); "
-            f"launches: device kernels of one forward+backward "
-            f"({'torch.profiler' if plan['device'] == 'cuda' else 'operators dispatched'}); `graph`: the same "
-            f"forward+backward captured once as a CUDA graph and replayed (`graph gap`: its first replay's output "
-            f"and gradients against an eager call's, relative). The targets compare the graphs where both layers "
-            f"captured theirs within a gap of {GRAPH_GAP_LIMIT:g}, else the eager calls (`compared`).",
-            ["mixer", "backend", "T", "repeats", "fwd ms", "fwd+bwd ms", "graph fwd+bwd ms", "compared",
-             "graph gap out, grads", "launches", "note"],
-            [[r["mixer"], r.get("backend", ""), r["T"], _fmt(r.get("repeats")), _fmt(r.get("fwd_ms")),
-              _fmt(r.get("fwd_bwd_ms")), _fmt(r.get(GRAPH_TIME)),
-              "graph" if layer_mode(r, _find(stage["layers"], mixer=BASELINE, T=r["T"])) == GRAPH_TIME else "eager",
-              ", ".join(_fmt(r.get(k)) for k in GRAPH_GAPS[GRAPH_TIME] if r.get(k) is not None),
-              _fmt(r.get("launches")),
-              "; ".join(x for x in (note(stage["layers"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
-                        if x)]
-             for r in _rows(stage["layers"])])
+              _note(stage["fla"] if r["op"].startswith("theirs") else stage["kernel"], r)] for r in kernel_rows])
+    section("Layers", *_layer_table(stage["layers"], plan))
     timed_rows = [(f"{r['op']} ({r['backend']})", r) for r in kernel_rows] + \
         [(f"{r['mixer']} layer ({r.get('backend', '')})", r) for r in _rows(stage["layers"])]
     section("Where the time goes", f"One more forward+backward of each row above, its device kernels grouped by name "
@@ -228,7 +236,7 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
               ", ".join(_fmt(r.get(k)) for k in ("timed_steps", "graph_timed_steps") if r.get(k) is not None),
               _fmt(r.get("step_host_ms")),
               _fmt(r.get("step_device_ms")), _fmt(r.get("step_launches")),
-              "; ".join(x for x in (note(stage["lm"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
+              "; ".join(x for x in (_note(stage["lm"], r), r.get("graph_error") and f"graph: {r['graph_error']}")
                         if x)]
              for r in _rows(stage["lm"])])
     step_rows = [r for r in _rows(stage["lm"]) if r.get("step_kernels")]
