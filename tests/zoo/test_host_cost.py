@@ -5,7 +5,7 @@ import pytest
 from kernels.backend import triton_interpreting
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import counting
-from zoo.benchmark import host_cost
+from zoo.benchmark import gpu_speed, host_cost
 
 pytestmark = pytest.mark.skipif(not triton_interpreting(), reason="the tool runs the launchers through the interpreter")
 
@@ -18,7 +18,7 @@ def test_rows_count_the_lm_steps_operations_and_launches(capsys):
     assert set(rows) == {"attention", "jordan"}          # attention is always measured: the ratios' baseline
     assert rows["attention"][2] == "1.00"
     # the Triton launches column is a counted step of the same model (jordan's scan, norms, gates, SwiGLU)
-    model = host_cost.build_lm(host_cost.SMALL, "jordan")
+    model = gpu_speed.lm_model(host_cost.SMALL, "jordan")[1]
     step = host_cost.lm_pass(model, host_cost.SMALL, host_cost.SMALL.lm_lengths[0])
     with gpu_path_on_cpu(), counting(execute=False) as launched:
         step()
@@ -27,7 +27,7 @@ def test_rows_count_the_lm_steps_operations_and_launches(capsys):
 
 
 def test_the_timed_step_runs_no_kernel():
-    step = host_cost.lm_pass(host_cost.build_lm(host_cost.SMALL, "jordan"), host_cost.SMALL, 32)
+    step = host_cost.lm_pass(gpu_speed.lm_model(host_cost.SMALL, "jordan")[1], host_cost.SMALL, 32)
     with counting(timed=True) as timed:
         host_cost.host_ms(step, 1)
     assert sum(timed.values()) > 0 and timed.timed == []   # launched (counted), never called

@@ -405,12 +405,19 @@ def stage_layers(plan: Plan, path: Path, deadline: float) -> None:
         free(device)
 
 
-def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
-    device = torch.device(plan.device)
+def lm_model(plan: Plan, name: str) -> tuple:
+    """``(recipe, model)`` of ``name``'s language model in this run: ``plan.lm_layers`` of its layers
+    (:func:`layer_entry`) at ``plan.lm_d_model``, the same initial weights every time (on the CPU)."""
     recipe = resolve({"model": {"d_model": plan.lm_d_model,
                                 "layers": [layer_entry(name, plan, plan.lm_d_model)] * plan.lm_layers}})
     torch.manual_seed(0)
-    model = HybridLM.from_recipe(recipe, plan.lm_vocab).to(device)
+    return recipe, HybridLM.from_recipe(recipe, plan.lm_vocab)
+
+
+def lm_rate(plan: Plan, name: str, T: int, seconds: float) -> dict:
+    device = torch.device(plan.device)
+    recipe, model = lm_model(plan, name)
+    model = model.to(device)
     optimizer, _ = make_optimizer(model, recipe)
     batch = plan.lm_tokens // T
     ids = torch.randint(plan.lm_vocab, (batch, T + 1), device=device)

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.backend import triton_interpreting
@@ -46,8 +45,8 @@ from kernels.device import gpu_path_on_cpu
 from kernels.launch import counting, host_only
 
 from ..model import HybridLM
-from ..recipes import resolve
-from .gpu_speed import BASELINE, FULL, Plan, build_layer, layer_entry, mixer_names
+from .gpu_speed import BASELINE, FULL, Plan, build_layer, lm_model, mixer_names
+from .train_rate import lm_passes
 
 #: gpu_speed's models and layers at small sizes
 SMALL = dataclasses.replace(FULL, d_model=64, head_dim=16, lm_d_model=64, lm_tokens=64, lm_lengths=(32,))
@@ -67,23 +66,16 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def build_lm(plan: Plan, name: str) -> HybridLM:
-    """gpu_speed's language model of ``name`` (its layers at ``plan``'s LM sizes)."""
-    recipe = resolve({"model": {"d_model": plan.lm_d_model,
-                                "layers": [layer_entry(name, plan, plan.lm_d_model)] * plan.lm_layers}})
-    torch.manual_seed(0)
-    return HybridLM.from_recipe(recipe, plan.lm_vocab)
-
-
 def lm_pass(model: HybridLM, plan: Plan, T: int):
-    """One step's forward, loss and backward of ``model`` at length ``T``, gradients cleared after."""
+    """One step's passes of ``model`` at length ``T`` (:func:`.train_rate.lm_passes`: forward, loss, backward),
+    gradients cleared after."""
     batch = max(1, plan.lm_tokens // T)
     ids = torch.randint(plan.lm_vocab, (batch, T + 1))
     inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    passes = lm_passes(model)
 
     def step():
-        logits = model(inputs)
-        F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()).backward()
+        passes(inputs, labels)
         model.zero_grad(set_to_none=True)
     return step
 
@@ -123,7 +115,7 @@ def counts(step) -> tuple[int, int]:
 def measure(name: str, steps: int) -> dict:
     T = SMALL.lm_lengths[0]
     row = {"mixer": name, "lm_T": T, "lm_batch": max(1, SMALL.lm_tokens // T)}
-    lm_step = lm_pass(build_lm(SMALL, name), SMALL, T)
+    lm_step = lm_pass(lm_model(SMALL, name)[1], SMALL, T)
     row["lm_ms"] = round(host_ms(lm_step, steps), 3)
     row["ops"], row["triton"] = counts(lm_step)
     layer = build_layer(name, SMALL, torch.device("cpu"), torch.float32)
