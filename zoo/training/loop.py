@@ -186,9 +186,10 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
 
 
 def _micro_batch_sizes(rows: int, parts: int) -> list[int]:
-    """Rows of each of ``parts`` micro-batches of a batch of ``rows`` (as ``torch.chunk`` splits: equal but the
-    last)."""
-    return [len(part) for part in torch.arange(rows).chunk(parts)]
+    """Rows of each of ``parts`` micro-batches of a batch of ``rows`` (as ``torch.chunk`` splits: ``ceil(rows /
+    parts)`` each but the last, fewer parts where that size leaves some empty)."""
+    size = -(-rows // parts)
+    return [min(size, rows - start) for start in range(0, rows, size)]
 
 
 def _training_passes(run: _Run, state: TrainState, forward: _Forward):
