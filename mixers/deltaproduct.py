@@ -39,7 +39,7 @@ from kernels.gate import scaled_sigmoid
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, compute_dtype, one_pass, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -115,12 +115,9 @@ class DeltaProduct(Mixer):
 
     def _beta(self, b):
         scale = 2.0 if self.options.allow_neg_eigval else 1.0
-        if triton_pieces_for(b):   # one launch each way, fp32 from a 16-bit projection
-            return scaled_sigmoid(b, scale, backend="triton").unflatten(-1, (self.n_h, self.n_heads))
-        beta = torch.sigmoid(at_least_fp32(b)).unflatten(-1, (self.n_h, self.n_heads))
-        if self.options.allow_neg_eigval:
-            beta = 2 * beta
-        return beta.to(compute_dtype(b.dtype))
+        # in at least fp32; on the GPU plan one launch each way, from a 16-bit projection
+        beta = scaled_sigmoid(b, scale, backend="triton" if triton_pieces_for(b) else "reference")
+        return beta.unflatten(-1, (self.n_h, self.n_heads))
 
     def _heads_gpu(self, qkv, b):
         """:meth:`_heads` from the convolved ``q|k|v`` block on the GPU plan: q and k normalised together

@@ -92,11 +92,8 @@ class GatedRegressionBlock(Mixer):
             q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
             q = l2_normalize(q)                                           # = F.normalize(q, dim=-1)
             k = l2_normalize(k)
-        if self.options.beta_gate and triton_pieces_for(k):   # one launch each way for the sigmoid and both products
-            k, v = beta_scale(k, v, p["beta"], backend="triton")
-        elif self.options.beta_gate:
-            beta = torch.sigmoid(p["beta"]).unsqueeze(-1)
-            k, v = k * beta, v * beta
+        if self.options.beta_gate:   # on the GPU plan one launch each way for the sigmoid and both products
+            k, v = beta_scale(k, v, p["beta"], backend="triton" if triton_pieces_for(k) else "reference")
         if self.options.forget_gate:
             g = self.gate.log_decay(p["gate"])
         else:
