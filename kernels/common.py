@@ -14,6 +14,8 @@
   number of kernel launches more).
 - :func:`pow2` / :func:`cdiv`: a power-of-two tile size and a grid's extent, from the host.
 - :func:`as_rows` / :func:`token_stride`: how a kernel reads a column block of a wider tensor in place.
+- :func:`autocast_dtype` / :func:`linear_input_dtype`: the dtype an autocast region computes linear layers in,
+  so that a tensor headed only for a linear layer is produced in it instead of being cast there.
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
@@ -121,6 +123,21 @@ def time_first(x: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`heads_first`: ``(b, h, n, chunk, *rest)`` -> ``(b, n*chunk, h, *rest)``."""
     b, h, n, c = x.shape[:4]
     return x.movedim(1, 3).reshape(b, n * c, h, *x.shape[4:])
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for ``device_type`` (cpu or cuda), else None."""
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def linear_input_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer computes ``x`` in: the autocast dtype inside an autocast region (for a
+    floating ``x``), else ``x``'s own. A tensor produced in it enters the layer without a cast (forward) and
+    leaves the layer's backward without one; its values are those the cast would give."""
+    dtype = autocast_dtype(x.device.type) if x.is_floating_point() else None
+    return dtype or x.dtype
 
 
 def full_precision(fn):

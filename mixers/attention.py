@@ -39,6 +39,7 @@ class Attention(Mixer):
         backend: str = backend_opt(BACKENDS)
 
     state_grows_with_seq_len = True  # the KV cache
+    input_to_linear = True           # x enters through the qkv projection only
     contract_options = {"n_heads": 2}
 
     def __init__(self, d_model: int, options: "Attention.Options"):

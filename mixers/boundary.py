@@ -17,7 +17,8 @@ dtype and the one given, before any projection runs:
 
 ``step`` also runs with autocast switched off for its device: one decode token is cheap, and the
 recurrent state update must be computed in fp32 as the parallel kernels do (bf16 matmuls inside a
-per-token solve or state update drift from ``forward`` by far more than bf16 rounding).
+per-token solve or state update drift from ``forward`` by far more than bf16 rounding). An ``x_t`` in the
+autocast dtype is raised (exactly) to the module's dtype first.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import itertools
 from typing import Mapping
 
 import torch
+
+from kernels.common import autocast_dtype
 
 #: attribute set on a wrapped method, so that inherited or re-assigned methods are wrapped once
 WRAPPED = "_mixer_boundary_checked"
@@ -41,13 +44,6 @@ def module_dtype(mixer: torch.nn.Module) -> torch.dtype | None:
     for tensor in itertools.chain(mixer.parameters(), mixer.buffers()):
         if tensor.is_floating_point():
             return tensor.dtype
-    return None
-
-
-def _autocast_dtype(device: str) -> torch.dtype | None:
-    """The autocast dtype when autocast is on for ``device`` (cpu or cuda), else None."""
-    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
     return None
 
 
@@ -70,7 +66,7 @@ def check_input(mixer, x, where: str, arg: str, rank: int) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{head} must be a floating-point tensor ({want or 'the module dtype'}), got {x.dtype}; "
                         f"token ids go through the model's embedding, not a mixer")
-    if want is not None and x.dtype != want and _autocast_dtype(x.device.type) != x.dtype:
+    if want is not None and x.dtype != want and autocast_dtype(x.device.type) != x.dtype:
         raise TypeError(f"{head} is {x.dtype} but the mixer's parameters are {want}; convert the input "
                         f"({arg}.to({want})) or the mixer (mixer.to({x.dtype}))")
     if x.shape[0] == 0:
@@ -154,7 +150,10 @@ def checked_step(fn):
         check_input(self, x_t, "step", "x_t", 2)
         check_state(self, state, x_t)
         device = x_t.device.type
-        if _autocast_dtype(device) is not None:
+        if autocast_dtype(device) is not None:
+            want = module_dtype(self)
+            if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
+                x_t = x_t.to(want)
             with torch.autocast(device, enabled=False):
                 return fn(self, x_t, state, *args, **kwargs)
         return fn(self, x_t, state, *args, **kwargs)

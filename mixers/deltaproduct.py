@@ -39,7 +39,7 @@ from kernels.gate import scaled_sigmoid
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, one_pass, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, keep_autocast_dtype, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -51,6 +51,7 @@ class DeltaProduct(Mixer):
     name = "deltaproduct"
     description = "DeltaProduct: n_h Householder delta-rule steps per token, forget gate, beta in (0,2)"
     state_formula = _STATE_FORMULA
+    input_to_linear = True     # x enters through the fused projection only
 
     @dataclass
     class Options:
@@ -129,7 +130,7 @@ class DeltaProduct(Mixer):
 
     def _finish(self, o, x):
         z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
-        return self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
+        return self.o_proj(self.norm(keep_autocast_dtype(o, x), z).flatten(-2))
 
     def _forward(self, x, want_state: bool):
         # one matmul for every input projection (q, k, v, beta, forget gate, output gate) and one pass of
@@ -157,7 +158,7 @@ class DeltaProduct(Mixer):
         o, S = delta_product(q, k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2), g, n,
                              chunk_size=chunk_size_for(x, "delta", self.options.chunk_size), backend=self.options.backend)
         z = parts[1].unflatten(-1, (H, K))
-        y = self.o_proj(self.norm(o.to(x.dtype), z).flatten(-2))
+        y = self.o_proj(self.norm(keep_autocast_dtype(o, x), z).flatten(-2))
         if not want_state:
             return y, None
         state = {"S": S}

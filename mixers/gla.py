@@ -42,6 +42,7 @@ class GatedRegressionBlock(Mixer):
 
     #: subclasses with an alpha-connection gate (GKA) set this; the shared block then builds alpha_proj
     has_alpha = False
+    input_to_linear = True     # x enters through the fused projection only
 
     def __init__(self, d_model: int, options):
         super().__init__(d_model, options)

@@ -69,7 +69,7 @@ from kernels.common import at_least_fp32, compute_dtype, full_precision
 from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
 
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv, no_weight_decay, one_pass
+from .layers import GatedRMSNorm, ShortConv, keep_autocast_dtype, no_weight_decay, one_pass
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _POS_FEATURES = 16
@@ -228,7 +228,7 @@ class KroneckerSlots(Mixer):
 
     def _finish(self, o, x):
         gate = self.g_proj(x).unflatten(-1, (self.n_heads, self.d_v))
-        return self.out_proj(self.norm(o.to(x.dtype), gate).flatten(-2))
+        return self.out_proj(self.norm(keep_autocast_dtype(o, x), gate).flatten(-2))
 
     def _kernel_args(self):
         b = self.options.backend

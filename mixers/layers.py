@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.backend import triton_pieces_for
-from kernels.common import at_least_fp32, compute_dtype  # noqa: F401  (re-exported for the mixers)
+from kernels.common import at_least_fp32, compute_dtype, linear_input_dtype  # noqa: F401  (re-exported)
 from kernels.device import plan_for
 from kernels.gate import log_decay, step_size
-from kernels.norm import gated_rms_norm, rms_norm, rms_norm_reference
+from kernels.norm import gated_rms_norm, gated_rms_norm_reference, rms_norm, rms_norm_reference
 
 from .conv_time_first import causal_conv_time_first
 
@@ -107,25 +107,36 @@ def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
     return [p if g[0].bias is None else p + g[0].bias.to(p.dtype) for p, g in zip(parts, groups)]
 
 
+def keep_autocast_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` in ``x``'s dtype, unless ``t`` is already in the dtype linear layers compute in under autocast: there
+    it stays. A mixer's core output before its output norm and projection, or its output before the residual
+    add: raising it to ``x``'s fp32 costs a cast each way and gives the same values (the projection rounds the
+    norm's fp32 output back down; the residual add computes in fp32 either way)."""
+    return t if t.dtype == linear_input_dtype(x) else t.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in at least fp32 and returned in
     ``x``'s dtype. On the GPU plan one Triton kernel each way (:func:`kernels.norm.rms_norm`) instead of about
-    six launches forward and ten backward: a model runs one before every mixer and state mixer."""
+    six launches forward and ten backward: a model runs one before every mixer and state mixer.
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    ``to_linear``: the output feeds linear layers only (an MLP's input projection, the LM head), so inside an
+    autocast region it is returned in the autocast dtype, the cast the linear layer would make (the same values)
+    done by the norm: the norm writes half the bytes, and the cast and its backward are two passes over the
+    activations fewer. Outside autocast, or for an input already in that dtype, nothing changes."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, to_linear: bool = False):
         super().__init__()
         self.eps = eps
+        self.to_linear = to_linear
         self.weight = nn.Parameter(torch.ones(dim))
         no_weight_decay(self, "weight")  # a gain: decay would pull it to 0, not to the identity 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = linear_input_dtype(x) if self.to_linear else x.dtype
         if triton_pieces_for(x):
-            return rms_norm(x, self.weight, self.eps, backend="triton")
-        return self._normed(x)
-
-    def _normed(self, x: torch.Tensor) -> torch.Tensor:
-        """The PyTorch formula (the CPU path)."""
-        return rms_norm_reference(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, backend="triton", out_dtype=out)
+        return rms_norm_reference(x, self.weight, self.eps, out)
 
 
 class GatedRMSNorm(RMSNorm):
@@ -136,7 +147,7 @@ class GatedRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if triton_pieces_for(x):
             return gated_rms_norm(x, z, self.weight, self.eps, backend="triton")
-        return self._normed(x) * F.silu(at_least_fp32(z)).to(x.dtype)
+        return gated_rms_norm_reference(x, z, self.weight, self.eps)
 
 
 class ShortConv(nn.Module):

@@ -35,6 +35,7 @@ class Mamba2(Mixer):
     name = "mamba2"
     description = "Mamba-2 selective SSM (SSD), chunked scan + recurrent step"
     state_formula = "n_heads * d_state * headdim + (expand d_model + 2 d_state) * (d_conv - 1)  (constant in T)"
+    input_to_linear = True     # u enters through the fused projection only
 
     @dataclass
     class Options:

@@ -32,6 +32,7 @@ def _round_up(x: float, multiple: int) -> int:
 class SwiGLU(StateMixer):
     name = "swiglu"
     description = "SwiGLU MLP, hidden ~ mult * d_model"
+    input_to_linear = True
 
     @dataclass
     class Options:

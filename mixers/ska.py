@@ -69,7 +69,7 @@ from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
 
 from .base import Mixer, State, register_mixer
 from .key_lift import KEY_LIFTS, key_lift, lifted_dim
-from .layers import compute_dtype, no_weight_decay, project
+from .layers import compute_dtype, keep_autocast_dtype, no_weight_decay, project
 from .options import backend_opt, opt
 
 
@@ -172,7 +172,7 @@ class SKA(Mixer):
         q, k, v = self._qkv(x)
         w = None if mask is None else mask.to(torch.float32)
         y = ska(q, k, v, w, mode=o.mode, chunk_size=o.chunk_size, backend=o.backend, **self._kw())
-        return self._out(y).to(x.dtype), (k, v, w)
+        return keep_autocast_dtype(self._out(y), x), (k, v, w)
 
     # --- contract ------------------------------------------------------------------------------
     def forward(self, x, mask=None):  # training skips the decode-state statistics

@@ -25,9 +25,9 @@ from .config import Recipe, Spec
 class Block(nn.Module):
     def __init__(self, mixer: nn.Module, state_mixer: nn.Module | None, d_model: int, eps: float):
         super().__init__()
-        self.mixer_norm = RMSNorm(d_model, eps)
+        self.mixer_norm = RMSNorm(d_model, eps, to_linear=mixer.input_to_linear)
         self.mixer = mixer
-        self.state_norm = RMSNorm(d_model, eps) if state_mixer is not None else None
+        self.state_norm = None if state_mixer is None else RMSNorm(d_model, eps, to_linear=state_mixer.input_to_linear)
         self.state_mixer = state_mixer
 
     def _ffn(self, x):
@@ -41,7 +41,10 @@ class Block(nn.Module):
         return self._ffn(x + y), state
 
     def step(self, x_t, state):
-        y, state = self.mixer.step(self.mixer_norm(x_t), state)
+        # a mixer steps in fp32 with autocast off (mixers.boundary): its input is not rounded for it
+        with torch.autocast(x_t.device.type, enabled=False):
+            normed = self.mixer_norm(x_t)
+        y, state = self.mixer.step(normed, state)
         return self._ffn(x_t + y), state
 
 
@@ -71,7 +74,7 @@ class HybridLM(nn.Module):
                 _build(STATE_MIXERS, state_mixer, d_model, "model.state_mixer")
             blocks.append(Block(mixer, sm, d_model, norm_eps))
         self.blocks = nn.ModuleList(blocks)
-        self.norm = RMSNorm(d_model, norm_eps)
+        self.norm = RMSNorm(d_model, norm_eps, to_linear=True)    # feeds the head
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         nn.init.normal_(self.embed.weight, std=0.02)

@@ -37,10 +37,11 @@ def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
     return gated_rms_norm_reference(x, z, weight, eps)
 
 
-def rms_norm(x, weight, eps: float = 1e-6, backend: str = "auto"):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, in ``x``'s dtype."""
+def rms_norm(x, weight, eps: float = 1e-6, backend: str = "auto", out_dtype=None):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, in ``out_dtype`` (default ``x``'s dtype);
+    its gradient with respect to ``x`` comes back in ``x``'s dtype."""
     if resolve_backend(backend, x, op="rms_norm", available=BACKENDS) == "triton":
         from .triton import rms_norm_triton  # lazy: triton is optional
 
-        return rms_norm_triton(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
+        return rms_norm_triton(x, weight, eps, out_dtype)
+    return rms_norm_reference(x, weight, eps, out_dtype)

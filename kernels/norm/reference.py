@@ -2,7 +2,8 @@
 
 - :func:`l2_normalize_reference`: ``x / max(||x||, eps)`` over the last dimension (``F.normalize``).
 - :func:`rms_norm_reference`: ``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in
-  at least fp32 and returned in ``x``'s dtype (the blocks' pre-norm, :class:`mixers.layers.RMSNorm`).
+  at least fp32 and returned in ``x``'s dtype or the ``out_dtype`` asked for (the blocks' pre-norm,
+  :class:`mixers.layers.RMSNorm`).
 - :func:`gated_rms_norm_reference`: the same times ``SiLU(z)``.
 """
 from __future__ import annotations
@@ -17,10 +18,11 @@ def l2_normalize_reference(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     return F.normalize(x, dim=-1, eps=eps)
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
     xf = at_least_fp32(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.to(xf.dtype)).to(x.dtype)
+    return (y * weight.to(xf.dtype)).to(out_dtype or x.dtype)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

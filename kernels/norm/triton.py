@@ -4,7 +4,8 @@ Rows are the last dimension; a program normalises ``BR`` rows of ``D`` elements 
 (fp64 stays fp64; ``eps`` is passed as an fp32 scalar). Inputs may be strided views (the ``q|k`` columns of
 a fused ``q|k|v`` matrix, a gate slice, heads in a heads-first layout): element ``(o, i, d)`` of the rows
 viewed as ``(outer, inner, D)`` is read at ``o * stride_outer + i * stride_inner + d``, so no copy is made
-to take them out; outputs are contiguous.
+to take them out; outputs are contiguous, in ``x``'s dtype (an RMSNorm may be asked for another: the pre-norm of a
+linear layer under autocast writes the autocast dtype, the linear's cast done by the norm's store).
 
 - :func:`l2_normalize_triton`: ``y = x r``, ``r = 1 / max(||x||, eps)``; backward
   ``dx = r (dy - [||x|| > eps] y (dy . y))`` from ``x`` (recomputed ``r`` and ``y``).
@@ -153,7 +154,7 @@ class _RMSNorm(torch.autograd.Function):
     in its place)."""
 
     @staticmethod
-    def forward(ctx, x, z, weight, eps: float):
+    def forward(ctx, x, z, weight, eps: float, out_dtype=None):
         gated = z is not None
         if gated and z.shape != x.shape:
             raise ValueError(f"gated_rms_norm: z {tuple(z.shape)} must have the shape of x {tuple(x.shape)}")
@@ -161,7 +162,7 @@ class _RMSNorm(torch.autograd.Function):
         z, _, _, sz, siz = _rows(z) if gated else (x, None, None, sx, six)
         D = x.shape[-1]
         w = weight.to(compute_dtype(x.dtype)).contiguous()
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
         BR, BD, warps = _block(D, n_rows)
         launch(_rms_fwd, (cdiv(n_rows, BR),), x, z, w, y, n_rows, inner, sx, six, sz, siz, D, eps,
                GATED=gated, BR=BR, BD=BD, num_warps=warps)
@@ -181,7 +182,7 @@ class _RMSNorm(torch.autograd.Function):
         dw = w.new_empty(n_prog, D)
         launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz, D,
                ctx.eps, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
-        return dx, dz if ctx.gated else None, dw.sum(0).to(ctx.w_dtype), None
+        return dx, dz if ctx.gated else None, dw.sum(0).to(ctx.w_dtype), None, None
 
 
 def l2_normalize_triton(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -192,5 +193,6 @@ def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     return _RMSNorm.apply(x, z, weight, eps)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return _RMSNorm.apply(x, None, weight, eps)
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    return _RMSNorm.apply(x, None, weight, eps, out_dtype)

@@ -712,7 +712,7 @@ def key_scale(k, w, *, prefix: bool, chunk_size: int, normalisation: str) -> tor
     the largest weighted-in key norm over the whole sequence (``seq_max``) or over the chunks before
     (``running_max``), at least ``SCALE_FLOOR``. A view with stride 0 over chunks for ``seq_max``."""
     B, T, H, _ = k.shape
-    knorm = k.float().norm(dim=-1)                                       # (B, T, H)
+    knorm = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32)      # (B, T, H), no fp32 copy of k
     if w is not None:
         knorm = knorm * (w > 0)[:, :, None]
     if prefix or normalisation == "seq_max":

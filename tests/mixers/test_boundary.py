@@ -40,6 +40,21 @@ def test_step_under_autocast_is_the_fp32_step(name):
     assert torch.equal(y32, y_ac) and all(torch.equal(s32[k], s_ac[k]) for k in s32)
 
 
+@pytest.mark.parametrize("name", ["gated_deltanet", "attention"])
+def test_step_under_autocast_takes_an_input_in_the_autocast_dtype(name):
+    """An ``x_t`` in the autocast dtype (accepted by the check) is stepped in fp32: exactly the step of the same
+    values given in fp32."""
+    m = make(name)
+    x = torch.randn(2, 7, D_MODEL)
+    x_t = x[:, 5].bfloat16()
+    with torch.no_grad():
+        _, state = m.prefill(x[:, :5])
+        y32, s32 = m.step(x_t.float(), {k: v.clone() for k, v in state.items()})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y_ac, s_ac = m.step(x_t, {k: v.clone() for k, v in state.items()})
+    assert torch.equal(y32, y_ac) and all(torch.equal(s32[k], s_ac[k]) for k in s32)
+
+
 def test_a_mixer_defined_outside_the_package_is_checked_too():
     """The checks come with subclassing Mixer, not with registering."""
     m = CumulativeMean(8, CumulativeMean.Options(d_inner=4))

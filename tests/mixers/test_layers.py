@@ -75,3 +75,83 @@ def test_project_fused_equals_modules_with_aligned_rows(widths):
             assert p.stride(1) % 16 == 0, f"token stride {p.stride(1)} of a part of widths {widths}"
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _autocast_case(plan: str):
+    """(plan context, autocast dtype): the GPU plan through the interpreter takes fp16 (its bf16 arithmetic is
+    wrong), the CPU plan bf16."""
+    import contextlib
+
+    return (gpu_path_on_cpu, torch.float16) if plan == "gpu_plan" else (contextlib.nullcontext, torch.bfloat16)
+
+
+def _under_autocast(call, modules, inputs, dtype, plan_ctx, seed):
+    """The value of ``call(*inputs)`` under autocast and the gradients of one random cotangent (drawn from
+    ``seed``) with respect to the inputs and the parameters of ``modules``."""
+    with plan_ctx(), torch.autocast("cpu", dtype=dtype):
+        y = call(*inputs)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(y.dtype)
+    params = [*inputs, *[p for m in modules for p in m.parameters()]]
+    return [y.detach(), *torch.autograd.grad(y, params, dy)]
+
+
+@pytest.mark.parametrize("plan", ["gpu_plan", "cpu_plan"])
+def test_rms_norm_to_linear_hands_the_linear_the_values_it_would_cast(plan):
+    """Under autocast a pre-norm declared ``to_linear`` returns the autocast dtype: the linear layer after it
+    computes exactly what it computes after the norm's fp32 output (values, and gradients of the input, the
+    gain and the weight); on the GPU plan the norm's kernel writes that dtype, so the activation-sized cast and
+    its backward are gone (on the CPU plan the formula casts where the linear did). Outside autocast nothing
+    changes."""
+    from mixers.layers import RMSNorm
+    from tests.mixers.launches import count_launches
+
+    plan_ctx, dtype = _autocast_case(plan)
+    D = 48
+    norm, proj = RMSNorm(D, eps=1e-5), torch.nn.Linear(D, 40, bias=False)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(2, 7, D, requires_grad=True)
+    seed = int(torch.randint(1 << 30, ()))
+    results, casts = {}, {}
+    for to_linear in (False, True):
+        norm.to_linear = to_linear
+        _, ops = count_launches(lambda: results.__setitem__(
+            to_linear, _under_autocast(lambda x: proj(norm(x)), [norm, proj], [x], dtype, plan_ctx, seed)))
+        casts[to_linear] = ops["aten::_to_copy"]
+    assert results[True][0].dtype == dtype
+    for got, want in zip(results[True], results[False]):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    if plan == "gpu_plan":
+        assert casts[False] - casts[True] == 2      # the input's cast forward, its gradient's backward
+    with plan_ctx():
+        assert norm(x).dtype == torch.float32       # no autocast: x's dtype
+
+
+@pytest.mark.parametrize("plan", ["gpu_plan", "cpu_plan"])
+def test_an_output_kept_in_the_autocast_dtype_gives_the_same_values(plan):
+    """:func:`mixers.layers.keep_autocast_dtype`: a core output already in the autocast dtype goes through the gated
+    norm and the output projection as it is, and a mixer's output into the residual add: the projection and the
+    sum compute exactly what they compute when it is raised to ``x``'s fp32 first (values and every gradient);
+    outside autocast it is ``t.to(x.dtype)``."""
+    from mixers.layers import GatedRMSNorm, keep_autocast_dtype
+
+    plan_ctx, dtype = _autocast_case(plan)
+    D = 32
+    norm, proj = GatedRMSNorm(D, eps=1e-6), torch.nn.Linear(D, 24, bias=False)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(2, 5, D)
+    o = torch.randn(2, 5, D).to(dtype).requires_grad_()
+    z = torch.randn(2, 5, D).to(dtype).requires_grad_()
+    seed = int(torch.randint(1 << 30, ()))
+    kept = _under_autocast(lambda o, z: proj(norm(keep_autocast_dtype(o, x), z)), [norm, proj], [o, z], dtype,
+                           plan_ctx, seed)
+    raised = _under_autocast(lambda o, z: proj(norm(o.to(x.dtype), z)), [norm, proj], [o, z], dtype, plan_ctx, seed)
+    for got, want in zip(kept, raised):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    r = torch.randn(2, 5, 24, requires_grad=True)                   # the residual stream, fp32
+    kept = _under_autocast(lambda r, o: r + keep_autocast_dtype(proj(o), r), [proj], [r, o], dtype, plan_ctx, seed)
+    raised = _under_autocast(lambda r, o: r + proj(o).to(r.dtype), [proj], [r, o], dtype, plan_ctx, seed)
+    for got, want in zip(kept, raised):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert keep_autocast_dtype(o, x).dtype == torch.float32

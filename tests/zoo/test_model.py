@@ -67,3 +67,63 @@ def test_language_model_on_the_gpu_path_launches_a_fixed_number_of_kernels():
     assert by_name["triton:rope._rotate"] == 2 * 2
     assert by_name["triton:swiglu._swiglu_fwd"] == by_name["triton:swiglu._swiglu_bwd"] == 3
     assert not {"aten::cos", "aten::sin", "aten::silu", "aten::silu_backward"} & set(by_name), by_name
+
+
+def test_pre_norms_of_linear_layers_hand_over_the_autocast_dtype_with_the_same_loss_and_gradients():
+    """Under autocast (fp16 through the interpreter, on the GPU path) the pre-norms of the layers that read their
+    input only through linear layers (the SwiGLU blocks, the head, the mixers that declare it) return the
+    autocast dtype, and the step's loss and every gradient are exactly those of norms that return fp32 for the
+    linear layers to cast; each such norm saves one cast forward and one backward. A mixer that does not declare
+    it (BD-LRU) keeps its fp32 input."""
+    from kernels.device import gpu_path_on_cpu
+    from mixers.layers import RMSNorm
+    from tests.mixers.launches import count_launches
+
+    layers = ["attention", "gated_deltanet", "gla", "gka", "mamba2", "bdlru"]
+    m = build(d_model=32, layers=layers, mixer_options={
+        "attention": {"n_heads": 2}, "gated_deltanet": {"n_heads": 2}, "gla": {"n_heads": 2},
+        "gka": {"n_heads": 2}, "mamba2": {"d_state": 8, "headdim": 16}})
+    declared = [n for n in m.modules() if isinstance(n, RMSNorm) and n.to_linear]
+    assert declared == [n for b in m.blocks for n in ([b.mixer_norm] if b.mixer.name != "bdlru" else [])
+                        + [b.state_norm]] + [m.norm]
+    ids = torch.randint(50, (2, 17))
+
+    def step():
+        m.zero_grad(set_to_none=True)
+        with gpu_path_on_cpu():
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = m(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in m.parameters()]
+
+    results, casts = {}, {}
+    for to_linear in (True, False):
+        for n in declared:
+            n.to_linear = to_linear
+        _, ops = count_launches(lambda: results.__setitem__(to_linear, step()))
+        casts[to_linear] = ops["aten::_to_copy"]
+    for got, want in zip(results[True], results[False]):
+        assert torch.equal(got, want)
+    assert casts[False] - casts[True] == 2 * len(declared)
+
+
+def test_decode_under_autocast_steps_the_mixers_on_their_fp32_input():
+    """A decode step under autocast hands each mixer's fp32 ``step`` the norm's fp32 output (not the autocast
+    dtype its pre-norm gives ``forward``): the logits and states are exactly those of norms that never round."""
+    from mixers.layers import RMSNorm
+
+    m = build(d_model=32, layers=["gated_deltanet", "attention"],
+              mixer_options={"gated_deltanet": {"n_heads": 2}, "attention": {"n_heads": 2}}).eval()
+    ids = torch.randint(50, (2, 9))
+    norms = [n for n in m.modules() if isinstance(n, RMSNorm) and n.to_linear]
+    results = {}
+    for to_linear in (True, False):
+        for n in norms:
+            n.to_linear = to_linear
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            _, states = m.prefill(ids[:, :8])
+            logits, states = m.step(ids[:, 8], states)
+        results[to_linear] = [logits] + [t for s in states for t in s.values()]
+    for got, want in zip(results[True], results[False]):
+        assert torch.equal(got, want)
