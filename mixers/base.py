@@ -78,10 +78,11 @@ class Mixer(nn.Module):
     #: fp32 tolerance of the contract's parallel == recurrent checks. 1e-5 unless a mixer documents why its
     #: fp32 rounding is amplified (the same checks also run in fp64 at 1e-9 for every mixer)
     contract_fp32_rtol: ClassVar[float] = 1e-5
-    #: ``forward`` and ``prefill`` read their input only through linear layers (and its shape, device and
-    #: dtype): the block's pre-norm may hand it over in the autocast dtype (:class:`mixers.layers.RMSNorm`'s
-    #: ``to_linear``), which gives the same values. False for a mixer that computes with the input otherwise
-    #: (an fp32 key path, say)
+    #: on the GPU plan ``forward`` and ``prefill`` read their input through one linear layer only (one matmul;
+    #: its shape, device and dtype aside): the block's pre-norm may hand it over in the autocast dtype
+    #: (:class:`mixers.layers.RMSNorm`'s ``to_linear``), which gives the same values and gradients. False for a
+    #: mixer that computes with the input otherwise (an fp32 key path, say) or feeds it to two matmuls, whose
+    #: input gradients autograd would then sum in the autocast dtype instead of fp32
     input_to_linear: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
@@ -198,8 +199,8 @@ class StateMixer(nn.Module):
     Options: ClassVar[type]
     #: the block is the identity: the builder leaves the state-mixer sub-block (and its norm) out
     is_identity: ClassVar[bool] = False
-    #: ``forward`` reads its input only through linear layers: the block's pre-norm may hand it over in the
-    #: autocast dtype (:class:`mixers.layers.RMSNorm`'s ``to_linear``)
+    #: ``forward`` reads its input through one linear layer only: the block's pre-norm may hand it over in the
+    #: autocast dtype (see :attr:`Mixer.input_to_linear`)
     input_to_linear: ClassVar[bool] = False
 
     def __init__(self, d_model: int, options):

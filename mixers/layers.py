@@ -8,6 +8,7 @@ Log-decay gate (the Mamba-2 parameterisation; Dao & Gu, arXiv 2405.21060):
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -98,13 +99,45 @@ def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
         raise ValueError("project: a group of modules whose outputs come back as one block must be bias-free")
     if not plan_for(x).one_pass or len(groups) == 1:
         return [g[0](x) if len(g) == 1 else F.linear(x, torch.cat([m.weight for m in g])) for g in groups]
-    weights = [m.weight for g in groups for m in g]
-    sizes = [sum(m.out_features for m in g) for g in groups]
+    parts = _fused_matmul(x, [m.weight for g in groups for m in g], [sum(m.out_features for m in g) for g in groups])
+    return [p if g[0].bias is None else p + g[0].bias.to(p.dtype) for p, g in zip(parts, groups)]
+
+
+def project_parts(x: torch.Tensor, modules, sizes: list[int]) -> list[torch.Tensor]:
+    """The outputs of bias-free ``nn.Linear`` modules reading the same input, side by side, cut into parts of
+    ``sizes`` features, each within one module's outputs (a module's output may be cut into several parts).
+
+    On the GPU plan one matmul split once (as :func:`project`): cutting :func:`project`'s part again would be
+    a second split, whose backward concatenates the parts' gradients a second time. The CPU plan calls each
+    module and cuts its output."""
+    widths = [m.out_features for m in modules]
+    if any(m.bias is not None for m in modules):
+        raise ValueError("project_parts: the modules must be bias-free")
+    ends, edges = set(itertools.accumulate(sizes)), list(itertools.accumulate(widths))
+    if sum(sizes) != sum(widths) or not set(edges) <= ends:
+        raise ValueError(f"project_parts: parts {sizes} must cut the modules' outputs {widths} without crossing "
+                         "from one module into the next")
+    if plan_for(x).one_pass:
+        return _fused_matmul(x, [m.weight for m in modules], sizes)
+    parts, i = [], 0
+    for m, width in zip(modules, widths):
+        cut = []
+        while sum(cut) < width:
+            cut.append(sizes[i])
+            i += 1
+        y = m(x)
+        parts += list(y.split(cut, -1)) if len(cut) > 1 else [y]
+    return parts
+
+
+def _fused_matmul(x: torch.Tensor, weights: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """``x`` times the concatenated ``weights``, split into parts of ``sizes`` outputs (views); the row padded with
+    zero weights to a multiple of ``_ROW_ALIGN`` outputs, dropped again."""
     pad = -sum(sizes) % _ROW_ALIGN
     if pad:
-        weights.append(weights[0].new_zeros(pad, weights[0].shape[1]))
+        weights = weights + [weights[0].new_zeros(pad, weights[0].shape[1])]
     parts = F.linear(x, torch.cat(weights)).split(sizes + [pad] * bool(pad), -1)
-    return [p if g[0].bias is None else p + g[0].bias.to(p.dtype) for p, g in zip(parts, groups)]
+    return list(parts[:len(sizes)])
 
 
 def keep_autocast_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -120,10 +153,11 @@ class RMSNorm(nn.Module):
     ``x``'s dtype. On the GPU plan one Triton kernel each way (:func:`kernels.norm.rms_norm`) instead of about
     six launches forward and ten backward: a model runs one before every mixer and state mixer.
 
-    ``to_linear``: the output feeds linear layers only (an MLP's input projection, the LM head), so inside an
-    autocast region it is returned in the autocast dtype, the cast the linear layer would make (the same values)
-    done by the norm: the norm writes half the bytes, and the cast and its backward are two passes over the
-    activations fewer. Outside autocast, or for an input already in that dtype, nothing changes."""
+    ``to_linear``: the output feeds one linear layer only (an MLP's input projection, the LM head, a mixer's fused
+    projection), so on the GPU plan inside an autocast region it is returned in the autocast dtype, the cast the
+    linear layer would make (the same values) done by the norm's kernel: the norm writes half the bytes, and the
+    cast and its backward are two passes over the activations fewer. Outside autocast, on the CPU plan (where it
+    would only move the cast) or for an input already in that dtype, nothing changes."""
 
     def __init__(self, dim: int, eps: float = 1e-6, to_linear: bool = False):
         super().__init__()
@@ -133,10 +167,10 @@ class RMSNorm(nn.Module):
         no_weight_decay(self, "weight")  # a gain: decay would pull it to 0, not to the identity 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear_input_dtype(x) if self.to_linear else x.dtype
         if triton_pieces_for(x):
+            out = linear_input_dtype(x) if self.to_linear else x.dtype
             return rms_norm(x, self.weight, self.eps, backend="triton", out_dtype=out)
-        return rms_norm_reference(x, self.weight, self.eps, out)
+        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(RMSNorm):

@@ -23,7 +23,7 @@ from torch import nn
 from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, project_parts
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
@@ -68,10 +68,8 @@ class Mamba2(Mixer):
 
     def _project(self, u):
         """``(z, xBC, raw)``, ``raw`` the step size's pre-activation: on the GPU plan one matmul for both
-        projections (:func:`project`), on a CPU each its own."""
-        zx, raw = project(u, [self.in_proj, self.gate.proj])
-        z, xBC = zx.split([self.d_inner, self.conv_dim], dim=-1)
-        return z, xBC, raw
+        projections, split once (:func:`project_parts`), on a CPU each its own."""
+        return project_parts(u, [self.in_proj, self.gate.proj], [self.d_inner, self.conv_dim, self.n_heads])
 
     def _split(self, xBC):
         x, B, C = xBC.split([self.d_inner, self.options.d_state, self.options.d_state], dim=-1)

@@ -78,6 +78,7 @@ class SKA(Mixer):
     name = "ska"
     description = "Spectral Koopman Attention: closed-form ridge readout + whitened lag-one power filter"
     state_formula = "n_heads * (2 r^2 + value_dim r + r + 1), r = lifted rank (see key_lift)  (constant in T)"
+    input_to_linear = True     # x enters through the q, k, v projection only
     uses_mask = True
     test_time_knobs = ("power",)
     #: chunk_size is part of the semantics (which statistics a query reads), not only a compute knob

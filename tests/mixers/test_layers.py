@@ -77,6 +77,38 @@ def test_project_fused_equals_modules_with_aligned_rows(widths):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("plan", ["gpu_plan", "cpu_plan"])
+def test_project_parts_cuts_the_modules_outputs_with_one_split(plan):
+    """:func:`mixers.layers.project_parts`: the parts equal the modules' outputs cut by the sizes (values and
+    gradients); on the GPU plan they come from one matmul split once, so the backward concatenates the parts'
+    gradients once; a cut that crosses from one module into the next is refused, naming both."""
+    import contextlib
+
+    from mixers.layers import project_parts
+    from tests.mixers.launches import count_launches
+
+    d = 9
+    first, second = (torch.nn.Linear(d, w, bias=False, dtype=torch.float64) for w in (12, 5))
+    sizes = [4, 8, 5]
+    x = torch.randn(2, 6, d, dtype=torch.float64, requires_grad=True)
+    ctx = gpu_path_on_cpu if plan == "gpu_plan" else contextlib.nullcontext
+    gs = [torch.randn(2, 6, n, dtype=torch.float64) for n in sizes]
+    params = [x, first.weight, second.weight]
+    with ctx():
+        parts = project_parts(x, [first, second], sizes)
+    want = list(first(x).split([4, 8], -1)) + [second(x)]
+    got_grads = []
+    _, ops = count_launches(lambda: got_grads.extend(
+        torch.autograd.grad(sum((p * g).sum() for p, g in zip(parts, gs)), params)))
+    want_grads = torch.autograd.grad(sum((w * g).sum() for w, g in zip(want, gs)), params)
+    for a, b in zip(parts + list(got_grads), want + list(want_grads)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if plan == "gpu_plan":
+        assert ops["aten::cat"] == 1 and ops["aten::mm"] == 2        # one concatenation; dx and dW
+    with pytest.raises(ValueError, match=r"parts \[4, 10, 3\] must cut the modules' outputs \[12, 5\]"):
+        project_parts(x, [first, second], [4, 10, 3])
+
+
 def _autocast_case(plan: str):
     """(plan context, autocast dtype): the GPU plan through the interpreter takes fp16 (its bf16 arithmetic is
     wrong), the CPU plan bf16."""
@@ -95,17 +127,15 @@ def _under_autocast(call, modules, inputs, dtype, plan_ctx, seed):
     return [y.detach(), *torch.autograd.grad(y, params, dy)]
 
 
-@pytest.mark.parametrize("plan", ["gpu_plan", "cpu_plan"])
-def test_rms_norm_to_linear_hands_the_linear_the_values_it_would_cast(plan):
-    """Under autocast a pre-norm declared ``to_linear`` returns the autocast dtype: the linear layer after it
-    computes exactly what it computes after the norm's fp32 output (values, and gradients of the input, the
-    gain and the weight); on the GPU plan the norm's kernel writes that dtype, so the activation-sized cast and
-    its backward are gone (on the CPU plan the formula casts where the linear did). Outside autocast nothing
-    changes."""
+def test_rms_norm_to_linear_hands_the_linear_the_values_it_would_cast():
+    """Under autocast on the GPU plan a pre-norm declared ``to_linear`` returns the autocast dtype, written by its
+    kernel: the linear layer after it computes exactly what it computes after the norm's fp32 output (values, and
+    gradients of the input, the gain and the weight), and the activation-sized cast and its backward are gone.
+    Outside autocast, and on the CPU plan, the output keeps ``x``'s dtype."""
     from mixers.layers import RMSNorm
     from tests.mixers.launches import count_launches
 
-    plan_ctx, dtype = _autocast_case(plan)
+    plan_ctx, dtype = _autocast_case("gpu_plan")
     D = 48
     norm, proj = RMSNorm(D, eps=1e-5), torch.nn.Linear(D, 40, bias=False)
     with torch.no_grad():
@@ -121,10 +151,11 @@ def test_rms_norm_to_linear_hands_the_linear_the_values_it_would_cast(plan):
     assert results[True][0].dtype == dtype
     for got, want in zip(results[True], results[False]):
         assert got.dtype == want.dtype and torch.equal(got, want)
-    if plan == "gpu_plan":
-        assert casts[False] - casts[True] == 2      # the input's cast forward, its gradient's backward
+    assert casts[False] - casts[True] == 2          # the input's cast forward, its gradient's backward
     with plan_ctx():
         assert norm(x).dtype == torch.float32       # no autocast: x's dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm(x).dtype == torch.float32       # the CPU plan: the linear casts
 
 
 @pytest.mark.parametrize("plan", ["gpu_plan", "cpu_plan"])

@@ -73,18 +73,23 @@ def test_pre_norms_of_linear_layers_hand_over_the_autocast_dtype_with_the_same_l
     """Under autocast (fp16 through the interpreter, on the GPU path) the pre-norms of the layers that read their
     input only through linear layers (the SwiGLU blocks, the head, the mixers that declare it) return the
     autocast dtype, and the step's loss and every gradient are exactly those of norms that return fp32 for the
-    linear layers to cast; each such norm saves one cast forward and one backward. A mixer that does not declare
-    it (BD-LRU) keeps its fp32 input."""
+    linear layers to cast; each such norm saves one cast forward and one backward. The mixers that do not declare
+    it keep their fp32 input (BD-LRU and Jordan feed it to two matmuls, the Kronecker slots' key path projects it
+    in fp32)."""
     from kernels.device import gpu_path_on_cpu
     from mixers.layers import RMSNorm
     from tests.mixers.launches import count_launches
 
-    layers = ["attention", "gated_deltanet", "gla", "gka", "mamba2", "bdlru"]
+    layers = ["attention", "gated_deltanet", "deltaproduct", "gla", "gka", "mamba2", "bdlru", "jordan", "ska",
+              "kronecker_slots"]
     m = build(d_model=32, layers=layers, mixer_options={
-        "attention": {"n_heads": 2}, "gated_deltanet": {"n_heads": 2}, "gla": {"n_heads": 2},
-        "gka": {"n_heads": 2}, "mamba2": {"d_state": 8, "headdim": 16}})
+        "attention": {"n_heads": 2}, "gated_deltanet": {"n_heads": 2}, "deltaproduct": {"n_heads": 2},
+        "gla": {"n_heads": 2}, "gka": {"n_heads": 2}, "mamba2": {"d_state": 8, "headdim": 16},
+        "bdlru": {"n_blocks": 4}, "jordan": {"n_blocks": 4}, "ska": {"n_heads": 2, "rank": 8},
+        "kronecker_slots": {"n_heads": 2}})
     declared = [n for n in m.modules() if isinstance(n, RMSNorm) and n.to_linear]
-    assert declared == [n for b in m.blocks for n in ([b.mixer_norm] if b.mixer.name != "bdlru" else [])
+    fp32_input = {"bdlru", "jordan", "kronecker_slots"}
+    assert declared == [n for b in m.blocks for n in ([b.mixer_norm] if b.mixer.name not in fp32_input else [])
                         + [b.state_norm]] + [m.norm]
     ids = torch.randint(50, (2, 17))
 
