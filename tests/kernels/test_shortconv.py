@@ -39,12 +39,18 @@ def test_triton_matches_conv1d(T, C, k, activation, bias):
     compare_backends(fn, ref, [t.double() for t in ins], tol=1e-13, grad_tol=1e-13)
 
 
-def test_backward_programs_walking_several_tiles(monkeypatch):
-    """At most two programs along time: each walks several time tiles and sums its share of dw and db, and
-    a strided input (a column block of a wider projection) is read in place."""
+@pytest.mark.parametrize("cap", ["groups", "min_tiles"])
+def test_backward_programs_walking_several_tiles(monkeypatch, cap):
+    """Each program walks several time tiles and sums its share of dw and db, where the programs along time
+    are capped (``groups``: at most two) or the grid is wide enough without them (``min_tiles``: one program
+    walks all three tiles, the last one ragged); a strided input (a column block of a wider projection) is read
+    in place."""
     import kernels.shortconv.triton as kt
 
-    monkeypatch.setattr(kt, "_MAX_GROUPS", 2)
+    if cap == "groups":
+        monkeypatch.setattr(kt, "_MAX_GROUPS", 2)
+    else:
+        monkeypatch.setattr(kt, "_MIN_PROGRAMS", 1)
     x = torch.randn(2, 75, 30, dtype=torch.float64)[..., 5:17]
     w, b, dy = (torch.randn(*shape, dtype=torch.float64) for shape in ((12, 4), (12,), (2, 75, 12)))
     results = []
