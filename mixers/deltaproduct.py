@@ -39,7 +39,7 @@ from kernels.gate import scaled_sigmoid
 from .base import Mixer, State, register_mixer
 from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, keep_autocast_dtype, one_pass, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, keep_autocast_dtype, one_pass, project, split_in_place
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
@@ -124,9 +124,11 @@ class DeltaProduct(Mixer):
         """:meth:`_heads` from the convolved ``q|k|v`` block on the GPU plan: q and k normalised together
         (one launch each way instead of two)."""
         H, K, n = self.n_heads, self.head_dim, self.n_h
-        qk, v = qkv.split([(1 + n) * H * K, n * H * K], dim=-1)
-        q, k = l2_normalize(qk.unflatten(-1, ((1 + n) * H, K)), eps=1e-6).split([H, n * H], dim=-2)
-        return q, k.unflatten(-2, (n, H)), v.unflatten(-1, (n, H, K)), self._beta(b)
+        # cut where the backward finds the gradients in place: the norm writes dqk, the delta kernels dq, dk, dv
+        qk, v = split_in_place(qkv, [(1 + n) * H * K, n * H * K])
+        qk = l2_normalize(qk.unflatten(-1, ((1 + n) * H, K)), eps=1e-6)
+        q, k = split_in_place(qk.flatten(-2), [H * K, n * H * K])
+        return q.unflatten(-1, (H, K)), k.unflatten(-1, (n, H, K)), v.unflatten(-1, (n, H, K)), self._beta(b)
 
     def _finish(self, o, x):
         z = self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim))

@@ -28,7 +28,7 @@ from kernels.gla import BACKENDS, gla, gla_step
 
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
-from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay, one_pass, project
+from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, no_weight_decay, one_pass, project, split_in_place
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
@@ -86,7 +86,7 @@ class GatedRegressionBlock(Mixer):
         """``qkv`` after the conv, ``p`` the :meth:`_projections` of the block input."""
         h, d = self.n_heads, self.head_dim
         if one_pass(qkv):   # q and k normalised together: one launch each way
-            qk, v = qkv.split([2 * h * d, h * d], dim=-1)
+            qk, v = split_in_place(qkv, [2 * h * d, h * d])      # the norm writes dqk in place
             q, k = l2_normalize(qk.unflatten(-1, (2 * h, d))).split(h, dim=-2)
             v = v.unflatten(-1, (h, d))
         else:

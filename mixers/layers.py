@@ -19,6 +19,7 @@ from kernels.backend import triton_pieces_for
 from kernels.common import at_least_fp32, compute_dtype, linear_input_dtype  # noqa: F401  (re-exported)
 from kernels.device import plan_for
 from kernels.gate import log_decay, step_size
+from kernels.grad_slots import split_in_place  # noqa: F401  (re-exported for the mixers)
 from kernels.norm import gated_rms_norm, gated_rms_norm_reference, rms_norm, rms_norm_reference
 
 from .conv_time_first import causal_conv_time_first
@@ -136,7 +137,7 @@ def _fused_matmul(x: torch.Tensor, weights: list[torch.Tensor], sizes: list[int]
     pad = -sum(sizes) % _ROW_ALIGN
     if pad:
         weights = weights + [weights[0].new_zeros(pad, weights[0].shape[1])]
-    parts = F.linear(x, torch.cat(weights)).split(sizes + [pad] * bool(pad), -1)
+    parts = split_in_place(F.linear(x, torch.cat(weights)), sizes + [pad] * bool(pad))
     return list(parts[:len(sizes)])
 
 

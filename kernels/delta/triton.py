@@ -47,8 +47,10 @@ combination. fp32 inputs keep every product in fp32 (``input_precision="ieee"``)
 
 Sizes: ``q`` ``(B, L / NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)``, ``beta`` ``(B, L, H)``,
 ``g`` ``(B, L / NQ, H)`` in their own layout (no copies; ``q``, ``k`` and ``v`` at any token stride ``SQ``,
-``SK``, ``SV``, so the column blocks of a layer's projections are read in place, while their gradients are
-written contiguous); rows past ``L`` are masked (zero ``k``, ``beta``, ``gamma``: identity steps).
+``SK``, ``SV``, so the column blocks of a layer's projections are read in place; their gradients are written
+contiguous, or at the token strides ``SDQ``, ``SDK``, ``SDV`` of their places in the gradient of the tensor they
+were cut from, :mod:`kernels.grad_slots`); rows past ``L`` are masked (zero ``k``, ``beta``, ``gamma``: identity
+steps).
 Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims are powers of two >= 16 (the
 wrapper pads others with zero columns).
 """
@@ -63,6 +65,7 @@ import triton
 import triton.language as tl
 
 from ..common import pow2, token_stride
+from ..grad_slots import grad_slot
 from ..launch import launch
 from .chunked import interleave_inputs
 from .reference import flatten_substeps
@@ -242,7 +245,7 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK,
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N, SQ, SK,
-             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+             SDQ, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
              BV: tl.constexpr, NQ: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -258,7 +261,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
     tok = c * BQ + qi
     m_q = (tok < L // NQ)[:, None]
     q_base = b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ
-    dq_base = (b * (L // NQ) * H + hd) * K + tok[:, None] * (H * K)          # dq is contiguous
+    dq_base = b * (L // NQ) * SDQ + hd * K + tok[:, None] * SDQ
     k_base = b * L * SK + hd * K + t[:, None] * SK
     do_base = (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V)
     G = tl.load(G_ptr + bh * Lp + t)
@@ -351,7 +354,7 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
 
 @triton.jit
 def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dko_ptr, dGo_ptr,
-              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV,
+              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV, SDK, SDV,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, NQ: tl.constexpr, HAS_G: tl.constexpr):
     c = tl.program_id(0)
@@ -363,7 +366,7 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     t = c * BT + rows
     m_t = (t < L)[:, None]
     k_base = b * L * SK + hd * K + t[:, None] * SK
-    dk_base = (b * L * H + hd) * K + t[:, None] * (H * K)                   # dk and dv are contiguous
+    dk_base = b * L * SDK + hd * K + t[:, None] * SDK
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + bh * Lp + t)
     gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
@@ -381,7 +384,7 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
         dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
         dTm += tl.dot(dD, tl.trans(vv), input_precision=_PREC) * beta[None, :]
         dbv = tl.dot(TmT, dD, input_precision=_PREC)
-        tl.store(dv_ptr + (b * L * H + hd) * V + t[:, None] * (H * V) + offs_v[None, :], beta[:, None] * dbv,
+        tl.store(dv_ptr + b * L * SDV + hd * V + t[:, None] * SDV + offs_v[None, :], beta[:, None] * dbv,
                  mask=m_t)
         db += tl.sum(dbv * vv.to(tl.float32), 1)
     # per K block: D = U - W h_c (dW), the exit state K^T (e^{gC - G} D) (dK, dgC) and W = Tm diag(beta e^G) K
@@ -530,6 +533,15 @@ def addressable(x: torch.Tensor) -> torch.Tensor:
     return x if token_stride(x) is not None else x.contiguous()
 
 
+def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:
+    """The buffer of ``x``'s gradient: in place in the gradient of the tensor ``x`` was cut from
+    (:func:`kernels.grad_slots.grad_slot`) where that slot has a token stride the kernels can write at, else
+    contiguous."""
+    slot = grad_slot(x)
+    return slot if slot is not None and token_stride(slot) is not None else torch.empty(x.shape, dtype=x.dtype,
+                                                                                          device=x.device)
+
+
 def _dims(k, V: int, BT: int):
     """``(B, L, H, K, N, plan)``: the sizes of a launch on keys ``k`` and values of head dim ``V``, its number
     of chunks and its block plan (a tuning sweep's, else :func:`kernel_plan`'s)."""
@@ -587,12 +599,12 @@ def output_grads(q, k, G, h, D, do, scale: float, NQ: int, BT: int):
     B, L, H, K, N, plan = _dims(k, V, BT)
     f32 = dict(device=k.device, dtype=torch.float32)
     q, k = addressable(q), addressable(k)
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dq = grad_at_token_stride(q)
     dk_o = torch.empty(B * H, N * BT, K, **f32)
     dG_o = torch.empty(B * H, N * BT, **f32)
     dDo = torch.empty(B * H, N * BT, V, **f32)
     launch(_bwd_out, (N, B * H), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, N * BT, N,
-           q.stride(1), k.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+           q.stride(1), k.stride(1), dq.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
     return dq, dk_o, dG_o, dDo
 
 
@@ -618,12 +630,11 @@ def prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ: int, BT: int)
     V = v.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
     k, v = addressable(k), addressable(v)
-    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
-    dv, db = torch.empty(v.shape, device=v.device, dtype=v.dtype), torch.empty_like(beta)
+    dk, dv, db = grad_at_token_stride(k), grad_at_token_stride(v), torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else None
     launch(_bwd_prep, (N, B * H), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-           dg if g is not None else db, L, N * BT, N, k.stride(1), v.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk,
-           BV=plan.bv, NQ=NQ, HAS_G=g is not None, num_warps=plan.warps)
+           dg if g is not None else db, L, N * BT, N, k.stride(1), v.stride(1), dk.stride(1), dv.stride(1),
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, num_warps=plan.warps)
     return dk, dv, db, dg
 
 

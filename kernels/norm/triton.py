@@ -5,7 +5,9 @@ Rows are the last dimension; a program normalises ``BR`` rows of ``D`` elements 
 a fused ``q|k|v`` matrix, a gate slice, heads in a heads-first layout): element ``(o, i, d)`` of the rows
 viewed as ``(outer, inner, D)`` is read at ``o * stride_outer + i * stride_inner + d``, so no copy is made
 to take them out; outputs are contiguous, in ``x``'s dtype (an RMSNorm may be asked for another: the pre-norm of a
-linear layer under autocast writes the autocast dtype, the linear's cast done by the norm's store).
+linear layer under autocast writes the autocast dtype, the linear's cast done by the norm's store), and the input
+gradients ``dx`` of the L2 normalisation and ``dz`` of the gate are written at their places in the gradient of the
+tensor they were cut from where :mod:`kernels.grad_slots` has one, else contiguous.
 
 - :func:`l2_normalize_triton`: ``y = x r``, ``r = 1 / max(||x||, eps)``; backward
   ``dx = r (dy - [||x|| > eps] y (dy . y))`` from ``x`` (recomputed ``r`` and ``y``).
@@ -27,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..common import cdiv, compute_dtype, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 
 
@@ -53,7 +56,8 @@ def _l2_fwd(X, Y, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: tl.con
 
 
 @triton.jit
-def _l2_bwd(X, DY, DX, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+def _l2_bwd(X, DY, DX, n_rows, inner, sx, six, sdx, sidx, D, eps, FP64: tl.constexpr, BR: tl.constexpr,
+            BD: tl.constexpr):
     rows, cols, mask, x_off, y_off = _offsets(tl.program_id(0), n_rows, inner, sx, six, D, BR, BD)
     x = tl.load(X + x_off, mask=mask, other=0.0)
     x = x.to(tl.float64) if FP64 else x.to(tl.float32)
@@ -62,7 +66,8 @@ def _l2_bwd(X, DY, DX, n_rows, inner, sx, six, D, eps, FP64: tl.constexpr, BR: t
     r = 1.0 / tl.maximum(n, eps)
     y = x * r[:, None]
     s = tl.where(n > eps, tl.sum(dy * y, axis=1), 0.0)
-    tl.store(DX + y_off, (r[:, None] * (dy - y * s[:, None])).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DX + _strided(rows, cols, inner, sdx, sidx), (r[:, None] * (dy - y * s[:, None])).to(DX.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -81,7 +86,7 @@ def _rms_fwd(X, Z, W, Y, n_rows, inner, sx, six, sz, siz, D, eps, GATED: tl.cons
 
 
 @triton.jit
-def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, D, eps, GATED: tl.constexpr,
+def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, sdz, sidz, D, eps, GATED: tl.constexpr,
              BR: tl.constexpr, BD: tl.constexpr):
     pid = tl.program_id(0)
     rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
@@ -95,7 +100,8 @@ def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, D, eps, G
         z = tl.load(Z + _strided(rows, cols, inner, sz, siz), mask=mask, other=0.0).to(w.dtype)
         sig = tl.sigmoid(z)
         a = n * w[None, :]
-        tl.store(DZ + y_off, (dy * a * sig * (1.0 + z * (1.0 - sig))).to(DZ.dtype.element_ty), mask=mask)
+        dz = dy * a * sig * (1.0 + z * (1.0 - sig))
+        tl.store(DZ + _strided(rows, cols, inner, sdz, sidz), dz.to(DZ.dtype.element_ty), mask=mask)
         da = dy * (z * sig)
     tl.store(DW + pid * D + cols, tl.sum(da * n, axis=0), mask=cols < D)
     dn = da * w[None, :]
@@ -116,6 +122,12 @@ def _rows(x: torch.Tensor):
         x = x.contiguous()
         v = x.view(-1, inner, D)
     return x, v.shape[0] * inner, inner, v.stride(0), v.stride(1)
+
+
+def _row_strides(t: torch.Tensor) -> tuple[int, int]:
+    """``(stride_outer, stride_inner)`` of a gradient laid out like its input (:func:`_rows`' view of it)."""
+    v = t.view(-1, t.shape[-2] if t.ndim >= 2 else 1, t.shape[-1])
+    return v.stride(0), v.stride(1)
 
 
 def _block(D: int, n_rows: int) -> tuple[int, int, int]:
@@ -143,9 +155,9 @@ class _L2Normalize(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         n_rows, inner, sx, six, BR, BD, warps, fp64 = ctx.layout
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        launch(_l2_bwd, (cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, x.shape[-1],
-               ctx.eps, FP64=fp64, BR=BR, BD=BD, num_warps=warps)
+        dx = empty_grad(x)          # in place in the gradient of the tensor x was cut from, where it was
+        launch(_l2_bwd, (cdiv(n_rows, BR),), x, dy.contiguous(), dx, n_rows, inner, sx, six, *_row_strides(dx),
+               x.shape[-1], ctx.eps, FP64=fp64, BR=BR, BD=BD, num_warps=warps)
         return dx, None
 
 
@@ -178,10 +190,10 @@ class _RMSNorm(torch.autograd.Function):
         D = x.shape[-1]
         n_prog = cdiv(n_rows, BR)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device) if ctx.gated else dx
+        dz = empty_grad(z) if ctx.gated else dx     # the gate's in place in its projection's gradient, where it was
         dw = w.new_empty(n_prog, D)
-        launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz, D,
-               ctx.eps, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
+        launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz,
+               *_row_strides(dz), D, ctx.eps, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
         return dx, dz if ctx.gated else None, dw.sum(0).to(ctx.w_dtype), None, None
 
 

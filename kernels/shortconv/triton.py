@@ -2,7 +2,8 @@
 
 Layout ``x (B, T, C)`` as the projections produce it (any batch and time strides: a column block of a
 wider projection is read in place), ``weight (C, k)`` as the module holds it, ``k`` a compile-time
-constant; outputs are contiguous. One program per (channel block, time block, batch element):
+constant; outputs are contiguous (``dx`` may be written at its place in the gradient of the projection ``x`` was
+cut from, :mod:`kernels.grad_slots`). One program per (channel block, time block, batch element):
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..common import cdiv, compute_dtype, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 
 
@@ -82,7 +84,7 @@ def _conv_act_bwd(X, W, B, DOUT, G, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.
 
 
 @triton.jit
-def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
+def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr):
     """``dx`` of this program's time tiles and its share of ``dw`` and ``db`` from ``g`` (the gradient of the
     convolution's output ``y``). Taps are the leading axis of 3-D tiles ``(BK, BT, BC)``, loaded at once:
@@ -110,7 +112,7 @@ def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, n_groups, tiles, K: tl.constexpr,
         rows = t3 + tap3                                                      # the rows token t feeds
         g_fed = tl.load(gb + rows * C + c3, mask=on3 & (rows < T), other=0.0).to(wdt)
         dx = tl.sum(g_fed * w3, axis=0)
-        tl.store(DX + batch * T * C + t[:, None] * C + c[None, :], dx.to(DX.dtype.element_ty),
+        tl.store(DX + batch * sdb + t[:, None] * sdt + c[None, :], dx.to(DX.dtype.element_ty),
                  mask=(t < T)[:, None] & mc[None, :])
         g = tl.sum(tl.where(tap3 == 0, g_fed, 0.0), axis=0)[None, :, :]    # g_t (s = 0), in g_fed's layout
         src = t3 - (K - 1) + tap3                                             # the rows that fed token t
@@ -179,10 +181,10 @@ class _CausalConvTriton(torch.autograd.Function):
         spread = cdiv(_MIN_PROGRAMS, cdiv(C, BC) * Bsz)          # programs along time the grid needs
         tiles = max(cdiv(n_t, _MAX_GROUPS), min(_MIN_TILES, cdiv(n_t, spread)))
         n_groups = cdiv(n_t, tiles)
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dx = empty_grad(x)          # in place in the gradient of the projection x was cut from, where it was
         part = w.new_empty(Bsz * n_groups, C * (K + 1))
         launch(_conv_bwd, (cdiv(C, BC), n_groups, Bsz), x, w, g, dx, part, T, C, x.stride(0), x.stride(1),
-               n_groups, tiles, K=K, BK=BK, BT=BT, BC=BC)
+               dx.stride(0), dx.stride(1), n_groups, tiles, K=K, BK=BK, BT=BT, BC=BC)
         sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
         dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])
         db = sums[C * K:].to(ctx.dtypes[1]) if ctx.has_bias else None

@@ -1,0 +1,147 @@
+"""Gradients written where autograd would concatenate them: a split whose backward copies nothing.
+
+A tensor cut into parts along its last dimension (a layer's fused projection cut into ``q|k|v``, gates, an
+output gate) gets each part's gradient from that part's consumer, and autograd's backward of the split then
+concatenates them into a new tensor: one more pass over the activations, read and written, per split. Here
+:func:`split_in_place` cuts the tensor and registers it; a consumer's backward that asks :func:`grad_slot` for
+the gradient buffer of its input ``x`` gets, where ``x`` is a view of a registered tensor's columns that no
+other consumer took, the same view of one buffer laid out like the whole tensor, and writes its gradient there;
+the split's backward then finds those parts in place and returns the buffer, copying in only the gradients
+that came from elsewhere and zero-filling the parts that got none. The values are those of the concatenation.
+
+A slot is handed out once per region (two consumers of one part, whose gradients autograd sums, get one slot
+between them at most), only for a view that covers whole rows of a block of columns, and only while the split's
+backward has not run; the registration lives as long as the autograd graph that holds the split. A consumer
+that does not ask, or asks for a tensor that is not a registered part, allocates its gradient as before: the
+split copies it in.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+#: False: :func:`split_in_place` is a plain split (autograd's own backward; for comparisons)
+ENABLED = True
+
+_lock = threading.Lock()
+#: storage address -> weak references to the registrations of tensors on that storage
+_registry: dict[int, list[weakref.ref]] = {}
+
+
+class _Registration:
+    """One split tensor: the tensor (held, so that its storage is not reused while its graph lives), its gradient
+    buffer once a consumer asked for it, and the column ranges handed out."""
+
+    def __init__(self, base: torch.Tensor):
+        self.base, self.buffer, self.taken = base, None, []
+
+    def columns(self, x: torch.Tensor) -> tuple[int, int] | None:
+        """``[c0, c1)``: the columns of ``base`` that the view ``x`` covers in every row, or None when ``x`` is
+        not such a view (other rows, a gap inside its columns, another dtype)."""
+        base = self.base
+        if x.dtype != base.dtype or x.device != base.device or x.numel() == 0:
+            return None
+        width = base.shape[-1]
+        start = x.storage_offset() - base.storage_offset()
+        if not 0 <= start < width:
+            return None
+        inner = sorted((s, n) for s, n in zip(x.stride(), x.shape) if n > 1 and s < width)
+        extent, expected = 1, 1
+        for stride, size in inner:          # dense inside a row: strides 1, n1, n1 n2, ...
+            if stride != expected:
+                return None
+            expected *= size
+            extent = expected
+        if start + extent > width or x.numel() != extent * (base.numel() // width):
+            return None
+        return start, start + extent
+
+    def slot(self, x: torch.Tensor) -> torch.Tensor | None:
+        cols = self.columns(x)
+        if cols is None or any(a < cols[1] and cols[0] < b for a, b in self.taken):
+            return None
+        self.taken.append(cols)
+        if self.buffer is None:
+            self.buffer = torch.empty_like(self.base, memory_format=torch.contiguous_format)
+        offset = self.buffer.storage_offset() + x.storage_offset() - self.base.storage_offset()
+        return self.buffer.as_strided(x.shape, x.stride(), offset)
+
+
+def grad_slot(x: torch.Tensor) -> torch.Tensor | None:
+    """An uninitialised buffer for the gradient of ``x`` inside the gradient of the registered tensor ``x`` is a
+    part of (same shape and strides as ``x``), or None: the caller then allocates its own."""
+    if x.device.type == "meta":
+        return None
+    key = x.untyped_storage().data_ptr()
+    with _lock:
+        for ref in _registry.get(key, ()):
+            reg = ref()
+            if reg is not None and reg.base.is_contiguous():
+                got = reg.slot(x)
+                if got is not None:
+                    return got
+    return None
+
+
+def empty_grad(x: torch.Tensor) -> torch.Tensor:
+    """:func:`grad_slot` of ``x``, else a new contiguous tensor of its shape and dtype."""
+    slot = grad_slot(x)
+    return slot if slot is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _register(reg: _Registration) -> None:
+    key = reg.base.untyped_storage().data_ptr()
+    with _lock:
+        live = [r for r in _registry.get(key, ()) if r() is not None]
+        _registry[key] = live + [weakref.ref(reg)]
+
+
+def _unregister(reg: _Registration) -> None:
+    key = reg.base.untyped_storage().data_ptr()
+    with _lock:
+        live = [r for r in _registry.get(key, ()) if r() is not None and r() is not reg]
+        if live:
+            _registry[key] = live
+        else:
+            _registry.pop(key, None)
+
+
+class _SplitInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, sizes):
+        ctx.set_materialize_grads(False)    # a part without a gradient comes as None: zero-filled in place
+        ctx.registration = _Registration(y)
+        ctx.sizes = sizes
+        _register(ctx.registration)
+        return tuple(y.split(sizes, -1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reg = ctx.registration
+        _unregister(reg)
+        if reg.buffer is None:              # no consumer wrote in place: one concatenation, as a plain split's
+            parts = [g if g is not None else reg.base.new_zeros(reg.base.shape[:-1] + (size,))
+                     for g, size in zip(grads, ctx.sizes)]
+            reg.base = None
+            return torch.cat(parts, -1), None
+        out = reg.buffer
+        start = 0
+        for g, size in zip(grads, ctx.sizes):
+            dest = out[..., start:start + size]
+            start += size
+            if g is None:
+                dest.zero_()
+            elif not (g.data_ptr() == dest.data_ptr() and g.stride() == dest.stride() and g.shape == dest.shape):
+                dest.copy_(g)
+        reg.base = reg.buffer = None
+        return out, None
+
+
+def split_in_place(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """``y.split(sizes, -1)`` whose backward returns one buffer that the parts' consumers may have written their
+    gradients into (:func:`grad_slot`). Without autograd (no gradient, or ``y`` not contiguous) a plain split."""
+    if not (ENABLED and torch.is_grad_enabled() and y.requires_grad and y.is_contiguous()) or y.device.type == "meta":
+        return list(y.split(sizes, -1))     # (a meta tensor's storage has no address to find it by)
+    return list(_SplitInPlace.apply(y, list(sizes)))
