@@ -36,6 +36,7 @@ class _Registration:
 
     def __init__(self, base: torch.Tensor):
         self.base, self.buffer, self.taken = base, None, []
+        self.key = base.untyped_storage().data_ptr()
 
     def columns(self, x: torch.Tensor) -> tuple[int, int] | None:
         """``[c0, c1)``: the columns of ``base`` that the view ``x`` covers in every row, or None when ``x`` is
@@ -78,7 +79,7 @@ def grad_slot(x: torch.Tensor) -> torch.Tensor | None:
     with _lock:
         for ref in _registry.get(key, ()):
             reg = ref()
-            if reg is not None and reg.base.is_contiguous():
+            if reg is not None and reg.base is not None and reg.base.is_contiguous():
                 got = reg.slot(x)
                 if got is not None:
                     return got
@@ -92,20 +93,18 @@ def empty_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _register(reg: _Registration) -> None:
-    key = reg.base.untyped_storage().data_ptr()
     with _lock:
-        live = [r for r in _registry.get(key, ()) if r() is not None]
-        _registry[key] = live + [weakref.ref(reg)]
+        live = [r for r in _registry.get(reg.key, ()) if r() is not None]
+        _registry[reg.key] = live + [weakref.ref(reg)]
 
 
 def _unregister(reg: _Registration) -> None:
-    key = reg.base.untyped_storage().data_ptr()
     with _lock:
-        live = [r for r in _registry.get(key, ()) if r() is not None and r() is not reg]
+        live = [r for r in _registry.get(reg.key, ()) if r() is not None and r() is not reg]
         if live:
-            _registry[key] = live
+            _registry[reg.key] = live
         else:
-            _registry.pop(key, None)
+            _registry.pop(reg.key, None)
 
 
 class _SplitInPlace(torch.autograd.Function):
@@ -113,20 +112,19 @@ class _SplitInPlace(torch.autograd.Function):
     def forward(ctx, y, sizes):
         ctx.set_materialize_grads(False)    # a part without a gradient comes as None: zero-filled in place
         ctx.registration = _Registration(y)
-        ctx.sizes = sizes
+        ctx.sizes, ctx.like = sizes, (y.shape, y.dtype, y.device)
         _register(ctx.registration)
         return tuple(y.split(sizes, -1))
 
     @staticmethod
     def backward(ctx, *grads):
-        reg = ctx.registration
-        _unregister(reg)
-        if reg.buffer is None:              # no consumer wrote in place: one concatenation, as a plain split's
-            parts = [g if g is not None else reg.base.new_zeros(reg.base.shape[:-1] + (size,))
+        reg, (shape, dtype, device) = ctx.registration, ctx.like
+        _unregister(reg)                    # (a second backward through a retained graph gets no slots)
+        out, reg.base, reg.buffer = reg.buffer, None, None
+        if out is None:                     # no consumer wrote in place: one concatenation, as a plain split's
+            parts = [g if g is not None else torch.zeros(shape[:-1] + (size,), dtype=dtype, device=device)
                      for g, size in zip(grads, ctx.sizes)]
-            reg.base = None
             return torch.cat(parts, -1), None
-        out = reg.buffer
         start = 0
         for g, size in zip(grads, ctx.sizes):
             dest = out[..., start:start + size]
@@ -135,7 +133,6 @@ class _SplitInPlace(torch.autograd.Function):
                 dest.zero_()
             elif not (g.data_ptr() == dest.data_ptr() and g.stride() == dest.stride() and g.shape == dest.shape):
                 dest.copy_(g)
-        reg.base = reg.buffer = None
         return out, None
 
 

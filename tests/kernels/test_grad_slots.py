@@ -120,3 +120,16 @@ def test_the_norm_kernels_write_their_input_gradients_in_place():
     _, ops = count_launches(lambda: got.append(_grads(lambda t: split_in_place(t, [32, 32, 32]), fast, y, cot)))
     torch.testing.assert_close(got[0], want, rtol=1e-12, atol=1e-12)
     assert ops["aten::copy_"] == 1 and not ops["aten::cat"]
+
+
+def test_a_retained_graph_runs_its_backward_twice():
+    """The first backward writes in place and drops the registration; a second one through the retained graph
+    gets no slot and concatenates: both give the plain split's gradient."""
+    y = torch.randn(2, 3, 12, requires_grad=True)
+    cot = [torch.randn(2, 3, 4)]
+    want = _grads(lambda t: t.split([4, 8], -1), lambda p: [_Scale.apply(p[0])], y, cot)
+    out = _Scale.apply(split_in_place(y, [4, 8])[0])
+    loss = (out * cot[0]).sum()
+    first = torch.autograd.grad(loss, y, retain_graph=True)[0].clone()
+    second = torch.autograd.grad(loss, y)[0]
+    assert torch.equal(first, want) and torch.equal(second, want)
