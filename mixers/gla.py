@@ -86,9 +86,11 @@ class GatedRegressionBlock(Mixer):
         """``qkv`` after the conv, ``p`` the :meth:`_projections` of the block input."""
         h, d = self.n_heads, self.head_dim
         if one_pass(qkv):   # q and k normalised together: one launch each way
-            qk, v = split_in_place(qkv, [2 * h * d, h * d])      # the norm writes dqk in place
-            q, k = l2_normalize(qk.unflatten(-1, (2 * h, d))).split(h, dim=-2)
-            v = v.unflatten(-1, (h, d))
+            # cut where the backward finds the gradients in place: the norm writes dqk, the core or the beta gate
+            # dq, dk, dv
+            qk, v = split_in_place(qkv, [2 * h * d, h * d])
+            q, k = split_in_place(l2_normalize(qk.unflatten(-1, (2 * h, d))).flatten(-2), [h * d, h * d])
+            q, k, v = q.unflatten(-1, (h, d)), k.unflatten(-1, (h, d)), v.unflatten(-1, (h, d))
         else:
             q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
             q = l2_normalize(q)                                           # = F.normalize(q, dim=-1)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..common import as_rows, cdiv, compute_dtype, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 
 
@@ -48,11 +49,11 @@ def _scale_heads(X, XO, rows, heads, row_ok, head_ok, D, BD: tl.constexpr, s_x, 
 
 
 @triton.jit
-def _scale_heads_bwd(X, DXO, DX, rows, heads, row_ok, head_ok, D, BD: tl.constexpr, s_x, s_dxo, H, beta):
-    """``dx = dx' beta`` of one tile into the contiguous ``DX``; returns ``sum dx' x`` per row and head."""
+def _scale_heads_bwd(X, DXO, DX, rows, heads, row_ok, head_ok, D, BD: tl.constexpr, s_x, s_dxo, s_dx, beta):
+    """``dx = dx' beta`` of one tile into ``DX`` (row stride ``s_dx``); returns ``sum dx' x`` per row and head."""
     off, m = _head_tile(rows, heads, D, BD, s_x, row_ok, head_ok)
     g_off, _ = _head_tile(rows, heads, D, BD, s_dxo, row_ok, head_ok)
-    out, _ = _head_tile(rows, heads, D, BD, H * D, row_ok, head_ok)
+    out, _ = _head_tile(rows, heads, D, BD, s_dx, row_ok, head_ok)
     x = tl.load(X + off, mask=m, other=0.0).to(beta.dtype)
     dxo = tl.load(DXO + g_off, mask=m, other=0.0).to(beta.dtype)
     tl.store(DX + out, (dxo * beta[:, :, None]).to(DX.dtype.element_ty), mask=m)
@@ -71,12 +72,12 @@ def _beta_fwd(K, V, RAW, KO, VO, n_rows, H, DK, DV, s_k, s_v, s_raw,
 
 @triton.jit
 def _beta_bwd(K, V, RAW, DKO, DVO, DK, DVV, DRAW, n_rows, H, DK_DIM, DV_DIM, s_k, s_v, s_raw, s_dko, s_dvo,
-              BR: tl.constexpr, NH: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, FP64: tl.constexpr):
+              s_dk, s_dv, BR: tl.constexpr, NH: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, FP64: tl.constexpr):
     pid = tl.program_id(0)
     for h0 in range(0, H, NH):
         rows, heads, row_ok, head_ok, beta = _beta_rows(RAW, pid, n_rows, H, h0, s_raw, BR, NH, FP64)
-        dot = _scale_heads_bwd(K, DKO, DK, rows, heads, row_ok, head_ok, DK_DIM, BDK, s_k, s_dko, H, beta)
-        dot += _scale_heads_bwd(V, DVO, DVV, rows, heads, row_ok, head_ok, DV_DIM, BDV, s_v, s_dvo, H, beta)
+        dot = _scale_heads_bwd(K, DKO, DK, rows, heads, row_ok, head_ok, DK_DIM, BDK, s_k, s_dko, s_dk, beta)
+        dot += _scale_heads_bwd(V, DVO, DVV, rows, heads, row_ok, head_ok, DV_DIM, BDV, s_v, s_dvo, s_dv, beta)
         tl.store(DRAW + rows[:, None] * H + heads[None, :], (beta * (1.0 - beta) * dot).to(DRAW.dtype.element_ty),
                  mask=row_ok[:, None] & head_ok[None, :])
 
@@ -120,14 +121,13 @@ class _BetaScale(torch.autograd.Function):
         dko = torch.zeros(k_shape, dtype=kr.dtype, device=kr.device) if dko is None else dko
         dvo = torch.zeros(v_shape, dtype=vr.dtype, device=vr.device) if dvo is None else dvo
         gk, gv = _head_rows(dko), _head_rows(dvo)
-        dk = torch.empty(k_shape, dtype=kr.dtype, device=kr.device)
-        dv = torch.empty(v_shape, dtype=vr.dtype, device=vr.device)
+        dk, dv = empty_grad(kr), empty_grad(vr)     # rows in place where k, v were cut from a tensor
         draw = torch.empty(raw_shape, dtype=raw_dtype, device=rr.device)
         BR, NH, BDK, BDV = _beta_blocks(H, dk_dim, dv_dim, n_rows)
         launch(_beta_bwd, (cdiv(n_rows, BR),), kr, vr, rr, gk, gv, dk, dv, draw, n_rows, H, dk_dim, dv_dim,
-               kr.stride(0), vr.stride(0), rr.stride(0), gk.stride(0), gv.stride(0), BR=BR, NH=NH, BDK=BDK,
-               BDV=BDV, FP64=compute_dtype(kr, vr, rr) == torch.float64)
-        return dk, dv, draw
+               kr.stride(0), vr.stride(0), rr.stride(0), gk.stride(0), gv.stride(0), dk.stride(0), dv.stride(0),
+               BR=BR, NH=NH, BDK=BDK, BDV=BDV, FP64=compute_dtype(kr, vr, rr) == torch.float64)
+        return dk.view(k_shape), dv.view(v_shape), draw
 
 
 def beta_scale_triton(k: torch.Tensor, v: torch.Tensor, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

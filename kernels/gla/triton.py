@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ..common import cdiv, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
 
@@ -460,7 +461,7 @@ class _GLATriton(torch.autograd.Function):
         dfin = None if dfin is None else dfin.contiguous()
         ds, ds0 = state_grads(q, do, g, None, dfin, init_dtype is not None, scale, C, v.shape[-1], k.shape[-1],
                               op, GLA_PIECES)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = empty_grad(q), empty_grad(k), empty_grad(v)     # in place where they were cut from a tensor
         dg = torch.empty(g.shape, device=g.device, dtype=g.dtype)
         chunk_grads(q, k, v, g, do, starts, ds, dq, (dk, dv, dg), (ds, ds, ds), scale, C, True, True, op, 1,
                     GLA_PIECES)

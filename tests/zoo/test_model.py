@@ -137,18 +137,18 @@ def test_decode_under_autocast_steps_the_mixers_on_their_fp32_input():
 def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenation(monkeypatch):
     """On the GPU path the fused projections and the convolved ``q|k|v`` are cut by
     :func:`kernels.grad_slots.split_in_place`, and the short convolutions, the q/k normalisation and the output
-    norm's gate and the delta rule's kernels write their input gradients in place: the step's loss and every
-    gradient are exactly those of plain splits, with one concatenation fewer per projection that feeds a short
-    convolution or an output gate, per convolved ``q|k|v`` cut for its normalisation and per normalised ``q|k``
-    of a delta rule (their backwards copy in only the parts whose consumers did not write in place; SKA's
+    norm's gate, the delta rule's and GLA's kernels and the beta gate write their input gradients in place: the
+    step's loss and every gradient are exactly those of plain splits, with one concatenation fewer per projection
+    that feeds a short convolution or an output gate, per convolved ``q|k|v`` cut for its normalisation and per
+    normalised ``q|k`` (their backwards copy in only the parts whose consumers did not write in place; SKA's
     projection, whose consumers do not write in place, keeps its one concatenation)."""
     from kernels import grad_slots
     from kernels.device import gpu_path_on_cpu
     from tests.mixers.launches import count_launches
 
-    layers = ["gated_deltanet", "deltaproduct", "gla", "mamba2", "ska", "kronecker_slots"]
+    layers = ["gated_deltanet", "deltaproduct", "gla", "gka", "mamba2", "ska", "kronecker_slots"]
     m = build(d_model=32, layers=layers, mixer_options={
-        "gated_deltanet": {"n_heads": 2}, "deltaproduct": {"n_heads": 2}, "gla": {"n_heads": 2},
+        "gated_deltanet": {"n_heads": 2}, "deltaproduct": {"n_heads": 2}, "gla": {"n_heads": 2}, "gka": {"n_heads": 2},
         "mamba2": {"d_state": 8, "headdim": 16}, "ska": {"n_heads": 2, "rank": 8}, "kronecker_slots": {"n_heads": 2}})
     ids = torch.randint(50, (2, 17))
 
@@ -166,6 +166,6 @@ def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenatio
     _, plain = count_launches(lambda: results.append(step()))
     for got, want in zip(*results):
         assert torch.equal(got, want)
-    # projections: the delta rules', GLA's and Mamba-2's (SKA's not; the slots project with separate modules);
-    # convolved q|k|v: the delta rules' and GLA's; normalised q|k: the delta rules'
-    assert plain["aten::cat"] - slotted["aten::cat"] == 4 + 3 + 2
+    # projections: the delta rules', GLA's, GKA's and Mamba-2's (SKA's not; the slots project with separate
+    # modules); convolved q|k|v and normalised q|k: the delta rules', GLA's and GKA's
+    assert plain["aten::cat"] - slotted["aten::cat"] == 5 + 4 + 4
