@@ -22,26 +22,34 @@ def test_the_counter_adds_the_bytes_each_copy_reads_and_writes():
                                "aten::clone": 2 * 24 * 4}
 
 
+def _slope_and_intercept(name: str, op: str) -> tuple[float, float]:
+    """Bytes of ``op`` a step: per token, and at zero tokens (the two lengths' line)."""
+    short, long = (step_copies.step_copies(name, T) for T in step_copies.LENGTHS)
+    slope = (long.bytes[op] - short.bytes[op]) / (step_copies.LENGTHS[1] - step_copies.LENGTHS[0])
+    return slope, short.bytes[op] - slope * step_copies.LENGTHS[0]
+
+
 def test_rows_extrapolate_the_step_linearly_in_the_tokens(capsys):
-    assert step_copies.main(["gated_deltanet"]) == 0
+    """The table's row is the two lengths' line at the benchmark's tokens. SKA's projection still concatenates its
+    parts' gradients (they grow with the tokens); Gated DeltaNet's parts are written in place, so its only
+    concatenations are of the fp32 weights of the fused projection and of the short convolutions, once a step in
+    every layer (read and written), which do not grow."""
+    assert step_copies.main(["ska", "gated_deltanet"]) == 0
     rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
                                           for line in capsys.readouterr().out.splitlines()[2:])}
-    assert set(rows) == {"gated_deltanet"}
-    short, long = (step_copies.step_copies("gated_deltanet", T) for T in step_copies.LENGTHS)
-    row = step_copies.measure("gated_deltanet")
-    assert int(rows["gated_deltanet"][1]) == row["launches"] == sum(long.launches.values()) > 0
-    # the concatenations: autograd's of the gradients of split parts grow with the tokens; the fp32 weights of the
-    # fused projection and of the short convolutions over q|k|v, concatenated once a step in every layer (read
-    # and written), do not
-    slope = (long.bytes["aten::cat"] - short.bytes["aten::cat"]) / (step_copies.LENGTHS[1] - step_copies.LENGTHS[0])
-    intercept = short.bytes["aten::cat"] - slope * step_copies.LENGTHS[0]
+    assert set(rows) == {"ska", "gated_deltanet"}
+    row = step_copies.measure("ska")
+    assert int(rows["ska"][1]) == row["launches"] > 0
+    slope, intercept = _slope_and_intercept("ska", "aten::cat")
+    assert slope > 0 and row["mb"]["aten::cat"] == pytest.approx((intercept + slope * row["tokens"]) / 1e6, abs=0.1)
+
+    slope, intercept = _slope_and_intercept("gated_deltanet", "aten::cat")
     model = gpu_speed.lm_model(gpu_speed.FULL, "gated_deltanet")[1]
     mixer = model.blocks[0].mixer
     fused = [mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj, mixer.z_proj, mixer.gate.proj]
     rows_padded = -(-sum(m.out_features for m in fused) // 16) * 16
     convs = [p.numel() for c in (mixer.q_conv, mixer.k_conv, mixer.v_conv) for p in c.parameters()]
-    assert slope > 0 and intercept == 2 * len(model.blocks) * (rows_padded * mixer.d_model + sum(convs)) * 4
-    assert row["mb"]["aten::cat"] == pytest.approx((intercept + slope * row["tokens"]) / 1e6, abs=0.1)
+    assert slope == 0 and intercept == 2 * len(model.blocks) * (rows_padded * mixer.d_model + sum(convs)) * 4
 
 
 def test_bad_arguments_name_the_fix(capsys):
