@@ -15,13 +15,15 @@
 - :func:`pow2` / :func:`cdiv`: a power-of-two tile size and a grid's extent, from the host.
 - :func:`as_rows` / :func:`token_stride`: how a kernel reads a column block of a wider tensor in place.
 - :func:`autocast_dtype` / :func:`linear_input_dtype`: the dtype an autocast region computes linear layers in,
-  so that a tensor headed only for a linear layer is produced in it instead of being cast there.
+  so that a tensor headed only for a linear layer is produced in it instead of being cast there;
+  :func:`autocast_off` switches it off for one device.
 - :func:`full_precision`: the public op of a recurrent family runs with autocast off, so a bf16
   autocast region (mixed-precision training) hands it bf16 inputs that it computes in fp32 instead of
   having matmuls inside the scan silently dropped to bf16 next to fp32 decays.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -130,6 +132,14 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
+
+
+def autocast_off(device_type: str):
+    """A context with autocast switched off for ``device_type`` where it is on, else one that does nothing (a
+    device without autocast, ``meta`` say, has no switch)."""
+    if autocast_dtype(device_type) is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
 
 
 def linear_input_dtype(x: torch.Tensor) -> torch.dtype:

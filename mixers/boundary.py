@@ -28,7 +28,7 @@ from typing import Mapping
 
 import torch
 
-from kernels.common import autocast_dtype
+from kernels.common import autocast_dtype, autocast_off
 
 #: attribute set on a wrapped method, so that inherited or re-assigned methods are wrapped once
 WRAPPED = "_mixer_boundary_checked"
@@ -149,14 +149,11 @@ def checked_step(fn):
     def step(self, x_t, state, *args, **kwargs):
         check_input(self, x_t, "step", "x_t", 2)
         check_state(self, state, x_t)
-        device = x_t.device.type
-        if autocast_dtype(device) is not None:
-            want = module_dtype(self)
-            if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
-                x_t = x_t.to(want)
-            with torch.autocast(device, enabled=False):
-                return fn(self, x_t, state, *args, **kwargs)
-        return fn(self, x_t, state, *args, **kwargs)
+        want = module_dtype(self)
+        if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
+            x_t = x_t.to(want)
+        with autocast_off(x_t.device.type):
+            return fn(self, x_t, state, *args, **kwargs)
     setattr(step, WRAPPED, True)
     return step
 

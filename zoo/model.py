@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from kernels.common import autocast_dtype
+from kernels.common import autocast_off
 from mixers import MIXERS, STATE_MIXERS
 from mixers.layers import RMSNorm, no_weight_decay
 from mixers.options import OptionError
@@ -43,9 +43,7 @@ class Block(nn.Module):
 
     def step(self, x_t, state):
         # a mixer steps in fp32 with autocast off (mixers.boundary): its input is not rounded for it
-        off = torch.autocast(x_t.device.type, enabled=False) if autocast_dtype(x_t.device.type) \
-            else contextlib.nullcontext()
-        with off:
+        with autocast_off(x_t.device.type):
             normed = self.mixer_norm(x_t)
         y, state = self.mixer.step(normed, state)
         return self._ffn(x_t + y), state
