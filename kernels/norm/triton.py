@@ -112,21 +112,26 @@ def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, sdz, sidz
 def _rows(x: torch.Tensor):
     """``(x, n_rows, inner, stride_outer, stride_inner)``: ``x`` (copied only when it must be) addressed as
     rows ``(outer, inner, D)`` with element ``(o, i, d)`` at ``o * stride_outer + i * stride_inner + d``."""
-    D = x.shape[-1]
     inner = x.shape[-2] if x.ndim >= 2 else 1
     if x.stride(-1) != 1:
         x = x.contiguous()
     try:
-        v = x.view(-1, inner, D)
+        v = _row_view(x)
     except RuntimeError:                                 # leading dims that cannot be merged
         x = x.contiguous()
-        v = x.view(-1, inner, D)
+        v = _row_view(x)
     return x, v.shape[0] * inner, inner, v.stride(0), v.stride(1)
 
 
+def _row_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as rows ``(outer, inner, D)``."""
+    return t.view(-1, t.shape[-2] if t.ndim >= 2 else 1, t.shape[-1])
+
+
 def _row_strides(t: torch.Tensor) -> tuple[int, int]:
-    """``(stride_outer, stride_inner)`` of a gradient laid out like its input (:func:`_rows`' view of it)."""
-    v = t.view(-1, t.shape[-2] if t.ndim >= 2 else 1, t.shape[-1])
+    """``(stride_outer, stride_inner)`` of a gradient laid out like its input (:func:`_rows` made the view of
+    that layout possible)."""
+    v = _row_view(t)
     return v.stride(0), v.stride(1)
 
 
