@@ -208,18 +208,19 @@ def compile_ahead(run: Callable[[], object], workers: int | None = None) -> Ahea
     return report
 
 
-def _tensors(value) -> list[torch.Tensor]:
+def tensors_in(value) -> list[torch.Tensor]:
+    """The tensors in ``value``: itself, or those of a list, tuple or dict, at any depth."""
     if torch.is_tensor(value):
         return [value]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     return []
 
 
 def _device_of(module: torch.nn.Module, inputs: tuple) -> torch.device:
-    devices = {t.device for t in _tensors(inputs)} or {p.device for p in module.parameters()}
+    devices = {t.device for t in tensors_in(inputs)} or {p.device for p in module.parameters()}
     return next(iter(devices), torch.device("cpu"))
 
 
@@ -229,7 +230,7 @@ def dry_forward_backward(module: torch.nn.Module, *inputs, **kwargs) -> None:
     device = _device_of(module, inputs)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         xs = [x.detach().requires_grad_() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs]
-        outs = [t for t in _tensors(module(*xs, **kwargs)) if t.requires_grad]
+        outs = [t for t in tensors_in(module(*xs, **kwargs)) if t.requires_grad]
         wrt = [p for p in module.parameters() if p.requires_grad] + [x for x in xs if torch.is_tensor(x)
                                                                       and x.requires_grad]
         if outs and wrt:

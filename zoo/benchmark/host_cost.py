@@ -140,6 +140,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def require_interpreter(parser: argparse.ArgumentParser) -> None:
+    """A tool that runs the GPU path's launchers on CPU tensors needs the Triton interpreter (no kernel runs)."""
+    if not triton_interpreting():
+        parser.error("run with TRITON_INTERPRET=1 (the launchers take CPU tensors only through the interpreter; "
+                     "no kernel runs)")
+
+
+def chosen_mixers(parser: argparse.ArgumentParser, names: list[str]) -> list[str]:
+    """``names``, or attention and every linear mixer when none is named; an unknown name is a parser error."""
+    known = [BASELINE] + mixer_names()[1]
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        parser.error(f"unknown mixers {unknown}; choose from {', '.join(known)}")
+    return list(names) or known
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.benchmark.host_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("mixers", nargs="*", help="mixers to measure (default: attention and every linear mixer)")
@@ -149,15 +165,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
-    if not triton_interpreting():
-        parser.error("run with TRITON_INTERPRET=1 (the launchers take CPU tensors only through the interpreter; "
-                     "no kernel runs)")
+    require_interpreter(parser)
     torch.set_num_threads(args.threads)
-    known = [BASELINE] + mixer_names()[1]
-    unknown = [m for m in args.mixers if m not in known]
-    if unknown:
-        parser.error(f"unknown mixers {unknown}; choose from {', '.join(known)}")
-    names = args.mixers or known
+    names = chosen_mixers(parser, args.mixers)
     if BASELINE not in names:
         names = [BASELINE] + names
     rows = []

@@ -28,25 +28,18 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.backend import triton_interpreting
+from kernels.ahead import tensors_in
 from kernels.device import gpu_path_on_cpu
 from kernels.launch import host_only, launching
 
-from .gpu_speed import BASELINE, FULL, lm_model, mixer_names
+from .gpu_speed import FULL, lm_model
+from .host_cost import chosen_mixers, require_interpreter
 from .train_rate import lm_passes
 
 #: the operators counted: they move data and compute nothing
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::cat")
 #: the two lengths the step runs at (one sequence each)
 LENGTHS = (64, 128)
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if torch.is_tensor(value):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 def _bytes(tensors) -> int:
@@ -66,9 +59,9 @@ class CopyCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.name()
         if name in COPY_OPS and not launching():
-            read = _tensors(args[1] if name == "aten::copy_" else args[0])
+            read = tensors_in(args[1] if name == "aten::copy_" else args[0])
             self.launches[name] += 1
-            self.bytes[name] += _bytes(read) + _bytes(_tensors(out))
+            self.bytes[name] += _bytes(read) + _bytes(tensors_in(out))
         return out
 
 
@@ -114,14 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("mixers", nargs="*", help="mixers to count (default: attention and every linear mixer)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
-    if not triton_interpreting():
-        parser.error("run with TRITON_INTERPRET=1 (the launchers take CPU tensors only through the interpreter; "
-                     "no kernel runs)")
-    known = [BASELINE] + mixer_names()[1]
-    unknown = [m for m in args.mixers if m not in known]
-    if unknown:
-        parser.error(f"unknown mixers {unknown}; choose from {', '.join(known)}")
-    rows = [measure(name) for name in (args.mixers or known)]
+    require_interpreter(parser)
+    rows = [measure(name) for name in chosen_mixers(parser, args.mixers)]
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
