@@ -49,12 +49,11 @@ class _Registration:
         if not 0 <= start < width:
             return None
         inner = sorted((s, n) for s, n in zip(x.stride(), x.shape) if n > 1 and s < width)
-        extent, expected = 1, 1
+        extent = 1
         for stride, size in inner:          # dense inside a row: strides 1, n1, n1 n2, ...
-            if stride != expected:
+            if stride != extent:
                 return None
-            expected *= size
-            extent = expected
+            extent *= size
         if start + extent > width or x.numel() != extent * (base.numel() // width):
             return None
         return start, start + extent
@@ -79,7 +78,7 @@ def grad_slot(x: torch.Tensor) -> torch.Tensor | None:
     with _lock:
         for ref in _registry.get(key, ()):
             reg = ref()
-            if reg is not None and reg.base is not None and reg.base.is_contiguous():
+            if reg is not None and reg.base is not None:    # (split_in_place registers contiguous tensors only)
                 got = reg.slot(x)
                 if got is not None:
                     return got
