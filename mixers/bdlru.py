@@ -34,13 +34,14 @@ from kernels.backend import triton_pieces_for
 from kernels.blockscan import BACKENDS, block_scan, block_scan_step, softmax_gates
 
 from .base import Mixer, State, register_mixer
-from .layers import at_least_fp32, no_weight_decay
+from .layers import at_least_fp32, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
 @register_mixer
 class BDLRU(Mixer):
     name = "bdlru"
+    input_to_linear = True     # x enters through the transition's and input projections, one matmul on the GPU plan
     description = "BD-LRU: N dense m x m blocks, softmax (L1-normalised) gates, h = A_t h + a0_t * v_t"
     state_formula = "n_blocks * block_size  (constant in T)"
 
@@ -99,9 +100,11 @@ class BDLRU(Mixer):
         return A, a0.squeeze(-2).unflatten(-1, (N, m))
 
     def _inputs(self, x):
-        if self.options.selective and triton_pieces_for(x):
-            # the GPU path: the projections as they are, the softmax and a0 v in one kernel each way
-            return softmax_gates(self.a_proj(x), self.v_proj(x), self.m, backend="triton")
+        if self.options.selective and one_pass(x):
+            # the GPU plan: both projections in one matmul (x's only reader), the softmax and a0 v in one kernel
+            # each way (the formula where Triton cannot run)
+            logits, v = project(x, [self.a_proj, self.v_proj])
+            return softmax_gates(logits, v, self.m, backend="triton" if triton_pieces_for(x) else "torch")
         A, a0 = self.gates(x)
         v = at_least_fp32(self.v_proj(x)).unflatten(-1, (self.N, self.m))
         return A, a0 * v
@@ -111,7 +114,8 @@ class BDLRU(Mixer):
         h, h_last = block_scan(A, b, chunk_size=chunk_size_for(b, "blockscan", self.options.chunk_size),
                                backend=self.options.backend)
         y = self.out_proj(h.flatten(-2).to(x.dtype))
-        return y, {"h": h_last.to(x.dtype)}
+        # the state in the module's dtype: under autocast x may come in the autocast dtype (input_to_linear)
+        return y, {"h": h_last.to(self.out_proj.weight.dtype)}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=dtype)}

@@ -52,7 +52,7 @@ from kernels.blockscan import (
 )
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, at_least_fp32, no_weight_decay
+from .layers import DecayGate, at_least_fp32, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
@@ -66,6 +66,7 @@ def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
 @register_mixer
 class Jordan(Mixer):
     name = "jordan"
+    input_to_linear = True     # x enters through the gate's and input projections, one matmul on the GPU plan
     description = "defective-Jordan SSM: blocks lam_t I + c N, fixed or selective decay, optional per-step LayerNorm"
     state_formula = "n_blocks * block_size  (constant in T)"
 
@@ -158,10 +159,19 @@ class Jordan(Mixer):
         return self.out_proj(h.flatten(-2).to(dtype))
 
     # --- contract -------------------------------------------------------------------------------
+    def _inputs(self, x):
+        """``(lam, b)``: the decay and the scan's input. On the GPU plan with a selective decay the gate's and the
+        input's projections are one matmul (x's only reader)."""
+        if self.options.decay == "selective" and one_pass(x):
+            raw, b = project(x, [self.gate.proj, self.in_proj])
+            lam = torch.exp(self.gate.log_decay(raw))
+        else:
+            lam, b = self.decay(x), self.in_proj(x)
+        return lam, at_least_fp32(b).unflatten(-1, (self.N, self.m))
+
     def prefill(self, x, mask=None):
         o = self.options
-        lam = self.decay(x)
-        b = at_least_fp32(self.in_proj(x)).unflatten(-1, (self.N, self.m))
+        lam, b = self._inputs(x)
         chunk = chunk_size_for(b, "blockscan", o.chunk_size)
         if o.init == "hippo":
             A = self.transition.to(b.dtype).expand(*b.shape[:2], self.N, self.m, self.m)
@@ -171,15 +181,15 @@ class Jordan(Mixer):
                                            self.norm_bias.to(b.dtype), eps=o.norm_eps, backend=o.backend)
         else:
             h, h_last = jordan_scan(lam, self.coupling.to(b.dtype), b, chunk_size=chunk, backend=o.backend)
-        return self._readout(h, x.dtype), {"h": h_last.to(x.dtype)}
+        # the state in the module's dtype: under autocast x may come in the autocast dtype (input_to_linear)
+        return self._readout(h, x.dtype), {"h": h_last.to(self.out_proj.weight.dtype)}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=dtype)}
 
     def step(self, x_t, state):
         o = self.options
-        lam = self.decay(x_t)
-        b = at_least_fp32(self.in_proj(x_t)).unflatten(-1, (self.N, self.m))
+        lam, b = self._inputs(x_t)
         if o.init == "hippo":
             A = self.transition.to(b.dtype).expand(b.shape[0], self.N, self.m, self.m)
             h = block_scan_step(A, b, state["h"])

@@ -89,19 +89,26 @@ def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
     list of bias-free modules, whose outputs come back side by side as one block.
 
     On the GPU plan (:func:`kernels.device.plan_for`) one matmul over all the concatenated weights, split into
-    the parts (views) with each bias added to its part: one matmul forward and two backward for the layer,
-    where separate modules launch one and two each and the gradients of ``x`` are added up one by one. The
-    matmul's row is padded with zero weights to a multiple of ``_ROW_ALIGN`` outputs, dropped again, so that
-    the token stride of every part is a multiple of 16. The CPU plan calls each module (a group: one matmul
-    over its weights) as before: a wider matmul may round differently, and CPU results are kept as they
-    were."""
+    the parts (views): one matmul forward and two backward for the layer, where separate modules launch one and
+    two each and the gradients of ``x`` are added up one by one. The biases are added to their parts, or by the
+    matmul itself where the biased parts are at least half of its row (its bias gradient sums every column of
+    the output gradient, a part's add only that part's; BD-LRU's transition logits, say, against a delta rule's
+    one-per-head gates). The matmul's row is padded with zero weights to a multiple of ``_ROW_ALIGN`` outputs,
+    dropped again, so that the token stride of every part is a multiple of 16. The CPU plan calls each module (a
+    group: one matmul over its weights) as before: a wider matmul may round differently, and CPU results are
+    kept as they were."""
     groups = [list(m) if isinstance(m, (list, tuple)) else [m] for m in modules]
     if any(len(g) > 1 and any(m.bias is not None for m in g) for g in groups):
         raise ValueError("project: a group of modules whose outputs come back as one block must be bias-free")
     if not plan_for(x).one_pass or len(groups) == 1:
         return [g[0](x) if len(g) == 1 else F.linear(x, torch.cat([m.weight for m in g])) for g in groups]
-    parts = _fused_matmul(x, [m.weight for g in groups for m in g], [sum(m.out_features for m in g) for g in groups])
-    return [p if g[0].bias is None else p + g[0].bias.to(p.dtype) for p, g in zip(parts, groups)]
+    sizes = [sum(m.out_features for m in g) for g in groups]
+    biases = [g[0].bias for g in groups]
+    in_matmul = 2 * sum(n for n, b in zip(sizes, biases) if b is not None) >= sum(sizes)
+    parts = _fused_matmul(x, [m.weight for g in groups for m in g], sizes, biases if in_matmul else None)
+    if in_matmul:
+        return parts
+    return [p if b is None else p + b.to(p.dtype) for p, b in zip(parts, biases)]
 
 
 def project_parts(x: torch.Tensor, modules, sizes: list[int]) -> list[torch.Tensor]:
@@ -131,13 +138,19 @@ def project_parts(x: torch.Tensor, modules, sizes: list[int]) -> list[torch.Tens
     return parts
 
 
-def _fused_matmul(x: torch.Tensor, weights: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
-    """``x`` times the concatenated ``weights``, split into parts of ``sizes`` outputs (views); the row padded with
-    zero weights to a multiple of ``_ROW_ALIGN`` outputs, dropped again."""
+def _fused_matmul(x: torch.Tensor, weights: list[torch.Tensor], sizes: list[int],
+                  biases: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+    """``x`` times the concatenated ``weights`` (plus the concatenated ``biases``, one entry per part, None for a
+    part without, when given), split into parts of ``sizes`` outputs (views); the row padded with zero weights to
+    a multiple of ``_ROW_ALIGN`` outputs, dropped again."""
     pad = -sum(sizes) % _ROW_ALIGN
     if pad:
         weights = weights + [weights[0].new_zeros(pad, weights[0].shape[1])]
-    parts = split_in_place(F.linear(x, torch.cat(weights)), sizes + [pad] * bool(pad))
+    bias = None
+    if biases is not None:
+        bias = torch.cat([b if b is not None else weights[0].new_zeros(n) for b, n in zip(biases, sizes)]
+                         + [weights[0].new_zeros(pad)])
+    parts = split_in_place(F.linear(x, torch.cat(weights), bias), sizes + [pad] * bool(pad))
     return list(parts[:len(sizes)])
 
 

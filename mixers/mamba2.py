@@ -23,7 +23,16 @@ from torch import nn
 from kernels.ssd import BACKENDS, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, GatedRMSNorm, ShortConv, at_least_fp32, no_weight_decay, project_parts
+from .layers import (
+    DecayGate,
+    GatedRMSNorm,
+    ShortConv,
+    at_least_fp32,
+    no_weight_decay,
+    one_pass,
+    project_parts,
+    split_in_place,
+)
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
@@ -72,7 +81,9 @@ class Mamba2(Mixer):
         return project_parts(u, [self.in_proj, self.gate.proj], [self.d_inner, self.conv_dim, self.n_heads])
 
     def _split(self, xBC):
-        x, B, C = xBC.split([self.d_inner, self.options.d_state, self.options.d_state], dim=-1)
+        sizes = [self.d_inner, self.options.d_state, self.options.d_state]
+        # on the GPU plan the SSD kernels read x in place and write its gradient into the split's slot
+        x, B, C = split_in_place(xBC, sizes) if one_pass(xBC) else xBC.split(sizes, dim=-1)
         x = x.unflatten(-1, (self.n_heads, self.options.headdim))
         # one group: B and C are shared by all heads
         shape = (*B.shape[:-1], self.n_heads, self.options.d_state)

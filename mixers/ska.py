@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels.common import autocast_dtype
 from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
 
 from .base import Mixer, State, register_mixer
@@ -166,7 +167,9 @@ class SKA(Mixer):
                     normalisation=o.normalisation, power_iters=o.power_iters)
 
     def _out(self, y):
-        return self.o_proj((self.eta * y.flatten(-2)).to(self.o_proj.weight.dtype))
+        # eta (a 0-dim tensor) keeps y's dtype; under autocast a 16-bit y enters the projection as it is
+        t = self.eta * y.flatten(-2)
+        return self.o_proj(t if t.dtype == autocast_dtype(t.device.type) else t.to(self.o_proj.weight.dtype))
 
     def _run(self, x, mask):
         o = self.options

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..common import as_rows, cdiv, compute_dtype, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 
 #: rows of logits per program (fewer for wide rows: at most 1024 entries of a tile, no register spills)
@@ -61,9 +62,10 @@ def _gates_fwd(Z, V, A, Bout, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: tl.cons
 
 
 @triton.jit
-def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr,
-               FP64: tl.constexpr):
-    """``dz`` and ``dv`` are written contiguous: row ``r``'s logits at ``r (m + 1)``, its value at ``r``."""
+def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, s_dz, s_dv, M: tl.constexpr, BR: tl.constexpr,
+               BJ: tl.constexpr, FP64: tl.constexpr):
+    """``dz`` and ``dv`` are written at their token strides ``s_dz``, ``s_dv``, like the inputs they are the
+    gradients of (in place in the gradient of the projection the inputs were cut from, where there is one)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     p, j, live = _probs(Z, rows, n_rows, NM, s_z, M, BJ, FP64)
     CDT: tl.constexpr = tl.float64 if FP64 else tl.float32
@@ -74,10 +76,10 @@ def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: 
     last = j[None, :] == M
     dp = tl.where(last, (db * v)[:, None], dp)
     dz = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-    tl.store(DZ + rows[:, None] * (M + 1) + j[None, :], dz.to(DZ.dtype.element_ty),
+    tl.store(DZ + ((rows // NM) * s_dz + (rows % NM) * (M + 1))[:, None] + j[None, :], dz.to(DZ.dtype.element_ty),
              mask=live[:, None] & (j[None, :] <= M))
     a0 = tl.sum(tl.where(last, p, 0.0), axis=1)
-    tl.store(DV + rows, (db * a0).to(DV.dtype.element_ty), mask=live)
+    tl.store(DV + (rows // NM) * s_dv + rows % NM, (db * a0).to(DV.dtype.element_ty), mask=live)
 
 
 def _launch_shape(m: int, n_rows: int):
@@ -109,11 +111,10 @@ class _SoftmaxGates(torch.autograd.Function):
         dA = torch.zeros((*v_shape[:-1], v_shape[-1] // m, m, m), dtype=cd, device=z.device) if dA is None \
             else dA.contiguous()
         db = torch.zeros(v_shape, dtype=cd, device=z.device) if db is None else db.contiguous()
-        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-        dv = torch.empty(vv.shape, dtype=vv.dtype, device=z.device)
+        dz, dv = empty_grad(z), empty_grad(vv)
         grid, meta = _launch_shape(m, n_rows)
-        launch(_gates_bwd, grid, z, vv, dA, db, dz, dv, n_rows, vv.shape[1], z.stride(0), vv.stride(0),
-               FP64=cd == torch.float64, **meta)
+        launch(_gates_bwd, grid, z, vv, dA, db, dz, dv, n_rows, vv.shape[1], z.stride(0), vv.stride(0), dz.stride(0),
+               dv.stride(0), FP64=cd == torch.float64, **meta)
         return dz.view(z_shape), dv.view(v_shape), None
 
 

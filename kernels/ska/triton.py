@@ -67,6 +67,7 @@ import triton
 import triton.language as tl
 
 from ..common import cdiv, pad_time, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 from ..split_dot import dot_x_state
 from .operator import JITTERS, SCALE_FLOOR, chain_operator
@@ -121,9 +122,10 @@ def _tile(ptr, base, rows, cols, nrow, ncol, stride):
 
 
 @triton.jit
-def _ska_apply_kernel(Q, W, Y, T, H, N, CS, R, P, NPB,
+def _ska_apply_kernel(Q, W, Y, T, H, N, CS, R, P, NPB, sqb, sqt, sqh,
                       BT: tl.constexpr, BR: tl.constexpr, BPB: tl.constexpr, OP: tl.constexpr):
-    """``Y[tokens, pdims] = Q[tokens] W_c[pdims]^T`` for one tile of a chunk's tokens and value dims."""
+    """``Y[tokens, pdims] = Q[tokens] W_c[pdims]^T`` for one tile of a chunk's tokens and value dims (``Q`` at its
+    strides, ``Y`` contiguous in its own dtype)."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     tb = tl.program_id(2) // NPB
@@ -135,9 +137,10 @@ def _ska_apply_kernel(Q, W, Y, T, H, N, CS, R, P, NPB,
     tok = n * CS + offs_t
     ntok = tl.minimum(CS, T - n * CS)                        # tokens of this chunk
     rows = b.to(tl.int64) * T * H + (n * CS).to(tl.int64) * H + h   # row of the chunk's first token in (B*T*H)
+    q_at = b.to(tl.int64) * sqb + (n * CS).to(tl.int64) * sqt + h * sqh
     offs_p = pb * BPB + tl.arange(0, BPB)
     cr = tl.arange(0, BR)
-    q = _tile(Q, rows * R, offs_t, cr, ntok, R, H * R)      # (BT, BR)
+    q = _tile(Q, q_at, offs_t, cr, ntok, R, sqt)            # (BT, BR)
     w = _tile(W, mat * P * R + pb * BPB * R, tl.arange(0, BPB), cr, P - pb * BPB, R, R)   # (BPB, BR)
     if OP == 2:
         ws = _pow2_scale(tl.max(tl.max(tl.abs(w), axis=1), axis=0))
@@ -146,14 +149,14 @@ def _ska_apply_kernel(Q, W, Y, T, H, N, CS, R, P, NPB,
         ws = 1.0
     y = _mm(q, tl.trans(w), OP) * ws
     ymask = (offs_t[:, None] < ntok) & (offs_p[None, :] < P) & (tok[:, None] < T)
-    tl.store(Y + rows * P + offs_t[:, None] * (H * P) + offs_p[None, :], y, mask=ymask)
+    tl.store(Y + rows * P + offs_t[:, None] * (H * P) + offs_p[None, :], y.to(Y.dtype.element_ty), mask=ymask)
 
 
 @triton.jit
-def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
-                          BT: tl.constexpr, BR: tl.constexpr, BPB: tl.constexpr, OP: tl.constexpr):
+def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB, sqb, sqt, sqh, syb, syt, syh,
+                          sdb, sdt, sdh, BT: tl.constexpr, BR: tl.constexpr, BPB: tl.constexpr, OP: tl.constexpr):
     """Program ``j < NTB``: ``dQ`` of token tile ``j`` (summed over value tiles). Program ``NTB + i``: ``dW`` of
-    value tile ``i`` (summed over the chunk's token tiles)."""
+    value tile ``i`` (summed over the chunk's token tiles). ``Q``, ``dY`` and ``dQ`` at their strides."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     j = tl.program_id(2)
@@ -161,14 +164,16 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
     h = bh % H
     mat = ((b * N + n) * H + h).to(tl.int64)
     ntok = tl.minimum(CS, T - n * CS)
-    rows = b.to(tl.int64) * T * H + (n * CS).to(tl.int64) * H + h
+    first = (n * CS).to(tl.int64)
+    q_at = b.to(tl.int64) * sqb + first * sqt + h * sqh
+    dy_at = b.to(tl.int64) * syb + first * syt + h * syh
     cr = tl.arange(0, BR)
     cp = tl.arange(0, BPB)
     if j < NTB:
         offs_t = j * BT + tl.arange(0, BT)
         dq = tl.zeros([BT, BR], dtype=tl.float32)
         for pb in range(NPB):
-            dy = _tile(DY, rows * P + pb * BPB, offs_t, cp, ntok, P - pb * BPB, H * P)    # (BT, BPB)
+            dy = _tile(DY, dy_at + pb * BPB, offs_t, cp, ntok, P - pb * BPB, syt)         # (BT, BPB)
             w = _tile(W, mat * P * R + pb * BPB * R, cp, cr, P - pb * BPB, R, R)       # (BPB, BR)
             if OP == 2:  # rows of dY and all of W into fp16's range (both factor out)
                 ys = _pow2_scale(tl.max(tl.abs(dy), axis=1))
@@ -178,14 +183,15 @@ def _ska_apply_bwd_kernel(Q, W, DY, DQ, DW, T, H, N, CS, R, P, NTB, NPB,
                 dq += _mm(dy, w, OP)
         # each branch names its own mask: Triton 3.6 refuses a name bound to two shapes across the branches
         keep_q = (offs_t[:, None] < ntok) & (cr[None, :] < R)
-        tl.store(DQ + rows * R + offs_t[:, None] * (H * R) + cr[None, :], dq, mask=keep_q)
+        dq_at = b.to(tl.int64) * sdb + first * sdt + h * sdh
+        tl.store(DQ + dq_at + offs_t[:, None] * sdt + cr[None, :], dq.to(DQ.dtype.element_ty), mask=keep_q)
     else:
         pb = j - NTB
         dw = tl.zeros([BPB, BR], dtype=tl.float32)
         for t0 in range(0, CS, BT):
             offs_t = t0 + tl.arange(0, BT)
-            dy = _tile(DY, rows * P + pb * BPB, offs_t, cp, ntok, P - pb * BPB, H * P)    # (BT, BPB)
-            q = _tile(Q, rows * R, offs_t, cr, ntok, R, H * R)                             # (BT, BR)
+            dy = _tile(DY, dy_at + pb * BPB, offs_t, cp, ntok, P - pb * BPB, syt)         # (BT, BPB)
+            q = _tile(Q, q_at, offs_t, cr, ntok, R, sqt)                                  # (BT, BR)
             if OP == 2:  # columns of dY (they index dW's rows) into fp16's range
                 col_scale = _pow2_scale(tl.max(tl.abs(dy), axis=0))
                 dw += _mm(tl.trans(dy / col_scale[None, :]), q, OP) * col_scale[:, None]
@@ -209,20 +215,27 @@ def _warps(op: int, backward: bool = False) -> int:
     return 8 if op == 0 or backward else 4
 
 
+def _rows_addressable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (B, T, H, D) as the readout kernels address it: any strides with unit-stride features."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 class _SKAApply(torch.autograd.Function):
-    """``y_t = W_{t // chunk_size} q_t``: W (B, N, H, P, r) fp32, q (B, T, H, r) -> y (B, T, H, P) fp32."""
+    """``y_t = W_{t // chunk_size} q_t``: W (B, N, H, P, r) fp32, q (B, T, H, r) at any token and head strides ->
+    y (B, T, H, P) in q's dtype (16-bit queries) or fp32. ``dq`` comes in q's dtype, written into the gradient
+    buffer of the projection q was cut from where :mod:`kernels.grad_slots` has one."""
 
     @staticmethod
     def forward(ctx, W, q, chunk_size: int):
         B, T, H, R = q.shape
         N, P = W.shape[1], W.shape[-2]
-        W, q = W.contiguous(), q.contiguous()
+        W, q = W.contiguous(), _rows_addressable(q)
         op = _OPERAND.get(q.dtype, 0)
-        y = torch.empty(B, T, H, P, device=q.device, dtype=torch.float32)
+        y = torch.empty(B, T, H, P, device=q.device, dtype=q.dtype if op else torch.float32)
         BT, BR, BPB = _tiles(chunk_size, R, P)
         npb = cdiv(P, BPB)
         launch(_ska_apply_kernel, (N, B * H, cdiv(chunk_size, BT) * npb), q, W, y, T, H, N, chunk_size, R,
-               P, npb, BT=BT, BR=BR, BPB=BPB, OP=op, num_warps=_warps(op))
+               P, npb, q.stride(0), q.stride(1), q.stride(2), BT=BT, BR=BR, BPB=BPB, OP=op, num_warps=_warps(op))
         ctx.save_for_backward(W, q)
         ctx.chunk_size, ctx.op = chunk_size, op
         return y
@@ -233,14 +246,15 @@ class _SKAApply(torch.autograd.Function):
         B, T, H, R = q.shape
         N, P = W.shape[1], W.shape[-2]
         cs = ctx.chunk_size
-        dy = dy.contiguous().float()
-        dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        dy = _rows_addressable(dy)
+        dq = empty_grad(q)
         dW = torch.empty_like(W)
         BT, BR, BPB = _tiles(cs, R, P)
         ntb, npb = cdiv(cs, BT), cdiv(P, BPB)
         launch(_ska_apply_bwd_kernel, (N, B * H, ntb + npb), q, W, dy, dq, dW, T, H, N, cs, R, P, ntb, npb,
-               BT=BT, BR=BR, BPB=BPB, OP=ctx.op, num_warps=_warps(ctx.op, backward=True))
-        return dW, dq.to(q.dtype), None
+               q.stride(0), q.stride(1), q.stride(2), dy.stride(0), dy.stride(1), dy.stride(2), dq.stride(0),
+               dq.stride(1), dq.stride(2), BT=BT, BR=BR, BPB=BPB, OP=ctx.op, num_warps=_warps(ctx.op, backward=True))
+        return dW, dq, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,13 +352,14 @@ def _ska_stats_kernel(K, V, WT, S, T, H, N, CS, R, P, SHIFT, skb, skt, skh, svb,
 
 
 @triton.jit
-def _ska_stats_bwd_kernel(K, V, WT, D, DK, DV, T, H, N, ND, CS, R, P, skb, skt, skh, svb, svt, svh, swb,
-                          PREFIX: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-                          HAS_W: tl.constexpr):
+def _ska_stats_bwd_kernel(K, V, WT, D, DN, DK, DV, T, H, N, ND, CS, R, P, skb, skt, skh, svb, svt, svh, swb,
+                          sdkb, sdkt, sdkh, sdvb, sdvt, sdvh, PREFIX: tl.constexpr, BT: tl.constexpr,
+                          BR: tl.constexpr, BP: tl.constexpr, HAS_W: tl.constexpr, HAS_DN: tl.constexpr):
     """Program (m, i), m = (b, c, h): ``dk``, ``dv`` of the tokens ``i BT ...`` of chunk ``c``. ``D (B, ND, H, F)``
     holds the gradient reaching each chunk's own statistics: ``D[0]`` for every chunk (``PREFIX``: the one
     operator reads them all), else ``D[N - 2 - c]`` (suffix sums in reversed chunk order; none for the last
-    chunk, which no chunk reads)."""
+    chunk, which no chunk reads). ``HAS_DN``: ``DN (B, T, H)`` fp32 is the gradient of the key norms ``|k_t|``,
+    which adds ``DN_t k_t / |k_t|`` (0 where ``k_t = 0``). ``dk``, ``dv`` are written at their strides."""
     m = tl.program_id(0)
     i = tl.program_id(1)
     h = m % H
@@ -385,8 +400,12 @@ def _ska_stats_bwd_kernel(K, V, WT, D, DK, DV, T, H, N, ND, CS, R, P, skb, skt, 
     if HAS_W:
         dwk = dwk * w[:, None]
     dk = dot_x_state(wk, DG + tl.trans(DG)) + dwk
+    if HAS_DN:
+        dn = tl.load(DN + (b.to(tl.int64) * T + t) * H + h, mask=live, other=0.0)
+        norm = tl.sqrt(tl.sum(k.to(tl.float32) * k.to(tl.float32), axis=1))
+        dk += tl.where(norm > 0, dn / tl.where(norm > 0, norm, 1.0), 0.0)[:, None] * k.to(tl.float32)
     vb = V + b.to(tl.int64) * svb + h * svh
-    row = (b.to(tl.int64) * T + t) * H + h                   # token rows of the contiguous dk, dv
+    dvb = DV + b.to(tl.int64) * sdvb + h * sdvh
     for p0 in range(0, P, BP):
         cp = p0 + tl.arange(0, BP)
         DC = tl.load(dd + 2 * R * R + cp[:, None] * R + cr[None, :],
@@ -394,9 +413,11 @@ def _ska_stats_bwd_kernel(K, V, WT, D, DK, DV, T, H, N, ND, CS, R, P, skb, skt, 
         v = _rows(vb, t, svt, cp, live, P)
         dk += dot_x_state(_weighted(v, w, HAS_W), DC)
         dv = dot_x_state(wk, tl.trans(DC))
-        tl.store(DV + row[:, None] * P + cp[None, :], dv.to(DV.dtype.element_ty),
+        tl.store(dvb + t[:, None].to(tl.int64) * sdvt + cp[None, :], dv.to(DV.dtype.element_ty),
                  mask=live[:, None] & (cp[None, :] < P))
-    tl.store(DK + row[:, None] * R + cr[None, :], dk.to(DK.dtype.element_ty), mask=live[:, None] & (cr[None, :] < R))
+    dkb = DK + b.to(tl.int64) * sdkb + h * sdkh
+    tl.store(dkb + t[:, None].to(tl.int64) * sdkt + cr[None, :], dk.to(DK.dtype.element_ty),
+             mask=live[:, None] & (cr[None, :] < R))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -613,10 +634,13 @@ def split_statistics(S, r: int, P: int):
 
 class _SKAStatistics(torch.autograd.Function):
     """k (B, T, H, r), v (B, T, H, P), w (B, T) fp32 or None -> S (B, N, H, 2 r^2 + P r) fp32: chunk n's
-    statistics over the chunks before it (``prefix``: S (B, 1, H, .) over every token)."""
+    statistics over the chunks before it (``prefix``: S (B, 1, H, .) over every token); and the key norms
+    ``|k_t|`` (B, T, H) fp32, whose gradient the statistics' backward kernel adds to ``dk`` (the key scale is
+    a max over them: the norms' own backward would be one more pass over ``k`` and a sum of two gradients)."""
 
     @staticmethod
     def forward(ctx, k, v, w, chunk_size: int, prefix: bool):
+        ctx.set_materialize_grads(False)
         B, T, H, R = k.shape
         P = v.shape[-1]
         N = cdiv(T, chunk_size)
@@ -628,24 +652,29 @@ class _SKAStatistics(torch.autograd.Function):
                wt.stride(0), BT=BT, BR=BR, BP=BP, HAS_W=w is not None, num_warps=warps)
         ctx.save_for_backward(k, v, w)
         ctx.meta = (chunk_size, prefix)
-        return own.sum(dim=1, keepdim=True) if prefix else own.cumsum(dim=1)
+        S = own.sum(dim=1, keepdim=True) if prefix else own.cumsum(dim=1)
+        return S, torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32)
 
     @staticmethod
-    def backward(ctx, dS):
+    def backward(ctx, dS, dknorm):
         k, v, w = ctx.saved_tensors
         chunk_size, prefix = ctx.meta
         B, T, H, R = k.shape
         P = v.shape[-1]
         N = cdiv(T, chunk_size)
+        if dS is None:
+            dS = torch.zeros(B, 1 if prefix else N, H, 2 * R * R + P * R, device=k.device, dtype=torch.float32)
         # chunk c's own statistics reach every later slot: D[N - 2 - c] = sum_{n > c} dS[n] (reversed suffix sums)
         D = dS.contiguous() if prefix else dS.flip(1).cumsum(dim=1)
-        dk = torch.empty(B, T, H, R, device=k.device, dtype=k.dtype)
-        dv = torch.empty(B, T, H, P, device=v.device, dtype=v.dtype)
+        dn = D if dknorm is None else dknorm.contiguous()
+        dk, dv = empty_grad(k), empty_grad(v)
         BT, BR, BP, warps = _stats_tiles(chunk_size, R, P)
         wt = k if w is None else w
-        launch(_ska_stats_bwd_kernel, (B * N * H, cdiv(chunk_size, BT)), k, v, wt, D, dk, dv, T, H, N,
+        launch(_ska_stats_bwd_kernel, (B * N * H, cdiv(chunk_size, BT)), k, v, wt, D, dn, dk, dv, T, H, N,
                D.shape[1], chunk_size, R, P, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-               v.stride(2), wt.stride(0), PREFIX=prefix, BT=BT, BR=BR, BP=BP, HAS_W=w is not None, num_warps=warps)
+               v.stride(2), wt.stride(0), dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+               dv.stride(2), PREFIX=prefix, BT=BT, BR=BR, BP=BP, HAS_W=w is not None, HAS_DN=dknorm is not None,
+               num_warps=warps)
         return dk, dv, None, None, None
 
 
@@ -703,16 +732,17 @@ def ska_chain_triton(Linv, A, C, q, power: int, chunk_size: int):
 
 def _apply(W, q, chunk_size: int):
     """``y_t = W_{t // chunk_size} q_t`` in q's dtype (16-bit queries: 16-bit products)."""
-    qk = q if q.dtype in _OPERAND else q.float()
-    return _SKAApply.apply(W, qk, int(chunk_size)).to(q.dtype)
+    qk = q if q.dtype in _OPERAND or q.dtype == torch.float32 else q.float()
+    y = _SKAApply.apply(W, qk, int(chunk_size))
+    return y if y.dtype == q.dtype else y.to(q.dtype)
 
 
-def key_scale(k, w, *, prefix: bool, chunk_size: int, normalisation: str) -> torch.Tensor:
-    """The key scale of every operator, (B, N, H) (``prefix``: (B, 1, H)), as the CPU path computes it:
-    the largest weighted-in key norm over the whole sequence (``seq_max``) or over the chunks before
-    (``running_max``), at least ``SCALE_FLOOR``. A view with stride 0 over chunks for ``seq_max``."""
-    B, T, H, _ = k.shape
-    knorm = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32)      # (B, T, H), no fp32 copy of k
+def key_scale(knorm, w, *, prefix: bool, chunk_size: int, normalisation: str) -> torch.Tensor:
+    """The key scale of every operator, (B, N, H) (``prefix``: (B, 1, H)), from the key norms ``knorm`` (B, T, H)
+    fp32, as the CPU path computes it: the largest weighted-in key norm over the whole sequence (``seq_max``) or
+    over the chunks before (``running_max``), at least ``SCALE_FLOOR``. A view with stride 0 over chunks for
+    ``seq_max``."""
+    B, T, H = knorm.shape
     if w is not None:
         knorm = knorm * (w > 0)[:, :, None]
     if prefix or normalisation == "seq_max":
@@ -723,15 +753,20 @@ def key_scale(k, w, *, prefix: bool, chunk_size: int, normalisation: str) -> tor
     return torch.cummax(F.pad(cmax, (0, 0, 1, 0))[:, :-1], dim=1).values.clamp_min(SCALE_FLOOR)
 
 
+def _statistics(k, v, w, chunk_size: int, prefix: bool):
+    """``(S, |k_t|)`` of :class:`_SKAStatistics` (``k``, ``v`` with unit-stride features)."""
+    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    if w is not None:
+        w = w.detach().to(device=k.device, dtype=torch.float32).contiguous()
+    return _SKAStatistics.apply(k, v, w, int(chunk_size), prefix)
+
+
 def ska_statistics_triton(k, v, w=None, *, chunk_size: int, mode: str = "chunk_causal") -> torch.Tensor:
     """The raw statistics every operator reads, differentiable in ``k`` and ``v``: k (B, T, H, r), v (B, T, H, P),
     w (B, T) fp32 0/1 or None -> S (B, N, H, 2 r^2 + P r) fp32 (:func:`split_statistics` gives ``G, M, C``).
     ``chunk_causal``: chunk n's statistics over the chunks before it (N = ceil(T / chunk_size)); ``prefix``:
     over every token (N = 1; ``chunk_size`` is then the kernels' unit of time)."""
-    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
-    if w is not None:
-        w = w.detach().to(device=k.device, dtype=torch.float32).contiguous()
-    return _SKAStatistics.apply(k, v, w, int(chunk_size), mode == "prefix")
+    return _statistics(k, v, w, chunk_size, mode == "prefix")[0]
 
 
 def ska_operator_triton(S, s, gamma, *, rank: int, value_dim: int, ridge: float, gamma_max: float, power: int,
@@ -774,8 +809,8 @@ def ska_triton(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.
     prefix = mode == "prefix"
     cs = PREFIX_CHUNK if prefix else chunk_size
     wf = None if w is None else w.detach().to(device=k.device, dtype=torch.float32).contiguous()
-    s = key_scale(k, wf, prefix=prefix, chunk_size=cs, normalisation=normalisation)
-    S = ska_statistics_triton(k, v, wf, chunk_size=cs, mode=mode)
+    S, knorm = _statistics(k, v, wf, cs, prefix)
+    s = key_scale(knorm, wf, prefix=prefix, chunk_size=cs, normalisation=normalisation)
     W = ska_operator_triton(S, s, gamma, rank=R, value_dim=P, ridge=ridge, gamma_max=gamma_max, power=power,
                             power_iters=power_iters)
     return _apply(W, q, T if prefix else chunk_size)

@@ -65,6 +65,7 @@ import triton.language as tl
 
 from ..backend import triton_interpreting
 from ..common import cdiv, pow2
+from ..grad_slots import empty_grad
 from ..launch import launch
 
 __all__ = ["ssd_triton", "chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads",
@@ -220,7 +221,7 @@ def _chunk_out(
 @triton.jit
 def _chunk_bwd_tiles(
     X, DT, A, Bm, Cm, DY, HSTART, GEND,
-    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn,
+    s_xb, s_xt, s_xh, s_xp, s_yb, s_yt, s_yh, s_yp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn,
     T, H, N, P, L, NCHUNK,
     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
@@ -246,7 +247,7 @@ def _chunk_bwd_tiles(
     ln_off = b * s_bb + h * s_bh + t[:, None] * s_bt + offs_n[None, :] * s_bn
     ln_mask = ok[:, None] & n_ok[None, :]
     x = tl.load(X + lp_off, mask=lp_mask, other=0.0)
-    dy = tl.load(DY + lp_off, mask=lp_mask, other=0.0)
+    dy = tl.load(DY + b * s_yb + h * s_yh + t[:, None] * s_yt + offs_p[None, :] * s_yp, mask=lp_mask, other=0.0)
     b_mat = tl.load(Bm + ln_off, mask=ln_mask, other=0.0)
     c_mat = tl.load(Cm + ln_off, mask=ln_mask, other=0.0)
     st_off = ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :]
@@ -262,17 +263,19 @@ def _chunk_bwd_tiles(
 @triton.jit
 def _chunk_bwd_x(
     X, DT, A, Bm, Cm, DY, HSTART, GEND, DSKIP, DX, DDT, DA_PART,
-    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_part_t, s_part_a, s_part_d,
+    s_xb, s_xt, s_xh, s_xp, s_yb, s_yt, s_yh, s_yp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn,
+    s_gb, s_gt, s_gh, s_gp, s_part_t, s_part_a, s_part_d,
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
     HAS_D: tl.constexpr,
 ):
     # du, dx and the chunk's ddt and dA (see the module docstring) from BLOCK_P columns of x: dx whole,
     # the block's share of ddt and dA (linear in the columns) at offsets pid_p * s_part_*; with the skip
-    # y += D_h x, dx += D_h dy and the block's share of dD_h = sum dy . x at s_part_d past its dA share
+    # y += D_h x, dx += D_h dy and the block's share of dD_h = sum dy . x at s_part_d past its dA share;
+    # x, dy and dx each at their own strides (x and dx may be parts of wider rows)
     (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
-        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
-                         s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
+        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_yb, s_yt, s_yh, s_yp,
+                         s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_p = tl.program_id(2)
@@ -290,7 +293,10 @@ def _chunk_bwd_x(
         dx += tl.load(DSKIP + h) * dyf
         tl.store(DA_PART + s_part_d + pid_p * s_part_a + pid_bh.to(tl.int64) * NCHUNK + pid_c,
                  tl.sum(tl.sum(dyf * xf, 1), 0))
-    tl.store(DX + lp_off, dx.to(DX.dtype.element_ty), mask=lp_mask)
+    t_x = pid_c * L + tl.arange(0, BLOCK_L)
+    p_x = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    tl.store(DX + b * s_gb + h * s_gh + t_x[:, None] * s_gt + p_x[None, :] * s_gp, dx.to(DX.dtype.element_ty),
+             mask=lp_mask)
     ddt = tl.sum(du * xf, 1)
     state_in = e_end * tl.sum(u * bg, 1)  # d/da_s of the chunk state is -state_in_s
     w = k_mat * tl.dot(dy, tl.trans(u.to(lo)), input_precision=PREC)
@@ -310,15 +316,16 @@ def _chunk_bwd_x(
 @triton.jit
 def _chunk_bwd_bc(
     X, DT, A, Bm, Cm, DY, HSTART, GEND, DB, DC,
-    s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_ob, s_ot, s_oh, s_part_bn,
+    s_xb, s_xt, s_xh, s_xp, s_yb, s_yt, s_yh, s_yp, s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, s_ob, s_ot, s_oh,
+    s_part_bn,
     T, H, N, P, L, NCHUNK,
     PREC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     # dB and dC of the chunk (see the module docstring), the share of BLOCK_P columns of x at pid_p * s_part_bn;
     # written with their own strides (s_o*, unit stride over N): B and C may share one row over the heads
     (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end) = \
-        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_db, s_dt, s_dh,
-                         s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
+        _chunk_bwd_tiles(X, DT, A, Bm, Cm, DY, HSTART, GEND, s_xb, s_xt, s_xh, s_xp, s_yb, s_yt, s_yh, s_yp,
+                         s_db, s_dt, s_dh, s_bb, s_bt, s_bh, s_bn, T, H, N, P, L, NCHUNK, BLOCK_L, BLOCK_N, BLOCK_P)
     lo = x.dtype
     u_lo = (x.to(tl.float32) * dt[:, None]).to(lo)
     wd = (tl.dot(dy, tl.trans(u_lo), input_precision=PREC) * dmat).to(lo)
@@ -454,14 +461,14 @@ def chunk_grads(x, dt, A32, B, C, dy, hstart, gend, L: int, D=None):
     n = cdiv(T, L)
     dx, ddt, dB, dC, sums, parts = _chunk_bwd_outputs(x, dt, B, n, column_block(P, x.dtype != torch.float32),
                                                       D is not None)
-    assert dy.stride() == x.stride() and C.stride() == B.stride()
+    assert C.stride() == B.stride()
     hstart, gend = hstart.contiguous(), gend.contiguous()
     grid = (n, b * H, parts.count)
     tiles = (x, dt, A32, B, C, dy, hstart, gend)
-    strides = (*x.stride(), *dt.stride(), *B.stride())
+    strides = (*x.stride(), *dy.stride(), *dt.stride(), *B.stride())
     sizes = (T, H, N, P, L, n)
     consts = dict(PREC=_PREC, **_blocks(L, N, P, parts.block_p), **_launch_opts(bwd=True))
-    launch(_chunk_bwd_x, grid, *tiles, A32 if D is None else D, dx, ddt, sums, *strides,
+    launch(_chunk_bwd_x, grid, *tiles, A32 if D is None else D, dx, ddt, sums, *strides, *dx.stride(),
            parts.t, parts.a, sums[0].numel(), *sizes, HAS_D=D is not None, **consts)
     out_strides = (T * H * N, H * N, N)  # dB, dC (and their shares) are contiguous
     launch(_chunk_bwd_bc, grid, *tiles, dB, dC, *strides, *out_strides, parts.bn, *sizes, **consts)
@@ -519,7 +526,7 @@ def _chunk_bwd_outputs(x, dt, B, n, block_p, has_d: bool):
     leading axis (in the layouts of ``dt`` and ``B``), summed by the caller."""
     b, T, H, P = x.shape
     count = cdiv(P, block_p)
-    dx = torch.empty_like(x)
+    dx = empty_grad(x)
     sums = torch.empty(2 if has_d else 1, count, b, H, n, device=x.device, dtype=torch.float32)
     if count == 1:
         dB, dC = (torch.empty(B.shape, device=x.device, dtype=B.dtype) for _ in range(2))
@@ -561,7 +568,9 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
         y, final = ssd_triton(x.float(), dt.float(), A, B.float(), C.float(), chunk_size, h0, D)
         return y.double(), final.double()
     chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
-    x, dt = x.contiguous(), dt.contiguous()
+    # x at any token and head strides (a part of the convolved x|B|C rows, read in place; its gradient written
+    # into that part's slot of the rows' gradient where kernels.grad_slots has one)
+    x, dt = (x if x.stride(-1) == 1 else x.contiguous()), dt.contiguous()
     B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
     if B.stride() != C.stride() or B.stride(-1) != 1:
         B, C = B.contiguous(), C.contiguous()

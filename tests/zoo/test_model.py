@@ -73,9 +73,9 @@ def test_pre_norms_of_linear_layers_hand_over_the_autocast_dtype_with_the_same_l
     """Under autocast (fp16 through the interpreter, on the GPU path) the pre-norms of the layers that read their
     input only through linear layers (the SwiGLU blocks, the head, the mixers that declare it) return the
     autocast dtype, and the step's loss and every gradient are exactly those of norms that return fp32 for the
-    linear layers to cast; each such norm saves one cast forward and one backward. The mixers that do not declare
-    it keep their fp32 input (BD-LRU and Jordan feed it to two matmuls, the Kronecker slots' key path projects it
-    in fp32)."""
+    linear layers to cast; each such norm saves one cast forward and one backward (BD-LRU's and Jordan's two
+    projections are one matmul on the GPU path). The Kronecker slots, which do not declare it, keep their fp32
+    input (their key path projects it in fp32)."""
     from kernels.device import gpu_path_on_cpu
     from mixers.layers import RMSNorm
     from tests.mixers.launches import count_launches
@@ -88,7 +88,7 @@ def test_pre_norms_of_linear_layers_hand_over_the_autocast_dtype_with_the_same_l
         "bdlru": {"n_blocks": 4}, "jordan": {"n_blocks": 4}, "ska": {"n_heads": 2, "rank": 8},
         "kronecker_slots": {"n_heads": 2}})
     declared = [n for n in m.modules() if isinstance(n, RMSNorm) and n.to_linear]
-    fp32_input = {"bdlru", "jordan", "kronecker_slots"}
+    fp32_input = {"kronecker_slots"}
     assert declared == [n for b in m.blocks for n in ([b.mixer_norm] if b.mixer.name not in fp32_input else [])
                         + [b.state_norm]] + [m.norm]
     ids = torch.randint(50, (2, 17))
@@ -137,11 +137,12 @@ def test_decode_under_autocast_steps_the_mixers_on_their_fp32_input():
 def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenation(monkeypatch):
     """On the GPU path the fused projections and the convolved ``q|k|v`` are cut by
     :func:`kernels.grad_slots.split_in_place`, and the short convolutions, the q/k normalisation and the output
-    norm's gate, the delta rule's and GLA's kernels and the beta gate write their input gradients in place: the
-    step's loss and every gradient are exactly those of plain splits, with one concatenation fewer per projection
-    that feeds a short convolution or an output gate, per convolved ``q|k|v`` cut for its normalisation and per
-    normalised ``q|k`` (their backwards copy in only the parts whose consumers did not write in place; SKA's
-    projection, whose consumers do not write in place, keeps its one concatenation)."""
+    norm's gate, the delta rule's, GLA's and SKA's kernels and the beta gate write their input gradients in place:
+    the step's loss and every gradient are exactly those of plain splits, with one concatenation fewer per
+    projection that feeds a short convolution, an output gate or SKA's statistics and readout, per convolved
+    ``q|k|v`` cut for its normalisation, per normalised ``q|k`` and per convolved ``x|B|C`` (Mamba-2's, whose ``x``
+    the SSD kernels read and write in place); their backwards copy in only the parts whose consumers did not
+    write in place."""
     from kernels import grad_slots
     from kernels.device import gpu_path_on_cpu
     from tests.mixers.launches import count_launches
@@ -166,6 +167,6 @@ def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenatio
     _, plain = count_launches(lambda: results.append(step()))
     for got, want in zip(*results):
         assert torch.equal(got, want)
-    # projections: the delta rules', GLA's, GKA's and Mamba-2's (SKA's not; the slots project with separate
-    # modules); convolved q|k|v and normalised q|k: the delta rules', GLA's and GKA's
-    assert plain["aten::cat"] - slotted["aten::cat"] == 5 + 4 + 4
+    # projections: the delta rules', GLA's, GKA's, Mamba-2's and SKA's (the slots project with separate modules);
+    # convolved q|k|v and normalised q|k: the delta rules', GLA's and GKA's; convolved x|B|C: Mamba-2's
+    assert plain["aten::cat"] - slotted["aten::cat"] == 6 + 4 + 4 + 1
