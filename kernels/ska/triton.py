@@ -1,7 +1,8 @@
 """Triton kernels of SKA's GPU path (the ``triton`` backend), forward and backward.
 
 The whole op is three stages of two kernels each (forward, backward), plus a few PyTorch operations
-for the key scale ``s`` (a norm and a max over time, as the CPU path computes it):
+for the key scale ``s`` (a max over time of the key norms, as the CPU path computes it; the norms' gradient is
+added to ``dk`` by the statistics' backward kernel, which reads the keys anyway):
 
 1. **Statistics** (``_ska_stats_kernel`` / ``_ska_stats_bwd_kernel``). One program per (batch, chunk, head)
    and tile of value dims forms the chunk's raw ``G = sum w_t k_t k_t^T``, ``M = sum w_t w_{t-1} k_t
@@ -35,6 +36,10 @@ for the key scale ``s`` (a norm and a max over time, as the CPU path computes it
    programs own either a token tile or a tile of value dims, so every sum over tokens stays in one
    program, without atomics). :func:`ska_chain_triton` runs this stage alone on given factors (``W`` then
    formed by :func:`kernels.ska.operator.chain_operator` in PyTorch).
+
+The keys, values and queries are read at their strides (column blocks of the layer's fused projection, in
+place), ``y`` is written in the queries' 16-bit dtype, and ``dq``, ``dk``, ``dv`` go into the projection's
+gradient where :mod:`kernels.grad_slots` has a slot for them.
 
 Precision. fp32 inputs: every product in exact fp32 (``input_precision="ieee"``). bf16/fp16 inputs:
 

@@ -30,17 +30,18 @@ def _slope_and_intercept(name: str, op: str) -> tuple[float, float]:
 
 
 def test_rows_extrapolate_the_step_linearly_in_the_tokens(capsys):
-    """The table's row is the two lengths' line at the benchmark's tokens. SKA's projection still concatenates its
-    parts' gradients (they grow with the tokens); Gated DeltaNet's parts are written in place, so its only
+    """The table's row is the two lengths' line at the benchmark's tokens. The Kronecker slots concatenate their
+    projections before the short convolution (they grow with the tokens); Gated DeltaNet's parts are written in
+    place, so its only
     concatenations are of the fp32 weights of the fused projection and of the short convolutions, once a step in
     every layer (read and written), which do not grow."""
-    assert step_copies.main(["ska", "gated_deltanet"]) == 0
+    assert step_copies.main(["kronecker_slots", "gated_deltanet"]) == 0
     rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
                                           for line in capsys.readouterr().out.splitlines()[2:])}
-    assert set(rows) == {"ska", "gated_deltanet"}
-    row = step_copies.measure("ska")
-    assert int(rows["ska"][1]) == row["launches"] > 0
-    slope, intercept = _slope_and_intercept("ska", "aten::cat")
+    assert set(rows) == {"kronecker_slots", "gated_deltanet"}
+    row = step_copies.measure("kronecker_slots")
+    assert int(rows["kronecker_slots"][1]) == row["launches"] > 0
+    slope, intercept = _slope_and_intercept("kronecker_slots", "aten::cat")
     assert slope > 0 and row["mb"]["aten::cat"] == pytest.approx((intercept + slope * row["tokens"]) / 1e6, abs=0.1)
 
     slope, intercept = _slope_and_intercept("gated_deltanet", "aten::cat")
