@@ -69,7 +69,7 @@ from kernels.common import at_least_fp32, compute_dtype, full_precision
 from kernels.slots import BACKENDS, LAYOUTS, kronecker_topk, slot_memory, slot_step
 
 from .base import Mixer, State, register_mixer
-from .layers import GatedRMSNorm, ShortConv, keep_autocast_dtype, no_weight_decay, one_pass
+from .layers import GatedRMSNorm, ShortConv, keep_autocast_dtype, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 _POS_FEATURES = 16
@@ -200,7 +200,12 @@ class KroneckerSlots(Mixer):
         x = at_least_fp32(x)
         return F.linear(x, torch.cat([self.k_proj.weight, self.q_proj.weight]).to(x.dtype)).chunk(2, dim=-1)
 
-    def _raw(self, x, k_prev=None):
+    def _value_and_gate(self, x):
+        """``(v, output gate)`` projections: one matmul on the GPU plan (the two bf16 matmuls under autocast
+        would each cast ``x`` and add their input gradients)."""
+        return project(x, [self.v_proj, self.g_proj])
+
+    def _raw(self, x, v, k_prev=None):
         """The projections that go through the short convolution: [k logits, q logits (untied), v]."""
         if one_pass(x) and not self.options.tie_addresses:
             k, q = self._logit_pair(x)
@@ -209,7 +214,7 @@ class KroneckerSlots(Mixer):
             q = k if self.options.tie_addresses else self._logits(self.q_proj, x)
         if self.options.shift_write_address:
             k = torch.cat([torch.zeros_like(k[:, :1]), k[:, :-1]], dim=1) if k_prev is None else k_prev
-        return torch.cat([k, q, self.v_proj(x).to(k.dtype)], dim=-1)
+        return torch.cat([k, q, v.to(k.dtype)], dim=-1)
 
     def _split(self, mixed, x, start):
         """``(k logits, q logits, v (..., H, d_v))`` from the convolved projections."""
@@ -226,8 +231,8 @@ class KroneckerSlots(Mixer):
             kl, ql = kl + pk, ql + pq
         return kl, ql, v
 
-    def _finish(self, o, x):
-        gate = self.g_proj(x).unflatten(-1, (self.n_heads, self.d_v))
+    def _finish(self, o, x, gate):
+        gate = gate.unflatten(-1, (self.n_heads, self.d_v))
         return self.out_proj(self.norm(keep_autocast_dtype(o, x), gate).flatten(-2))
 
     def _kernel_args(self):
@@ -240,7 +245,8 @@ class KroneckerSlots(Mixer):
     def prefill(self, x, mask=None):
         B, T, _ = x.shape
         start = torch.zeros(B, device=x.device, dtype=compute_dtype(x.dtype)) if self.options.pos_address else None
-        raw = self._raw(x)
+        v, gate = self._value_and_gate(x)
+        raw = self._raw(x, v)
         mixed = self.conv(raw) if self.conv is not None else raw
         kl, ql, v = self._split(mixed, x, start)
         k_last = self._logits(self.k_proj, x[:, -1]) if self.options.shift_write_address else None
@@ -254,7 +260,7 @@ class KroneckerSlots(Mixer):
             state["pos"] = (start + T).unsqueeze(-1)
         if self.options.shift_write_address:
             state["k_prev"] = k_last
-        return self._finish(o, x), state
+        return self._finish(o, x, gate), state
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         cd = compute_dtype(dtype or torch.float32)
@@ -270,7 +276,8 @@ class KroneckerSlots(Mixer):
 
     def step(self, x_t, state):
         start = state["pos"][:, 0] if self.options.pos_address else None
-        raw = self._raw(x_t, state["k_prev"] if self.options.shift_write_address else None)
+        v, gate = self._value_and_gate(x_t)
+        raw = self._raw(x_t, v, state["k_prev"] if self.options.shift_write_address else None)
         new = {}
         if self.options.shift_write_address:
             new["k_prev"] = self._logits(self.k_proj, x_t)
@@ -286,7 +293,7 @@ class KroneckerSlots(Mixer):
         new.update(S=S, z=z)
         if self.options.pos_address:
             new["pos"] = state["pos"] + 1
-        return self._finish(o, x_t), new
+        return self._finish(o, x_t, gate), new
 
     def _conv_state_size(self):
         # the short-convolution buffer, plus the previous token's address logits with shift_write_address

@@ -139,7 +139,8 @@ def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenatio
     :func:`kernels.grad_slots.split_in_place`, and the short convolutions, the q/k normalisation and the output
     norm's gate, the delta rule's, GLA's and SKA's kernels and the beta gate write their input gradients in place:
     the step's loss and every gradient are exactly those of plain splits, with one concatenation fewer per
-    projection that feeds a short convolution, an output gate or SKA's statistics and readout, per convolved
+    projection that feeds a short convolution, an output gate or SKA's statistics and readout (the slots' value
+    and gate projection too: the gate is written in place, the value copied in), per convolved
     ``q|k|v`` cut for its normalisation, per normalised ``q|k`` and per convolved ``x|B|C`` (Mamba-2's, whose ``x``
     the SSD kernels read and write in place); their backwards copy in only the parts whose consumers did not
     write in place."""
@@ -167,6 +168,6 @@ def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenatio
     _, plain = count_launches(lambda: results.append(step()))
     for got, want in zip(*results):
         assert torch.equal(got, want)
-    # projections: the delta rules', GLA's, GKA's, Mamba-2's and SKA's (the slots project with separate modules);
-    # convolved q|k|v and normalised q|k: the delta rules', GLA's and GKA's; convolved x|B|C: Mamba-2's
-    assert plain["aten::cat"] - slotted["aten::cat"] == 6 + 4 + 4 + 1
+    # projections: the delta rules', GLA's, GKA's, Mamba-2's, SKA's and the slots' value and gate; convolved q|k|v
+    # and normalised q|k: the delta rules', GLA's and GKA's; convolved x|B|C: Mamba-2's
+    assert plain["aten::cat"] - slotted["aten::cat"] == 7 + 4 + 4 + 1
