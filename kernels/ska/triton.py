@@ -737,7 +737,7 @@ def ska_chain_triton(Linv, A, C, q, power: int, chunk_size: int):
 
 def _apply(W, q, chunk_size: int):
     """``y_t = W_{t // chunk_size} q_t`` in q's dtype (16-bit queries: 16-bit products)."""
-    qk = q if q.dtype in _OPERAND or q.dtype == torch.float32 else q.float()
+    qk = q if q.dtype in _OPERAND else q.float()     # (an fp32 q is itself)
     y = _SKAApply.apply(W, qk, int(chunk_size))
     return y if y.dtype == q.dtype else y.to(q.dtype)
 
