@@ -50,7 +50,10 @@ Sizes: ``q`` ``(B, L / NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)
 ``SK``, ``SV``, so the column blocks of a layer's projections are read in place; their gradients are written
 contiguous, or at the token strides ``SDQ``, ``SDK``, ``SDV`` of their places in the gradient of the tensor they
 were cut from, :mod:`kernels.grad_slots`); rows past ``L`` are masked (zero ``k``, ``beta``, ``gamma``: identity
-steps).
+steps). The delta product's keys and values may also come as ``(B, T, n_h, H, D)``, a token's ``n_h`` sub-steps side
+by side in a row of its projections: the kernels then address position ``s`` as token ``s // NS`` and sub-step
+``s % NS`` (``NS = n_h``, :func:`_at`), reading them and writing their gradients in place, where flattening them
+to ``(B, L, H, D)`` would copy both.
 Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims are powers of two >= 16 (the
 wrapper pads others with zero columns).
 """
@@ -72,6 +75,18 @@ from .reference import flatten_substeps
 
 #: fp32 operands are multiplied exactly (16-bit operands ignore it: they run on tensor cores)
 _PREC = tl.constexpr("ieee")
+
+
+@triton.jit
+def _at(b, t, L, S, SS, NS: tl.constexpr):
+    """Offsets of positions ``t`` of batch ``b`` in ``k``, ``v`` or their gradients: rows ``S`` apart, or, with
+    ``NS > 1`` sub-steps stored per token (the delta product's ``(B, T, n_h, H, D)`` read in place), token
+    ``t // NS`` at stride ``S`` and sub-step ``t % NS`` at stride ``SS``."""
+    if NS == 1:
+        out = b * L * S + t * S
+    else:
+        out = b * (L // NS) * S + (t // NS) * S + (t % NS) * SS
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -128,9 +143,9 @@ def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
 # forward kernels
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK, SV,
+def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK, SV, SKS, SVS,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-              NQ: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr):
+              NQ: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -139,7 +154,7 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK
     rows = tl.arange(0, BT)
     t = c * BT + rows
     m_t = (t < L)[:, None]
-    k_base = k_ptr + b * L * SK + hd * K + t[:, None] * SK
+    k_base = k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     if HAS_G:
         gam = tl.load(g_ptr + b * (L // NQ) * H + hd + (t // NQ) * H, mask=(t < L) & (t % NQ == 0),
@@ -167,15 +182,15 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK
     Tu = (Tm * beta[None, :]).to(DT)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        vv = tl.load(v_ptr + b * L * SV + hd * V + t[:, None] * SV + offs_v[None, :], mask=m_t, other=0.0)
+        vv = tl.load(v_ptr + hd * V + _at(b, t, L, SV, SVS, NS)[:, None] + offs_v[None, :], mask=m_t, other=0.0)
         U = tl.dot(Tu, vv, input_precision=_PREC)
         tl.store(U_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], U.to(DT))
 
 
 @triton.jit
-def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, N, SK,
+def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, N, SK, SKS,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-               HAS_H0: tl.constexpr):
+               NS: tl.constexpr, HAS_H0: tl.constexpr):
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -198,16 +213,16 @@ def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, 
         tl.store(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :], D.to(DT))
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
-        kT = tl.load(k_ptr + b * L * SK + hd * K + offs_k[:, None] + t[None, :] * SK,
+        kT = tl.load(k_ptr + hd * K + offs_k[:, None] + _at(b, t, L, SK, SKS, NS)[None, :],
                      mask=(t < L)[None, :], other=0.0)
         S = S * tl.exp(gC) + tl.dot(kT, (D * tl.exp(gC - G)[:, None]).to(DT), input_precision=_PREC)
     tl.store(hT_ptr + bh * K * V + kv_off, S)
 
 
 @triton.jit
-def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK,
+def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK, SKS,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-             NQ: tl.constexpr):
+             NQ: tl.constexpr, NS: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -223,7 +238,7 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK,
     m_q = (tok < L // NQ)[:, None]
     qq = tl.load(q_ptr + b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ + offs_k[None, :], mask=m_q,
                  other=0.0)
-    kk = tl.load(k_ptr + b * L * SK + hd * K + t[:, None] * SK + offs_k[None, :], mask=(t < L)[:, None],
+    kk = tl.load(k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None] + offs_k[None, :], mask=(t < L)[:, None],
                  other=0.0)
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
@@ -245,8 +260,8 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK,
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N, SQ, SK,
-             SDQ, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-             BV: tl.constexpr, NQ: tl.constexpr):
+             SKS, SDQ, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+             BV: tl.constexpr, NQ: tl.constexpr, NS: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -262,7 +277,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
     m_q = (tok < L // NQ)[:, None]
     q_base = b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ
     dq_base = b * (L // NQ) * SDQ + hd * K + tok[:, None] * SDQ
-    k_base = b * L * SK + hd * K + t[:, None] * SK
+    k_base = hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
     do_base = (b * (L // NQ) * H + hd) * V + tok[:, None] * (H * V)
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
@@ -311,8 +326,8 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
 
 @triton.jit
 def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_ptr, dh0_ptr, scale, L, Lp, N, SQ, SK,
-               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-               NQ: tl.constexpr, HAS_DHT: tl.constexpr):
+               SKS, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+               NQ: tl.constexpr, NS: tl.constexpr, HAS_DHT: tl.constexpr):
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -334,7 +349,7 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
         tl.store(dh_ptr + (bh * N + c) * K * V + kv_off, dS.to(DT))
         t = c * BT + rows
         tok = c * BQ + qi
-        kk = tl.load(k_ptr + b * L * SK + hd * K + t[:, None] * SK + offs_k[None, :],
+        kk = tl.load(k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None] + offs_k[None, :],
                      mask=(t < L)[:, None], other=0.0)
         G = tl.load(G_ptr + bh * Lp + t)
         gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
@@ -354,9 +369,9 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
 
 @triton.jit
 def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dko_ptr, dGo_ptr,
-              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV, SDK, SDV,
+              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr, NQ: tl.constexpr, HAS_G: tl.constexpr):
+              BV: tl.constexpr, NQ: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -365,8 +380,8 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     rows = tl.arange(0, BT)
     t = c * BT + rows
     m_t = (t < L)[:, None]
-    k_base = b * L * SK + hd * K + t[:, None] * SK
-    dk_base = b * L * SDK + hd * K + t[:, None] * SDK
+    k_base = hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
+    dk_base = hd * K + _at(b, t, L, SDK, SDKS, NS)[:, None]
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + bh * Lp + t)
     gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
@@ -380,11 +395,11 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     db = tl.zeros([BT], dtype=tl.float32)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
-        vv = tl.load(v_ptr + b * L * SV + hd * V + t[:, None] * SV + offs_v[None, :], mask=m_t, other=0.0)
+        vv = tl.load(v_ptr + hd * V + _at(b, t, L, SV, SVS, NS)[:, None] + offs_v[None, :], mask=m_t, other=0.0)
         dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
         dTm += tl.dot(dD, tl.trans(vv), input_precision=_PREC) * beta[None, :]
         dbv = tl.dot(TmT, dD, input_precision=_PREC)
-        tl.store(dv_ptr + b * L * SDV + hd * V + t[:, None] * SDV + offs_v[None, :], beta[:, None] * dbv,
+        tl.store(dv_ptr + hd * V + _at(b, t, L, SDV, SDVS, NS)[:, None] + offs_v[None, :], beta[:, None] * dbv,
                  mask=m_t)
         db += tl.sum(dbv * vv.to(tl.float32), 1)
     # per K block: D = U - W h_c (dW), the exit state K^T (e^{gC - G} D) (dK, dgC) and W = Tm diag(beta e^G) K
@@ -529,8 +544,9 @@ def query_stride(num_householder: int, BT: int) -> int:
 def addressable(x: torch.Tensor) -> torch.Tensor:
     """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: at its token stride
     (:func:`kernels.common.token_stride`) where it has one (a column block of a layer's fused projections), else
-    a contiguous copy."""
-    return x if token_stride(x) is not None else x.contiguous()
+    a contiguous copy. Keys and values may also come as ``(B, T, n_h, H, D)``, ``n_h`` sub-steps a token at a
+    stride of their own (the delta product's, cut from its projections), read in place the same way."""
+    return x if token_stride(_one_substep(x)) is not None else x.contiguous()
 
 
 def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:
@@ -538,14 +554,29 @@ def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:
     (:func:`kernels.grad_slots.grad_slot`) where that slot has a token stride the kernels can write at, else
     contiguous."""
     slot = grad_slot(x)
-    return slot if slot is not None and token_stride(slot) is not None else torch.empty(x.shape, dtype=x.dtype,
-                                                                                          device=x.device)
+    return slot if slot is not None and token_stride(_one_substep(slot)) is not None else \
+        torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _one_substep(x: torch.Tensor) -> torch.Tensor:
+    return x[:, :, 0] if x.dim() == 5 else x
+
+
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    """``(S, SS)`` of ``k``, ``v`` or their gradients for the kernels' addressing (:func:`_at`): the token stride
+    and, with sub-steps stored per token, theirs (else 0)."""
+    return (x.stride(1), x.stride(2)) if x.dim() == 5 else (x.stride(1), 0)
+
+
+def _substeps(k: torch.Tensor) -> int:
+    """``NS``: the sub-steps a token of ``k`` stores (1 for ``(B, L, H, K)``)."""
+    return k.shape[2] if k.dim() == 5 else 1
 
 
 def _dims(k, V: int, BT: int):
     """``(B, L, H, K, N, plan)``: the sizes of a launch on keys ``k`` and values of head dim ``V``, its number
     of chunks and its block plan (a tuning sweep's, else :func:`kernel_plan`'s)."""
-    B, L, H, K = k.shape
+    B, L, H, K = (k.shape[0], k.shape[1] * k.shape[2], *k.shape[3:]) if k.dim() == 5 else k.shape
     return B, L, H, K, -(-L // BT), _tuned or kernel_plan(BT, K, V, k.dtype != torch.float32)
 
 
@@ -560,8 +591,9 @@ def prep(k, v, beta, g, NQ: int, BT: int):
     Tm = torch.empty(B * H, N * BT, BT, device=k.device, dtype=dt)
     U = torch.empty(B * H, N * BT, V, device=k.device, dtype=dt)
     W = torch.empty(B * H, N * BT, K, device=k.device, dtype=dt)
-    launch(_fwd_prep, (N, B * H), k, v, beta, g if g is not None else beta, G, Tm, U, W, L, N * BT,
-           k.stride(1), v.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, LOWP=lowp,
+    (SK, SKS), (SV, SVS) = _rows(k), _rows(v)
+    launch(_fwd_prep, (N, B * H), k, v, beta, g if g is not None else beta, G, Tm, U, W, L, N * BT, SK, SV, SKS, SVS,
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, NS=_substeps(k), HAS_G=g is not None, LOWP=lowp,
            num_warps=plan.warps)
     return G, Tm, U, W
 
@@ -576,8 +608,8 @@ def state_pass(k, G, U, W, h0, BT: int):
     D = torch.empty(B * H, N * BT, V, device=k.device, dtype=k.dtype)
     hT = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     launch(_fwd_state, (V // plan.bv_state, B * H), k, G, U, W, h0 if h0 is not None else hT, h, D, hT, L, N * BT,
-           N, k.stride(1), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, HAS_H0=h0 is not None, num_warps=plan.warps_fwd_state,
-           num_stages=plan.stages_state)
+           N, *_rows(k), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NS=_substeps(k), HAS_H0=h0 is not None,
+           num_warps=plan.warps_fwd_state, num_stages=plan.stages_state)
     return h, D, hT
 
 
@@ -587,8 +619,8 @@ def output(q, k, G, h, D, scale: float, NQ: int, BT: int):
     B, L, H, K, N, plan = _dims(k, V, BT)
     q, k = addressable(q), addressable(k)
     o = torch.empty(B, L // NQ, H, V, device=k.device, dtype=k.dtype)
-    launch(_fwd_out, (N, B * H), q, k, G, h, D, o, float(scale), L, N * BT, N, q.stride(1), k.stride(1),
-           H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+    launch(_fwd_out, (N, B * H), q, k, G, h, D, o, float(scale), L, N * BT, N, q.stride(1), *_rows(k),
+           H=H, K=K, V=V, BT=BT, BV=plan.bv, NQ=NQ, NS=_substeps(k), num_warps=plan.warps)
     return o
 
 
@@ -604,7 +636,8 @@ def output_grads(q, k, G, h, D, do, scale: float, NQ: int, BT: int):
     dG_o = torch.empty(B * H, N * BT, **f32)
     dDo = torch.empty(B * H, N * BT, V, **f32)
     launch(_bwd_out, (N, B * H), q, k, G, h, D, do, dq, dk_o, dG_o, dDo, float(scale), L, N * BT, N,
-           q.stride(1), k.stride(1), dq.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, num_warps=plan.warps)
+           q.stride(1), *_rows(k), dq.stride(1), H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ,
+           NS=_substeps(k), num_warps=plan.warps)
     return dq, dk_o, dG_o, dDo
 
 
@@ -619,8 +652,8 @@ def state_grads(q, k, G, W, do, dDo, dhT, scale: float, NQ: int, BT: int):
     dh0 = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     launch(_bwd_state, (V // plan.bv_state, B * H), q, k, G, W, do, dDo,
            dhT.float().contiguous() if dhT is not None else dh0, dh, dU, dh0, float(scale), L, N * BT, N,
-           q.stride(1), k.stride(1), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, HAS_DHT=dhT is not None,
-           num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
+           q.stride(1), *_rows(k), H=H, K=K, V=V, BT=BT, BV=plan.bv_state, NQ=NQ, NS=_substeps(k),
+           HAS_DHT=dhT is not None, num_warps=plan.warps_bwd_state, num_stages=plan.stages_state)
     return dh, dU, dh0
 
 
@@ -632,9 +665,11 @@ def prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ: int, BT: int)
     k, v = addressable(k), addressable(v)
     dk, dv, db = grad_at_token_stride(k), grad_at_token_stride(v), torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else None
+    (SK, SKS), (SV, SVS), (SDK, SDKS), (SDV, SDVS) = _rows(k), _rows(v), _rows(dk), _rows(dv)
     launch(_bwd_prep, (N, B * H), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-           dg if g is not None else db, L, N * BT, N, k.stride(1), v.stride(1), dk.stride(1), dv.stride(1),
-           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, HAS_G=g is not None, num_warps=plan.warps)
+           dg if g is not None else db, L, N * BT, N, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, NS=_substeps(k), HAS_G=g is not None,
+           num_warps=plan.warps)
     return dk, dv, db, dg
 
 
@@ -682,8 +717,11 @@ def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chun
     dtype run the 16-bit kernels (tensor cores); anything else runs in fp32. Head dims above
     :data:`MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
     """
-    B, L, H, K = k.shape
+    B, L, H, K = (k.shape[0], k.shape[1] * k.shape[2], *k.shape[3:]) if k.dim() == 5 else k.shape
     V = v.shape[-1]
+    if k.dim() != v.dim():
+        raise ValueError(f"delta_product (triton): k {tuple(k.shape)} and v {tuple(v.shape)} must both hold one "
+                         f"position a row or both n_h sub-steps a token")
     if max(K, V) > MAX_HEAD_DIM:
         raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
                          f"memory than a GPU block has; use backend='fla' or 'torch'")
@@ -731,7 +769,10 @@ def delta_product_triton(
     """
     B, T, H, K = q.shape
     n = num_householder
-    k, v, beta = (flatten_substeps(x, n, T, what) for x, what in ((k, "k"), (v, "v"), (beta, "beta")))
+    # keys and values given as (B, T, n_h, H, D) stay so: the kernels read their sub-steps in place
+    substeps = [x for x in (k, v) if x.dim() == 5 and x.shape[1:3] == (T, n)]
+    k, v = (x if len(substeps) == 2 else flatten_substeps(x, n, T, what) for x, what in ((k, "k"), (v, "v")))
+    beta = flatten_substeps(beta, n, T, "beta")
     scale = K ** -0.5 if scale is None else scale
     lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
     NQ = query_stride(n, block_chunk(chunk_size, K, v.shape[-1], lowp))

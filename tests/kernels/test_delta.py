@@ -110,6 +110,41 @@ def test_triton_reads_column_blocks_of_one_projection_in_place(B, monkeypatch):
 
 
 @needs_triton
+@pytest.mark.parametrize("chunk_size", [16, 32])
+def test_triton_reads_substeps_of_one_projection_in_place(chunk_size, monkeypatch):
+    """The delta product's keys and values as ``(B, T, n_h, H, D)`` column blocks of one wide tensor (the n_h
+    sub-steps of a token side by side in its row): the kernels read them, and write their gradients, at the token
+    and sub-step strides, with no flattening copy; outputs and every gradient equal those of the flattened
+    contiguous inputs, and match the reference. Chunk 16 interleaves the queries (8 a chunk), 32 reads them in
+    place (16 a chunk)."""
+    import kernels.delta.triton as kt
+    B, T, H, D, n = 2, int(torch.randint(9, 40, ())), 2, 16, 2
+    wide = torch.randn(B, T, (1 + 2 * n) * H * D + 3)
+    q = wide[..., 1:1 + H * D].unflatten(-1, (H, D))
+    k = F.normalize(wide[..., 1 + H * D:1 + (1 + n) * H * D].unflatten(-1, (n, H, D)), dim=-1)
+    v = wide[..., 1 + (1 + n) * H * D:1 + (1 + 2 * n) * H * D].unflatten(-1, (n, H, D))
+    beta, g = torch.rand(B, T * n, H) * 2, F.logsigmoid(torch.randn(B, T, H) + 2)
+    seen, apply = [], kt.ChunkGatedDeltaRuleTriton.apply
+
+    def spy(*args):
+        seen.append([(a.shape, a.stride()) for a in args[1:3]])
+        return apply(*args)
+    monkeypatch.setattr(kt.ChunkGatedDeltaRuleTriton, "apply", spy)
+    do, dS = torch.randn(B, T, H, D), torch.randn(B, H, D, D)
+    runs = []
+    for ki, vi in ((k, v), (k.flatten(1, 2), v.flatten(1, 2))):
+        leaves = [x.detach().requires_grad_() for x in (q, ki, vi, beta, g)]
+        o, S = kt.delta_product_triton(*leaves, num_householder=n, chunk_size=chunk_size)
+        runs.append([o, S, *(d.reshape(x.shape[0], -1, *x.shape[-2:]) if d.dim() == 5 else d
+                             for d, x in zip(torch.autograd.grad((o * do).sum() + (S * dS).sum(), leaves), leaves))])
+    assert seen[0] == [(k.shape, k.stride()), (v.shape, v.stride())]     # as they are, 5-d and strided
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    o_ref, S_ref = delta_product_reference(q, k, v, beta, g, n)
+    assert rel_err(runs[0][0], o_ref) < 2e-5 and rel_err(runs[0][1], S_ref) < 2e-5
+
+
+@needs_triton
 @pytest.mark.parametrize("use", ["output", "state"])
 def test_triton_gradients_of_one_output_alone(use):
     """Training uses the output alone, a state-passing caller the final state alone: the unused one's gradient is
