@@ -73,6 +73,7 @@ import triton.language as tl
 from ..common import cdiv
 from ..gla import triton as stages
 from ..gla.triton import chunk_gates, decay_mask, state_tile, store_tokens, tok_strides, tokens, unit_last
+from ..grad_slots import empty_grad
 from ..launch import launch
 from ..pieces import mm, mm_rows, mm_tn, operand, pieces, pow2_scale
 from .chebyshev import _REVERSE_MIN_MOMENTUM
@@ -670,7 +671,7 @@ class _GKATriton(torch.autograd.Function):
             do = torch.zeros(*v.shape, device=v.device, dtype=v.dtype)
         do = stages.unit_last(do)
         dfin = None if dfin is None else dfin.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = empty_grad(q), empty_grad(k), empty_grad(v)     # in place where they were cut from a tensor
         dg = torch.empty(g.shape, device=g.device, dtype=g.dtype)
         if r == 0:   # gated linear attention with the key covariance carried along: one chunk backward
             ds, ds0 = stages.state_grads(q, do, g, None, dfin, init_dtype is not None, scale, C, R, DK, op, P)
