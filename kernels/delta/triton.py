@@ -568,6 +568,11 @@ def _rows(x: torch.Tensor) -> tuple[int, int]:
     return (x.stride(1), x.stride(2)) if x.dim() == 5 else (x.stride(1), 0)
 
 
+def _positions_shape(k: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(B, L, H, K)`` of keys given as ``(B, L, H, K)`` or as ``(B, T, n_h, H, K)`` (``L = T n_h`` positions)."""
+    return (k.shape[0], k.shape[1] * k.shape[2], *k.shape[3:]) if k.dim() == 5 else tuple(k.shape)
+
+
 def _substeps(k: torch.Tensor) -> int:
     """``NS``: the sub-steps a token of ``k`` stores (1 for ``(B, L, H, K)``)."""
     return k.shape[2] if k.dim() == 5 else 1
@@ -576,7 +581,7 @@ def _substeps(k: torch.Tensor) -> int:
 def _dims(k, V: int, BT: int):
     """``(B, L, H, K, N, plan)``: the sizes of a launch on keys ``k`` and values of head dim ``V``, its number
     of chunks and its block plan (a tuning sweep's, else :func:`kernel_plan`'s)."""
-    B, L, H, K = (k.shape[0], k.shape[1] * k.shape[2], *k.shape[3:]) if k.dim() == 5 else k.shape
+    B, L, H, K = _positions_shape(k)
     return B, L, H, K, -(-L // BT), _tuned or kernel_plan(BT, K, V, k.dtype != torch.float32)
 
 
@@ -717,7 +722,7 @@ def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chun
     dtype run the 16-bit kernels (tensor cores); anything else runs in fp32. Head dims above
     :data:`MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
     """
-    B, L, H, K = (k.shape[0], k.shape[1] * k.shape[2], *k.shape[3:]) if k.dim() == 5 else k.shape
+    B, L, H, K = _positions_shape(k)
     V = v.shape[-1]
     if k.dim() != v.dim():
         raise ValueError(f"delta_product (triton): k {tuple(k.shape)} and v {tuple(v.shape)} must both hold one "
