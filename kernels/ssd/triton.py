@@ -293,9 +293,9 @@ def _chunk_bwd_x(
         dx += tl.load(DSKIP + h) * dyf
         tl.store(DA_PART + s_part_d + pid_p * s_part_a + pid_bh.to(tl.int64) * NCHUNK + pid_c,
                  tl.sum(tl.sum(dyf * xf, 1), 0))
-    t_x = pid_c * L + tl.arange(0, BLOCK_L)
-    p_x = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    tl.store(DX + b * s_gb + h * s_gh + t_x[:, None] * s_gt + p_x[None, :] * s_gp, dx.to(DX.dtype.element_ty),
+    t = pid_c * L + tl.arange(0, BLOCK_L)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    tl.store(DX + b * s_gb + h * s_gh + t[:, None] * s_gt + offs_p[None, :] * s_gp, dx.to(DX.dtype.element_ty),
              mask=lp_mask)
     ddt = tl.sum(du * xf, 1)
     state_in = e_end * tl.sum(u * bg, 1)  # d/da_s of the chunk state is -state_in_s
@@ -308,7 +308,6 @@ def _chunk_bwd_x(
     dta_grad = tl.sum(da, 0) - tl.cumsum(da, 0) + da + extra  # reverse cumsum: d/d(dt_t A)
     dta_grad = tl.where(ok, dta_grad, 0.0)
     ddt += a_h * dta_grad
-    t = pid_c * L + tl.arange(0, BLOCK_L)
     tl.store(DDT + pid_p * s_part_t + b * s_db + h * s_dh + t * s_dt, ddt.to(DDT.dtype.element_ty), mask=ok)
     tl.store(DA_PART + pid_p * s_part_a + pid_bh.to(tl.int64) * NCHUNK + pid_c, tl.sum(dt * dta_grad, 0))
 
