@@ -65,7 +65,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.common import autocast_dtype
 from kernels.ska import BACKENDS, ska, ska_final_state, ska_init_state, ska_step
 
 from .base import Mixer, State, register_mixer
@@ -166,17 +165,16 @@ class SKA(Mixer):
         return dict(ridge=o.ridge, power=self.knob("power"), gamma=self.gamma, gamma_max=o.gamma_max,
                     normalisation=o.normalisation, power_iters=o.power_iters)
 
-    def _out(self, y):
+    def _out(self, y, x):
         # eta (a 0-dim tensor) keeps y's dtype; under autocast a 16-bit y enters the projection as it is
-        t = self.eta * y.flatten(-2)
-        return self.o_proj(t if t.dtype == autocast_dtype(t.device.type) else t.to(self.o_proj.weight.dtype))
+        return self.o_proj(keep_autocast_dtype(self.eta * y.flatten(-2), x))
 
     def _run(self, x, mask):
         o = self.options
         q, k, v = self._qkv(x)
         w = None if mask is None else mask.to(torch.float32)
         y = ska(q, k, v, w, mode=o.mode, chunk_size=o.chunk_size, backend=o.backend, **self._kw())
-        return keep_autocast_dtype(self._out(y), x), (k, v, w)
+        return keep_autocast_dtype(self._out(y, x), x), (k, v, w)
 
     # --- contract ------------------------------------------------------------------------------
     def forward(self, x, mask=None):  # training skips the decode-state statistics
@@ -193,7 +191,7 @@ class SKA(Mixer):
     def step(self, x_t, state):
         q, k, v = self._qkv(x_t)
         y, state = ska_step(q, k, v, state, update=self.options.mode == "chunk_causal", **self._kw())
-        return self._out(y).to(x_t.dtype), state
+        return self._out(y, x_t).to(x_t.dtype), state
 
     def state_size(self, seq_len: int) -> int:
         H, r, P = self.options.n_heads, self.kernel_rank, self.P

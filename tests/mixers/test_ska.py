@@ -99,7 +99,7 @@ def test_no_lift_is_the_plain_kernel():
     x = torch.randn(2, 13, 32)
     q, k, v = (p(x).unflatten(-1, (2, -1)) for p in (m.q_proj, m.k_proj, m.v_proj))
     y = ska(q, k, v, None, mode="chunk_causal", chunk_size=3, **m._kw())
-    assert torch.equal(m(x), m._out(y))
+    assert torch.equal(m(x), m._out(y, x))
     _, state = m.prefill(x)
     assert all(torch.equal(t, ska_final_state(k, v)[key]) for key, t in state.items())
 
@@ -120,7 +120,7 @@ def test_lift_feeds_the_kernel_the_pair_features(lift):
     v = m.v_proj(x).unflatten(-1, (2, -1))
     assert q.shape[-1] == m.kernel_rank == (3 if lift == "cg_invariant" else 9)
     y = ska(q, k, v, None, mode="chunk_causal", chunk_size=4, **m._kw())
-    assert_rel_close(m(x), m._out(y), 1e-12, "lifted kernel input")
+    assert_rel_close(m(x), m._out(y, x), 1e-12, "lifted kernel input")
     _, state = m.prefill(x)
     expected = ska_final_state(k, v)
     assert_rel_close(state["s"], expected["s"], 1e-12, "scale of the lifted keys")
@@ -167,7 +167,7 @@ def test_seq_max_decode_freezes_the_scale():
     for t in range(20):
         y, st = ska_step(q[:, t], k[:, t], v[:, t], st, **m._kw())
         ys.append(y)
-    assert_rel_close(yd[:, 12:], m._out(torch.stack(ys, 1))[:, 12:], 1e-5, "frozen scale")
+    assert_rel_close(yd[:, 12:], m._out(torch.stack(ys, 1), x)[:, 12:], 1e-5, "frozen scale")
 
 
 @pytest.mark.parametrize("lift", KEY_LIFTS)
