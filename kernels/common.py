@@ -13,7 +13,8 @@
   the same function. On the GPU plan the whole sequence is one call (each segment would be a fixed
   number of kernel launches more).
 - :func:`pow2` / :func:`cdiv`: a power-of-two tile size and a grid's extent, from the host.
-- :func:`as_rows` / :func:`token_stride`: how a kernel reads a column block of a wider tensor in place.
+- :func:`as_rows` / :func:`token_stride` / :func:`unit_last`: how a kernel reads a column block of a wider tensor in
+  place.
 - :func:`autocast_dtype` / :func:`linear_input_dtype`: the dtype an autocast region computes linear layers in,
   so that a tensor headed only for a linear layer is produced in it instead of being cast there;
   :func:`autocast_off` switches it off for one device.
@@ -72,6 +73,12 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
         return t.view(-1, t.shape[-1])
     except RuntimeError:                                 # leading dims that cannot be merged
         return t.contiguous().view(-1, t.shape[-1])
+
+
+def unit_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with unit stride along its last dimension, copied only where it has not (the other strides stay: a
+    kernel that takes them reads a column block of a wider tensor in place; its vector loads need the unit one)."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def token_stride(x: torch.Tensor) -> int | None:

@@ -70,9 +70,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv
+from ..common import cdiv, unit_last
 from ..gla import triton as stages
-from ..gla.triton import chunk_gates, decay_mask, state_tile, store_tokens, tok_strides, tokens, unit_last
+from ..gla.triton import chunk_gates, decay_mask, state_tile, store_tokens, tok_strides, tokens
 from ..grad_slots import empty_grad
 from ..launch import launch
 from ..pieces import mm, mm_rows, mm_tn, operand, pieces, pow2_scale
@@ -669,7 +669,7 @@ class _GKATriton(torch.autograd.Function):
         R = DK + DV
         if do is None:
             do = torch.zeros(*v.shape, device=v.device, dtype=v.dtype)
-        do = stages.unit_last(do)
+        do = unit_last(do)
         dfin = None if dfin is None else dfin.contiguous()
         dq, dk, dv = empty_grad(q), empty_grad(k), empty_grad(v)     # in place where they were cut from a tensor
         dg = torch.empty(g.shape, device=g.device, dtype=g.dtype)

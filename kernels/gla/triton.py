@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, pow2
+from ..common import cdiv, pow2, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
@@ -343,11 +343,6 @@ def block(d: int) -> int:
 def tok_strides(t: torch.Tensor) -> tuple:
     """``(batch, time, head)`` strides of a ``(B, T, H, ...)`` token tensor."""
     return t.stride(0), t.stride(1), t.stride(2)
-
-
-def unit_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with unit stride along its last dimension (the kernels' vector loads need it)."""
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def state_config(DK: int, rows: int, P: int = 1):

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import cdiv, pad_time, pow2
+from ..common import cdiv, pad_time, pow2, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 from ..split_dot import dot_x_state
@@ -220,11 +220,6 @@ def _warps(op: int, backward: bool = False) -> int:
     return 8 if op == 0 or backward else 4
 
 
-def _rows_addressable(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (B, T, H, D) as the readout kernels address it: any strides with unit-stride features."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 class _SKAApply(torch.autograd.Function):
     """``y_t = W_{t // chunk_size} q_t``: W (B, N, H, P, r) fp32, q (B, T, H, r) at any token and head strides ->
     y (B, T, H, P) in q's dtype (16-bit queries) or fp32. ``dq`` comes in q's dtype, written into the gradient
@@ -234,7 +229,7 @@ class _SKAApply(torch.autograd.Function):
     def forward(ctx, W, q, chunk_size: int):
         B, T, H, R = q.shape
         N, P = W.shape[1], W.shape[-2]
-        W, q = W.contiguous(), _rows_addressable(q)
+        W, q = W.contiguous(), unit_last(q)
         op = _OPERAND.get(q.dtype, 0)
         y = torch.empty(B, T, H, P, device=q.device, dtype=q.dtype if op else torch.float32)
         BT, BR, BPB = _tiles(chunk_size, R, P)
@@ -251,7 +246,7 @@ class _SKAApply(torch.autograd.Function):
         B, T, H, R = q.shape
         N, P = W.shape[1], W.shape[-2]
         cs = ctx.chunk_size
-        dy = _rows_addressable(dy)
+        dy = unit_last(dy)
         dq = empty_grad(q)
         dW = torch.empty_like(W)
         BT, BR, BPB = _tiles(cs, R, P)
@@ -760,7 +755,7 @@ def key_scale(knorm, w, *, prefix: bool, chunk_size: int, normalisation: str) ->
 
 def _statistics(k, v, w, chunk_size: int, prefix: bool):
     """``(S, |k_t|)`` of :class:`_SKAStatistics` (``k``, ``v`` with unit-stride features)."""
-    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    k, v = unit_last(k), unit_last(v)
     if w is not None:
         w = w.detach().to(device=k.device, dtype=torch.float32).contiguous()
     return _SKAStatistics.apply(k, v, w, int(chunk_size), prefix)

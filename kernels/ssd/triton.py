@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
-from ..common import cdiv, pow2
+from ..common import cdiv, pow2, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 
@@ -569,7 +569,7 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
     chunk_size = block_chunk(chunk_size, N, P, x.dtype != torch.float32)
     # x at any token and head strides (a part of the convolved x|B|C rows, read in place; its gradient written
     # into that part's slot of the rows' gradient where kernels.grad_slots has one)
-    x, dt = (x if x.stride(-1) == 1 else x.contiguous()), dt.contiguous()
+    x, dt = unit_last(x), dt.contiguous()
     B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
     if B.stride() != C.stride() or B.stride(-1) != 1:
         B, C = B.contiguous(), C.contiguous()
