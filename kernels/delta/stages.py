@@ -11,8 +11,11 @@ log gate (``gC`` at the chunk's last row), ``A = tril_strict(beta_r e^{G_r - G_i
     output         o = scale (e^{G_p} q_p h_c + sum_{s<=p} e^{G_p - G_s} (q_p . k_s) D_s)  at the query rows p
     output_grads   d<dO, o> w.r.t. q, k, G and D (h held fixed)
     state_grads    the gradients of every chunk's exit state, of U and of the initial state
-    prep_grads     the inputs' gradients dk, dv, dbeta, dg of the whole operation
-                   (the three gradient stages by autograd through the three forward references)
+    prep_state_grads  the gradients through D = U - W h_c and the state update w.r.t. W, k and G (h_c, D held)
+    prep_wy_grads  the inputs' gradients through the UT transform (U, W and G as functions of k, v, beta, g),
+                   with prep_state_grads' partials of k and G added
+    prep_grads     the inputs' gradients dk, dv, dbeta, dg of the whole operation (what the last two compose to;
+                   the gradient stages by autograd through the forward references)
 
 Layouts: ``q (B, L/NQ, H, K)`` (the query of position ``NQ - 1`` of every ``NQ``), ``k (B, L, H, K)``, ``v (B, L,
 H, V)``, ``beta (B, L, H)``, ``g (B, L/NQ, H)`` or None (the gate of position 0 of every ``NQ``); per-position
@@ -24,7 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["prep", "state_pass", "output", "output_grads", "state_grads", "prep_grads"]
+__all__ = ["prep", "state_pass", "output", "output_grads", "state_grads", "prep_state_grads", "prep_wy_grads",
+           "prep_grads"]
 
 
 def _chunks(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -120,6 +124,41 @@ def state_grads(q, k, G, U, W, h0, do, dhT, scale: float, NQ: int, BT: int):
     grads = torch.autograd.grad(objective, [U, h0, *states[1:]], allow_unused=True)
     dh = torch.stack([torch.zeros_like(s) if d is None else d for d, s in zip(grads[2:], states[1:])], dim=1)
     return dh, grads[0], grads[1]
+
+
+def _heads_first(x: torch.Tensor, Lp: int) -> torch.Tensor:
+    """``(B, L, H, D)`` -> ``(B*H, Lp, D)``, zero past ``L``."""
+    return _chunks(x, Lp).squeeze(1)
+
+
+def prep_state_grads(k, G, h, D, dh, dU, dk_o, dG_o, BT: int, gated: bool = True):
+    """``(dW (B*H, Lp, K), dk_s (B*H, Lp, K), dG_s (B*H, Lp))``: the gradients of ``<dU, D> + sum_c <dh[c], h_{c+1}>``
+    with ``D = U - W h_c`` and ``h_{c+1} = e^{gC} h_c + K^T (e^{gC - G} D)`` w.r.t. ``W``, ``k`` and ``G``, where the
+    entry states ``h`` and ``D`` are held fixed (their own gradients are :func:`state_grads`'), with ``dk_o`` and
+    ``dG_o`` added (``dG_o`` alone when not ``gated``: ``G`` is then zero)."""
+    Lp = G.shape[1]
+    k, G = k.detach().requires_grad_(True), G.detach().requires_grad_(True)
+    W = torch.zeros(*G.shape, k.shape[-1], dtype=k.dtype, device=k.device, requires_grad=True)
+    kc, Gc = _chunks(k, BT), G.unflatten(1, (-1, BT))
+    Dc, dUc, Wc = D.unflatten(1, (-1, BT)), dU.unflatten(1, (-1, BT)), W.unflatten(1, (-1, BT))
+    gC = Gc[..., -1]
+    exits = torch.exp(gC)[..., None, None] * h + kc.transpose(-1, -2) @ (torch.exp(gC[..., None] - Gc)[..., None] * Dc)
+    objective = (exits * dh).sum() - (dUc * (Wc @ h)).sum()
+    dk, dG, dW = torch.autograd.grad(objective, (k, G, W))
+    return dW, dk_o + _heads_first(dk, Lp), dG_o + dG if gated else dG_o
+
+
+def prep_wy_grads(k, v, beta, g, dU, dW, dk_s, dG_s, NQ: int, BT: int):
+    """``(dk, dv, dbeta, dg)`` of ``<dU, U> + <dW, W> + <dG_s, G>`` through :func:`prep`, with ``dk_s`` added to
+    ``dk`` (``dg`` None without a gate)."""
+    B, L, H, _ = k.shape
+    leaves = [t.detach().requires_grad_(True) if t is not None else None for t in (k, v, beta, g)]
+    G, _Tm, U, W = prep(*leaves, NQ, BT)
+    objective = (U * dU).sum() + (W * dW).sum() + (G * dG_s).sum()
+    used = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(objective, used))
+    dk, dv, db, dg = (next(grads) if t is not None else None for t in leaves)
+    return dk + dk_s.unflatten(0, (B, H))[:, :, :L].movedim(1, 2), dv, db, dg
 
 
 def prep_grads(q, k, v, beta, g, h0, do, dhT, scale: float, NQ: int, BT: int):

@@ -21,13 +21,18 @@ backward (``dO``, ``dh_final``)
   3'. ``_bwd_out``  (parallel): ``dD_o = ((QK^T)*M)^T dO``, ``dQ``, the ``dK`` and ``dG`` terms of step 3.
   2'. ``_bwd_state`` (sequential, reverse): stores ``dh_{c+1}`` (gradient of the chunk's exit state),
       ``dD = dD_o + e^{gC-G} K dh_{c+1}``, ``dh_c = e^{gC} dh_{c+1} + scale (e^G Q)^T dO - W^T dD``.
-  1'. ``_bwd_prep`` (parallel): gradients through ``D = U - W h_c``, the state update and the UT
-      transform (``dTm = dU (beta V)^T + dW (beta e^G K)^T``, ``dA = -Tm^T dTm Tm^T``) to ``dK, dV,
-      dbeta`` and ``dgamma`` (the in-chunk reverse cumulative sum of ``dG``).
+  1'a. ``_bwd_prep_state`` (parallel): the gradients through ``D = U - W h_c`` and the state update:
+      ``dW = -dU h_c^T`` (stored), the ``dK`` and ``dG`` terms of ``K^T (e^{gC-G} D)`` and ``e^{gC} h_c``.
+  1'b. ``_bwd_prep_wy`` (parallel): the gradients through the UT transform (``dTm = dU (beta V)^T + dW (beta
+      e^G K)^T``, ``dA = -Tm^T dTm Tm^T``) to ``dK, dV, dbeta`` and ``dgamma`` (the in-chunk reverse cumulative
+      sum of ``dG``). Two kernels where one could do both (flash-linear-attention splits its backward the same
+      way): one kernel kept 249 registers a thread live on sm_90 (one block of 8 warps a multiprocessor) and
+      spilled on sm_80; apart they keep 78 and 182 on sm_90 and spill on neither (Triton 3.7.1, ``python -m
+      zoo.benchmark.compile_check``), for a round trip of ``dW`` in 16 bits and a second read of ``k`` and ``dU``.
 
 Stages. The host side is one function per kernel (:func:`prep`, :func:`state_pass`, :func:`output`,
-:func:`output_grads`, :func:`state_grads`, :func:`prep_grads`), each with its reference of the same name in
-:mod:`kernels.delta.stages` (tests/kernels/test_delta_stages.py checks them one by one).
+:func:`output_grads`, :func:`state_grads`, :func:`prep_state_grads`, :func:`prep_wy_grads`), each with its
+reference of the same name in :mod:`kernels.delta.stages` (tests/kernels/test_delta_stages.py checks them one by one).
 
 Precision. With bf16 / fp16 inputs every ``tl.dot`` takes 16-bit operands (the input dtype) and
 accumulates in fp32, on tensor cores; everything else is fp32: the state and its gradient stay fp32 in
@@ -368,10 +373,61 @@ def _bwd_state(q_ptr, k_ptr, G_ptr, W_ptr, do_ptr, dDo_ptr, dhT_ptr, dh_ptr, dU_
 
 
 @triton.jit
-def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dko_ptr, dGo_ptr,
-              dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, N, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
-              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr, NQ: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr):
+def _bwd_prep_state(k_ptr, G_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dW_ptr, dko_ptr, dGo_ptr, L, Lp, N, SK, SKS,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr):
+    """Step 1'a: the gradients through ``D = U - W h_c`` and the state update ``K^T (e^{gC - G} D)``: stores
+    ``dW = -dU h_c^T`` and adds ``e^{gC - G} D dh_{c+1}^T`` to the partial ``dK`` and the gate terms to the partial
+    ``dG`` (both read, added and written in place: each element belongs to one program)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    hd = bh % H
+    DT = k_ptr.dtype.element_ty
+    rows = tl.arange(0, BT)
+    t = c * BT + rows
+    m_t = (t < L)[:, None]
+    k_base = k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
+    G = tl.load(G_ptr + bh * Lp + t)
+    gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
+    e = tl.exp(gC - G)
+    z = tl.zeros([BT], dtype=tl.float32)
+    dgC = tl.zeros([BV], dtype=tl.float32)
+    for ik in range(K // BK):
+        offs_k = ik * BK + tl.arange(0, BK)
+        dW = tl.zeros([BT, BK], dtype=tl.float32)
+        dKd = tl.zeros([BT, BK], dtype=tl.float32)
+        for iv in range(V // BV):
+            offs_v = iv * BV + tl.arange(0, BV)
+            vk_off = (bh * N + c) * K * V + offs_v[:, None] + offs_k[None, :] * V          # (BV, BK) of h_c^T
+            S0T = tl.load(h_ptr + vk_off)
+            dST = tl.load(dh_ptr + vk_off)
+            D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+            dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
+            dW = tl.dot(dD, S0T, dW, input_precision=_PREC)
+            dKd = tl.dot(D, dST, dKd, input_precision=_PREC)
+            if HAS_G:
+                dgC += tl.sum(S0T.to(tl.float32) * dST.to(tl.float32), 1)
+        k_off = bh * Lp * K + t[:, None] * K + offs_k[None, :]
+        tl.store(dW_ptr + k_off, (-dW).to(DT))
+        tl.store(dko_ptr + k_off, tl.load(dko_ptr + k_off) + e[:, None] * dKd)
+        if HAS_G:
+            kb = tl.load(k_base + offs_k[None, :], mask=m_t, other=0.0)
+            z += e * tl.sum(dKd * kb.to(tl.float32), 1)
+    if HAS_G:
+        dG = tl.load(dGo_ptr + bh * Lp + t) - z
+        dG += tl.where(rows == BT - 1, tl.sum(dgC, 0) * tl.exp(gC) + tl.sum(z, 0), 0.0)
+        tl.store(dGo_ptr + bh * Lp + t, dG)
+
+
+@triton.jit
+def _bwd_prep_wy(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, dU_ptr, dW_ptr, dks_ptr, dGs_ptr,
+                 dk_ptr, dv_ptr, db_ptr, dg_ptr, L, Lp, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, NQ: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr):
+    """Step 1'b: the gradients through the UT transform, ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K`` and
+    ``Tm = (I + A)^{-1}`` (``dTm = dU (beta V)^T + dW (beta e^G K)^T``, ``dA = -Tm^T dTm Tm^T``), to the inputs'
+    ``dK`` (with the partial one of step 1'a), ``dV``, ``dbeta`` and ``dgamma``."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -384,11 +440,9 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
     dk_base = hd * K + _at(b, t, L, SDK, SDKS, NS)[:, None]
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + bh * Lp + t)
-    gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
     TmT = tl.trans(tl.load(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :]))
     eG = tl.exp(G)
     bg = beta * eG
-    e = tl.exp(gC - G)
 
     # U = Tm diag(beta) V: dTm, dV, dbeta
     dTm = tl.zeros([BT, BT], dtype=tl.float32)
@@ -402,57 +456,40 @@ def _bwd_prep(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, 
         tl.store(dv_ptr + hd * V + _at(b, t, L, SDV, SDVS, NS)[:, None] + offs_v[None, :], beta[:, None] * dbv,
                  mask=m_t)
         db += tl.sum(dbv * vv.to(tl.float32), 1)
-    # per K block: D = U - W h_c (dW), the exit state K^T (e^{gC - G} D) (dK, dgC) and W = Tm diag(beta e^G) K
-    KK = tl.zeros([BT, BT], dtype=tl.float32)
-    z = tl.zeros([BT], dtype=tl.float32)
+    # W = Tm diag(beta e^G) K: dTm, d(beta e^G)
     dbg = tl.zeros([BT], dtype=tl.float32)
-    dgC = tl.zeros([BV], dtype=tl.float32)
     for ik in range(K // BK):
         offs_k = ik * BK + tl.arange(0, BK)
-        dW = tl.zeros([BT, BK], dtype=tl.float32)
-        dKd = tl.zeros([BT, BK], dtype=tl.float32)
-        for iv in range(V // BV):
-            offs_v = iv * BV + tl.arange(0, BV)
-            vk_off = (bh * N + c) * K * V + offs_v[:, None] + offs_k[None, :] * V          # (BV, BK) of h_c^T
-            S0T = tl.load(h_ptr + vk_off)
-            dST = tl.load(dh_ptr + vk_off)
-            D = tl.load(D_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-            dD = tl.load(dU_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :])
-            dW = tl.dot(dD, S0T, dW, input_precision=_PREC)                  # sign applied below
-            dKd = tl.dot(D, dST, dKd, input_precision=_PREC)
-            dgC += tl.sum(S0T.to(tl.float32) * dST.to(tl.float32), 1)
         kb = tl.load(k_ptr + k_base + offs_k[None, :], mask=m_t, other=0.0)
-        kf = kb.to(tl.float32)
-        KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
-        z += e * tl.sum(dKd * kf, 1)
-        dWd = (-dW).to(DT)
+        dWd = tl.load(dW_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
         dTm += tl.dot(dWd, tl.trans(kb), input_precision=_PREC) * bg[None, :]
-        dbgk = tl.dot(TmT, dWd, input_precision=_PREC)
-        dbg += tl.sum(dbgk * kf, 1)
-        k_off = bh * Lp * K + t[:, None] * K + offs_k[None, :]
-        tl.store(dko_ptr + k_off, tl.load(dko_ptr + k_off) + e[:, None] * dKd + bg[:, None] * dbgk)
+        dbg += tl.sum(tl.dot(TmT, dWd, input_precision=_PREC) * kb.to(tl.float32), 1)
     db += dbg * eG
-    # Tm = (I + A)^{-1}:  dA = -Tm^T dTm Tm^T  (strictly lower part)
+    # Tm = (I + A)^{-1}:  dA = -Tm^T dTm Tm^T  (strictly lower part), A = diag(beta) M K K^T
     strict = rows[:, None] > rows[None, :]
     X = tl.dot(dTm.to(DT), TmT, input_precision=_PREC)
     dA = tl.where(strict, -tl.dot(TmT, X.to(DT), input_precision=_PREC), 0.0)
     dAM = dA * tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
-    db += tl.sum(dAM * KK, 1)
-    tl.store(db_ptr + b * L * H + hd + t * H, db, mask=t < L)
     E = beta[:, None] * dAM
-    Ed = E.to(DT)
-    tl.debug_barrier()          # the partial dK rows above are read back below (by other threads)
+    Es = (E + tl.trans(E)).to(DT)      # dK of A's k_r . k_i: E K + E^T K
+    # dK = step 1'a's partial + W's part (Tm^T dW, formed again: cheaper than a round trip of fp32 partials) + A's;
+    # K K^T is summed here, where dTm is no longer live
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
     for ik in range(K // BK):
         offs_k = ik * BK + tl.arange(0, BK)
+        k_off = bh * Lp * K + t[:, None] * K + offs_k[None, :]
         kb = tl.load(k_ptr + k_base + offs_k[None, :], mask=m_t, other=0.0)
-        dk = tl.load(dko_ptr + bh * Lp * K + t[:, None] * K + offs_k[None, :])
-        dk = tl.dot(Ed, kb, dk, input_precision=_PREC)
-        dk = tl.dot(tl.trans(Ed), kb, dk, input_precision=_PREC)
+        dWd = tl.load(dW_ptr + k_off)
+        KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
+        dk = tl.load(dks_ptr + k_off) + bg[:, None] * tl.dot(TmT, dWd, input_precision=_PREC)
+        dk = tl.dot(Es, kb, dk, input_precision=_PREC)
         tl.store(dk_ptr + dk_base + offs_k[None, :], dk, mask=m_t)
+    dAMK = dAM * KK
+    db += tl.sum(dAMK, 1)
+    tl.store(db_ptr + b * L * H + hd + t * H, db, mask=t < L)
     if HAS_G:
-        Z = E * KK                                           # dA * A
-        dG = dbg * bg - z + tl.sum(Z, 1) - tl.sum(Z, 0) + tl.load(dGo_ptr + bh * Lp + t)
-        dG += tl.where(rows == BT - 1, tl.sum(dgC, 0) * tl.exp(gC) + tl.sum(z, 0), 0.0)
+        Z = beta[:, None] * dAMK                             # dA * A
+        dG = dbg * bg + tl.sum(Z, 1) - tl.sum(Z, 0) + tl.load(dGs_ptr + bh * Lp + t)
         # G = in-chunk cumsum(gamma): dgamma_r = sum_{s >= r} dG_s
         dgam = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG
         tl.store(dg_ptr + b * (L // NQ) * H + hd + (t // NQ) * H, dgam, mask=(t < L) & (t % NQ == 0))
@@ -472,7 +509,7 @@ MAX_CHUNK = 64
 
 
 class KernelPlan(NamedTuple):
-    """Block sizes and warps of one launch of the six kernels."""
+    """Block sizes and warps of one launch of the seven kernels."""
 
     bv_state: int            # V block of one program of the state passes
     bk: int                  # K block of the loops over K in the parallel kernels
@@ -489,7 +526,7 @@ def kernel_plan(BT: int, K: int, V: int, low_precision: bool) -> KernelPlan:
     Chosen by compiling for sm_80 / sm_90 (``python -m zoo.benchmark.compile_check``) for registers,
     spills and shared memory. 16-bit inputs: a chunk of 64 at head dim >= 64 keeps several (64 x block)
     fp32 accumulators live, so its parallel kernels run 8 warps and loop over head dims in blocks of 32
-    (blocks of 64 spill in ``_bwd_prep``); the state passes keep a K x BV fp32 state in registers, BV = 32
+    (blocks of 64 spill in the backward's preparation); the state passes keep a K x BV fp32 state in registers, BV = 32
     at K >= 64 (more programs per head also shorten the sequential pass on a GPU with many SMs), the
     forward one in one warpgroup. fp32 inputs: products are not on tensor cores and their operands live in
     registers, so every tile is smaller (blocks of 32, a state of K x 16 at K >= 64) over 8 warps.
@@ -511,7 +548,7 @@ _tuned: KernelPlan | None = None
 
 @contextlib.contextmanager
 def using_plan(plan: KernelPlan):
-    """Run the six kernels with ``plan`` instead of :func:`kernel_plan`'s inside (the tuning sweep
+    """Run the seven kernels with ``plan`` instead of :func:`kernel_plan`'s inside (the tuning sweep
     ``python -m zoo.benchmark.delta_tune`` times candidates this way; one plan serves every shape inside)."""
     global _tuned
     outer, _tuned = _tuned, plan
@@ -662,24 +699,38 @@ def state_grads(q, k, G, W, do, dDo, dhT, scale: float, NQ: int, BT: int):
     return dh, dU, dh0
 
 
-def prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ: int, BT: int):
-    """``(dk, dv, dbeta, dg)``: the inputs' gradients, through ``D = U - W h_c``, the state update and the UT
-    transform, with the other stages' parts ``dk_o`` and ``dG_o`` added (``dg`` None without a gate)."""
+def prep_state_grads(k, G, h, D, dh, dU, dk_o, dG_o, BT: int, gated: bool = True):
+    """``(dW, dk_s, dG_s)``: the gradient of ``W`` (``-dU h_c^T``, in ``k``'s dtype) and the partial gradients of
+    ``k`` and ``G`` with the state update's parts added to the output's ``dk_o`` and ``dG_o`` (in place: those
+    buffers are returned; without a gate (``gated`` False) ``G`` is zero and ``dG_o`` is left as it is)."""
+    V = D.shape[-1]
+    B, L, H, K, N, plan = _dims(k, V, BT)
+    k = addressable(k)
+    dW = torch.empty(B * H, N * BT, K, device=k.device, dtype=k.dtype)
+    launch(_bwd_prep_state, (N, B * H), k, G, h, D, dh, dU, dW, dk_o, dG_o, L, N * BT, N, *_rows(k),
+           H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NS=_substeps(k), HAS_G=gated,
+           num_warps=plan.warps)
+    return dW, dk_o, dG_o
+
+
+def prep_wy_grads(k, v, beta, g, G, Tm, dU, dW, dk_s, dG_s, NQ: int, BT: int):
+    """``(dk, dv, dbeta, dg)``: the inputs' gradients through the UT transform (``U``, ``W`` and ``Tm``), with the
+    partials ``dk_s`` and ``dG_s`` of :func:`prep_state_grads` added (``dg`` None without a gate)."""
     V = v.shape[-1]
     B, L, H, K, N, plan = _dims(k, V, BT)
     k, v = addressable(k), addressable(v)
     dk, dv, db = grad_at_token_stride(k), grad_at_token_stride(v), torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else None
     (SK, SKS), (SV, SVS), (SDK, SDKS), (SDV, SDVS) = _rows(k), _rows(v), _rows(dk), _rows(dv)
-    launch(_bwd_prep, (N, B * H), k, v, beta, G, Tm, h, D, dh, dU, dk_o, dG_o, dk, dv, db,
-           dg if g is not None else db, L, N * BT, N, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
+    launch(_bwd_prep_wy, (N, B * H), k, v, beta, G, Tm, dU, dW, dk_s, dG_s, dk, dv, db,
+           dg if g is not None else db, L, N * BT, SK, SV, SDK, SDV, SKS, SVS, SDKS, SDVS,
            H=H, K=K, V=V, BT=BT, BK=plan.bk, BV=plan.bv, NQ=NQ, NS=_substeps(k), HAS_G=g is not None,
            num_warps=plan.warps)
     return dk, dv, db, dg
 
 
 class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
-    """The six kernels with autograd.
+    """The seven kernels with autograd.
 
     Inputs: ``q`` ``(B, L/NQ, H, K)``, ``k`` ``(B, L, H, K)``, ``v`` ``(B, L, H, V)`` (one dtype: fp32, bf16 or
     fp16, :func:`addressable`: read in place at their token strides, head dims powers of two >= 16), ``beta``
@@ -706,7 +757,8 @@ class ChunkGatedDeltaRuleTriton(torch.autograd.Function):
             do.to(k.dtype).contiguous()
         dq, dk_o, dG_o, dDo = output_grads(q, k, G, h, D, do, scale, NQ, BT)
         dh, dU, dh0 = state_grads(q, k, G, W, do, dDo, dhT, scale, NQ, BT)
-        dk, dv, db, dg = prep_grads(k, v, beta, g, G, Tm, h, D, dh, dU, dk_o, dG_o, NQ, BT)
+        dW, dk_s, dG_s = prep_state_grads(k, G, h, D, dh, dU, dk_o, dG_o, BT, g is not None)
+        dk, dv, db, dg = prep_wy_grads(k, v, beta, g, G, Tm, dU, dW, dk_s, dG_s, NQ, BT)
         return dq, dk, dv, db, dg, (dh0 if has_h0 else None), None, None, None
 
 

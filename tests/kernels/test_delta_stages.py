@@ -49,14 +49,16 @@ def test_references_compose_to_the_chunked_path_and_its_gradients(NQ):
     h, D, hT = ref.state_pass(k, G, U, W, h0, BT)
     o = ref.output(q, k, G, h, D, scale, NQ, BT)
     assert rel_err(o, o_want) < 1e-12 and rel_err(hT, hT_want) < 1e-12
-    dq, _dk_o, _dG_o, _dDo = ref.output_grads(q, k, G, h, D, do, scale, NQ, BT)
+    dq, dk_o, dG_o, _dDo = ref.output_grads(q, k, G, h, D, do, scale, NQ, BT)
     assert rel_err(dq, d_want[0][:, NQ - 1::NQ] * scale) < 1e-11
-    _dh, _dU, dh0 = ref.state_grads(q, k, G, U, W, h0, do, dhT, scale, NQ, BT)
+    dh, dU, dh0 = ref.state_grads(q, k, G, U, W, h0, do, dhT, scale, NQ, BT)
     assert rel_err(dh0, d_want[5]) < 1e-11
-    dk, dv, db, dg = ref.prep_grads(q, k, v, beta, g, h0, do, dhT, scale, NQ, BT)
-    for name, got, want in (("dk", dk, d_want[1]), ("dv", dv, d_want[2]), ("dbeta", db, d_want[3]),
-                            ("dg", dg, d_want[4][:, ::NQ])):
-        assert rel_err(got, want) < 1e-11, name
+    whole = ref.prep_grads(q, k, v, beta, g, h0, do, dhT, scale, NQ, BT)
+    dW, dk_s, dG_s = ref.prep_state_grads(k, G, h, D, dh, dU, dk_o, dG_o, BT)
+    split = ref.prep_wy_grads(k, v, beta, g, dU, dW, dk_s, dG_s, NQ, BT)
+    for name, got, two, want in zip(("dk", "dv", "dbeta", "dg"), whole, split,
+                                    (d_want[1], d_want[2], d_want[3], d_want[4][:, ::NQ])):
+        assert rel_err(got, want) < 1e-11 and rel_err(two, want) < 1e-11, name
 
 
 def _check_stages(B, L, H, K, V, NQ, BT, dtype, tol, gate=True, device=DEVICE):
@@ -88,10 +90,22 @@ def _check_stages(B, L, H, K, V, NQ, BT, dtype, tol, gate=True, device=DEVICE):
     got = tri.state_grads(lo(q), lo(k), f32(G), lo(W), lo(do), f32(dDo), f32(dhT), scale, NQ, BT)
     errors.update(zip(("dh", "dU", "dh0"), (rel_err(a, b) for a, b in zip(got, (dh, dU, dh0)))))
 
-    want = ref.prep_grads(q, k, v, beta, g, h0, do, dhT, scale, NQ, BT)
-    got = tri.prep_grads(lo(k), lo(v), f32(beta), f32(g), f32(G), lo(Tm), lo(h), lo(D), lo(dh), lo(dU),
-                         f32(dk_o), f32(dG_o), NQ, BT)
+    dW, dk_s, dG_s = ref.prep_state_grads(k, G, r(h), r(D), r(dh), r(dU), dk_o, dG_o, BT, gate)
+    got = tri.prep_state_grads(lo(k), f32(G), lo(h), lo(D), lo(dh), lo(dU), f32(dk_o), f32(dG_o), BT, gate)
+    errors.update(zip(("dW", "dk_s", "dG_s"), (rel_err(a, b) for a, b in zip(got, (dW, dk_s, dG_s)))))
+
+    want = ref.prep_wy_grads(k, v, beta, g, r(dU), r(dW), dk_s, dG_s, NQ, BT)
+    got = tri.prep_wy_grads(lo(k), lo(v), f32(beta), f32(g), f32(G), lo(Tm), lo(dU), lo(dW), f32(dk_s), f32(dG_s),
+                            NQ, BT)
     errors.update((name, rel_err(a, b)) for name, a, b in zip(("dk", "dv", "dbeta", "dg"), got, want)
+                  if b is not None)
+
+    # the two stages composed, each from the other's output, against the whole operation's gradients
+    whole = ref.prep_grads(q, k, v, beta, g, h0, do, dhT, scale, NQ, BT)
+    dW_t, dk_t, dG_t = tri.prep_state_grads(lo(k), f32(G), lo(h), lo(D), lo(dh), lo(dU), f32(dk_o), f32(dG_o), BT,
+                                            gate)
+    got = tri.prep_wy_grads(lo(k), lo(v), f32(beta), f32(g), f32(G), lo(Tm), lo(dU), dW_t, dk_t, dG_t, NQ, BT)
+    errors.update((f"{name} (composed)", rel_err(a, b)) for name, a, b in zip(("dk", "dv", "dbeta", "dg"), got, whole)
                   if b is not None)
     bad = {name: f"{e:.2e}" for name, e in errors.items() if not e < tol}
     assert not bad, f"stages off their references (tolerance {tol:.0e}): {bad}"

@@ -1,5 +1,5 @@
 """zoo.benchmark.delta_tune: the candidate plans cover every setting of both groups of fields, and on the
-interpreter every candidate runs the six kernels and gives the current plan's outputs and gradients."""
+interpreter every candidate runs the seven kernels and gives the current plan's outputs and gradients."""
 import dataclasses
 import json
 import os
@@ -12,7 +12,7 @@ import torch
 from kernels.backend import triton_interpreting
 from kernels.delta.triton import block_chunk, kernel_plan
 from zoo.benchmark import delta_tune, device_time
-from zoo.benchmark.delta_tune import PARALLEL_FIELDS, STATE_FIELDS, candidates, combine
+from zoo.benchmark.delta_tune import PARALLEL_FIELDS, PARALLEL_KERNELS, STATE_FIELDS, STATE_KERNELS, candidates, combine
 
 
 @pytest.mark.parametrize("dim", [32, 64, 128])
@@ -47,7 +47,7 @@ def test_the_dry_run_times_every_kernel_of_every_candidate_and_they_agree():
     assert len(out["candidates"]) == len(candidates(kernel_plan(out["chunk"], 32, 32, True), 32, 32))
     for row in out["candidates"]:
         assert "error" not in row, row
-        assert all(ms > 0 for ms in row["kernels"].values()) and len(row["kernels"]) == 6
+        assert all(ms > 0 for ms in row["kernels"].values()) and len(row["kernels"]) == len(STATE_KERNELS + PARALLEL_KERNELS)
         assert row["difference"] <= 1e-3, row   # the interpreter: only the blocking of fp32 sums differs
     assert out["suggested"]["fwd_bwd_ms"] > 0 and out["suggested"]["current_fwd_bwd_ms"] > 0
     assert set(out["fastest_per_kernel"]) == set(delta_tune.STATE_KERNELS + delta_tune.PARALLEL_KERNELS)

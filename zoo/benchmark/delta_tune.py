@@ -1,4 +1,4 @@
-"""Tune the delta rule's Triton kernels on one GPU: which block sizes and warps each of its six kernels runs fastest with.
+"""Tune the delta rule's Triton kernels on one GPU: which block sizes and warps each of its seven kernels runs fastest with.
 
 ``python -m zoo.benchmark.delta_tune [--T 16384] [--n-h 1] [--json FILE]`` (CUDA, bf16, B 1, H 8, K = V = 128:
 the kernel target of ``scripts/gpu_speed.sh``); ``--dry-run`` runs the same pipeline at toy sizes through
@@ -6,7 +6,7 @@ the Triton interpreter (its times mean nothing).
 
 The kernels (:mod:`kernels.delta.triton`) take their blocks and warps from ``kernel_plan`` (no autotuning: a
 first call compiles one configuration). Two groups of its fields act on different kernels: the state passes
-(``_fwd_state``, ``_bwd_state``) read ``bv_state``, their warps and ``stages_state``; the four parallel
+(``_fwd_state``, ``_bwd_state``) read ``bv_state``, their warps and ``stages_state``; the five parallel
 kernels read ``bk``, ``bv`` and ``warps``. Each candidate plan pairs the i-th setting of the state group with
 the i-th of the parallel group (cycling the shorter list), and one forward+backward of the gated delta rule
 per candidate is profiled kernel by kernel (:mod:`zoo.benchmark.device_time`). Since a kernel's time
@@ -44,7 +44,7 @@ from .tuning import restart_interpreted, side_by_side
 #: candidate may show and still be ranked: block sizes only reorder fp32 sums of 16-bit products
 AGREE = 3e-2
 STATE_KERNELS = ("_fwd_state", "_bwd_state")
-PARALLEL_KERNELS = ("_fwd_prep", "_fwd_out", "_bwd_out", "_bwd_prep")
+PARALLEL_KERNELS = ("_fwd_prep", "_fwd_out", "_bwd_out", "_bwd_prep_state", "_bwd_prep_wy")
 STATE_FIELDS = ("bv_state", "warps_fwd_state", "warps_bwd_state", "stages_state")
 PARALLEL_FIELDS = ("bk", "bv", "warps")
 
@@ -94,7 +94,7 @@ def combine(state_plan, parallel_plan):
 
 
 def kernel_times(kernels: list[dict]) -> dict:
-    """Device ms of each of the six kernels in a breakdown's list (a kernel's profiler name starts with its
+    """Device ms of each of the seven kernels in a breakdown's list (a kernel's profiler name starts with its
     function's)."""
     out = {}
     for name in STATE_KERNELS + PARALLEL_KERNELS:
