@@ -120,6 +120,8 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOWP: tl.constexpr):
         new = tl.where(i16 == r, 1.0, 0.0)[None, :] - tl.sum(a[:, :, None] * Td, 1)      # (NB, 16)
         Td = tl.where(row3 == r, new[:, None, :], Td)
     Tm = tl.reshape(tl.where(same, Td[:, :, None, :], 0.0), (BT, BT))
+    if LOWP:   # the merges take A as an fp16 operand: rounded once here, it holds half the registers
+        A = A.to(tl.float16)
     if BT >= 32:
         Tm = _merge_pairs(Tm, A, 16, BT, LOWP)
     if BT >= 64:
@@ -134,13 +136,14 @@ def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
     rows = tl.arange(0, BT)
     lower_left = ((rows[:, None] // (2 * S)) == (rows[None, :] // (2 * S))) \
         & ((rows[:, None] // S) % 2 == 1) & ((rows[None, :] // S) % 2 == 0)
-    Am = tl.where(lower_left, A, 0.0)
+    Am = tl.where(lower_left, A, tl.zeros_like(A))
+    # Tm - X Tm with Tm as the product's accumulator: no second fp32 tile live beside it
     if LOWP:
         X = tl.dot(Tm.to(tl.float16), Am.to(tl.float16))
-        Tm = Tm - tl.dot(X.to(tl.float16), Tm.to(tl.float16))
+        Tm = tl.dot((-X).to(tl.float16), Tm.to(tl.float16), Tm)
     else:
         X = tl.dot(Tm, Am, input_precision=_PREC)
-        Tm = Tm - tl.dot(X, Tm, input_precision=_PREC)
+        Tm = tl.dot(-X, Tm, Tm, input_precision=_PREC)
     return Tm
 
 
@@ -174,8 +177,8 @@ def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK
         kb = tl.load(k_base + ik * BK + tl.arange(0, BK)[None, :], mask=m_t, other=0.0)
         KK = tl.dot(kb, tl.trans(kb), KK, input_precision=_PREC)
     strict = rows[:, None] > rows[None, :]
-    Ms = tl.where(strict, tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)), 0.0)
-    Tm = _unit_lower_inverse(beta[:, None] * Ms * KK, BT, LOWP)
+    A = tl.where(strict, beta[:, None] * tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0)) * KK, 0.0)
+    Tm = _unit_lower_inverse(A, BT, LOWP)
     tl.store(Tm_ptr + bh * Lp * BT + t[:, None] * BT + rows[None, :], Tm.to(DT))
     # diag(beta) and diag(beta e^G) folded into Tm's columns: one rounding to 16 bits per operand
     Tw = (Tm * (beta * tl.exp(G))[None, :]).to(DT)
