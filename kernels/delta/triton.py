@@ -290,11 +290,13 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
     causal = p[:, None] >= rows[None, :]
-    Mi = tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0) * scale
     qq = tl.load(q_ptr + q_base + offs_k[None, :], mask=m_q, other=0.0)
     kk = tl.load(k_ptr + k_base + offs_k[None, :], mask=(t < L)[:, None], other=0.0)
-    QK = tl.dot(qq, tl.trans(kk), input_precision=_PREC)
-    Pd = (QK * Mi).to(DT)                                                    # (BQ, BT)
+    # P = (Q K^T) * M in fp32 is all the loop below keeps of Q K^T and M (M is formed again after it: two fp32
+    # tiles fewer live beside the loop's products)
+    P = tl.dot(qq, tl.trans(kk), input_precision=_PREC) \
+        * (tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0) * scale)
+    Pd = P.to(DT)                                                            # (BQ, BT)
     dP = tl.zeros([BQ, BT], dtype=tl.float32)
     for iv in range(V // BV):
         offs_v = iv * BV + tl.arange(0, BV)
@@ -303,9 +305,9 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
         tl.store(dDo_ptr + bh * Lp * V + t[:, None] * V + offs_v[None, :],
                  tl.dot(tl.trans(Pd), do, input_precision=_PREC))
         dP = tl.dot(do, D_T, dP, input_precision=_PREC)
-    dQK = dP * Mi
+    dQK = dP * (tl.where(causal, tl.exp(tl.where(causal, Gq[:, None] - G[None, :], 0.0)), 0.0) * scale)
     dQKd = dQK.to(DT)
-    Z = dQK * QK                                          # dP * P
+    Z = dP * P
     at_q = tl.sum(Z, 1)                                   # d/dG at the query rows (+ e^G Q h_c below)
     dG = -tl.sum(Z, 0)                                    # and at every column
     eGq = scale * tl.exp(Gq)
