@@ -37,7 +37,7 @@ reference of the same name in :mod:`kernels.delta.stages` (tests/kernels/test_de
 Precision. With bf16 / fp16 inputs every ``tl.dot`` takes 16-bit operands (the input dtype) and
 accumulates in fp32, on tensor cores; everything else is fp32: the state and its gradient stay fp32 in
 registers across the sequential loop and are rounded to 16 bits only as a dot operand and where stored
-for the other passes (``h``, ``dh``), as are ``U``, ``W``, ``D``, ``Tm`` and ``dD``, which the other
+for the other passes (``h``, ``dh``), as are ``U``, ``W``, ``D``, ``Tm``, ``dD`` and ``dW``, which the other
 kernels read only as dot operands. The gates, ``beta``, ``A``, the masks, the gradient partials that
 are summed (``dD_o``, ``dK``, ``dG``) and the outputs' accumulators are fp32. The one exception is the
 triangular inverse (:func:`_unit_lower_inverse`): its 16 x 16 diagonal blocks are solved by substitution
