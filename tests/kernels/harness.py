@@ -2,10 +2,12 @@
 against a reference on the same fresh random inputs.
 
 ``rel_err(a, b) = ||a - b|| / max(||b||, tiny)`` over the whole tensor, computed in fp64. :data:`DEVICE` and
-:data:`needs_triton` say where the tests run and which need Triton.
+:data:`needs_triton` say where the tests run and which need Triton; :func:`compiler_env` is the environment of a
+child process that compiles kernels instead of interpreting them.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import pytest
@@ -20,6 +22,12 @@ needs_triton = pytest.mark.skipif(
     not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
     reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
 )
+
+
+def compiler_env(**extra: str) -> dict:
+    """This process's environment without ``TRITON_INTERPRET``, with ``extra`` set: a child given it compiles its
+    kernels (as the compile checks must) unless it turns the interpreter on itself."""
+    return {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **extra}
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -39,6 +39,8 @@ import types
 
 import pytest
 
+from tests.kernels.harness import compiler_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRITON_FILES = sorted((ROOT / "kernels").glob("*/triton.py"))
 
@@ -117,7 +119,7 @@ def direct_launches(path: pathlib.Path) -> list[str]:
 @pytest.fixture(scope="module")
 def check_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("compile") / "report.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = compiler_env()
     env.setdefault("OMP_NUM_THREADS", "1")
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
     proc = subprocess.run([sys.executable, "-m", "zoo.benchmark.compile_check", "--ci", "--jobs", jobs, "--json", str(out)],
@@ -205,8 +207,7 @@ def test_precision_rules_catch_an_upcast_and_16_bit_arithmetic(tmp_path, monkeyp
             "    r = compile_launch(launch, 90)\n"
             "    out.append([r.error, r.dot, r.tensor_core_ops, r.missing_tensor_cores, r.half_arith_ops, r.ok])\n"
             "print(json.dumps(out))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    env = compiler_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     bf16, upcast, half = json.loads(proc.stdout.splitlines()[-1])

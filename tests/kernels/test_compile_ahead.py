@@ -25,13 +25,14 @@ import torch
 
 from kernels import ahead
 from kernels.launch import launch
+from tests.kernels.harness import compiler_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "kronecker_slots"])
 def test_a_layer_compiled_ahead_finds_its_kernels(mixer, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = compiler_env()
     rows = tmp_path / "rows.json"
     done = subprocess.run([sys.executable, "-m", "zoo.benchmark.first_compile", "--toy", "--threads", "2",
                            "--modes", "ahead", "--json", str(rows), mixer],

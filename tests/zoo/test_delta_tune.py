@@ -2,7 +2,6 @@
 interpreter every candidate runs the seven kernels and gives the current plan's outputs and gradients."""
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import torch
 
 from kernels.backend import triton_interpreting
 from kernels.delta.triton import block_chunk, kernel_plan
+from tests.kernels.harness import compiler_env
 from zoo.benchmark import delta_tune, device_time
 from zoo.benchmark.delta_tune import PARALLEL_FIELDS, PARALLEL_KERNELS, STATE_FIELDS, STATE_KERNELS, candidates, combine
 
@@ -71,10 +71,9 @@ def test_a_profile_without_the_kernels_is_an_error_not_a_ranking(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU pipeline")
 def test_the_command_starts_the_interpreter_itself_for_a_dry_run(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "tune.json"
     done = subprocess.run([sys.executable, "-m", "zoo.benchmark.delta_tune", "--dry-run", "--T", "16", "--json", str(out)],
-                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+                          env=compiler_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["sizes"]["T"] == 16 and result["suggested"]["speedup"] > 0

@@ -7,10 +7,11 @@ The check compiles kernels, so it runs in a process without ``TRITON_INTERPRET``
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
+
+from tests.kernels.harness import compiler_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -37,8 +38,7 @@ print(json.dumps({"kernel": first.name, "stale": name, "synthetic": synthetic, "
 
 
 def test_committed_tables_hold_and_a_stale_entry_is_caught(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = compiler_env(OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -2,7 +2,6 @@
 every variant, the fastest is picked per kernel, the tuned layer computes exactly what the default does (the
 interpreter ignores warps and stages), and a variant that does not compile or load is left out for its kernel only."""
 import json
-import os
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import torch
 
 from kernels import launch_table
 from kernels.backend import triton_interpreting
+from tests.kernels.harness import compiler_env
 from zoo.benchmark import launch_tune
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(),
@@ -55,8 +55,7 @@ def test_a_variant_that_does_not_compile_is_left_out_for_its_kernel_only(monkeyp
 
 
 def test_the_command_starts_the_interpreter_itself_and_refuses_a_mixer_without_kernels(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = compiler_env(OMP_NUM_THREADS="1")
     out = tmp_path / "tune.json"
     # --isolate: the mixer is tuned (and its table entries written) by a process of its own, as on CUDA
     done = subprocess.run([sys.executable, "-m", "zoo.benchmark.launch_tune", "jordan", "--dry-run", "--T", "16",

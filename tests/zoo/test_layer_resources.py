@@ -4,13 +4,13 @@ markdown block (a real compile, so in a process without ``TRITON_INTERPRET``).""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
+from tests.kernels.harness import compiler_env
 from zoo.benchmark.layer_resources import BEGIN, END, blocks_per_sm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,8 +43,7 @@ print(json.dumps({"status": status, "distinct": len(keys), "names": sorted({k[0]
 def test_a_layers_kernels_are_compiled_into_the_markdown_block(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text(f"# notes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = compiler_env(OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(doc)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
