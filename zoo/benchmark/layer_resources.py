@@ -1,7 +1,7 @@
 """Registers, spills, shared memory and resident blocks of every Triton kernel of the layers the GPU speed run
 times, at their sizes, compiled without a GPU.
 
-``python -m zoo.benchmark.layer_resources [--arch 90] [--T 16384] [--jobs 2] [--markdown FILE] [mixer ...]``
+``python -m zoo.benchmark.layer_resources [--arch 90] [--T 16384] [--markdown FILE] [mixer ...]``
 
 The compile check (:mod:`.compile_check`) compiles every kernel at the sizes of its own grid; a layer launches
 its kernels at other sizes (``scripts/gpu_speed.sh``'s layer: d_model 1024, head dim 128, bf16, our Triton
