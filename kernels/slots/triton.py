@@ -23,11 +23,15 @@ w_t [v_t, 1]^T`` (``a_t`` the log decays ``gamma log(1 - w)`` of the written slo
    ``o = P V + sum_i q_i e^{A_t} S_0[R_i]`` with ``P = sum_i q_i E_i`` (a ``(C x C) @ (C x d_v)`` product
    and ``K`` row gathers of the start state, ``d_v`` columns a tile at a time after the interactions: a
    program per tile of ``d_v`` would compute the interactions, the kernel's main cost, once per tile). Every
-   exponent is a difference ``A_t - A_s <= 0``.
+   exponent is a difference ``A_t - A_s <= 0``. A program takes the chunk's reading tokens ``BR`` at a time
+   (``READ_ROWS``; the rows ``t`` of ``E_i``, against all ``C`` writes ``s``): a read's output is its own, and
+   ``[BR, C]`` tiles leave the backward room in registers where ``[C, C]`` ones spilled.
 
 The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (the reads' gradients, the
 intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
-``L_c = Q^T [dO, dz]`` as a product), ``_slots_carry`` reversed (``G_c = d_c G_{c+1} + L_c``), and
+``L_c = Q^T [dO, dz]`` as a product; over the row tiles the sums over reading tokens, ``P^T dO`` and ``L_c``,
+are added up in their output buffers, each program owning its chunk's), ``_slots_carry`` reversed (``G_c =
+d_c G_{c+1} + L_c``), and
 ``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
 G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``, and no other operation: the log
 decays ``gamma log(1 - min(w, W_MAX))`` are computed from ``w`` and ``gamma`` where they are used, and
@@ -91,6 +95,9 @@ __all__ = ["slot_memory_triton", "kronecker_topk_triton", "CHUNKED_MAX_SLOTS"]
 CHUNKED_MAX_SLOTS = 256
 #: loads issued ahead by the carry's loop over chunks (tl.range num_stages)
 _STAGES = 3
+#: reading tokens a program of the read kernels takes at a time: 32 spilled 192 bytes a thread in the read
+#: backward (sm_90, 8 warps, chunks of 64), the whole chunk 888
+READ_ROWS = 16
 _W_MAX = tl.constexpr(W_MAX)
 
 
@@ -141,13 +148,14 @@ def _chunk_decays(WI, WW, gam, atok, valid, slot, K):
 
 
 @triton.jit
-def _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i, K, DV1, eps):
-    # read slot i of every token t of the chunk: E[t, s] (s <= t), its exponential part, A_t at the slot,
-    # the slot's start-state normaliser z0, the normaliser z_t and q = r / (z_t + eps)
-    ri = tl.load(RI + atok + i, mask=valid, other=-2)
-    r = tl.load(RW + atok + i, mask=valid, other=0.0).to(tl.float32)
-    D = tl.zeros([atok.shape[0], atok.shape[0]], dtype=tl.float32)
-    Wm = tl.zeros([atok.shape[0], atok.shape[0]], dtype=tl.float32)
+def _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr, atok, valid, t, chunk, i, K, DV1, eps):
+    # read slot i of the chunk's tokens tr (rows, a tile of the chunk) against every write s of the chunk (columns
+    # t): E[t, s] (s <= t), its exponential part, A_t at the slot, the slot's start-state normaliser z0, the
+    # normaliser z_t and q = r / (z_t + eps)
+    ri = tl.load(RI + atok_r + i, mask=valid_r, other=-2)
+    r = tl.load(RW + atok_r + i, mask=valid_r, other=0.0).to(tl.float32)
+    D = tl.zeros([tr.shape[0], t.shape[0]], dtype=tl.float32)
+    Wm = tl.zeros([tr.shape[0], t.shape[0]], dtype=tl.float32)
     for j in range(K):
         wi = tl.load(WI + atok + j, mask=valid, other=-1)
         w = tl.load(WW + atok + j, mask=valid, other=0.0).to(tl.float32)
@@ -156,12 +164,12 @@ def _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i, K, DV1
         D += tl.where(hit, la[None, :], 0.0)
         Wm += tl.where(hit, w[None, :], 0.0)
     Acs = tl.cumsum(D, axis=1)  # [t, s]: the cumulative log decay of slot R_{t,i} up to s
-    Ar = tl.sum(tl.where(t[None, :] == t[:, None], Acs, 0.0), axis=1)
-    causal = t[None, :] <= t[:, None]
+    Ar = tl.sum(tl.where(t[None, :] == tr[:, None], Acs, 0.0), axis=1)
+    causal = t[None, :] <= tr[:, None]
     expo = tl.where(causal, tl.exp(tl.minimum(Ar[:, None] - Acs, 0.0)), 0.0)
     E = Wm * expo
     rows = chunk + ri.to(tl.int64) * DV1
-    z0 = tl.load(XS + rows + DV1 - 1, mask=valid, other=0.0)
+    z0 = tl.load(XS + rows + DV1 - 1, mask=valid_r, other=0.0)
     eA = tl.exp(Ar)
     z = eA * z0 + tl.sum(E, axis=1)
     q = r / (z + eps)
@@ -239,10 +247,10 @@ def _slots_carry(XS, DEC, S0, Z0, SN, ZN, E, DV1, NC, HAS_X0: tl.constexpr, REVE
 
 @triton.jit
 def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
-                BT: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
-    # first the read slots' interactions, once per chunk (the O(K^2 BT^2) part): P and, per read slot i, the
-    # start-state row it gathers and that row's coefficient q_i e^{A_t}, kept as columns of (BT, BK) tiles; then
-    # the output BDV value columns at a time
+                BT: tl.constexpr, BR: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
+    # BR reading tokens at a time (their outputs are independent): first the read slots' interactions with the
+    # chunk's writes (the O(K^2 BR BT) part): P and, per read slot i, the start-state row it gathers and that
+    # row's coefficient q_i e^{A_t}, kept as columns of (BR, BK) tiles; then the output BDV value columns at a time
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -250,41 +258,50 @@ def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
     t = tl.arange(0, BT)
     ts = c * BT + t
     valid = ts < T
-    tok = (b * T + ts) * H + h
     atok = (b * T + ts) * SA + h * K
     vtok = (b * T + ts) * SV + h * DV
     gam = tl.load(GAM + h).to(tl.float32)
     DV1 = DV + 1
     chunk = (bh * NC + c) * M * DV1
     kk = tl.arange(0, BK)
-    P = tl.zeros([BT, BT], dtype=tl.float32)
-    gather = tl.zeros([BT, BK], dtype=tl.int64)
-    coef = tl.zeros([BT, BK], dtype=tl.float32)
-    for i in range(K):
-        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i,
-                                                             K, DV1, eps)
-        P += q[:, None] * E
-        col = (kk == i)[None, :]
-        gather = tl.where(col, rows[:, None], gather)
-        coef = tl.where(col, (q * eA)[:, None], coef)
-    for d0 in range(0, DV, BDV):
-        dd = d0 + tl.arange(0, BDV)
-        tm = valid[:, None] & (dd < DV)[None, :]
-        vt = tl.load(V + vtok[:, None] + dd[None, :], mask=tm, other=0.0)
-        o = _dot_coef(P, vt)
+    for r0 in range(0, BT, BR):
+        tr = r0 + tl.arange(0, BR)
+        valid_r = c * BT + tr < T
+        tok_r = (b * T + c * BT + tr) * H + h
+        atok_r = (b * T + c * BT + tr) * SA + h * K
+        P = tl.zeros([BR, BT], dtype=tl.float32)
+        gather = tl.zeros([BR, BK], dtype=tl.int64)
+        coef = tl.zeros([BR, BK], dtype=tl.float32)
         for i in range(K):
+            ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr,
+                                                                 atok, valid, t, chunk, i, K, DV1, eps)
+            P += q[:, None] * E
             col = (kk == i)[None, :]
-            rows = tl.sum(tl.where(col, gather, 0), axis=1)
-            s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0)
-            o += tl.sum(tl.where(col, coef, 0.0), axis=1)[:, None] * s0
-        tl.store(O + tok[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=tm)
+            gather = tl.where(col, rows[:, None], gather)
+            coef = tl.where(col, (q * eA)[:, None], coef)
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = (dd < DV)[None, :]
+            vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm, other=0.0)
+            o = _dot_coef(P, vt)
+            tm = valid_r[:, None] & dm
+            for i in range(K):
+                col = (kk == i)[None, :]
+                rows = tl.sum(tl.where(col, gather, 0), axis=1)
+                s0 = tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0)
+                o += tl.sum(tl.where(col, coef, 0.0), axis=1)[:, None] * s0
+            tl.store(O + tok_r[:, None] * DV + dd[None, :], o.to(O.dtype.element_ty), mask=tm)
 
 
 @triton.jit
 def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, M, K, DV, NC, SA, SV, eps,
-                    BT: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
+                    BT: tl.constexpr, BR: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr):
     # the reads' gradients: dr (final), the intra-chunk parts of dla, dw and dv (DLA, DW, DVP: completed by
-    # _slots_state_bwd), and L_c, the reads' adjoint of the chunk's start state (into LG[c])
+    # _slots_state_bwd), and L_c, the reads' adjoint of the chunk's start state (into LG[c]). BR reading tokens
+    # at a time: dr is theirs alone; the sums over reading tokens (the writes' dla and dw, dv = P^T dO, L_c =
+    # Q^T dO) are carried across the row tiles, dla and dw in registers ([BT, BK]), dv and L_c in DVP and LG
+    # (written by the first row tile, read back and added to by the others: [BT, d_v] and [M, d_v + 1]
+    # accumulators in registers would cost what the row tiles save)
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -300,61 +317,72 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
     chunk = (bh * NC + c) * M * DV1
     slot = tl.arange(0, BM)
     kk = tl.arange(0, BK)
-    causal = t[None, :] <= t[:, None]
-    dOV = tl.zeros([BT, BT], dtype=tl.float32)  # dO_t . v_s
-    for d0 in range(0, DV, BDV):
-        dd = d0 + tl.arange(0, BDV)
-        tm = valid[:, None] & (dd < DV)[None, :]
-        do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0)
-        vt = tl.load(V + vtok[:, None] + dd[None, :], mask=tm, other=0.0)
-        dOV += _dot_inputs(do, tl.trans(vt))
-    P = tl.zeros([BT, BT], dtype=tl.float32)
-    Q = tl.zeros([BT, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of the start state S_0
-    Lz = tl.zeros([BM], dtype=tl.float32)     # sum_t dz_t e^{A_t} per slot: the reads' gradient of z_0
+    lrows = chunk + slot * DV1
+    ms = slot < M
     dla = tl.zeros([BT, BK], dtype=tl.float32)
     dw = tl.zeros([BT, BK], dtype=tl.float32)
-    for i in range(K):
-        ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok, valid, t, chunk, i,
-                                                             K, DV1, eps)
-        sd = tl.zeros([BT], dtype=tl.float32)  # dO_t . S_0[R_{t,i}]
+    for r0 in range(0, BT, BR):
+        tr = r0 + tl.arange(0, BR)
+        valid_r = c * BT + tr < T
+        tok_r = (b * T + c * BT + tr) * H + h
+        atok_r = (b * T + c * BT + tr) * SA + h * K
+        causal = t[None, :] <= tr[:, None]
+        dOV = tl.zeros([BR, BT], dtype=tl.float32)  # dO_t . v_s
         for d0 in range(0, DV, BDV):
             dd = d0 + tl.arange(0, BDV)
-            tm = valid[:, None] & (dd < DV)[None, :]
-            do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=tm, other=0.0).to(tl.float32)
-            sd += tl.sum(do * tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0), axis=1)
-        dq = eA * sd + tl.sum(E * dOV, axis=1)
-        dr = dq / (z + eps)
-        tl.store(DR + tok * K + i, dr.to(DR.dtype.element_ty), mask=valid)
-        dz = -dr * q
-        P += q[:, None] * E
-        hit = ri[:, None] == slot[None, :]
-        Q += tl.where(hit, (q * eA)[:, None], 0.0)
-        Lz += tl.sum(tl.where(hit, (dz * eA)[:, None], 0.0), axis=0)
-        dE = tl.where(causal, q[:, None] * dOV + dz[:, None], 0.0)
-        dEE = dE * E  # the gradient of the exponent A_t - A_s
-        dAr = eA * (q * sd + dz * z0) + tl.sum(dEE, axis=1)
-        dD = tl.where(causal, dAr[:, None], 0.0) - tl.cumsum(dEE, axis=1, reverse=True)
-        dWm = dE * expo
-        for j in range(K):
-            wi = tl.load(WI + atok + j, mask=valid, other=-1)
-            hitw = ri[:, None] == wi[None, :]
-            col = (kk == j)[None, :]
-            dla += tl.where(col, tl.sum(tl.where(hitw, dD, 0.0), axis=0)[:, None], 0.0)
-            dw += tl.where(col, tl.sum(tl.where(hitw, dWm, 0.0), axis=0)[:, None], 0.0)
+            dm = (dd < DV)[None, :]
+            do = tl.load(DO + tok_r[:, None] * DV + dd[None, :], mask=valid_r[:, None] & dm, other=0.0)
+            vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm, other=0.0)
+            dOV += _dot_inputs(do, tl.trans(vt))
+        P = tl.zeros([BR, BT], dtype=tl.float32)
+        Q = tl.zeros([BR, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of the start state S_0
+        Lz = tl.zeros([BM], dtype=tl.float32)     # sum_t dz_t e^{A_t} per slot: the reads' gradient of z_0
+        for i in range(K):
+            ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr,
+                                                                 atok, valid, t, chunk, i, K, DV1, eps)
+            sd = tl.zeros([BR], dtype=tl.float32)  # dO_t . S_0[R_{t,i}]
+            for d0 in range(0, DV, BDV):
+                dd = d0 + tl.arange(0, BDV)
+                tm = valid_r[:, None] & (dd < DV)[None, :]
+                do = tl.load(DO + tok_r[:, None] * DV + dd[None, :], mask=tm, other=0.0).to(tl.float32)
+                sd += tl.sum(do * tl.load(XS + rows[:, None] + dd[None, :], mask=tm, other=0.0), axis=1)
+            dq = eA * sd + tl.sum(E * dOV, axis=1)
+            dr = dq / (z + eps)
+            tl.store(DR + tok_r * K + i, dr.to(DR.dtype.element_ty), mask=valid_r)
+            dz = -dr * q
+            P += q[:, None] * E
+            hit = ri[:, None] == slot[None, :]
+            Q += tl.where(hit, (q * eA)[:, None], 0.0)
+            Lz += tl.sum(tl.where(hit, (dz * eA)[:, None], 0.0), axis=0)
+            dE = tl.where(causal, q[:, None] * dOV + dz[:, None], 0.0)
+            dEE = dE * E  # the gradient of the exponent A_t - A_s
+            dAr = eA * (q * sd + dz * z0) + tl.sum(dEE, axis=1)
+            dD = tl.where(causal, dAr[:, None], 0.0) - tl.cumsum(dEE, axis=1, reverse=True)
+            dWm = dE * expo
+            for j in range(K):
+                wi = tl.load(WI + atok + j, mask=valid, other=-1)
+                hitw = ri[:, None] == wi[None, :]
+                col = (kk == j)[None, :]
+                dla += tl.where(col, tl.sum(tl.where(hitw, dD, 0.0), axis=0)[:, None], 0.0)
+                dw += tl.where(col, tl.sum(tl.where(hitw, dWm, 0.0), axis=0)[:, None], 0.0)
+        more = r0 > 0  # not the first row tile: add to what the earlier ones stored
+        tl.store(LG + lrows + DV, Lz + tl.load(LG + lrows + DV, mask=ms & more, other=0.0), mask=ms)
+        Pt = tl.trans(P)
+        Qt = tl.trans(Q)
+        for d0 in range(0, DV, BDV):
+            dd = d0 + tl.arange(0, BDV)
+            dm = (dd < DV)[None, :]
+            do = tl.load(DO + tok_r[:, None] * DV + dd[None, :], mask=valid_r[:, None] & dm, other=0.0)
+            dv_ptr = DVP + tok[:, None] * DV + dd[None, :]
+            tl.store(dv_ptr, _dot_coef(Pt, do) + tl.load(dv_ptr, mask=valid[:, None] & dm & more, other=0.0),
+                     mask=valid[:, None] & dm)
+            lg_ptr = LG + lrows[:, None] + dd[None, :]
+            tl.store(lg_ptr, dot_state_x(Qt, do) + tl.load(lg_ptr, mask=ms[:, None] & dm & more, other=0.0),
+                     mask=ms[:, None] & dm)
+        tl.debug_barrier()  # the next row tile reads what this one stored
     tk = valid[:, None] & (kk < K)[None, :]
     tl.store(DLA + tok[:, None] * K + kk[None, :], dla, mask=tk)
     tl.store(DW + tok[:, None] * K + kk[None, :], dw, mask=tk)
-    lrows = chunk + slot * DV1
-    ms = slot < M
-    tl.store(LG + lrows + DV, Lz, mask=ms)
-    Pt = tl.trans(P)
-    Qt = tl.trans(Q)
-    for d0 in range(0, DV, BDV):
-        dd = d0 + tl.arange(0, BDV)
-        dm = dd < DV
-        do = tl.load(DO + tok[:, None] * DV + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
-        tl.store(DVP + tok[:, None] * DV + dd[None, :], _dot_coef(Pt, do), mask=valid[:, None] & dm[None, :])
-        tl.store(LG + lrows[:, None] + dd[None, :], dot_state_x(Qt, do), mask=ms[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -548,16 +576,18 @@ def _slots_bwd(
 # launchers
 # ------------------------------------------------------------------------------------------------------
 class _ChunkPlan:
-    """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64], keeping the read backward's
-    ``[BT, BM]`` tile of all slots within 4096 entries), slot tile ``BMS`` of the state kernels, value
-    columns ``BDV``."""
+    """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64]), reading tokens ``BR`` a program of
+    the read kernels takes at a time (the read backward's ``[BR, BM]`` tile of all slots stays within 4096
+    entries up to ``CHUNKED_MAX_SLOTS``), slot tile ``BMS`` of the state kernels, value columns ``BDV``."""
 
     def __init__(self, T, M, dv, K, chunk_size):
         self.BM = max(16, pow2(M))
         self.BMS = min(self.BM, 64)  # the state kernels' slot tile
-        self.BT = max(16, min(64, pow2(chunk_size), 4096 // self.BM))
+        self.BT = max(16, min(64, pow2(chunk_size)))
         self.BDV = min(32, max(16, pow2(dv)))
+        self.BDV_STATE_BWD = 16  # beside its [BT, BMS] tiles: 32 columns spilled 392 bytes a thread (sm_90)
         self.BK = pow2(K)
+        self.BR = min(self.BT, READ_ROWS)
         self.NC = cdiv(T, self.BT)
         self.warps = 8
         self.BE = 512
@@ -599,7 +629,7 @@ class _ChunkedSlots(torch.autograd.Function):
         launch(_slots_carry, (cdiv(E, pl.BE), BH), XS, DEC, S0 if has_init else XS, z0 if has_init else XS,
                S, z, E, dv + 1, pl.NC, HAS_X0=has_init, REVERSE=False, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_read, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, O, T, H, M, K, dv,
-               pl.NC, SA, SV, eps, BT=pl.BT, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
+               pl.NC, SA, SV, eps, BT=pl.BT, BR=pl.BR, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
         ctx.save_for_backward(wi, w, ri, r, v, gamma, XS, DEC)
         ctx.meta = (M, eps, chunk_size, SA, SV, has_init)
         return O, S, z
@@ -627,11 +657,12 @@ class _ChunkedSlots(torch.autograd.Function):
         DVP = torch.empty(B, T, H, dv, **f32)
         DVO = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
         launch(_slots_read_bwd, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
-               pl.NC, SA, SV, eps, BT=pl.BT, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
+               pl.NC, SA, SV, eps, BT=pl.BT, BR=pl.BR, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
         launch(_slots_carry, (cdiv(E, pl.BE), BH), LG, DEC, dS if has_final else LG, dz if has_final else LG,
                dS0, dz0, E, dv + 1, pl.NC, HAS_X0=has_final, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_state_bwd, (pl.NC, BH), wi, w, gamma, v, XS, LG, DEC, DLA, DW, DWO, DG, DVP, DVO, T, H, M, K,
-               dv, pl.NC, SA, SV, BT=pl.BT, BM=pl.BMS, BDV=pl.BDV, ONE_TILE=M <= pl.BMS, num_warps=pl.warps)
+               dv, pl.NC, SA, SV, BT=pl.BT, BM=pl.BMS, BDV=pl.BDV_STATE_BWD, ONE_TILE=M <= pl.BMS,
+               num_warps=pl.warps)
         dgamma = DG.view(B, H, pl.NC).sum((0, 2)).to(gamma.dtype) if ctx.needs_input_grad[5] else None
         init = (dS0, dz0) if has_init else (None, None)
         return None, DWO, None, DR, DVO, dgamma, *init, None, None, None
@@ -696,7 +727,7 @@ def slot_memory_triton(write_idx, write_w, read_idx, read_w, v, gamma, num_slots
                        initial_state=None, chunk_size: int = 32):
     """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))`` (state in fp32). The chunked kernels
     run for ``num_slots <= CHUNKED_MAX_SLOTS`` with chunks of ``chunk_size`` tokens (a power of two in
-    [16, 64], smaller for large ``M``; it does not change the result), the sparse scan above."""
+    [16, 64]; it does not change the result), the sparse scan above."""
     if v.dtype == torch.float64:
         raise TypeError("slot_memory_triton: fp64 is not supported by the Triton kernels; use backend='torch' "
                         "or 'reference' for fp64")

@@ -126,6 +126,8 @@ TRITON_CASES = [  # (B, T, H, M, K, d_v, chunk_size, initial state)
     (1, 50, 2, 24, 4, 20, 16, False),   # d_v not a power of two
     (1, 33, 1, 64, 4, 70, 16, True),    # d_v in three tiles of 32
     (1, 21, 1, 130, 3, 9, 16, True),    # the state kernels in three tiles of 64 slots
+    (1, 90, 2, 16, 3, 20, 64, True),    # chunks of 64: the read kernels take their tokens in row tiles
+    (1, 70, 1, 130, 4, 9, 64, False),   # ... with 256 slot columns in the read backward's tile
     (1, 19, 2, 300, 3, 40, 16, True),   # sparse (M > CHUNKED_MAX_SLOTS): d_v in two tiles, each with its own z
     (1, 13, 1, 300, 2, 70, 16, False),  # ... three tiles
 ]
@@ -174,13 +176,13 @@ FP16_U = 2.0 ** -11
 
 
 @needs_triton
-@pytest.mark.parametrize("M", [16, 300])
-def test_triton_fp16_matches_fp64(M):
+@pytest.mark.parametrize("M,chunk", [(16, 16), (16, 64), (300, 16)])
+def test_triton_fp16_matches_fp64(M, chunk):
     """The normalisers' gradients pass through ``r / (z + eps)``, whose conditioning varies from draw to draw (a
     rare draw, none of seeds 0-299, put the initial normaliser's at 4.05 u against 4 u): each tolerance is
     also at least 4x what fp16 rounding costs the reference itself on the draw."""
     ins = [x.half() if x.is_floating_point() else x for x in _inputs(1, 37, 2, M, 3, 20, init=True)]
-    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=16), _reference(M), ins,
+    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=chunk), _reference(M), ins,
                      tol=2 * FP16_U, grad_tol=4 * FP16_U, rounding_factor=4, shared=_gamma_per_write(1, 37, 2, M))
 
 
