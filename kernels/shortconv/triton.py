@@ -1,4 +1,4 @@
-"""The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and two backward.
+"""The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and one backward.
 
 Layout ``x (B, T, C)`` as the projections produce it (any batch and time strides: a column block of a
 wider projection is read in place), ``weight (C, k)`` as the module holds it, ``k`` a compile-time
@@ -7,19 +7,18 @@ cut from, :mod:`kernels.grad_slots`). One program per (channel block, time block
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
-- backward, two kernels: ``g_r = dout_r SiLU'(y_r)`` with ``y`` recomputed (``_conv_act_bwd``, shaped like the
-  forward; without the SiLU ``g = dout``), then ``dx_t = sum_s w_{k-1-s} g_{t+s}`` and the sums
-  ``dw_j = sum_t g_t x_{t-(k-1)+j}``, ``db = sum_t g_t`` (``_conv_bwd``): a program walks up to ``T / 64``
-  consecutive time tiles with the taps as the leading axis of 3-D tiles (one load of the ``k`` rows each
-  tile needs, the sum over taps within each thread), accumulates ``g_t x_{t-(k-1)+j}`` elementwise and sums
-  over time once at its end, storing its share of ``dw`` and ``db`` (at most 64 shares per channel and batch
-  element), summed afterwards in one reduction. ``g`` is written once in fp32 (one more pass over ``T x C``)
-  so that no program recomputes ``y`` for the ``k`` rows each token feeds, which cost ``k^2`` shifted loads
-  and ``k`` sigmoids per element, and no tile sums over time across warps.
+- backward (``_conv_bwd``): ``g_r = dout_r SiLU'(y_r)`` (without the SiLU ``g = dout``) at the ``k`` rows
+  ``r = t .. t + k - 1`` each token feeds, ``y_r`` recomputed from shifted loads of ``x`` (the cache serves all
+  but the first), then ``dx_t = sum_s w_{k-1-s} g_{t+s}`` and the sums ``dw_j = sum_t g_t x_{t-(k-1)+j}``,
+  ``db = sum_t g_t``: a program walks up to ``T / 64`` consecutive time tiles, accumulates ``g_t
+  x_{t-(k-1)+j}`` elementwise (taps the leading axis of a 3-D tile) and sums over time once at its end,
+  storing its share of ``dw`` and ``db`` (at most 64 shares per channel and batch element), summed afterwards
+  in one reduction. Recomputing ``g`` costs ``k`` sigmoids and ``k^2`` cached loads an element, where a
+  separate pass writing ``g`` and reading it back moved 8 more bytes an element through memory (fp32 ``g``)
+  and took a second launch.
 
-So a convolution is one launch forward and at most three backward (with the reduction) at every length (the
-CPU path of :mod:`mixers.conv_time_first` makes ``k + 1`` passes per time block, blocks sized for a core's
-cache).
+So a convolution is one launch forward and two backward (with the reduction) at every length (the CPU path of
+:mod:`mixers.conv_time_first` makes ``k + 1`` passes per time block, blocks sized for a core's cache).
 
 Arithmetic in fp32 (fp64 stays fp64); a depthwise filter has no product for tensor cores.
 """
@@ -71,26 +70,26 @@ def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
-def _conv_act_bwd(X, W, B, DOUT, G, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr,
-                  BC: tl.constexpr):
-    """The SiLU's backward: ``g = dout * SiLU'(y)``, ``y`` recomputed from ``k`` shifted loads (as forward)."""
-    batch, t, c, mc = _tile(C, BT, BC)
-    y = _preact(X + batch * sb, st, W, B, t, c, mc, T, C, K, HAS_BIAS, BT, BC)
-    at = batch * T * C + t[:, None] * C + c[None, :]
-    keep = (t < T)[:, None] & mc[None, :]
-    dout = tl.load(DOUT + at, mask=keep, other=0.0).to(y.dtype)
-    sig = tl.sigmoid(y)
-    tl.store(G + at, dout * sig * (1.0 + y * (1.0 - sig)), mask=keep)
+def _grad_at(xb, st, W, B, ob, rows, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+             BT: tl.constexpr, BC: tl.constexpr):
+    """``g = dL/dy`` at rows ``rows`` (zero at rows ``>= T``): ``dout SiLU'(y)`` with ``y`` recomputed, or ``dout``."""
+    keep = (rows < T)[:, None] & mc[None, :]
+    g = tl.load(ob + rows[:, None] * C + c[None, :], mask=keep, other=0.0).to(W.dtype.element_ty)
+    if ACT:
+        y = _preact(xb, st, W, B, rows, c, mc, T, C, K, HAS_BIAS, BT, BC)
+        sig = tl.sigmoid(y)
+        g = g * sig * (1.0 + y * (1.0 - sig))
+    return g
 
 
 @triton.jit
-def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
-              BT: tl.constexpr, BC: tl.constexpr):
-    """``dx`` of this program's time tiles and its share of ``dw`` and ``db`` from ``g`` (the gradient of the
-    convolution's output ``y``). Taps are the leading axis of 3-D tiles ``(BK, BT, BC)``, loaded at once:
-    ``g_{t+s}`` for ``dx_t = sum_s w_{k-1-s} g_{t+s}`` (a sum over the leading axis, within each thread), and
-    ``x_{t-(k-1)+j}`` for ``dw_j``, whose products with ``g_t`` accumulate elementwise over the tiles and are
-    summed over time once, at the end."""
+def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
+              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """``dx`` of this program's time tiles and its share of ``dw`` and ``db`` from ``dout``: ``g_r = dL/dy_r``
+    at the ``k`` rows ``r = t .. t + k - 1`` each token ``t`` feeds (``y_r`` recomputed from shifted loads of
+    ``x``, which the cache serves), ``dx_t = sum_s w_{k-1-s} g_{t+s}``; and ``g_t x_{t-(k-1)+j}`` for ``dw_j``,
+    taps the leading axis of a 3-D tile ``(BK, BT, BC)``, accumulated elementwise over the tiles and summed over
+    time once, at the end."""
     pid_c = tl.program_id(0)
     pid_g = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -101,27 +100,26 @@ def _conv_bwd(X, W, G, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, K: tl.
     c3 = c[None, None, :]
     on3 = (tap3 < K) & mc[None, None, :]
     wdt = W.dtype.element_ty
-    w3 = tl.load(W + c3 * K + (K - 1 - tap3), mask=on3, other=0.0)            # (BK, 1, BC): w_{k-1-s}
     xb = X + batch * sb
-    gb = G + batch * T * C
+    ob = DOUT + batch * T * C
     acc_w = tl.zeros([BK, BT, BC], dtype=wdt)                                # g_t x_{t-(k-1)+j}, by j
-    acc_b = tl.zeros([1, BT, BC], dtype=wdt)
+    acc_b = tl.zeros([BT, BC], dtype=wdt)
     for it in range(tiles):                                                   # consecutive time tiles
         t = ((pid_g * tiles + it) * BT + tl.arange(0, BT)).to(tl.int64)
-        t3 = t[None, :, None]
-        rows = t3 + tap3                                                      # the rows token t feeds
-        g_fed = tl.load(gb + rows * C + c3, mask=on3 & (rows < T), other=0.0).to(wdt)
-        dx = tl.sum(g_fed * w3, axis=0)
+        g = _grad_at(xb, st, W, B, ob, t, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC)
+        dx = g * tl.load(W + c * K + (K - 1), mask=mc, other=0.0)[None, :]
+        for s in tl.static_range(1, K):
+            dx += _grad_at(xb, st, W, B, ob, t + s, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC) * \
+                tl.load(W + c * K + (K - 1 - s), mask=mc, other=0.0)[None, :]
         tl.store(DX + batch * sdb + t[:, None] * sdt + c[None, :], dx.to(DX.dtype.element_ty),
                  mask=(t < T)[:, None] & mc[None, :])
-        g = tl.sum(tl.where(tap3 == 0, g_fed, 0.0), axis=0)[None, :, :]    # g_t (s = 0), in g_fed's layout
-        src = t3 - (K - 1) + tap3                                             # the rows that fed token t
+        src = t[None, :, None] - (K - 1) + tap3                               # the rows that fed token t
         x = tl.load(xb + src * st + c3, mask=on3 & (src >= 0) & (src < T), other=0.0).to(wdt)
-        acc_w += g * x
+        acc_w += g[None, :, :] * x
         acc_b += g
     part = PART + (batch * n_groups + pid_g) * C * (K + 1)
     tl.store(part + c[None, :] * K + taps[:, None], tl.sum(acc_w, axis=1), mask=(taps < K)[:, None] & mc[None, :])
-    tl.store(part + C * K + c[None, :], tl.sum(acc_b, axis=1), mask=mc[None, :])
+    tl.store(part + C * K + c, tl.sum(acc_b, axis=0), mask=mc)
 
 
 #: programs along time in the backward at most (each stores one row of partial sums of dw and db, so at
@@ -137,10 +135,15 @@ _MIN_PROGRAMS = 1024
 
 
 def _blocks(T: int, C: int, taps: int = 1) -> tuple[int, int]:
-    """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so past 4 taps their
-    time rows shrink (taps x rows <= 128): no register spills on sm_80 / sm_90."""
-    rows = max(4, min(32, 128 // taps))
+    """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so their time rows shrink
+    (taps x rows <= 64; with 8 warps, 127 registers a thread on sm_90 at 4 taps, where 32 rows and 4 warps
+    spilled): no register spills on sm_80 / sm_90."""
+    rows = max(4, min(32, 64 // taps)) if taps > 1 else 32
     return min(rows, max(16, pow2(T))), min(64, max(16, pow2(C)))
+
+
+#: warps of the backward's programs
+_BWD_WARPS = 8
 
 
 class _CausalConvTriton(torch.autograd.Function):
@@ -168,13 +171,6 @@ class _CausalConvTriton(torch.autograd.Function):
         Bsz, T, C = x.shape
         K = ctx.K
         dout = dout.contiguous()
-        if ctx.activation:    # g = dout SiLU'(y): the gradient the convolution itself passes back
-            g = torch.empty(x.shape, dtype=w.dtype, device=x.device)
-            BT, BC = _blocks(T, C)
-            launch(_conv_act_bwd, (cdiv(C, BC), cdiv(T, BT), Bsz), x, w, b, dout, g, T, C,
-                   x.stride(0), x.stride(1), K=K, HAS_BIAS=ctx.has_bias, BT=BT, BC=BC)
-        else:
-            g = dout
         BK = max(2, pow2(K))
         BT, BC = _blocks(T, C, BK)
         n_t = cdiv(T, BT)
@@ -183,8 +179,9 @@ class _CausalConvTriton(torch.autograd.Function):
         n_groups = cdiv(n_t, tiles)
         dx = empty_grad(x)          # in place in the gradient of the projection x was cut from, where it was
         part = w.new_empty(Bsz * n_groups, C * (K + 1))
-        launch(_conv_bwd, (cdiv(C, BC), n_groups, Bsz), x, w, g, dx, part, T, C, x.stride(0), x.stride(1),
-               dx.stride(0), dx.stride(1), n_groups, tiles, K=K, BK=BK, BT=BT, BC=BC)
+        launch(_conv_bwd, (cdiv(C, BC), n_groups, Bsz), x, w, b, dout, dx, part, T, C, x.stride(0), x.stride(1),
+               dx.stride(0), dx.stride(1), n_groups, tiles, K=K, BK=BK, HAS_BIAS=ctx.has_bias, ACT=ctx.activation,
+               BT=BT, BC=BC, num_warps=_BWD_WARPS)
         sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
         dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])
         db = sums[C * K:].to(ctx.dtypes[1]) if ctx.has_bias else None
