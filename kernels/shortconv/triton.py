@@ -127,9 +127,10 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, 
 _MAX_GROUPS = 64
 #: time tiles a backward program walks at least, while the grid keeps ``_MIN_PROGRAMS``: each program ends with
 #: a reduction over its rows across warps and a row of partial sums, which a program of one tile pays per tile
-#: (on an H200 the language model's 16384 tokens a step over 1536 channels took 0.245 ms as 8 sequences of 2048,
-#: one tile a program, and 0.21 ms as 2 of 8192, four tiles a program; a layer's 16384 x 3072, eight tiles a
-#: program, 0.37 ms: 7.4 ps an element against 9.7)
+#: (on an H200, with the backward's 32-row tiles and ``g`` read from a separate pass, the language model's 16384
+#: tokens a step over 1536 channels took 0.245 ms as 8 sequences of 2048, one tile a program, and 0.21 ms as 2 of
+#: 8192, four tiles a program; a layer's 16384 x 3072, eight tiles a program, 0.37 ms: 7.4 ps an element against
+#: 9.7)
 _MIN_TILES = 4
 _MIN_PROGRAMS = 1024
 
