@@ -1,9 +1,10 @@
 """The causal depthwise short convolution (+ SiLU) in one Triton kernel forward and one backward.
 
 Layout ``x (B, T, C)`` as the projections produce it (any batch and time strides: a column block of a
-wider projection is read in place), ``weight (C, k)`` as the module holds it, ``k`` a compile-time
-constant; outputs are contiguous (``dx`` may be written at its place in the gradient of the projection ``x`` was
-cut from, :mod:`kernels.grad_slots`). One program per (channel block, time block, batch element):
+wider projection is read in place), ``weight (C, k)`` as the module holds it (the kernels read it transposed,
+``(k, C)``: a tap's weights of a channel block in one vector load), ``k`` a compile-time constant; outputs are
+contiguous (``dx`` may be written at its place in the gradient of the projection ``x`` was cut from,
+:mod:`kernels.grad_slots`). One program per (channel block, time block, batch element):
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
@@ -44,7 +45,7 @@ def _preact(xb, st, W, B, t, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexp
         src = t - (K - 1 - j)
         ok = (src >= 0) & (src < T)
         x = tl.load(xb + src[:, None] * st + c[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
-        acc += x.to(acc.dtype) * tl.load(W + c * K + j, mask=mc, other=0.0)[None, :]
+        acc += x.to(acc.dtype) * tl.load(W + j * C + c, mask=mc, other=0.0)[None, :]
     return acc
 
 
@@ -107,10 +108,10 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, 
     for it in range(tiles):                                                   # consecutive time tiles
         t = ((pid_g * tiles + it) * BT + tl.arange(0, BT)).to(tl.int64)
         g = _grad_at(xb, st, W, B, ob, t, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC)
-        dx = g * tl.load(W + c * K + (K - 1), mask=mc, other=0.0)[None, :]
+        dx = g * tl.load(W + (K - 1) * C + c, mask=mc, other=0.0)[None, :]
         for s in tl.static_range(1, K):
             dx += _grad_at(xb, st, W, B, ob, t + s, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC) * \
-                tl.load(W + c * K + (K - 1 - s), mask=mc, other=0.0)[None, :]
+                tl.load(W + (K - 1 - s) * C + c, mask=mc, other=0.0)[None, :]
         tl.store(DX + batch * sdb + t[:, None] * sdt + c[None, :], dx.to(DX.dtype.element_ty),
                  mask=(t < T)[:, None] & mc[None, :])
         src = t[None, :, None] - (K - 1) + tap3                               # the rows that fed token t
@@ -137,7 +138,7 @@ _MIN_PROGRAMS = 1024
 
 def _blocks(T: int, C: int, taps: int = 1) -> tuple[int, int]:
     """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so their time rows shrink
-    (taps x rows <= 64; with 8 warps, 127 registers a thread on sm_90 at 4 taps, where 32 rows and 4 warps
+    (taps x rows <= 64; with 8 warps, 122 registers a thread on sm_90 at 4 taps, where 32 rows and 4 warps
     spilled): no register spills on sm_80 / sm_90."""
     rows = max(4, min(32, 64 // taps)) if taps > 1 else 32
     return min(rows, max(16, pow2(T))), min(64, max(16, pow2(C)))
@@ -155,7 +156,7 @@ class _CausalConvTriton(torch.autograd.Function):
         cd = compute_dtype(x.dtype)
         if x.stride(2) != 1:
             x = x.contiguous()
-        w = weight.to(cd).contiguous()                         # (C, K)
+        w = weight.to(cd).t().contiguous()                     # (K, C)
         b = bias.to(cd).contiguous() if bias is not None else w
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         BT, BC = _blocks(T, C)
