@@ -28,20 +28,19 @@ w_t [v_t, 1]^T`` (``a_t`` the log decays ``gamma log(1 - w)`` of the written slo
    ``[BR, C]`` tiles leave the backward room in registers where ``[C, C]`` ones spilled.
 
 The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (the reads' gradients, the
-intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state
-``L_c = Q^T [dO, dz]`` as a product; over the row tiles the sums over reading tokens, ``P^T dO`` and ``L_c``,
-are added up in their output buffers, each program owning its chunk's), ``_slots_carry`` reversed (``G_c =
-d_c G_{c+1} + L_c``), and
-``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
+intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state ``L_c = Q^T
+[dO, dz]`` as a product; over the row tiles the sums over reading tokens, ``P^T dO`` and ``L_c``, are added up in
+their output buffers, each program owning its chunk's), ``_slots_carry`` reversed (``G_c = d_c G_{c+1} + L_c``),
+and ``_slots_state_bwd`` (what the chunk's state contribution ``U`` and decay ``d`` pass back: ``dF = [V, 1]
 G^T``, ``dV += F G``). Three launches forward, three backward, whatever ``T``, and no other operation: the log
 decays ``gamma log(1 - min(w, W_MAX))`` are computed from ``w`` and ``gamma`` where they are used, and
-``_slots_state_bwd`` ends by passing their gradient to ``w`` (the weights' final gradient) and to ``gamma``
-(one partial sum per chunk, added up by the launcher: the one torch operation of the backward); the
-addresses and values are read through a token stride (:func:`kernels.common.token_stride`), so the halves of a joint
-write-and-read address tensor and the value columns of a layer's projections are read in place; the final
-state is written as ``S`` and ``z`` directly. Cost per head: time
-``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v + 1)`` numbers per chunk for the chunk states (written,
-carried and read again): the state stages grow with ``M``, hence the cutoff.
+``_slots_state_bwd`` ends by passing their gradient to ``w`` (the weights' final gradient) and to ``gamma`` (one
+partial sum per chunk, added up by the launcher: the one torch operation of the backward); the addresses and
+values are read through a token stride (:func:`kernels.common.token_stride`), so the halves of a joint
+write-and-read address tensor and the value columns of a layer's projections are read in place; the final state
+is written as ``S`` and ``z`` directly. Cost per head: time ``O(T (C K^2 + (K + C + M) d_v))``, and ``M (d_v +
+1)`` numbers per chunk for the chunk states (written, carried and read again): the state stages grow with ``M``,
+hence the cutoff.
 
 Products. ``F^T V`` and ``P V`` (forward) and ``dO V^T`` and ``P^T dO`` (backward) take the 16-bit
 ``v``/``dO`` tile with the fp32 coefficients ``F`` (``<= 1``) or ``P`` (``<= sum_i |r_i|``, as each
@@ -149,9 +148,9 @@ def _chunk_decays(WI, WW, gam, atok, valid, slot, K):
 
 @triton.jit
 def _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr, atok, valid, t, chunk, i, K, DV1, eps):
-    # read slot i of the chunk's tokens tr (rows, a tile of the chunk) against every write s of the chunk (columns
-    # t): E[t, s] (s <= t), its exponential part, A_t at the slot, the slot's start-state normaliser z0, the
-    # normaliser z_t and q = r / (z_t + eps)
+    # read slot i of the reading tokens tr (rows: a tile of the chunk) against every write of the chunk (columns:
+    # its tokens t): E[t, s] (s <= t), its exponential part, A_t at the slot, the slot's start-state normaliser
+    # z0, the normaliser z_t and q = r / (z_t + eps)
     ri = tl.load(RI + atok_r + i, mask=valid_r, other=-2)
     r = tl.load(RW + atok_r + i, mask=valid_r, other=0.0).to(tl.float32)
     D = tl.zeros([tr.shape[0], t.shape[0]], dtype=tl.float32)
