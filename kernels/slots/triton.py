@@ -300,7 +300,9 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
     # at a time: dr is theirs alone; the sums over reading tokens (the writes' dla and dw, dv = P^T dO, L_c =
     # Q^T dO) are carried across the row tiles, dla and dw in registers ([BT, BK]), dv and L_c in DVP and LG
     # (written by the first row tile, read back and added to by the others: [BT, d_v] and [M, d_v + 1]
-    # accumulators in registers would cost what the row tiles save)
+    # accumulators in registers would cost what the row tiles save). The read slots' coefficients are kept as
+    # columns of [BR, BK] tiles in the loop over read slots and spread over the slots (Q, BM at a time) after
+    # it, so that no slot-sized tile is live beside the interactions
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -314,10 +316,7 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
     gam = tl.load(GAM + h).to(tl.float32)
     DV1 = DV + 1
     chunk = (bh * NC + c) * M * DV1
-    slot = tl.arange(0, BM)
     kk = tl.arange(0, BK)
-    lrows = chunk + slot * DV1
-    ms = slot < M
     dla = tl.zeros([BT, BK], dtype=tl.float32)
     dw = tl.zeros([BT, BK], dtype=tl.float32)
     for r0 in range(0, BT, BR):
@@ -334,8 +333,10 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
             vt = tl.load(V + vtok[:, None] + dd[None, :], mask=valid[:, None] & dm, other=0.0)
             dOV += _dot_inputs(do, tl.trans(vt))
         P = tl.zeros([BR, BT], dtype=tl.float32)
-        Q = tl.zeros([BR, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of the start state S_0
-        Lz = tl.zeros([BM], dtype=tl.float32)     # sum_t dz_t e^{A_t} per slot: the reads' gradient of z_0
+        # per read slot i (column i): the slot, q e^{A_t} and dz e^{A_t}, spread over the slots after the loop
+        rslot = tl.zeros([BR, BK], dtype=tl.int32)
+        qa = tl.zeros([BR, BK], dtype=tl.float32)
+        dza = tl.zeros([BR, BK], dtype=tl.float32)
         for i in range(K):
             ri, rows, E, expo, eA, z0, z, q = _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr,
                                                                  atok, valid, t, chunk, i, K, DV1, eps)
@@ -350,9 +351,10 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
             tl.store(DR + tok_r * K + i, dr.to(DR.dtype.element_ty), mask=valid_r)
             dz = -dr * q
             P += q[:, None] * E
-            hit = ri[:, None] == slot[None, :]
-            Q += tl.where(hit, (q * eA)[:, None], 0.0)
-            Lz += tl.sum(tl.where(hit, (dz * eA)[:, None], 0.0), axis=0)
+            coli = (kk == i)[None, :]
+            rslot = tl.where(coli, ri.to(tl.int32)[:, None], rslot)
+            qa = tl.where(coli, (q * eA)[:, None], qa)
+            dza = tl.where(coli, (dz * eA)[:, None], dza)
             dE = tl.where(causal, q[:, None] * dOV + dz[:, None], 0.0)
             dEE = dE * E  # the gradient of the exponent A_t - A_s
             dAr = eA * (q * sd + dz * z0) + tl.sum(dEE, axis=1)
@@ -365,9 +367,7 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
                 dla += tl.where(col, tl.sum(tl.where(hitw, dD, 0.0), axis=0)[:, None], 0.0)
                 dw += tl.where(col, tl.sum(tl.where(hitw, dWm, 0.0), axis=0)[:, None], 0.0)
         more = r0 > 0  # not the first row tile: add to what the earlier ones stored
-        tl.store(LG + lrows + DV, Lz + tl.load(LG + lrows + DV, mask=ms & more, other=0.0), mask=ms)
         Pt = tl.trans(P)
-        Qt = tl.trans(Q)
         for d0 in range(0, DV, BDV):
             dd = d0 + tl.arange(0, BDV)
             dm = (dd < DV)[None, :]
@@ -375,9 +375,26 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
             dv_ptr = DVP + tok[:, None] * DV + dd[None, :]
             tl.store(dv_ptr, _dot_coef(Pt, do) + tl.load(dv_ptr, mask=valid[:, None] & dm & more, other=0.0),
                      mask=valid[:, None] & dm)
-            lg_ptr = LG + lrows[:, None] + dd[None, :]
-            tl.store(lg_ptr, dot_state_x(Qt, do) + tl.load(lg_ptr, mask=ms[:, None] & dm & more, other=0.0),
-                     mask=ms[:, None] & dm)
+        for m0 in range(0, M, BM):  # the reads of the start state, BM slots at a time
+            slot = m0 + tl.arange(0, BM)
+            ms = slot < M
+            lrows = chunk + slot * DV1
+            Q = tl.zeros([BR, BM], dtype=tl.float32)  # q e^{A_t} at the read slots: the reads of S_0
+            Lz = tl.zeros([BM], dtype=tl.float32)     # sum_t dz_t e^{A_t} per slot: the reads' gradient of z_0
+            for i in range(K):
+                coli = (kk == i)[None, :]
+                hit = tl.sum(tl.where(coli, rslot, 0), axis=1)[:, None] == slot[None, :]
+                Q += tl.where(hit, tl.sum(tl.where(coli, qa, 0.0), axis=1)[:, None], 0.0)
+                Lz += tl.sum(tl.where(hit, tl.sum(tl.where(coli, dza, 0.0), axis=1)[:, None], 0.0), axis=0)
+            tl.store(LG + lrows + DV, Lz + tl.load(LG + lrows + DV, mask=ms & more, other=0.0), mask=ms)
+            Qt = tl.trans(Q)
+            for d0 in range(0, DV, BDV):
+                dd = d0 + tl.arange(0, BDV)
+                dm = (dd < DV)[None, :]
+                do = tl.load(DO + tok_r[:, None] * DV + dd[None, :], mask=valid_r[:, None] & dm, other=0.0)
+                lg_ptr = LG + lrows[:, None] + dd[None, :]
+                tl.store(lg_ptr, dot_state_x(Qt, do) + tl.load(lg_ptr, mask=ms[:, None] & dm & more, other=0.0),
+                         mask=ms[:, None] & dm)
         tl.debug_barrier()  # the next row tile reads what this one stored
     tk = valid[:, None] & (kk < K)[None, :]
     tl.store(DLA + tok[:, None] * K + kk[None, :], dla, mask=tk)
@@ -576,8 +593,8 @@ def _slots_bwd(
 # ------------------------------------------------------------------------------------------------------
 class _ChunkPlan:
     """Tiles of one chunked call: chunk ``BT`` (a power of two in [16, 64]), reading tokens ``BR`` a program of
-    the read kernels takes at a time (the read backward's ``[BR, BM]`` tile of all slots stays within 4096
-    entries up to ``CHUNKED_MAX_SLOTS``), slot tile ``BMS`` of the state kernels, value columns ``BDV``."""
+    the read kernels takes at a time, slot tile ``BMS`` of the state kernels and of the read backward's reads of
+    the start state, value columns ``BDV``."""
 
     def __init__(self, T, M, dv, K, chunk_size):
         self.BM = max(16, pow2(M))
@@ -656,7 +673,7 @@ class _ChunkedSlots(torch.autograd.Function):
         DVP = torch.empty(B, T, H, dv, **f32)
         DVO = torch.empty(B, T, H, dv, dtype=v.dtype, device=v.device)
         launch(_slots_read_bwd, (pl.NC, BH), wi, w, gamma, ri, r, v, XS, dO, LG, DR, DLA, DW, DVP, T, H, M, K, dv,
-               pl.NC, SA, SV, eps, BT=pl.BT, BR=pl.BR, BM=pl.BM, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
+               pl.NC, SA, SV, eps, BT=pl.BT, BR=pl.BR, BM=pl.BMS, BDV=pl.BDV, BK=pl.BK, num_warps=pl.warps)
         launch(_slots_carry, (cdiv(E, pl.BE), BH), LG, DEC, dS if has_final else LG, dz if has_final else LG,
                dS0, dz0, E, dv + 1, pl.NC, HAS_X0=has_final, REVERSE=True, BE=pl.BE, NS=_STAGES, num_warps=4)
         launch(_slots_state_bwd, (pl.NC, BH), wi, w, gamma, v, XS, LG, DEC, DLA, DW, DWO, DG, DVP, DVO, T, H, M, K,
