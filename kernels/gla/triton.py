@@ -122,6 +122,24 @@ def _row_group(blk, DK, DV, BR: tl.constexpr, KK: tl.constexpr):
 # state pass, forward
 # --------------------------------------------------------------------------------------------------
 @triton.jit
+def _state_fwd_pass(s, A, b, h, bh, n, T, DA, sab, sat, sah, local, K, G, STARTS, R, DK, skb, skt, skh,
+                    sgb, sgt, sgh, soff, smask, offs_k, C: tl.constexpr, OP: tl.constexpr, P: tl.constexpr):
+    """The forward state pass of rows ``local`` of ``A`` (``k`` for ``H``'s rows, ``v`` for ``U``'s): stores the
+    state entering every chunk and returns the final one. One loop per row group (not a branch inside one
+    loop), so that the compiler can issue the next chunk's loads ahead of this one's arithmetic."""
+    offs_c = tl.arange(0, C)
+    for c in range(n):
+        offs_t = c * C + offs_c
+        tl.store(STARTS + (bh * n + c) * R * DK + soff, s, mask=smask)
+        Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
+        k = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP)
+        a = tokens(A, b, h, offs_t, T, sab, sat, sah, local, DA)
+        aw = tl.trans(a * tl.exp(gl - Gc)[:, None])
+        s = s * tl.exp(gl) + mm(aw, k, k, k, OP, P, 1)
+    return s
+
+
+@triton.jit
 def _state_fwd(K, V, G, S0, STARTS, FIN, T, H, n, DK, DV,
                skb, skt, skh, svb, svt, svh, sgb, sgt, sgh,
                C: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, KK: tl.constexpr, HAS_INIT: tl.constexpr,
@@ -134,24 +152,22 @@ def _state_fwd(K, V, G, S0, STARTS, FIN, T, H, n, DK, DV,
     is_h, local, rows, mr = _row_group(blk, DK, DV, BR, KK)
     offs_k = tl.arange(0, BK)
     mk = offs_k < DK
-    offs_c = tl.arange(0, C)
     smask = mr[:, None] & mk[None, :]
     soff = rows[:, None] * DK + offs_k[None, :]
     if HAS_INIT:
         s = tl.load(S0 + bh * R * DK + soff, mask=smask, other=0.0).to(tl.float32)
     else:
         s = tl.zeros([BR, BK], dtype=tl.float32)
-    for c in range(n):
-        offs_t = c * C + offs_c
-        tl.store(STARTS + (bh * n + c) * R * DK + soff, s, mask=smask)
-        Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
-        k = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP)
+    if KK:
         if is_h:
-            a = tokens(K, b, h, offs_t, T, skb, skt, skh, local, DK)
+            s = _state_fwd_pass(s, K, b, h, bh, n, T, DK, skb, skt, skh, local, K, G, STARTS, R, DK, skb, skt, skh,
+                                sgb, sgt, sgh, soff, smask, offs_k, C, OP, P)
         else:
-            a = tokens(V, b, h, offs_t, T, svb, svt, svh, local, DV)
-        aw = tl.trans(a * tl.exp(gl - Gc)[:, None])
-        s = s * tl.exp(gl) + mm(aw, k, k, k, OP, P, 1)
+            s = _state_fwd_pass(s, V, b, h, bh, n, T, DV, svb, svt, svh, local, K, G, STARTS, R, DK, skb, skt, skh,
+                                sgb, sgt, sgh, soff, smask, offs_k, C, OP, P)
+    else:
+        s = _state_fwd_pass(s, V, b, h, bh, n, T, DV, svb, svt, svh, local, K, G, STARTS, R, DK, skb, skt, skh,
+                            sgb, sgt, sgh, soff, smask, offs_k, C, OP, P)
     tl.store(FIN + bh * R * DK + soff, s, mask=smask)
 
 
@@ -189,10 +205,41 @@ def _output_fwd(Q, K, V, G, STARTS, O, scale, T, H, n, DK, DV, R, U_ROW,
 # state pass, backward
 # --------------------------------------------------------------------------------------------------
 @triton.jit
+def _state_bwd_h(d, E, G, DS, b, h, bh, n, T, DK, R, local, soff, smask, offs_k, sgb, sgt, sgh,
+                 C: tl.constexpr, HAS_E: tl.constexpr):
+    """The backward state pass of ``H``'s rows: ``E`` (the solve's and the norm's ``dL/dH_0``) enters each chunk."""
+    for i in range(n):
+        c = n - 1 - i
+        tl.store(DS + (bh * n + c) * R * DK + soff, d, mask=smask)
+        _Gc, gl = chunk_gates(G, b, h, c * C + tl.arange(0, C), T, sgb, sgt, sgh, C, True)
+        d = d * tl.exp(gl)
+        if HAS_E:
+            d += tl.load(E + ((bh * n + c) * DK + local)[:, None] * DK + offs_k[None, :], mask=smask, other=0.0)
+    return d
+
+
+@triton.jit
+def _state_bwd_u(d, Q, DO, G, DS, scale, b, h, bh, n, T, DK, DV, R, local, soff, smask, offs_k,
+                 sqb, sqt, sqh, sdb, sdt, sdh, sgb, sgt, sgh, C: tl.constexpr, OP: tl.constexpr, P: tl.constexpr):
+    """The backward state pass of ``U``'s rows: the readout's gradient ``scale (e^G dO)^T Q`` enters each chunk."""
+    for i in range(n):
+        c = n - 1 - i
+        offs_t = c * C + tl.arange(0, C)
+        tl.store(DS + (bh * n + c) * R * DK + soff, d, mask=smask)
+        Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
+        do = tokens(DO, b, h, offs_t, T, sdb, sdt, sdh, local, DV) * tl.exp(Gc)[:, None]
+        q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
+        d = d * tl.exp(gl) + mm_tn(do, q, OP, P) * scale
+    return d
+
+
+@triton.jit
 def _state_bwd(Q, DO, G, E, DFIN, DS, DS0, scale, T, H, n, DK, DV,
                sqb, sqt, sqh, sdb, sdt, sdh, sgb, sgt, sgh,
                C: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, KK: tl.constexpr, HAS_E: tl.constexpr,
                HAS_DFIN: tl.constexpr, HAS_INIT: tl.constexpr, OP: tl.constexpr, P: tl.constexpr):
+    """The backward state pass, one loop per row group (a branch on the group inside one loop kept the compiler
+    from issuing the next chunk's loads ahead of this one's arithmetic)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -201,26 +248,21 @@ def _state_bwd(Q, DO, G, E, DFIN, DS, DS0, scale, T, H, n, DK, DV,
     is_h, local, rows, mr = _row_group(blk, DK, DV, BR, KK)
     offs_k = tl.arange(0, BK)
     mk = offs_k < DK
-    offs_c = tl.arange(0, C)
     smask = mr[:, None] & mk[None, :]
     soff = rows[:, None] * DK + offs_k[None, :]
     if HAS_DFIN:
         d = tl.load(DFIN + bh * R * DK + soff, mask=smask, other=0.0).to(tl.float32)
     else:
         d = tl.zeros([BR, BK], dtype=tl.float32)
-    for i in range(n):
-        c = n - 1 - i
-        offs_t = c * C + offs_c
-        tl.store(DS + (bh * n + c) * R * DK + soff, d, mask=smask)
-        Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
-        d = d * tl.exp(gl)
+    if KK:
         if is_h:
-            if HAS_E:
-                d += tl.load(E + ((bh * n + c) * DK + local)[:, None] * DK + offs_k[None, :], mask=smask, other=0.0)
+            d = _state_bwd_h(d, E, G, DS, b, h, bh, n, T, DK, R, local, soff, smask, offs_k, sgb, sgt, sgh, C, HAS_E)
         else:
-            do = tokens(DO, b, h, offs_t, T, sdb, sdt, sdh, local, DV) * tl.exp(Gc)[:, None]
-            q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
-            d += mm_tn(do, q, OP, P) * scale
+            d = _state_bwd_u(d, Q, DO, G, DS, scale, b, h, bh, n, T, DK, DV, R, local, soff, smask, offs_k,
+                             sqb, sqt, sqh, sdb, sdt, sdh, sgb, sgt, sgh, C, OP, P)
+    else:
+        d = _state_bwd_u(d, Q, DO, G, DS, scale, b, h, bh, n, T, DK, DV, R, local, soff, smask, offs_k,
+                         sqb, sqt, sqh, sdb, sdt, sdh, sgb, sgt, sgh, C, OP, P)
     if HAS_INIT:
         tl.store(DS0 + bh * R * DK + soff, d, mask=smask)
 
