@@ -127,7 +127,7 @@ TRITON_CASES = [  # (B, T, H, M, K, d_v, chunk_size, initial state)
     (1, 33, 1, 64, 4, 70, 16, True),    # d_v in three tiles of 32
     (1, 21, 1, 130, 3, 9, 16, True),    # the state kernels in three tiles of 64 slots
     (1, 90, 2, 16, 3, 20, 64, True),    # chunks of 64: the read kernels take their tokens in row tiles
-    (1, 70, 1, 130, 4, 9, 64, False),   # ... with 256 slot columns in the read backward's tile
+    (1, 70, 1, 130, 4, 9, 64, False),   # ... the read backward's reads of the start state in three slot tiles
     (1, 19, 2, 300, 3, 40, 16, True),   # sparse (M > CHUNKED_MAX_SLOTS): d_v in two tiles, each with its own z
     (1, 13, 1, 300, 2, 70, 16, False),  # ... three tiles
 ]
