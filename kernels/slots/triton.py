@@ -147,6 +147,15 @@ def _chunk_decays(WI, WW, gam, atok, valid, slot, K):
 
 
 @triton.jit
+def _reading_rows(r0, c, b, h, T, H, K, SA, BT: tl.constexpr, BR: tl.constexpr):
+    # the row tile of reading tokens r0 .. r0 + BR of chunk c: chunk positions, validity, token rows of the
+    # (B, T, H) outputs and of the address tensors
+    tr = r0 + tl.arange(0, BR)
+    ts = c * BT + tr
+    return tr, ts < T, (b * T + ts) * H + h, (b * T + ts) * SA + h * K
+
+
+@triton.jit
 def _read_interactions(WI, WW, gam, RI, RW, XS, atok_r, valid_r, tr, atok, valid, t, chunk, i, K, DV1, eps):
     # read slot i of the reading tokens tr (rows: a tile of the chunk) against every write of the chunk (columns:
     # its tokens t): E[t, s] (s <= t), its exponential part, A_t at the slot, the slot's start-state normaliser
@@ -264,10 +273,7 @@ def _slots_read(WI, WW, GAM, RI, RW, V, XS, O, T, H, M, K, DV, NC, SA, SV, eps,
     chunk = (bh * NC + c) * M * DV1
     kk = tl.arange(0, BK)
     for r0 in range(0, BT, BR):
-        tr = r0 + tl.arange(0, BR)
-        valid_r = c * BT + tr < T
-        tok_r = (b * T + c * BT + tr) * H + h
-        atok_r = (b * T + c * BT + tr) * SA + h * K
+        tr, valid_r, tok_r, atok_r = _reading_rows(r0, c, b, h, T, H, K, SA, BT, BR)
         P = tl.zeros([BR, BT], dtype=tl.float32)
         gather = tl.zeros([BR, BK], dtype=tl.int64)
         coef = tl.zeros([BR, BK], dtype=tl.float32)
@@ -320,10 +326,7 @@ def _slots_read_bwd(WI, WW, GAM, RI, RW, V, XS, DO, LG, DR, DLA, DW, DVP, T, H, 
     dla = tl.zeros([BT, BK], dtype=tl.float32)
     dw = tl.zeros([BT, BK], dtype=tl.float32)
     for r0 in range(0, BT, BR):
-        tr = r0 + tl.arange(0, BR)
-        valid_r = c * BT + tr < T
-        tok_r = (b * T + c * BT + tr) * H + h
-        atok_r = (b * T + c * BT + tr) * SA + h * K
+        tr, valid_r, tok_r, atok_r = _reading_rows(r0, c, b, h, T, H, K, SA, BT, BR)
         causal = t[None, :] <= tr[:, None]
         dOV = tl.zeros([BR, BT], dtype=tl.float32)  # dO_t . v_s
         for d0 in range(0, DV, BDV):
