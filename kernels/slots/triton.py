@@ -600,8 +600,7 @@ class _ChunkPlan:
     the start state, value columns ``BDV``."""
 
     def __init__(self, T, M, dv, K, chunk_size):
-        self.BM = max(16, pow2(M))
-        self.BMS = min(self.BM, 64)  # the state kernels' slot tile
+        self.BMS = min(max(16, pow2(M)), 64)  # slots a state kernel (and the read backward's reads of S_0) takes at once
         self.BT = max(16, min(64, pow2(chunk_size)))
         self.BDV = min(32, max(16, pow2(dv)))
         self.BDV_STATE_BWD = 16  # beside its [BT, BMS] tiles: 32 columns spilled 392 bytes a thread (sm_90)
