@@ -3,10 +3,14 @@
 # GPU-marked tests (our kernels; flash-linear-attention's comparisons autotune for minutes and are left to
 # scripts/gpu_quick.sh), the speed targets (scripts/gpu_speed.sh) and, where TUNE_SECONDS is set, the launch
 # tuning of every mixer's kernels (python -m zoo.benchmark.launch_tune, each mixer in a process of its own, its
-# entries written into kernels/launch_tables/). Everything lands in one archive, OUTDIR/gpu-all.tgz, beside a copy of the speed
-# run's summary.md (OUTDIR: $OUT where set, else results/gpu-all):
+# entries written into kernels/launch_tables/), and GKA's solve alone (scripts/gpu_ska_gka_check.py --solve-only:
+# its time per token tile, warps, pieces and operand dtype at 16K, and what one 16-bit piece costs in accuracy,
+# the data to choose the solve's precision and tile from; at most SOLVE_SECONDS). Everything lands in one
+# archive, OUTDIR/gpu-all.tgz, beside a copy of the speed run's summary.md (OUTDIR: $OUT where set, else
+# results/gpu-all):
 #
-#   ZOO_COMMIT=<commit> scripts/gpu_all.sh     # TEST_SECONDS (120), SPEED_BUDGET (370), TUNE_SECONDS (0)
+#   ZOO_COMMIT=<commit> scripts/gpu_all.sh     # TEST_SECONDS (120), SPEED_BUDGET (370), TUNE_SECONDS (0),
+#                                              # SOLVE_SECONDS (90)
 #   scripts/gpu_all.sh --dry-run               # the same pipeline at toy sizes on the CPU
 #
 # The tuning is off unless TUNE_SECONDS is set: on an H200 at 009bc4a it finished no mixer within 60 + 60 s,
@@ -23,6 +27,7 @@ OUT_DIR="${OUT:-results/gpu-all}"
 TEST_SECONDS="${TEST_SECONDS:-120}"
 SPEED_BUDGET="${SPEED_BUDGET:-370}"
 TUNE_SECONDS="${TUNE_SECONDS:-0}"
+SOLVE_SECONDS="${SOLVE_SECONDS:-90}"
 export PYTHONUNBUFFERED=1
 work="$(mktemp -d)"
 mkdir -p "$OUT_DIR" "$work/launch_tables"
@@ -42,9 +47,11 @@ if [ "$DRY" = 0 ]; then
     grep -E "^(FAILED|ERROR)|passed|failed" "$work/gpu-tests.txt" | tail -15
     speed=(--budget "$SPEED_BUDGET")
     tune=(--write-table --budget "$TUNE_SECONDS")
+    solve=(--solve-only --seq-lens 16384)
 else
     speed=(--dry-run)
     tune=(--dry-run jordan --write-table --arch 90 --table-dir "$work/launch_tables")
+    solve=(--solve-only --dry-run)
 fi
 
 echo "+ gpu_speed ${speed[*]}"
@@ -61,6 +68,13 @@ if [ "$DRY" = 1 ] || [ "$TUNE_SECONDS" -gt 0 ]; then
     [ "$DRY" = 0 ] && cp kernels/launch_tables/*.json "$work/launch_tables/" 2>/dev/null
 else
     echo "launch_tune: not run (TUNE_SECONDS=0)"
+fi
+
+if [ "$SOLVE_SECONDS" -gt 0 ]; then
+    echo "+ gpu_ska_gka_check ${solve[*]} (at most $SOLVE_SECONDS s)"
+    timeout "$SOLVE_SECONDS" python3 scripts/gpu_ska_gka_check.py "${solve[@]}" --json "$work/gka-solve.json" \
+        > /dev/null 2> "$work/gka-solve.log"
+    echo "gka solve: exit status $? (gka-solve.json)"
 fi
 
 cp "$work"/bench-gpu-*/summary.md "$OUT_DIR/summary.md" 2>/dev/null

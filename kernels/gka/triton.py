@@ -50,7 +50,11 @@ ridge_a = 0.02). Measured against fp64 on GKA's solves (d 64-128, C 64, r 30, ou
 one bf16 piece 1.2e-2..3.0e-2 (fp16: 1.2e-3..4.1e-3), two pieces of every operand 1.8e-5..4.7e-5 (fp16:
 1.1e-6..1.3e-6); two pieces in the key products only, 3.4e-3..5.1e-3. For the same reason the state pass, the
 norm and the readout take two pieces too (:data:`STAGE_PIECES`: ``q~``, the states and every decay-weighted
-operand). ``grad="reverse_chebyshev"`` reconstructs ``xi_{i-2}`` from ``xi_{i-1}, xi_i`` by running the
+operand). Through the whole op with fp16 inputs (T 128, d 32 and 64, C 64, unit queries, keys of norm 0.2-1),
+one fp16 piece in the solve leaves 5.3e-3..5.5e-3 in the output and up to 9e-3 in the gradients, twenty-five
+times the 2.0e-4..2.3e-4 of two pieces (the outputs' own fp16 rounding); ``scripts/gpu_ska_gka_check.py
+--solve-only`` measures the choices (bf16, one piece of bf16 or of fp16) and their times on a GPU.
+``grad="reverse_chebyshev"`` reconstructs ``xi_{i-2}`` from ``xi_{i-1}, xi_i`` by running the
 recurrence backwards, which amplifies any difference between the forward's products and the reconstruction's
 by ~1e4-1e6 at r = 30 (measured dK error against fp64 with one bf16 piece 0.16-0.52, fp16 2e-2..4e-2, fp32
 products 2.5e-4..5.3e-4; d 32 and 64, C 64): that mode's forward solve and its reconstruction take ``PREC = 3``
