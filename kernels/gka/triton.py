@@ -7,20 +7,20 @@ G_s}`` for ``s <= t``, ``H_0, U_0`` the states the chunk starts from), as in :mo
     A_t xi = e^{G_t} H_0 xi + sum_{s<=t} M_ts (k_s . xi) k_s + lam_t xi,   x_t ~= A_t^{-1} q_t (r Chebyshev steps)
     q~_t = q_t + alpha_t (x_t - q_t),   o_t = scale (e^{G_t} U_0 q~_t + sum_{s<=t} M_ts (k_s . q~_t) v_s)
 
-Forward, four launches: the state pass of ``(H, U)`` (one state of ``d_k + d_v`` rows sharing the decay) and
-the readout are the gated-linear-recurrence stages of :mod:`kernels.gla.triton`; between them ``_norm_fwd``
-(``n2`` of every token from ``H_0``, the keys and the decays) and ``_solve_kernel`` (the ridge and bounds from
-``n2``, ``r`` iterations, and the alpha-connection ``q~`` in its epilogue). Backward, six: the readout's own
-gradients (``_chunk_bwd`` with ``LOCAL``), the solve's (``grad="implicit"``: ``_solve_kernel`` again on ``A z =
-alpha dq~`` (``A`` is symmetric), with ``dq = z + (1 - alpha) dq~`` and ``dalpha = (x - q) . dq~`` in its
-epilogue, then ``_vjp_kernel``; ``"reverse_chebyshev"``: ``_reverse_kernel``, the paper's Algorithm 2),
-``_norm_bwd`` (the closed-form norm's gradients from ``dn2``), the state pass backwards over ``(H, U)`` (``H``'s
-rows take the ``dL/dH_0`` of the solve and the norm, ``U``'s the readout's) and the chunk's state gradients
-(``_chunk_bwd`` with ``STATE``, which also adds the fp32 partial gradients of the steps before and sums ``dG``
-into ``dg`` within the chunk). Every sum over tokens stays inside one program (no atomics); the partial
-buffers are written by one kernel and read-added-written by the next, each element owned by one program.
-Each stage keeps its reference: :func:`kernels.gka.chunked.chunk_states`, ``frob_norm_sq``, :mod:`reference`'s
-``ridge``/``mix_query``, :class:`kernels.gka.chebyshev.ChunkOp` with ``iterative_solve``, and
+Forward, four launches: the state pass of ``(H, U)`` (one state of ``d_k + d_v`` rows sharing the decay) and the
+readout are the gated-linear-recurrence stages of :mod:`kernels.gla.triton`; between them ``_norm_fwd`` (``n2`` of
+every token from ``H_0``, the keys and the decays) and ``_solve_kernel`` (the ridge and bounds from ``n2``, ``r``
+iterations, and the alpha-connection ``q~`` in its epilogue). Backward, six: the readout's own gradients
+(``_chunk_bwd`` with ``LOCAL``), the solve's (``grad="implicit"``: ``_solve_kernel`` again on ``A z = alpha dq~``
+(``A`` is symmetric), with ``dq = z + (1 - alpha) dq~``, ``dalpha = (x - q) . dq~`` and the backward's per-token
+terms (``dn2_t`` and the ``t`` part of ``dG_t``) in its epilogue, then ``_vjp_kernel``; ``"reverse_chebyshev"``:
+``_reverse_kernel``, the paper's Algorithm 2), ``_norm_bwd`` (the closed-form norm's gradients from ``dn2``), the
+state pass backwards over ``(H, U)`` (``H``'s rows take the ``dL/dH_0`` of the solve and the norm, ``U``'s the
+readout's) and the chunk's state gradients (``_chunk_bwd`` with ``STATE``, which also adds the fp32 partial
+gradients of the steps before and sums ``dG`` into ``dg`` within the chunk). Every sum over tokens stays inside one
+program (no atomics); the partial buffers are written by one kernel and read-added-written by the next, each element
+owned by one program. Each stage keeps its reference: :func:`kernels.gka.chunked.chunk_states`, ``frob_norm_sq``,
+:mod:`reference`'s ``ridge``/``mix_query``, :class:`kernels.gka.chebyshev.ChunkOp` with ``iterative_solve``, and
 :func:`kernels.gla.chunked.gla_chunk_readout`.
 
 The solve. Every token ``t`` of a chunk solves its own system. In row-vector form, for a tile of tokens
@@ -34,11 +34,12 @@ program holds a tile of ``BT`` tokens x the whole head dimension and runs all ``
 grid is (chunks, heads, token tiles). The head dimension cannot be split across programs: every product of an
 iteration mixes all of ``d``, and the iteration is sequential. The element-wise work of an iteration (the
 Chebyshev step, the ``e^G`` and ``lam`` terms, the decay mask) is not a product. ``_vjp_kernel`` forms the
-implicit backward's parameter gradients of ``<-z, A x>``; its grid splits each chunk into key tiles (a program
-sums ``dK_s`` and the ``s`` part of ``dG`` over the tokens ``t >= s``, and does its own tokens' ``dn2`` and ``t``
-part of ``dG``) and row tiles of ``dH0``. ``_reverse_kernel`` walks the iteration backwards from ``xi_r,
-xi_{r-1}`` (one program per chunk; its weight schedule ``omega_i`` is computed forwards into a scratch buffer
-and read back in reverse, see :mod:`kernels.gka.chebyshev`).
+implicit backward's parameter gradients of ``<-z, A x>`` but the per-token ones, which the backward's solve
+forms (their ``e^{G_t} u_t.H0 x_t`` needs ``H0``, 64 KB at d 128, which the solve's tile holds in pieces
+already and a key tile would load and split again); its grid splits each chunk into key tiles (a program sums
+``dK_s`` and the ``s`` part of ``dG`` over the tokens ``t >= s``) and row tiles of ``dH0``. ``_reverse_kernel``
+walks the iteration backwards from ``xi_r, xi_{r-1}`` (one program per chunk; its weight schedule ``omega_i``
+is computed forwards into a scratch buffer and read back in reverse, see :mod:`kernels.gka.chebyshev`).
 
 Precision. fp32 inputs: every product is exact fp32 (``input_precision="ieee"``). bf16/fp16 inputs: every
 product takes 16-bit operands (:mod:`kernels.pieces`) with fp32 accumulation; iterates, residuals, weights,
@@ -244,16 +245,17 @@ def _norm_bwd(K, G, STARTS, DN2, E, DKP, DGP, T, H, n, D, R, skb, skt, skh, sgb,
 # the solve (forward, and the implicit backward's A z = dx)
 # --------------------------------------------------------------------------------------------------
 @triton.jit
-def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, ridge_a, ridge_eps, T, TR, H, n, D, R,
-                  srb, srt, srh, sab, sat, sah, sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sdb, sdt, sdh,
+def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, DN2, DGP, ridge_a, ridge_eps, T, TR, H, n,
+                  D, R, srb, srt, srh, sab, sat, sah, sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sdb, sdt, sdh,
                   sdab, sdat, sdah,
                   RITER: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, OP: tl.constexpr,
                   P: tl.constexpr, CUM: tl.constexpr, STORE_PREV: tl.constexpr, MIX: tl.constexpr,
-                  HAS_ALPHA: tl.constexpr):
+                  HAS_ALPHA: tl.constexpr, VJP: tl.constexpr, ACC_G: tl.constexpr):
     """``r`` Chebyshev iterations for one tile of ``BT`` tokens of one chunk. ``MIX`` 0: solve ``A x = rhs``
     into ``X``; 1 (forward): also ``q~ = q + alpha (x - q)`` into ``QT`` (``rhs`` is ``q``); 2 (backward,
     ``rhs = dq~``): solve ``A z = alpha dq~`` into ``X``, ``dq = z + (1 - alpha) dq~`` into ``DQ`` and
-    ``dalpha = (x - q) . dq~`` into ``DA`` (``x`` from ``XF``)."""
+    ``dalpha = (x - q) . dq~`` into ``DA`` (``x`` from ``XF``). ``VJP`` (the implicit backward's solve, ``XF``
+    the forward's ``x``): also the per-token terms of that backward (:func:`_vjp_tokens`)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -296,6 +298,8 @@ def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, ridge_
         y += dy
     x = y * rs[:, None]
     _put(X, x, bh, Tp, offs_t, offs_d, D)
+    if VJP:
+        _vjp_tokens(x, XF, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, offs_d, D, ridge_a, OP, P, ACC_G)
     if STORE_PREV:
         _put(XP, (y - dy) * rs[:, None], bh, Tp, offs_t, offs_d, D)
     if MIX == 1:
@@ -317,13 +321,32 @@ def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, ridge_
 # backward of the solve
 # --------------------------------------------------------------------------------------------------
 @triton.jit
-def _vjp_kernel(X, Z, K, G, STARTS, N2, E, DKP, DGP, DN2, ridge_a, T, H, n, D, R,
-                skb, skt, skh, sgb, sgt, sgh,
+def _vjp_tokens(z, XF, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, offs_d, D, ridge_a, OP: tl.constexpr,
+                P: tl.constexpr, ACC: tl.constexpr):
+    """The per-token terms of the gradients of ``<u, A x>`` (``u = -z``, ``x`` the forward's solution from
+    ``XF``), formed at the end of the backward's solve, whose tile already holds ``H0`` and the chunk's keys:
+    ``dL/dn2_t`` (through ``lam_t``) into ``DN2`` and the ``t`` part of ``dG_t``, ``e^{G_t} u_t.H0 x_t + sum_s
+    M_ts (x_t.k_s)(u_t.k_s)``, into ``DGP`` (added where ``ACC``). ``eGh`` is ``e^{G_t}`` times the power of
+    two ``H0``'s pieces were divided by."""
+    x = _vec(XF, bh, Tp, offs_t, offs_d, D)
+    u = -z
+    xh = mm_rows(x, h1, h2, h3, OP, P, P)
+    w = mm_rows(x, kt, kt, kt, OP, P, 1) * M * mm_rows(u, kt, kt, kt, OP, P, 1)
+    dG = eGh * tl.sum(u * xh, axis=1) + tl.sum(w, axis=1)
+    tl.store(DN2 + bh * Tp + offs_t, _dn2(tl.sum(u * x, axis=1), N2, bh, Tp, offs_t, ridge_a))
+    if ACC:
+        dG += tl.load(DGP + bh * Tp + offs_t)
+    tl.store(DGP + bh * Tp + offs_t, dG)
+
+
+@triton.jit
+def _vjp_kernel(X, Z, K, G, E, DKP, DGP, T, H, n, D, skb, skt, skh, sgb, sgt, sgh,
                 C: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, OP: tl.constexpr,
                 P: tl.constexpr, CUM: tl.constexpr, ACC: tl.constexpr):
-    """Gradients of ``<u, A x>`` (``u = -z``) w.r.t. ``(H0, K, G, n2)`` (``n2`` through ``lam``). Program
-    ``j < C / BT`` of a chunk owns keys and tokens ``j BT ..``; program ``C / BT + i`` owns rows ``i RB ..`` of
-    ``dH0`` (into ``E``). ``dK`` and ``dG`` are added to ``DKP``, ``DGP`` (``ACC``; else written)."""
+    """Gradients of ``<u, A x>`` (``u = -z``) w.r.t. ``H0`` and the keys, and the ``s`` part of ``dG_s``
+    (``-sum_{t>=s} M_ts (x_t.k_s)(u_t.k_s)``); the per-token terms came with the solve (:func:`_vjp_tokens`).
+    Program ``j < C / BT`` of a chunk owns keys ``j BT ..``; program ``C / BT + i`` owns rows ``i RB ..`` of
+    ``dH0`` (into ``E``). ``dK`` is added to ``DKP`` (``ACC``; else written), ``dG`` always to ``DGP``."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -336,25 +359,12 @@ def _vjp_kernel(X, Z, K, G, STARTS, N2, E, DKP, DGP, DN2, ridge_a, T, H, n, D, R
     offs_s = tl.arange(0, C)
     Gs, _gl = chunk_gates(G, b, h, c * C + offs_s, T, sgb, sgt, sgh, C, CUM)
     if j < NB:
-        offs_j = j * BT + tl.arange(0, BT)
-        # own tokens t: dn2_t and the t part of dG (e^{G_t} u_t.H0 x_t + sum_s W_ts, all keys s)
-        k = tokens(K, b, h, c * C + offs_s, T, skb, skt, skh, offs_d, D)
-        kt = operand(tl.trans(k), OP)
-        h0, hs = _load_h0(STARTS, bh, c, n, R, D, BD, OP)
-        h1, h2, h3 = pieces(tl.trans(h0), OP, P)
-        Gj = tl.sum(tl.where(offs_j[:, None] == offs_s[None, :], Gs[None, :], 0.0), axis=1)
-        eG = tl.exp(Gj)
-        M = decay_mask(Gj, Gs, offs_j, offs_s)
-        x = _vec(X, bh, Tp, c * C + offs_j, offs_d, D)
-        u = -_vec(Z, bh, Tp, c * C + offs_j, offs_d, D)
-        xh = mm_rows(x, h1, h2, h3, OP, P, P) * hs
-        w = mm_rows(x, kt, kt, kt, OP, P, 1) * M * mm_rows(u, kt, kt, kt, OP, P, 1)
-        dG = eG * tl.sum(u * xh, axis=1) + tl.sum(w, axis=1)
-        tl.store(DN2 + bh * Tp + c * C + offs_j, _dn2(tl.sum(u * x, axis=1), N2, bh, Tp, c * C + offs_j, ridge_a))
         # own keys s: dK_s and the s part of dG, summed over the tokens t >= s
+        offs_j = j * BT + tl.arange(0, BT)
         kj = tokens(K, b, h, c * C + offs_j, T, skb, skt, skh, offs_d, D)
         kjt = operand(tl.trans(kj), OP)
         Gjs = tl.sum(tl.where(offs_j[:, None] == offs_s[None, :], Gs[None, :], 0.0), axis=1)
+        dG = tl.zeros([BT], dtype=tl.float32)
         dk = tl.zeros([BT, BD], dtype=tl.float32)
         for tb in range(j, NB):
             offs_tt = tb * BT + tl.arange(0, BT)
@@ -368,8 +378,7 @@ def _vjp_kernel(X, Z, K, G, STARTS, N2, E, DKP, DGP, DN2, ridge_a, T, H, n, D, R
             dk += mm_tn(uk * Mt, xt, OP, P) + mm_tn(a, ut, OP, P)
         if ACC:
             dk += _vec(DKP, bh, Tp, c * C + offs_j, offs_d, D)
-            dG += tl.load(DGP + bh * Tp + c * C + offs_j)
-        tl.store(DGP + bh * Tp + c * C + offs_j, dG)
+        tl.store(DGP + bh * Tp + c * C + offs_j, dG + tl.load(DGP + bh * Tp + c * C + offs_j))
         _put(DKP, dk, bh, Tp, c * C + offs_j, offs_d, D)
     else:
         # rows i of dH0 = sum_t e^{G_t} u_t[i] x_t^T
@@ -592,9 +601,10 @@ def _norm_grads(k, g, starts, dn2, E, dkp, dgp, lay, op, acc, cum=True):
 
 
 def _solve(rhs, rhs_len, alpha, q, k, g, starts, n2, lay, r, op, ridge, *, mix, store_prev=False, exact=False,
-           xf=None, dq=None, dalpha=None, cum=True):
+           xf=None, dq=None, dalpha=None, vjp=None, cum=True):
     """One launch of ``_solve_kernel``; returns ``(X, XP, QT)`` (fp32 heads-first buffers, XP/QT None if
-    unused)."""
+    unused). ``vjp = (dn2, dgp, acc)``: the implicit backward's solve (``xf`` the forward's ``x``), which also
+    writes ``dn2`` and adds (``acc``; else writes) the per-token part of ``dG`` into ``dgp``."""
     X = lay.buf(k, lay.D)
     XP = lay.buf(k, lay.D) if store_prev else None
     QT = lay.buf(k, lay.D) if mix == 1 and alpha is not None else None
@@ -603,11 +613,12 @@ def _solve(rhs, rhs_len, alpha, q, k, g, starts, n2, lay, r, op, ridge, *, mix, 
     launch(_solve_kernel, (lay.n, lay.B * lay.H, lay.C // BT), rhs, dummy if alpha is None else alpha,
            dummy if q is None else q, k, g, starts, n2, X, dummy if XP is None else XP,
            dummy if QT is None else QT, dummy if xf is None else xf, dummy if dq is None else dq,
-           dummy if dalpha is None else dalpha, float(ridge[0]), float(ridge[1]), lay.T, rhs_len, lay.H, lay.n,
+           dummy if dalpha is None else dalpha, *(vjp[:2] if vjp else (dummy, dummy)), float(ridge[0]),
+           float(ridge[1]), lay.T, rhs_len, lay.H, lay.n,
            lay.D, starts.shape[3], *tok_strides(rhs), *_strides3(alpha), *_strides3(q), *tok_strides(k),
            *tok_strides(g), *_strides3(dq), *_strides3(dalpha), RITER=r, C=lay.C, BT=BT, BD=lay.BD, OP=op,
            P=_pieces_for(op, exact), CUM=cum, STORE_PREV=store_prev, MIX=mix, HAS_ALPHA=alpha is not None,
-           num_warps=warps)
+           VJP=vjp is not None, ACC_G=bool(vjp and vjp[2]), num_warps=warps)
     return X, XP, QT
 
 
@@ -615,12 +626,12 @@ def _strides3(t):
     return (0, 0, 0) if t is None else tok_strides(t)
 
 
-def _vjp(X, Z, k, g, starts, n2, E, dkp, dgp, dn2, lay, op, ridge_a, acc, cum=True):
+def _vjp(X, Z, k, g, E, dkp, dgp, lay, op, acc, cum=True):
     BT, warps = _backward_config(lay.C, lay.BD)
     RB = min(lay.BD, 32)
-    launch(_vjp_kernel, (lay.n, lay.B * lay.H, lay.C // BT + lay.BD // RB), X, Z, k, g, starts, n2, E, dkp, dgp,
-           dn2, float(ridge_a), lay.T, lay.H, lay.n, lay.D, starts.shape[3], *tok_strides(k), *tok_strides(g),
-           C=lay.C, BT=BT, BD=lay.BD, RB=RB, OP=op, P=_pieces_for(op), CUM=cum, ACC=acc, num_warps=warps)
+    launch(_vjp_kernel, (lay.n, lay.B * lay.H, lay.C // BT + lay.BD // RB), X, Z, k, g, E, dkp, dgp, lay.T, lay.H,
+           lay.n, lay.D, *tok_strides(k), *tok_strides(g), C=lay.C, BT=BT, BD=lay.BD, RB=RB, OP=op,
+           P=_pieces_for(op), CUM=cum, ACC=acc, num_warps=warps)
 
 
 def _reverse(rhs, rhs_len, alpha, q, k, g, starts, n2, X, XP, dqt, dq, dalpha, E, dkp, dgp, dn2, lay, r, op, ridge,
@@ -694,8 +705,8 @@ class _GKATriton(torch.autograd.Function):
                      ridge, mix=2, acc=True)
         else:
             Z, _, _ = _solve(lay.view(dqt), lay.Tp, alpha, q, k, g, starts, n2, lay, r, op, ridge, mix=2, xf=X,
-                             dq=dq, dalpha=dalpha)
-            _vjp(X, Z, k, g, starts, n2, E, dkp, dgp, dn2, lay, op, ridge[0], acc=True)
+                             dq=dq, dalpha=dalpha, vjp=(dn2, dgp, True))
+            _vjp(X, Z, k, g, E, dkp, dgp, lay, op, acc=True)
         _norm_grads(k, g, starts, dn2, E, dkp, dgp, lay, op, acc=True)
         ds, ds0 = stages.state_grads(query, do, g, E, dfin, init_dtype is not None, scale, C, R, DK, op, P)
         stages.chunk_grads(query, k, v, g, do, starts, ds, dq, (dk, dv, dg), (dkp, dvp, dgp), scale, C, False, True,
@@ -775,8 +786,8 @@ class _ChunkSolve(torch.autograd.Function):
                      ridge, mix=0, acc=False, cum=False)
         else:
             dq, _, _ = _solve(lay.view(dXf), lay.Tp, None, None, Kf, Gf, starts, n2f, lay, r, op, ridge, mix=0,
-                              cum=False)
-            _vjp(X, dq, Kf, Gf, starts, n2f, E, dk, dg, dn2, lay, op, ridge[0], acc=False, cum=False)
+                              xf=X, vjp=(dn2, dg, False), cum=False)
+            _vjp(X, dq, Kf, Gf, E, dk, dg, lay, op, acc=False, cum=False)
         hf = lambda t, *tail: t.view(b, h, n, C, *tail).to(dtype)  # noqa: E731
         return (None, None, None, None, hf(dq, D), E.to(dtype), hf(dk, D), hf(dg), hf(dn2))
 
