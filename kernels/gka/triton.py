@@ -298,8 +298,10 @@ def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, DN2, D
         y += dy
     x = y * rs[:, None]
     _put(X, x, bh, Tp, offs_t, offs_d, D)
+    if VJP or MIX == 2:
+        xf = _vec(XF, bh, Tp, offs_t, offs_d, D)
     if VJP:
-        _vjp_tokens(x, XF, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, offs_d, D, ridge_a, OP, P, ACC_G)
+        _vjp_tokens(x, xf, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, ridge_a, OP, P, ACC_G)
     if STORE_PREV:
         _put(XP, (y - dy) * rs[:, None], bh, Tp, offs_t, offs_d, D)
     if MIX == 1:
@@ -310,7 +312,6 @@ def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, DN2, D
         if HAS_ALPHA:
             a = _gate(ALPHA, b, h, offs_t, T, sab, sat, sah)
             qin = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_d, D)
-            xf = _vec(XF, bh, Tp, offs_t, offs_d, D)
             tl.store(DA + b * sdab + h * sdah + offs_t.to(tl.int64) * sdat,
                      tl.sum((xf - qin) * rhs, axis=1).to(DA.dtype.element_ty), mask=offs_t < T)
             x += (1.0 - a)[:, None] * rhs
@@ -321,14 +322,13 @@ def _solve_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, QT, XF, DQ, DA, DN2, D
 # backward of the solve
 # --------------------------------------------------------------------------------------------------
 @triton.jit
-def _vjp_tokens(z, XF, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, offs_d, D, ridge_a, OP: tl.constexpr,
+def _vjp_tokens(z, x, N2, DN2, DGP, h1, h2, h3, kt, M, eGh, bh, Tp, offs_t, ridge_a, OP: tl.constexpr,
                 P: tl.constexpr, ACC: tl.constexpr):
-    """The per-token terms of the gradients of ``<u, A x>`` (``u = -z``, ``x`` the forward's solution from
-    ``XF``), formed at the end of the backward's solve, whose tile already holds ``H0`` and the chunk's keys:
-    ``dL/dn2_t`` (through ``lam_t``) into ``DN2`` and the ``t`` part of ``dG_t``, ``e^{G_t} u_t.H0 x_t + sum_s
-    M_ts (x_t.k_s)(u_t.k_s)``, into ``DGP`` (added where ``ACC``). ``eGh`` is ``e^{G_t}`` times the power of
-    two ``H0``'s pieces were divided by."""
-    x = _vec(XF, bh, Tp, offs_t, offs_d, D)
+    """The per-token terms of the gradients of ``<u, A x>`` (``u = -z``, ``x`` the forward's solution), formed
+    at the end of the backward's solve, whose tile already holds ``H0`` and the chunk's keys: ``dL/dn2_t``
+    (through ``lam_t``) into ``DN2`` and the ``t`` part of ``dG_t``, ``e^{G_t} u_t.H0 x_t + sum_s M_ts
+    (x_t.k_s)(u_t.k_s)``, into ``DGP`` (added where ``ACC``). ``eGh`` is ``e^{G_t}`` times the power of two
+    ``H0``'s pieces were divided by."""
     u = -z
     xh = mm_rows(x, h1, h2, h3, OP, P, P)
     w = mm_rows(x, kt, kt, kt, OP, P, 1) * M * mm_rows(u, kt, kt, kt, OP, P, 1)
