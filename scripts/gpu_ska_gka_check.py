@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -87,7 +88,13 @@ def _solve_operand(operand: str):
     import kernels.gka.triton as kt
     old = kt._solve
     if operand == "fp16":
-        kt._solve = lambda *a, **kw: old(*a[:10], 2 if a[10] else 0, *a[11:], **kw)  # a[10]: the operand code
+        signature = inspect.signature(old)
+
+        def fp16_solve(*args, **kwargs):
+            call = signature.bind(*args, **kwargs)
+            call.arguments["op"] = 2 if call.arguments["op"] else 0    # fp32 inputs keep fp32's products
+            return old(*call.args, **call.kwargs)
+        kt._solve = fp16_solve
     try:
         yield
     finally:
