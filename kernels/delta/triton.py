@@ -147,6 +147,17 @@ def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
     return Tm
 
 
+@triton.jit
+def _chunk_tokens(L, H: tl.constexpr, BT: tl.constexpr):
+    """``(c, bh, b, hd, rows, t, m_t)`` of a program on chunk ``c`` (axis 0) of head ``bh`` (axis 1): batch
+    ``b``, head ``hd``, the chunk's rows, their positions ``t`` and the ``(BT, 1)`` mask of those before ``L``."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    t = c * BT + rows
+    return c, bh, bh // H, bh % H, rows, t, (t < L)[:, None]
+
+
 # ---------------------------------------------------------------------------------------------------
 # forward kernels
 # ---------------------------------------------------------------------------------------------------
@@ -154,14 +165,8 @@ def _merge_pairs(Tm, A, S: tl.constexpr, BT: tl.constexpr, LOWP: tl.constexpr):
 def _fwd_prep(k_ptr, v_ptr, b_ptr, g_ptr, G_ptr, Tm_ptr, U_ptr, W_ptr, L, Lp, SK, SV, SKS, SVS,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
               NQ: tl.constexpr, NS: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr):
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    hd = bh % H
+    c, bh, b, hd, rows, t, m_t = _chunk_tokens(L, H, BT)
     DT = k_ptr.dtype.element_ty
-    rows = tl.arange(0, BT)
-    t = c * BT + rows
-    m_t = (t < L)[:, None]
     k_base = k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
     if HAS_G:
@@ -231,23 +236,17 @@ def _fwd_state(k_ptr, G_ptr, U_ptr, W_ptr, h0_ptr, h_ptr, D_ptr, hT_ptr, L, Lp, 
 def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK, SKS,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
              NQ: tl.constexpr, NS: tl.constexpr):
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    hd = bh % H
+    c, bh, b, hd, rows, t, m_t = _chunk_tokens(L, H, BT)
     DT = k_ptr.dtype.element_ty
     BQ: tl.constexpr = BT // NQ
-    rows = tl.arange(0, BT)
     qi = tl.arange(0, BQ)
     p = qi * NQ + NQ - 1                      # in-chunk positions of the query rows
     offs_k = tl.arange(0, K)
-    t = c * BT + rows
     tok = c * BQ + qi
     m_q = (tok < L // NQ)[:, None]
     qq = tl.load(q_ptr + b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ + offs_k[None, :], mask=m_q,
                  other=0.0)
-    kk = tl.load(k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None] + offs_k[None, :], mask=(t < L)[:, None],
-                 other=0.0)
+    kk = tl.load(k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None] + offs_k[None, :], mask=m_t, other=0.0)
     G = tl.load(G_ptr + bh * Lp + t)
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
     causal = p[:, None] >= rows[None, :]
@@ -270,17 +269,12 @@ def _fwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, o_ptr, scale, L, Lp, N, SQ, SK, 
 def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dDo_ptr, scale, L, Lp, N, SQ, SK,
              SKS, SDQ, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
              BV: tl.constexpr, NQ: tl.constexpr, NS: tl.constexpr):
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    hd = bh % H
+    c, bh, b, hd, rows, t, m_t = _chunk_tokens(L, H, BT)
     DT = k_ptr.dtype.element_ty
     BQ: tl.constexpr = BT // NQ
-    rows = tl.arange(0, BT)
     qi = tl.arange(0, BQ)
     p = qi * NQ + NQ - 1
     offs_k = tl.arange(0, K)
-    t = c * BT + rows
     tok = c * BQ + qi
     m_q = (tok < L // NQ)[:, None]
     q_base = b * (L // NQ) * SQ + hd * K + tok[:, None] * SQ
@@ -291,7 +285,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
     Gq = tl.load(G_ptr + bh * Lp + c * BT + p)
     causal = p[:, None] >= rows[None, :]
     qq = tl.load(q_ptr + q_base + offs_k[None, :], mask=m_q, other=0.0)
-    kk = tl.load(k_ptr + k_base + offs_k[None, :], mask=(t < L)[:, None], other=0.0)
+    kk = tl.load(k_ptr + k_base + offs_k[None, :], mask=m_t, other=0.0)
     # P = (Q K^T) * M in fp32 is all the loop below keeps of Q K^T and M (M is formed again after it: two fp32
     # tiles fewer live beside the loop's products)
     P = tl.dot(qq, tl.trans(kk), input_precision=_PREC) \
@@ -322,7 +316,7 @@ def _bwd_out(q_ptr, k_ptr, G_ptr, h_ptr, D_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, 
             dqS = tl.dot(do, S0T, dqS, input_precision=_PREC)
         dqg = eGq[:, None] * dqS
         qb = tl.load(q_ptr + q_base + offs_kb[None, :], mask=m_q, other=0.0)
-        kb = tl.load(k_ptr + k_base + offs_kb[None, :], mask=(t < L)[:, None], other=0.0)
+        kb = tl.load(k_ptr + k_base + offs_kb[None, :], mask=m_t, other=0.0)
         tl.store(dq_ptr + dq_base + offs_kb[None, :], tl.dot(dQKd, kb, dqg, input_precision=_PREC), mask=m_q)
         tl.store(dk_ptr + bh * Lp * K + t[:, None] * K + offs_kb[None, :],
                  tl.dot(tl.trans(dQKd), qb, input_precision=_PREC))
@@ -384,14 +378,8 @@ def _bwd_prep_state(k_ptr, G_ptr, h_ptr, D_ptr, dh_ptr, dU_ptr, dW_ptr, dko_ptr,
     """Step 1'a: the gradients through ``D = U - W h_c`` and the state update ``K^T (e^{gC - G} D)``: stores
     ``dW = -dU h_c^T`` and adds ``e^{gC - G} D dh_{c+1}^T`` to the partial ``dK`` and the gate terms to the partial
     ``dG`` (both read, added and written in place: each element belongs to one program)."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    hd = bh % H
+    c, bh, b, hd, rows, t, m_t = _chunk_tokens(L, H, BT)
     DT = k_ptr.dtype.element_ty
-    rows = tl.arange(0, BT)
-    t = c * BT + rows
-    m_t = (t < L)[:, None]
     k_base = k_ptr + hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
     G = tl.load(G_ptr + bh * Lp + t)
     gC = tl.load(G_ptr + bh * Lp + c * BT + BT - 1)
@@ -433,14 +421,8 @@ def _bwd_prep_wy(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, dU_ptr, dW_ptr, dks_ptr, dG
     """Step 1'b: the gradients through the UT transform, ``U = Tm diag(beta) V``, ``W = Tm diag(beta e^G) K`` and
     ``Tm = (I + A)^{-1}`` (``dTm = dU (beta V)^T + dW (beta e^G K)^T``, ``dA = -Tm^T dTm Tm^T``), to the inputs'
     ``dK`` (with the partial one of step 1'a), ``dV``, ``dbeta`` and ``dgamma``."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    hd = bh % H
+    c, bh, b, hd, rows, t, m_t = _chunk_tokens(L, H, BT)
     DT = k_ptr.dtype.element_ty
-    rows = tl.arange(0, BT)
-    t = c * BT + rows
-    m_t = (t < L)[:, None]
     k_base = hd * K + _at(b, t, L, SK, SKS, NS)[:, None]
     dk_base = hd * K + _at(b, t, L, SDK, SDKS, NS)[:, None]
     beta = tl.load(b_ptr + b * L * H + hd + t * H, mask=t < L, other=0.0).to(tl.float32)
