@@ -28,6 +28,12 @@ Options:
   with the norm over the ``m`` components of each block (:func:`kernels.blockscan.jordan_scan_normed`).
   This is the setting that REPRODUCES the paper's "+ LayerNorm" models; it is nonlinear, so the scan
   is sequential (the kernel's recurrent scan, not chunk-parallel), and it needs ``m >= 2``.
+  A block whose pre-norm state has zero variance (exactly zero input from the start with the norm's bias at
+  its initial 0, as in runs of zero padding) passes gradients through the norm's Jacobian ``1/sqrt(norm_eps)``
+  at every step: the exact gradient grows like ``(|A| / sqrt(norm_eps))^T`` along such a run (``~316^T`` at
+  ``norm_eps`` 1e-5; fp32 overflows after about 14 steps), while inputs off exact zero keep it bounded
+  (inputs of size 1e-4 over 64 steps gave gradients ~1e6, of size 1e-2 ~3e3). Keep runs of exact zeros
+  out of its input, or raise ``norm_eps``.
   ``readout`` — the parallel alternative: the linear scan unchanged and ``y_t = C LN(h_t)``; it hides
   large states from the output but does not stop them from growing.
   ``none`` — no norm (``y_t = C h_t``).

@@ -88,6 +88,8 @@ from .reference import NORM_FLOOR
 SOLVE_PIECES = 2
 #: pieces of the reverse-Chebyshev reconstruction's products (and of that mode's forward): fp32's products
 EXACT_PIECES = 3
+#: the reversal's settling threshold: its reconstructed iterates are fp32
+_SETTLE_EPS = torch.finfo(torch.float32).eps
 #: pieces of the computed operands of the state pass, the norm and the readout (``q~``, states, weighted tiles)
 STAGE_PIECES = 2
 
@@ -396,7 +398,7 @@ def _vjp_kernel(X, Z, K, G, E, DKP, DGP, T, H, n, D, skb, skt, skh, sgb, sgt, sg
 
 @triton.jit
 def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP, DGP, DN2, OM,
-                    ridge_a, ridge_eps, min_momentum, T, TR, H, n, D, R,
+                    ridge_a, ridge_eps, min_momentum, settle_eps, T, TR, H, n, D, R,
                     srb, srt, srh, sab, sat, sah, sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sdb, sdt, sdh,
                     sdab, sdat, sdah,
                     RITER: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, OP: tl.constexpr,
@@ -409,7 +411,8 @@ def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP,
     :func:`_solve_kernel`). The reconstruction of the iterates takes its products in ``PX`` pieces (fp32's
     products); the adjoint recursion ``dxi_{i-1} = omega_i dxi_i - c_i A dxi_i - (omega_{i+1} - 1) dxi_{i+1}``
     and the gradient products in ``P`` pieces. ``OM_ptr``: scratch ``(R, C)`` per chunk for the weight
-    schedule, written forwards and read backwards."""
+    schedule, written forwards and read backwards. A row stops reconstructing once its adjoint has fallen to
+    ``settle_eps`` of its peak (:func:`kernels.gka.chebyshev.reverse_settled`)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -465,6 +468,8 @@ def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP,
             tl.store(OM + (sys * RITER + i) * C + offs_l, om)
         tl.debug_barrier()
         g_next = tl.zeros([BT, BD], dtype=tl.float32)
+        g_peak = tl.max(tl.abs(g_cur), axis=1)
+        settled = tl.zeros([BT], dtype=tl.int32)
         om_next = tl.full([BT], 1.0, tl.float32)
         dq = tl.zeros([BT, BD], dtype=tl.float32)
         dG_rows = tl.zeros([BT], dtype=tl.float32)
@@ -493,7 +498,10 @@ def _reverse_kernel(RHS, ALPHA, Q, K, G, STARTS, N2, X, XP, DQT, DQ, DA, E, DKP,
             g_prev = om[:, None] * g_cur - cw[:, None] * ag - (om_next - 1.0)[:, None] * g_next
             # xi_{i-2} = (omega_i xi_{i-1} - c_i A xi_{i-1} + c_i q - xi_i) / (omega_i - 1)
             m = om - 1.0
-            ok = m > min_momentum
+            g_mag = tl.max(tl.abs(g_prev), axis=1)     # xi_{i-2} meets dxi_{i-1}
+            g_peak = tl.maximum(g_peak, g_mag)
+            settled = tl.where(g_mag <= settle_eps * g_peak, 1, settled)
+            ok = (m > min_momentum) & (settled == 0)
             recon = (om[:, None] * xi_prev - cw[:, None] * ax + cw[:, None] * q - xi_cur) / tl.where(ok, m, 1.0)[:, None]
             xi_pp = tl.where(ok[:, None], recon, xi_prev)
             xi_pp = tl.where(i >= 2, xi_pp, 0.0)
@@ -641,7 +649,7 @@ def _reverse(rhs, rhs_len, alpha, q, k, g, starts, n2, X, XP, dqt, dq, dalpha, E
     dummy = X
     launch(_reverse_kernel, (lay.n, lay.B * lay.H), rhs, dummy if alpha is None else alpha,
            dummy if q is None else q, k, g, starts, n2, X, XP, dqt, dq, dummy if dalpha is None else dalpha, E,
-           dkp, dgp, dn2, OM, float(ridge[0]), float(ridge[1]), _REVERSE_MIN_MOMENTUM, lay.T, rhs_len, lay.H,
+           dkp, dgp, dn2, OM, float(ridge[0]), float(ridge[1]), _REVERSE_MIN_MOMENTUM, _SETTLE_EPS, lay.T, rhs_len, lay.H,
            lay.n, lay.D, starts.shape[3], *tok_strides(rhs), *_strides3(alpha), *_strides3(q), *tok_strides(k),
            *tok_strides(g), *_strides3(dq if mix == 2 else None), *_strides3(dalpha), RITER=r, C=lay.C, BT=BT,
            BD=lay.BD, OP=op, P=_pieces_for(op), PX=_pieces_for(op, exact=True), CUM=cum, MIX=mix,
