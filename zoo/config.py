@@ -9,7 +9,9 @@ state mixer's and the task's validated options, the plain resolved dict and its 
 
 Layers are written as a list of mixer names or one-key mappings with per-layer options, e.g.
 ``layers: [a, {b: {option: 16}}, a, {b: {option: 64}}]``; per-layer options override
-``mixer_options.<name>`` (the defaults for every layer of that type).
+``mixer_options.<name>`` (the defaults for every layer of that type). Or ``pattern`` with ``n_layers``: the
+pattern repeated (and cut at the end) to ``n_layers`` layers, never shorter than the pattern itself; a model
+gives its layers one of these two ways, never both.
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ class ModelConfig:
     layers: list[Any] | None = opt(None, "the sequence mixer of every layer: names or {name: {options}}, "
                                          "e.g. [name, {name: {option: value}}]")
     pattern: list[Any] | None = opt(None, "a short list of layers (same syntax as layers) repeated to n_layers "
-                                          "(used when layers is not set)")
-    n_layers: int | None = opt(None, "number of layers when expanding pattern", at_least=1, at_most=1024)
+                                          "(instead of layers: a recipe gives one or the other)")
+    n_layers: int | None = opt(None, "number of layers when expanding pattern (at least its length)", at_least=1, at_most=1024)
     state_mixer: str = opt("swiglu", "state mixer after every sequence mixer (see `zoo list`)")
     mixer_options: dict[str, dict[str, Any]] = opt(None, "default options per mixer type: "
                                                          "{<mixer>: {<option>: value}}", default_factory=dict)
@@ -46,9 +48,22 @@ class ModelConfig:
         if self.layers is not None and len(self.layers) == 0:
             raise ValueError("model.layers is empty; name at least one mixer")
         if self.layers is None and (self.pattern is None or self.n_layers is None):
+            if self.pattern is not None:
+                raise ValueError("model.pattern is set without model.n_layers, the number of layers it is repeated "
+                                 "to; set model.n_layers (or give model.layers instead)")
+            if self.n_layers is not None:
+                raise ValueError("model.n_layers is set without model.pattern, the layers it repeats; set "
+                                 "model.pattern (or give model.layers instead)")
             raise ValueError("set model.layers, or model.pattern together with model.n_layers")
         if self.pattern is not None and len(self.pattern) == 0:
             raise ValueError("model.pattern is empty")
+        if self.layers is not None and (self.pattern is not None or self.n_layers is not None):
+            raise ValueError("model.layers is set together with model.pattern or model.n_layers; give the layers "
+                             "one way: model.layers, or model.pattern with model.n_layers")
+        if self.layers is None and len(self.pattern) > self.n_layers:
+            raise ValueError(f"model.pattern has {len(self.pattern)} layers but model.n_layers is {self.n_layers}, "
+                             f"so the pattern would be cut short; raise model.n_layers to {len(self.pattern)} or more "
+                             f"(a multiple of the pattern's length repeats it), or shorten model.pattern")
 
 
 @dataclass

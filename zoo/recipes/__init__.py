@@ -11,6 +11,11 @@ layer, the plain resolved dict and its stable hash. Its rooms:
 - :mod:`.validation`: the strict check of a merged mapping into a :class:`zoo.config.Recipe`;
 - :mod:`.grids`: a ``grid`` expanded into labelled cells, crossed with ``seeds``;
 - :mod:`.plain`: the plain (JSON) form of a resolved recipe, its differences, a layer's label.
+
+A recipe's levels, from below: its ``extends`` bases, the recipe itself, the overrides, a grid cell's keys.
+Each level gives a model's layers one way (``model.layers``, or ``model.pattern`` with ``model.n_layers``) and
+replaces the other way's keys inherited from below; both ways in one level are refused. An error in a grid
+cell names the file and line of the cell's key, the cell's label and the key with its value.
 """
 from __future__ import annotations
 
@@ -18,40 +23,59 @@ import copy
 from pathlib import Path
 from typing import Mapping
 
+from mixers import MIXERS
+
 from ..config import Cell, Recipe
 from ..errors import UserError
-from .grids import cross_seeds, expand_grid
-from .loading import Source, check_size, load_raw
-from .overrides import apply_override, key_path, parse_override
-from .validation import Places, import_modules, validate
+from .grids import GridError, cell_paths, cross_seeds, expand_grid
+from .loading import Source, check_size, load_raw, replace_layers
+from .overrides import apply_override, flow_yaml, given_layer_keys, key_path, parse_override
+from .validation import Places, import_modules, key_parts, undeclared_knob, validate
 
 
 def _overridden(data: dict, overrides) -> dict:
     """Apply ``overrides`` (strings or a mapping) to ``data``; ``{key path: the label that blames it}``."""
-    items = overrides.items() if isinstance(overrides, Mapping) else [parse_override(t) + (t,) for t in overrides]
-    override_paths = {}
-    for item in items:
+    items = []
+    for item in (overrides.items() if isinstance(overrides, Mapping) else overrides):
         if isinstance(overrides, Mapping):
             key, value = item
-            path, label = key_path(key), f"override {key}={value!r}"
+            items.append((key_path(key), value, f"override {key}={value!r}"))
         else:
-            path, value, text = item
-            label = f"override {text!r}"
+            path, value = parse_override(item)
+            items.append((path, value, f"override {item!r}"))
+    replace_layers(data, set().union(*(given_layer_keys(path, value) for path, value, _ in items)))
+    override_paths = {}
+    for path, value, label in items:
         apply_override(data, path, copy.deepcopy(value), label)
         override_paths[tuple(path)] = label
     return override_paths
 
 
-def _cell(data: dict, source: Source, override_paths: dict, label: str, cell_overrides: dict, name: str) -> Recipe:
-    """One grid cell: the recipe (after the command line's overrides) with the cell's overrides, validated."""
+def _cell_place(places: Places, at: tuple, label: str, key: str, value) -> str:
+    """Where a grid cell's ``key: value`` is written, as errors name it: the file and line (or the override that
+    wrote the grid), the cell's label and the key with its value."""
+    shown = flow_yaml(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    where = places.at(at)
+    return f"{where + ': ' if where else ''}grid cell {label!r} ({key}={shown})"
+
+
+def _cell(data: dict, places: Places, label: str, cell_overrides: dict, at: dict, name: str) -> Recipe:
+    """One grid cell: the recipe (after the command line's overrides) with the cell's overrides, validated; ``at``:
+    where each of its keys is written in the recipe. Its layers and its own test-time knobs are its own level."""
     cell_data = copy.deepcopy(data)
-    cell_paths = dict(override_paths)
+    cell_paths = dict(places.override_paths)
+    replace_layers(cell_data, set().union(*(given_layer_keys(key_path(k), v) for k, v in cell_overrides.items())))
+    own = []
     for key, value in cell_overrides.items():
         path = key_path(key)
-        where = f"grid cell {label!r}: {key}"
+        where = _cell_place(places, at.get(key, ("seeds",) if key == "seed" else ("grid",)), label, key, value)
         apply_override(cell_data, path, copy.deepcopy(value), where)
         cell_paths[tuple(path)] = where
-    return validate(cell_data, Places(source, cell_paths), name)
+        own.append(tuple(path))
+    cell_places = Places(places.source, cell_paths)
+    own_knob = lambda knob: any(key_parts(knob)[:len(p)] == p for p in own)  # noqa: E731
+    return validate(cell_data, cell_places, name, own_knob)
 
 
 def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
@@ -62,6 +86,12 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     resolved the same way (base + overrides + the cell's overrides), all validated before anything runs.
     With ``seeds: [s, ...]`` every cell (or the recipe itself, without a grid) runs once per seed under
     its own label.
+
+    A test-time knob must be declared by a layer of the model it is given for: in a recipe file without a grid,
+    in an override, or in a grid cell's own keys; the knobs a grid's cells share need a declaring layer in some
+    cell (the other cells leave those columns empty). A recorded recipe (passed as a mapping, or a results row's
+    recipe with its ``model.layer_options``) keeps its knobs, since a recorded grid cell holds its grid's: there
+    only the overrides' knobs must be declared by a layer of the model.
     """
     if isinstance(recipe, Mapping):
         data, source, name = copy.deepcopy(dict(recipe)), Source(), "<recipe>"
@@ -73,15 +103,44 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     places = Places(source, override_paths)
     imports = import_modules(data, places)
     grid = data.pop("grid", None)
-    base = validate(data, places, name)
+    if grid is not None:
+        own_knob = lambda knob: False  # noqa: E731 - shared by the cells: checked across them below
+    elif isinstance(recipe, Mapping):
+        own_knob = lambda knob: places.override_at(key_parts(knob)) is not None  # noqa: E731
+    else:
+        own_knob = None
+    base = validate(data, places, name, own_knob)
     base.config.grid, base.imports = grid, imports
     if grid is not None or base.config.seeds is not None:
-        for label, cell_overrides in cross_seeds(expand_grid(grid), base.config.seeds):
-            cell = _cell(data, source, override_paths, label, cell_overrides, name)
-            cell.imports = imports
-            base.cells.append(Cell(label, cell_overrides, cell))
+        _add_cells(base, data, places, grid, name)
     _refuse_identical_cells(base.cells)
+    if grid is not None:
+        _refuse_undeclared_knobs(base, places)
     return base
+
+
+def _add_cells(base: Recipe, data: dict, places: Places, grid, name: str) -> None:
+    """Every cell of the grid (or the recipe itself), once per seed with ``seeds``, resolved into ``base.cells``."""
+    try:
+        cells, at = expand_grid(grid), cell_paths(grid)
+    except GridError as err:
+        places.fail_at(err.parts, err.message)
+    for (label, overrides), where in zip(cells, at):
+        for seed_label, cell_overrides in cross_seeds([(label, overrides)], base.config.seeds):
+            cell = _cell(data, places, seed_label, cell_overrides, where, name)
+            cell.imports = base.imports
+            base.cells.append(Cell(seed_label, cell_overrides, cell))
+
+
+def _refuse_undeclared_knobs(base: Recipe, places: Places) -> None:
+    """A test-time knob the cells of a grid share is declared by a layer of at least one cell."""
+    recipes = [cell.recipe for cell in base.cells]
+    names = [spec.name for recipe in recipes for spec in recipe.layers]
+    own = sorted({k for name in names for k in MIXERS.get(name).test_time_knobs})
+    for section in ("test_time", "test_time_sweep"):
+        for knob in getattr(base.eval, section):
+            if knob not in own:
+                places.fail(f"eval.{section}.{knob}", undeclared_knob(knob, names, own, "any grid cell"))
 
 
 def _refuse_identical_cells(cells: list[Cell]) -> None:

@@ -1,14 +1,31 @@
 """Ablation grids: a recipe's ``grid`` expanded into labelled cells of overrides, and ``seeds`` crossed with them.
 
 A grid is a mapping ``{key.path: [values]}`` (every combination is a cell, labelled by its values) or a list of
-override mappings (one cell each, labelled by its ``label`` or its overrides). Cell labels must differ.
+override mappings (one cell each, labelled by its ``label`` or its overrides). Cell labels must differ. A key of
+a listed cell without a dot is ``label`` or a top-level recipe key (``seed``, ``name``...): a typo names the
+nearest of those. :func:`cell_paths` gives where each cell's keys are written (for errors that name the cell).
 """
 from __future__ import annotations
 
 import itertools
+from dataclasses import fields
 
+from mixers.options import nearest
+
+from ..config import RecipeConfig
 from ..errors import UserError
 from .plain import layer_label
+
+#: the keys without a dot a listed cell may have: its label, or a top-level recipe key
+CELL_KEYS = ("label", *(f.name for f in fields(RecipeConfig) if f.name not in ("grid", "seeds")))
+
+
+class GridError(UserError):
+    """A malformed grid; ``parts`` is the key path of the offending entry (a grid key with dots is one part)."""
+
+    def __init__(self, parts: tuple, message: str):
+        self.parts, self.message = parts, message
+        super().__init__(f"{'.'.join(map(str, parts))}: {message}")
 
 
 def _short(value) -> str:
@@ -17,18 +34,18 @@ def _short(value) -> str:
     return str(value)
 
 
-def _check_grid_key(key, where: str) -> None:
+def _check_grid_key(key, parts: tuple) -> None:
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-        raise UserError(f"{where}: a grid key is a key.path such as train.lr, got {key!r}")
+        raise GridError(parts, f"a grid key is a key.path such as train.lr, got {key!r}")
 
 
 def _product_cells(grid: dict) -> list[tuple[str, dict]]:
     """``{key.path: [values]}``: one cell per combination of values."""
     keys = list(grid)
     for key in keys:
-        _check_grid_key(key, f"grid.{key}")
+        _check_grid_key(key, ("grid", key))
         if not isinstance(grid[key], list) or not grid[key]:
-            raise UserError(f"grid.{key}: expected a non-empty list of values to try")
+            raise GridError(("grid", key), "expected a non-empty list of values to try")
     cells = []
     for values in itertools.product(*(grid[k] for k in keys)):
         overrides = dict(zip(keys, values))
@@ -39,23 +56,26 @@ def _product_cells(grid: dict) -> list[tuple[str, dict]]:
 def _listed_cells(grid: list) -> list[tuple[str, dict]]:
     """A list of override mappings: one cell each, with distinct labels."""
     if not grid:
-        raise UserError("grid: the list of cells is empty")
+        raise GridError(("grid",), "the list of cells is empty")
     cells = []
     for i, cell in enumerate(grid):
         if not isinstance(cell, dict):
-            raise UserError(f"grid.{i}: expected a mapping of key.path: value overrides")
+            raise GridError(("grid", i), "expected a mapping of key.path: value overrides")
         cell = dict(cell)
         label = cell.pop("label", None)
         if label is not None and not isinstance(label, (str, int, float)):
-            raise UserError(f"grid.{i}.label: expected a short name, got {label!r}")
+            raise GridError(("grid", i, "label"), f"expected a short name, got {label!r}")
         for key in cell:
-            _check_grid_key(key, f"grid.{i}.{key}")
+            _check_grid_key(key, ("grid", i, key))
+            if "." not in key and key not in CELL_KEYS:
+                raise GridError(("grid", i, key), f"unknown key {key!r}{nearest(key, CELL_KEYS)} (a cell's keys are "
+                                                  f"label and key paths such as train.lr or model.layers)")
         label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
         cells.append((label, cell))
     labels = [c[0] for c in cells]
     dupes = {x for x in labels if labels.count(x) > 1}
     if dupes:
-        raise UserError(f"grid: duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
+        raise GridError(("grid",), f"duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
     return cells
 
 
@@ -67,7 +87,19 @@ def expand_grid(grid) -> list[tuple[str, dict]]:
         return _product_cells(grid)
     if isinstance(grid, list):
         return _listed_cells(grid)
-    raise UserError("grid: expected a mapping of key.path -> list, or a list of override mappings")
+    raise GridError(("grid",), "expected a mapping of key.path -> list, or a list of override mappings")
+
+
+def cell_paths(grid) -> list[dict]:
+    """For every cell of :func:`expand_grid` (in its order, before seeds): ``{key: the key path of its value in
+    the recipe}``, ``("grid", key, j)`` for a grid mapping, ``("grid", i, key)`` for a list of cells."""
+    if isinstance(grid, dict) and grid:
+        keys = list(grid)
+        return [{k: ("grid", k, j) for k, j in zip(keys, index)}
+                for index in itertools.product(*(range(len(grid[k])) for k in keys))]
+    if isinstance(grid, list):
+        return [{k: ("grid", i, k) for k in cell if k != "label"} for i, cell in enumerate(grid)]
+    return [{}]
 
 
 def cross_seeds(cells: list[tuple[str, dict]], seeds: list[int] | None) -> list[tuple[str, dict]]:

@@ -6,6 +6,11 @@
 - ``extends: base.yaml`` (relative to the recipe's folder) deep-merges the recipe over its base; lists
   are replaced, not merged; a base's ``grid`` is never inherited (a recipe extending an ablation is a
   new recipe, not that ablation). A cycle of ``extends`` is refused.
+- A model's layers are ``model.layers`` or ``model.pattern`` repeated to ``model.n_layers``, given one way
+  at each level: a file that sets ``layers`` together with ``pattern`` or ``n_layers`` is refused, and a
+  level that gives them (a recipe over its base, here; the command line's overrides or a grid cell, see
+  :func:`replace_layers`) replaces the other way's keys inherited from below (``layers`` drops an inherited
+  ``pattern`` and ``n_layers``, ``pattern`` an inherited ``layers``).
 
 The file itself is read in one place, :func:`read_text`.
 """
@@ -23,6 +28,8 @@ from ..paths import read_recipe_text, recipe_file_problem, refuse_foreign_keys
 
 #: the most values a recipe may expand to (YAML aliases can make a small file enormous)
 MAX_VALUES = 100_000
+#: the keys of ``model`` that give its layers: ``layers``, or ``pattern`` repeated to ``n_layers``
+LAYER_KEYS = ("layers", "pattern", "n_layers")
 
 
 @dataclasses.dataclass
@@ -126,12 +133,52 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def layer_keys_given(model) -> set:
+    """The keys of :data:`LAYER_KEYS` that a level's ``model`` mapping sets (to something other than null)."""
+    return {k for k in LAYER_KEYS if isinstance(model, dict) and model.get(k) is not None}
+
+
+def replace_layers(data: dict, given: set) -> None:
+    """Before a later level that sets the keys ``given`` is applied to ``data``: ``model.layers`` there drops the
+    ``pattern`` and ``n_layers`` that ``data`` inherited, ``model.pattern`` there drops its ``layers``."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return
+    dropped = ("pattern", "n_layers") if "layers" in given else ("layers",) if "pattern" in given else ()
+    for key in dropped:
+        model.pop(key, None)
+
+
+def layers_given_twice(others: list[str], layers_at: str) -> str:
+    """The refusal of ``model.<others>`` set together with ``model.layers`` (set at ``layers_at``)."""
+    named = " and ".join(f"model.{k}" for k in others)
+    if others == ["n_layers"]:
+        advice = ("model.n_layers only counts the layers a model.pattern is repeated to; drop model.n_layers, "
+                  "or give model.pattern instead of model.layers")
+    else:
+        advice = (f"give the layers one way: drop {named} to keep model.layers, or drop model.layers to repeat "
+                  f"model.pattern to model.n_layers")
+    also = f" ({layers_at})" if layers_at else ""
+    return f"{named} {'is' if len(others) == 1 else 'are'} set together with model.layers{also}; {advice}"
+
+
+def _check_layer_keys(data: dict, marks: dict) -> None:
+    """One file gives a model's layers one way."""
+    given = layer_keys_given(data.get("model"))
+    others = [k for k in LAYER_KEYS[1:] if k in given]
+    if "layers" in given and others:
+        layers_at = marks.get(("model", "layers"), "")
+        raise UserError(f"{marks.get(('model', others[0]), layers_at)}: "
+                        f"{layers_given_twice(others, 'line ' + layers_at.rsplit(':', 1)[-1])}")
+
+
 def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
     """Read a recipe and its ``extends`` chain into one dict, with the source of every key."""
     path = Path(path)
     if path.resolve() in _seen:
         raise UserError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in _seen + (path,))})")
     data, marks = read_yaml(path)
+    _check_layer_keys(data, marks)
     base_name = data.pop("extends", None)
     source = Source()
     if base_name is not None:
@@ -143,6 +190,7 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> tuple[dict, Source]:
             raise UserError(f"{marks.get(('extends',), path)}: extends: {base_path}: {problem}")
         base, source = load_raw(base_path, _seen + (path.resolve(),))
         base.pop("grid", None)  # a grid belongs to the recipe that declares it
+        replace_layers(base, layer_keys_given(data.get("model")))
         data = _merge(base, data)
     source.places.update(marks)
     return data, source

@@ -1,8 +1,11 @@
 """Overrides ``key.path=value``, from the command line or from an ablation grid.
 
 ``value`` is parsed as YAML (``train.lr=3e-3``, ``model.layers=[a,b]``), and integer segments index lists
-(``model.layers.1=<mixer>``, ``model.layers.1.<mixer>.<option>=value``). An override of one layer of a recipe
-written as a ``pattern`` first expands the pattern into its ``n_layers`` layers.
+(``model.layers.1=<mixer>``, ``model.layers.1.<mixer>.<option>=value``; the ``<mixer>`` must be the one of
+that layer, else the error says which it is and how to replace the layer). An override of one layer of a
+recipe written as a ``pattern`` first expands the pattern into its ``n_layers`` layers (which then replace
+``pattern`` and ``n_layers``). The overrides of one command line, like the keys of one grid cell, are one
+level: they give a model's layers one way (:func:`given_layer_keys`), replacing the other way's inherited keys.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
-from .loading import check_size
+from .loading import check_size, layer_keys_given
+from .plain import layer_label
 
 
 def key_path(key: str) -> list:
@@ -41,24 +45,66 @@ def parse_override(text: str) -> tuple[list, Any]:
     return key_path(key), value
 
 
-def _expand_pattern(data: dict) -> None:
-    """A recipe written as ``pattern`` x ``n_layers`` gets its explicit ``layers`` (so one can be overridden)."""
+def given_layer_keys(path: list, value: Any) -> set:
+    """The keys of a model's layers (``layers``, ``pattern``, ``n_layers``) that the override ``path=value`` sets
+    to something other than null."""
+    if path == ["model"]:
+        return layer_keys_given(value)
+    return layer_keys_given({path[1]: value}) if len(path) == 2 and path[0] == "model" else set()
+
+
+def flow_yaml(value: Any) -> str:
+    """``value`` as one line of YAML (as an override writes it)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("...").strip()
+
+
+def _expand_pattern(data: dict, label: str) -> None:
+    """A recipe written as ``pattern`` x ``n_layers`` gets its explicit ``layers`` (so one can be overridden),
+    which replace ``pattern`` and ``n_layers``."""
     model = data.setdefault("model", {})
-    if "layers" not in model and isinstance(model.get("pattern"), list) and isinstance(model.get("n_layers"), int):
-        pattern = model["pattern"]
-        model["layers"] = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(max(model["n_layers"], 0))]
+    if model.get("layers") is None and isinstance(model.get("pattern"), list) and isinstance(model.get("n_layers"), int):
+        pattern, n_layers = model["pattern"], model["n_layers"]
+        if pattern and len(pattern) > n_layers:
+            raise UserError(f"{label}: model.pattern has {len(pattern)} layers but model.n_layers is {n_layers}, so the "
+                            f"pattern would be cut short; raise model.n_layers or shorten model.pattern")
+        model["layers"] = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(max(n_layers, 0))]
+        del model["pattern"], model["n_layers"]
+
+
+def _other_mixer(label: str, path: list, at: int, entry: Any, value: Any) -> None:
+    """``model.layers.<i>.<mixer>...=value`` where layer ``i`` is another mixer: refused with what it is and how
+    to set its options or replace it."""
+    name = path[at + 1]
+    here = ".".join(map(str, path[: at + 1]))
+    if isinstance(entry, str):
+        own, it = entry, f"{entry} (a mixer name, without options of its own)"
+    elif isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry)), str):
+        own = next(iter(entry))
+        it = f"{layer_label(entry)} (a {own} layer with options of its own)"
+    else:
+        return
+    if name == own:
+        return
+    replacement = value
+    for part in reversed(path[at + 1:]):
+        replacement = {part: replacement}
+    raise UserError(f"{label}: {here} is {it}, not {name}: set one of its options with {here}.{own}.<option>=value, "
+                    f"or replace the layer with {here}={flow_yaml(replacement)}")
 
 
 def apply_override(data: dict, path: list, value: Any, label: str) -> None:
     """Set ``path`` in ``data`` (creating mappings as needed); ``label`` names the override in errors."""
     if path[:2] == ["model", "layers"] and len(path) > 2:
-        _expand_pattern(data)
+        _expand_pattern(data, label)
     node = data
     for i, part in enumerate(path[:-1]):
         here = ".".join(map(str, path[: i + 1]))
         if isinstance(node, list):
             if not isinstance(part, int) or not -len(node) <= part < len(node):
                 raise UserError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+            if i == 2 and path[:2] in (["model", "layers"], ["model", "pattern"]):  # a layer: <mixer>.<option>
+                _other_mixer(label, path, i, node[part], value)
             if isinstance(node[part], str) and path[i + 1] == node[part]:
                 node[part] = {node[part]: {}}  # model.layers.1.<mixer>.<option>=v on a plain "<mixer>" layer
             node = node[part]

@@ -3,10 +3,15 @@
 Strict: unknown keys, unknown mixers / state mixers / tasks, wrong types, values out of range and missing
 fields raise :class:`UserError`, whose one-line message names the place (the file and line, or the override)
 and suggests the nearest valid names. Beyond each option's own type and range it checks what spans sections:
-the task accepts every layer, a token budget becomes a step count, every test-time knob is declared by some
-mixer and valid for each layer that declares it, and every ``eval.tasks`` entry and ``eval.seq_lens`` length
-is one the tasks can generate. ``imports: [my_pkg.my_mixer]`` imports user modules first, so out-of-tree
-mixers and tasks registered with ``@register_mixer`` / ``@register_task`` can be named.
+the layers are given one way (``model.layers``, or ``model.pattern`` no longer than ``model.n_layers``), every
+layer's mixer builds at ``model.d_model`` (built on the meta device: its constructor's checks), the task accepts
+every layer, a token budget becomes a step count, every test-time knob is declared by a layer of the model it
+is given for (a grid's shared knob: by a layer of some cell) and valid for each layer that declares it, and
+every ``eval.tasks`` entry and ``eval.seq_lens`` length is one the tasks can generate. A check across options
+(``train.batch_size`` against ``train.grad_accum``, a layer against ``model.d_model``) is blamed on the
+overrides that set the keys it names, else on the line of the first of them; the key path is written once.
+``imports: [my_pkg.my_mixer]`` imports user modules first, so out-of-tree mixers and tasks registered with
+``@register_mixer`` / ``@register_task`` can be named.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import re
 from dataclasses import fields
 from typing import Callable
 
+import torch
+
 from mixers import MIXERS, STATE_MIXERS
 from mixers.options import OptionError, build_options, nearest, plain_options
 
@@ -23,11 +30,25 @@ from ..config import Recipe, RecipeConfig, Spec
 from ..errors import UserError
 from ..tasks import TASKS, Task
 from ..tasks.text import layer_problem
-from .loading import Source
+from .loading import LAYER_KEYS, Source, layers_given_twice
 from .plain import plain_recipe
 
 #: an eval.tasks label names a metric column (test_accuracy@task=<label>)
 _EVAL_TASK_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
+#: a key path named in a message (train.batch_size, seeds)
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
+#: (mixer class, d_model, options) already built on the meta device
+_BUILT: set = set()
+
+
+def key_parts(path_str: str) -> tuple:
+    """``"model.layers.1"`` -> ``("model", "layers", 1)``."""
+    return tuple(int(p) if p.isdigit() else p for p in path_str.split(".")) if path_str else ()
+
+
+def _repeats(message: str, path_str: str) -> bool:
+    """Whether ``message`` starts with the key path ``path_str`` (so the place need not repeat it)."""
+    return bool(path_str) and message.startswith(tuple(path_str + end for end in (".", ":", " ")))
 
 
 class Places:
@@ -37,19 +58,41 @@ class Places:
         self.source, self.override_paths = source, override_paths
 
     def __call__(self, path_str: str) -> str:
-        parts = tuple(int(p) if p.isdigit() else p for p in path_str.split(".")) if path_str else ()
+        return self.at(key_parts(path_str))
+
+    def at(self, parts: tuple) -> str:
+        """The place of the key path ``parts`` (a tuple; a grid key with dots is one element)."""
+        return self.override_at(parts) or self.source.where(parts)
+
+    def override_at(self, parts: tuple) -> str | None:
+        """The label of the override that set the key path ``parts`` (or a mapping above it); None if none did."""
         for length in range(len(parts), 0, -1):
             if parts[:length] in self.override_paths:
                 return self.override_paths[parts[:length]]
         for path, label in self.override_paths.items():  # an override created this key (e.g. a typo in its path)
             if parts and path[:len(parts)] == parts and parts not in self.source.places:
                 return label
-        return self.source.where(parts)
+        return None
+
+    def blame(self, paths, fallback: str = "") -> str:
+        """The overrides that set any of the key paths ``paths`` (all of them, once each), else the place of
+        ``fallback`` (the first of ``paths`` when not given)."""
+        labels = []
+        for path in paths:
+            label = self.override_at(key_parts(path))
+            if label is not None and label not in labels:
+                labels.append(label)
+        return " and ".join(labels) if labels else self(fallback or (list(paths) or [""])[0])
 
     def fail(self, path_str: str, message: str):
         where = self(path_str)
-        place = ": ".join(p for p in (where, path_str) if p)
+        place = ": ".join(p for p in (where, "" if _repeats(message, path_str) else path_str) if p)
         raise UserError(f"{place}: {message}" if place else message)
+
+    def fail_at(self, parts: tuple, message: str):
+        """:meth:`fail` for a key path given as a tuple (a grid key with dots is one element)."""
+        where, path_str = self.at(parts), ".".join(map(str, parts))
+        raise UserError(": ".join(p for p in (where, path_str, message) if p))
 
 
 def import_modules(data: dict, places: Places) -> tuple:
@@ -148,18 +191,28 @@ def _task(section: dict, fail) -> tuple[type, Spec]:
 
 
 # --------------------------------------------------------------------------------------- the whole recipe
-def validate(data: dict, places: Places, source_name: str) -> Recipe:
-    """The :class:`Recipe` of a merged, overridden mapping (``imports`` and ``grid`` already taken out)."""
+def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[str], bool] | None = None) -> Recipe:
+    """The :class:`Recipe` of a merged, overridden mapping (``imports`` and ``grid`` already taken out).
+
+    ``own_knob(path)`` says whether the test-time knob at ``eval.test_time[_sweep].<knob>`` was given for this
+    model, so that a layer of it must declare the knob (None: every knob, but in a recorded recipe, one with
+    ``model.layer_options``, only the overrides' knobs); a knob shared by the cells of a grid need only be declared
+    by some registered mixer here (:func:`zoo.recipes.resolve` checks that some cell declares it)."""
     fail = places.fail
     recorded = data["model"].pop("layer_options", None) if isinstance(data.get("model"), dict) else None
+    if recorded is not None and own_knob is None:  # a results row's recipe keeps its grid's knobs
+        own_knob = lambda path: places.override_at(key_parts(path)) is not None  # noqa: E731
     try:
         config = build_options(RecipeConfig, data)
     except OptionError as err:
-        fail(err.path, err.message)
+        if err.path == "model" and isinstance(data.get("model"), dict):  # the model's keys together
+            _check_layer_keys(data["model"], places)
+        _fail_across(err, data, places)
     layers, written = _layers(config.model, fail)
     state_mixer = _state_mixer(config.model, fail)
+    _check_builds(config.model, layers, written, places)
     task_cls, task = _task(config.task, fail)
-    _check_test_time(config.eval, layers, fail)
+    _check_test_time(config.eval, layers, fail, own_knob or (lambda path: True))
     _check_task_fit(config, layers, task_cls(task.options), written, fail)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
     for length in config.eval.seq_lens:  # the training task is tested at these lengths too
@@ -173,6 +226,74 @@ def validate(data: dict, places: Places, source_name: str) -> Recipe:
                                     "remove model.layer_options (it is only a record)")
     return Recipe(config=config, layers=layers, state_mixer=state_mixer, task=task, plain=plain, source=source_name,
                   eval_tasks=eval_tasks)
+
+
+def _fail_across(err: OptionError, data: dict, places: Places):
+    """A bad option; a check across the options of a section (``err.path`` is the section, or empty for the
+    recipe's top level) is blamed on the keys its problem names (before the first ``;``): the overrides that set
+    any of them, else the line of the first one."""
+    section, problem = err.path, err.message.split(";")[0]
+    named = []
+    for token in _KEY.findall(problem):
+        if (token.startswith(f"{section}.") or not section) and _given(data, token) and token not in named:
+            named.append(token)
+    if not named:
+        places.fail(err.path, err.message)
+    where = places.blame(named)
+    raise UserError(f"{where}: {err.message}" if where else err.message)
+
+
+def _given(data: dict, path_str: str) -> bool:
+    """Whether the mapping ``data`` sets the dotted key path ``path_str`` (to something other than null)."""
+    node = data
+    for part in path_str.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_layer_keys(model: dict, places: Places) -> None:
+    """The layers are given one way: ``model.layers``, or ``model.pattern`` repeated to ``model.n_layers``.
+    (Where a later level, a child recipe, the overrides or a grid cell, gives them, the other way's keys it
+    inherited were dropped before: :func:`zoo.recipes.loading.replace_layers`.)"""
+    others = [k for k in LAYER_KEYS[1:] if model.get(k) is not None]
+    if model.get("layers") is None or not others:
+        return
+    where, layers_at = places.blame([f"model.{k}" for k in others]), places("model.layers")
+    message = layers_given_twice(others, layers_at if layers_at != where else "")
+    raise UserError(f"{where}: {message}" if where else message)
+
+
+def _built(cls, d_model: int, options) -> None:
+    """Build a mixer of ``cls`` on the meta device (no memory, no initialisation, no random numbers drawn), once
+    per distinct ``(cls, d_model, options)``: its constructor's checks that need ``d_model`` (divisibility,
+    heads that fit) run at validation, where the place of the offending key is known."""
+    key = (cls, d_model, repr(options))
+    if key in _BUILT:
+        return
+    try:
+        with torch.device("meta"):
+            cls(d_model, options)
+    except (ArithmeticError, RuntimeError, NotImplementedError, MemoryError):
+        return  # sizes the model's own build reports (zoo check, or before training)
+    if len(_BUILT) > 4096:
+        _BUILT.clear()
+    _BUILT.add(key)
+
+
+def _check_builds(model, layers: list[Spec], written: str, places: Places) -> None:
+    """Every layer's mixer can be built at ``model.d_model``: a constructor's refusal is blamed on the overrides of
+    ``model.d_model``, the layer or its type's defaults, else on the layer's line."""
+    for i, spec in enumerate(layers):
+        at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
+        try:
+            _built(MIXERS.get(spec.name), model.d_model, spec.options)
+        except (ValueError, TypeError) as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            message = message.removeprefix(f"{spec.name}: ")
+            where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at)
+            raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}")
 
 
 def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, written: str, fail) -> None:
@@ -190,15 +311,19 @@ def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, writte
                                        f"makes; lower warmup_steps or raise tokens")
 
 
-def _check_test_time(ev, layers: list[Spec], fail) -> None:
-    """Every ``eval.test_time`` / ``eval.test_time_sweep`` knob is declared by some mixer, and every value is
-    valid for each layer that declares it (checked as the option it overrides)."""
+def _check_test_time(ev, layers: list[Spec], fail, own_knob: Callable[[str], bool]) -> None:
+    """Every ``eval.test_time`` / ``eval.test_time_sweep`` knob is declared by some mixer and, where it was given
+    for this model (``own_knob``), by a layer of it; and every value is valid for each layer that declares it
+    (checked as the option it overrides)."""
     declared = sorted({k for n in MIXERS.names() for k in MIXERS.get(n).test_time_knobs})
+    own = sorted({k for spec in layers for k in MIXERS.get(spec.name).test_time_knobs})
     for section, values in (("eval.test_time", ev.test_time), ("eval.test_time_sweep", ev.test_time_sweep)):
         for knob, value in values.items():
             if knob not in declared:
                 fail(f"{section}.{knob}", f"no registered mixer declares a test-time knob {knob!r}"
                                           f"{nearest(knob, declared)} (declared: {', '.join(declared) or 'none'})")
+            if knob not in own and own_knob(f"{section}.{knob}"):
+                fail(f"{section}.{knob}", undeclared_knob(knob, [spec.name for spec in layers], own, "this model"))
             if section == "eval.test_time_sweep" and (not isinstance(value, list) or not value):
                 fail(f"{section}.{knob}", f"expected a non-empty list of values, got {value!r}")
             for v in value if section == "eval.test_time_sweep" else [value]:
@@ -208,6 +333,13 @@ def _check_test_time(ev, layers: list[Spec], fail) -> None:
                             build_options(type(spec.options), {**plain_options(spec.options), knob: v}, "")
                         except OptionError as err:
                             fail(f"{section}.{knob}", f"{v!r} is not a valid {knob} for {spec.name}: {err.message}")
+
+
+def undeclared_knob(knob: str, names: list[str], own: list[str], whose: str) -> str:
+    """The refusal of a test-time knob that no layer of ``whose`` (named ``names``) declares."""
+    layers = ", ".join(dict.fromkeys(names))
+    return (f"no layer of {whose} declares the test-time knob {knob!r}, so it would change nothing (layers: "
+            f"{layers}; the knobs they declare: {', '.join(own) or 'none'}){nearest(knob, own)}; drop it")
 
 
 # --------------------------------------------------------------------------------------- eval.tasks
