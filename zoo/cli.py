@@ -3,13 +3,17 @@
 Every command reads its recipe through :func:`zoo.recipes.resolve` (extends -> overrides -> validation,
 once). Every recipe problem ends with exit code 2 and one line on stderr naming the place (file:line or
 the override) and the nearest valid names; no traceback. Overrides may stand anywhere on the command
-line, before or after flags.
+line, before or after flags. An empty ``--out`` or ``--to`` (an unset shell variable) is refused the same way,
+before any work. A reader that closes standard output early (``zoo list --json | head``) ends any command
+quietly with exit status 141 (128 + SIGPIPE, what a shell reports for a program that signal ends); files the
+command wrote stay.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import select
 import sys
 from pathlib import Path
 
@@ -25,12 +29,12 @@ from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
 from .data import prepare as data_prepare
 from .errors import UserError, one_line
 from .experiments import untrained, vouch
-from .experiments.ablate import CellsFailed, run_ablation
+from .experiments.ablate import CellsFailed, ablation_lock, refuse_train_into, run_ablation
 from .experiments.claims import ledger
 from .experiments.claims.errors import ClaimsError
 from .experiments.claims.schema import claimed_cells
 from .experiments.executors import make_executor
-from .experiments.results import render_folder
+from .experiments.results import read_layout, render_folder
 from .paths import probe_writable
 from .preflight import check_recipe, refuse_dead_layers
 from .recipes import resolve
@@ -98,6 +102,8 @@ def cmd_check(args) -> int:
 
 def cmd_train(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
+    if args.out:
+        refuse_train_into(Path(args.out))
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
     if main:  # the folders the run writes, before anything is printed or built
         probe_folders(recipe, args.out, "--out")
@@ -119,6 +125,7 @@ def cmd_train(args) -> int:
 
 
 def _write_train_row(out: Path, recipe, result) -> None:
+    refuse_train_into(out)  # an ablation may have started there while this one trained
     path = out / "results.jsonl"
     if any(r.get("recipe_key") == recipe.key and r.get("label") == "train" for r in read_rows(path)):
         return  # a finished run resumed again: its row is there already
@@ -138,12 +145,21 @@ def cmd_eval(args) -> int:
     path = path_in(args.checkpoint)
     out = Path(args.out) if args.out else path.parent
     probe_writable(out, "--out" if args.out else "--out (default: the checkpoint's folder)")
-    row = evaluate_checkpoint(path, args.overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    append_row(out / "results.jsonl", row)
+    with ablation_lock(out, "zoo eval"):
+        row = evaluate_checkpoint(path, args.overrides)
+        cells = {c["key"]: c["label"] for c in (read_layout(out) or {"cells": []})["cells"]}
+        if row["trained_recipe_key"] in cells:  # name the evaluated cell of this folder's grid
+            row["label"] = f"{cells[row['trained_recipe_key']]} {row['label']}"
+        out.mkdir(parents=True, exist_ok=True)
+        append_row(out / "results.jsonl", row)
     if not args.json:
         print(f"{row['label']}: checkpoint {path} (recipe {row['trained_recipe_key']}, step {row['metrics']['steps']}); "
               f"row appended to {out / 'results.jsonl'}", file=sys.stderr)
+    if row.get("finished") is False:
+        total = row["recipe"].get("train", {}).get("steps", "?")
+        print(f"zoo eval: {path} is the checkpoint of an unfinished run (step {row['metrics']['steps']} of {total}): "
+              f"these are the metrics of a partly trained model; run the command that trained it again to finish it",
+              file=sys.stderr)
     _print_metrics(args, {k: row[k] for k in ("label", "recipe_key", "trained_recipe_key", "checkpoint", "recipe",
                                               "metrics")})
     return 0
@@ -166,11 +182,21 @@ def cmd_ablate(args) -> int:
         print(f"zoo: {len(err.failures)} of {len(recipe.cells) or 1} cells failed; run the same command again "
               f"to retry only those", file=sys.stderr)
         return 1
-    print(f"\nresults: {out / 'results.jsonl'} (tables: results.md, results.csv; plot: results.png)")
+    print(f"\nresults: {out / 'results.jsonl'} (tables: results.md, results.csv"
+          + ("" if args.no_plot else "; plot: results.png") + ")")
     return 0
 
 
 def cmd_table(args) -> int:
+    folder = Path(args.dir)
+    if folder.exists() and not folder.is_dir():
+        hint = f"give its folder, {folder.parent}" if folder.name == "results.jsonl" else \
+            "give the folder holding results.jsonl (zoo ablate RECIPE --out DIR writes DIR)"
+        raise UserError(f"zoo table: {folder} is a file, not a results folder; {hint}")
+    if not folder.exists():
+        raise UserError(f"zoo table: {folder}: no such folder; give the folder holding results.jsonl (zoo ablate "
+                        f"RECIPE --out DIR writes DIR)")
+
     def report(damage):
         print(f"zoo table: {damage.describe()}; not rendered (zoo ablate on this folder moves it aside and "
               f"recomputes its cell)", file=sys.stderr)
@@ -334,7 +360,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the exit status of a command whose standard output is closed before it has written everything (``zoo list |
+#: head``): 128 + SIGPIPE, what a shell reports for a program that signal ends, so ``set -o pipefail`` still sees it
+CLOSED_STDOUT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``zoo`` command; returns its exit status. A reader that closes standard output early ends any command
+    quietly with :data:`CLOSED_STDOUT` (no traceback; what the command wrote to files stays)."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _stdout_to_devnull()
+        return CLOSED_STDOUT
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of standard output has gone (a pipe or socket whose other end is closed)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or stdout is not a file: cannot tell, so closed
+        return True
+
+
+def _stdout_to_devnull() -> None:
+    """Point standard output at the null device, so that what is still buffered for it goes nowhere, quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # stdout is not a file (replaced in-process): nothing to flush
+        pass
+
+
+def _refuse_empty_folders(args) -> None:
+    """An empty ``--out`` or ``--to`` (an unset shell variable) is refused: read as no folder, it would lose the
+    results."""
+    for flag in ("out", "to"):
+        if getattr(args, flag, None) == "":
+            raise UserError(f"zoo {args.command}: --{flag} is empty (an unset shell variable?); name the folder to "
+                            f"write")
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # overrides may follow flags (`zoo train R --no-progress train.steps=10`): argparse leaves those over
@@ -344,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     try:
+        _refuse_empty_folders(args)
         return args.func(args) or 0
     except (UserError, OptionError, BackendUnavailable) as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)

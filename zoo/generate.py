@@ -8,7 +8,8 @@ greedy (argmax); otherwise logits / temperature, restricted to the ``top_k`` mos
 smallest set whose probability reaches ``top_p``, drawn with a generator seeded by ``seed``. An empty
 prompt starts from EOS. Several prompts of different lengths are decoded one after another, each with
 its own state (a padded batch would mix padding into the recurrent states). Decoding stops at
-``max_new_tokens`` or at EOS.
+``max_new_tokens`` or at EOS. A flag out of its range, or ``--device cuda`` without a CUDA device, is refused
+in one line naming the flag and its value, before the checkpoint is read.
 """
 from __future__ import annotations
 
@@ -118,10 +119,26 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def check_arguments(args) -> None:
+    """Refuse, naming the flag and its value, a flag of ``zoo generate`` out of its range."""
+    for flag, value, ok, wanted in (
+            ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "must be at least 1"),
+            ("--temperature", args.temperature, 0 <= args.temperature < float("inf"),
+             "must be a finite number >= 0 (0: greedy)"),
+            ("--top-k", args.top_k, args.top_k >= 0, "must be >= 0 (0: every token)"),
+            ("--top-p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
+            ("--threads", args.threads, args.threads >= 0, "must be a positive number of threads (0: torch's "
+                                                           "default)")):
+        if not ok:
+            raise UserError(f"zoo generate: {flag} {value if isinstance(value, int) else format(value, 'g')}: "
+                            f"{wanted}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("zoo generate: --device cuda: no CUDA device is available; use --device cpu (or auto)")
+
+
 def run(args) -> int:
     """The ``zoo generate`` command."""
-    if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0 or not 0 < args.top_p <= 1:
-        raise UserError("zoo generate: --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -15,7 +15,10 @@ Every other override (``model.*``, the rest of ``train.*``) describes how the ch
 and is refused with a one-line error. Without overrides, evaluation repeats the end-of-training
 evaluation (:func:`zoo.training.evaluation.test_metrics`) exactly (same data, same code path, same numbers
 on a CPU with the recipe's threads). Rows go to ``results.jsonl`` in the format of ablation rows
-(:func:`zoo.rows.make_row`).
+(:func:`zoo.rows.make_row`), with ``trained_recipe_key`` (the checkpoint's recipe) added: an eval row is
+never a finished ablation cell or a seed of one. ``zoo eval --out`` into an ablation's folder holds the
+folder's lock while it evaluates and appends, names the evaluated cell in the row's label
+(``mamba2 eval eval.seq_lens=[64]``), and its rows are listed apart from the grid's cells.
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 A row is one JSON object per finished run (an ablation cell, a ``zoo train --out`` run, a ``zoo eval``):
 the recipe key and label, the overrides that made the cell, the full resolved recipe, the seed, the
 metrics, and the environment it ran in (library versions, device, threads). Rows are appended (and
-fsynced) in one write the moment a run finishes.
+fsynced) in one write the moment a run finishes. A ``zoo eval`` row also carries ``trained_recipe_key``, the
+recipe its checkpoint was trained under (:func:`is_eval_row`): it measures a trained model again and never
+counts as a finished ablation cell or as a seed of one, even when its own ``recipe_key`` equals the cell's
+(an evaluation without overrides).
 
 Reading never deletes a valid row. A line that is not a complete UTF-8 JSON object with the fields every
 row has (a line cut short by a kill, NUL bytes left by a power loss, a blank or foreign line) is
@@ -29,6 +32,11 @@ DAMAGED_NAME = "results.damaged.jsonl"
 #: metrics that measure the machine rather than the model (they differ between two runs of one recipe)
 TIMING_METRICS = ("train_seconds", "wall_seconds", "train_tokens_per_second", "steady_tokens_per_second",
                   "steady_steps", "warmup_seconds")
+
+
+def is_eval_row(row: dict) -> bool:
+    """Whether ``row`` was written by ``zoo eval`` (a trained model evaluated again), not by a training run."""
+    return "trained_recipe_key" in row
 
 
 def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, device=None, **extra) -> dict:

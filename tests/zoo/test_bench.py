@@ -167,6 +167,19 @@ def test_rounds_must_be_positive(tmp_path):
         bench.run(_args(tmp_path, "--rounds", "0"))
 
 
+@pytest.mark.parametrize("flag, value, wanted", [("--batch", "0", "must be a positive integer"),
+                                                 ("--repeats", "-2", "must be a positive integer"),
+                                                 ("--rounds", "0", "must be a positive integer"),
+                                                 ("--threads", "0", "must be a positive integer"),
+                                                 ("--warmup", "-1", "must be 0 or more"),
+                                                 ("--time-limit", "nan", "must be >= 0 seconds"),
+                                                 ("--device", "gpu0", "not a device")])
+def test_a_flag_out_of_range_is_named_with_its_value(tmp_path, flag, value, wanted):
+    with pytest.raises(UserError) as refused:
+        bench.run(_args(tmp_path, flag, value))
+    assert str(refused.value).startswith(f"{flag} {value}: {wanted}"), refused.value
+
+
 def test_time_limit_stops_attention_and_says_so(tmp_path, monkeypatch):
     """Every measurement takes 1 s (a stand-in for measure): at 4x the length attention is predicted at
     16 s (quadratic), mamba2 at 4 s (linear); a 10 s limit skips attention's row with the reason and

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,20 @@ def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
     (tmp_path / FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="not a readable mixer-zoo checkpoint"):
         load(tmp_path / FILENAME)
+
+
+def test_an_unreadable_checkpoint_names_the_file_and_the_error_never_torchs_advice_to_load_it_unsafely(tmp_path):
+    torch.save({"model": Fraction(1, 3)}, tmp_path / "foreign.pt")  # an object: unpickling one could run code
+    (tmp_path / "garbage.pt").write_bytes(b"garbage\n")
+    (tmp_path / "torn.pt").write_bytes(b"\x00" * 100)
+    for name, reason in (("garbage.pt", "UnpicklingError: Unsupported operand"),
+                         ("torn.pt", "UnpicklingError: Unsupported operand"),
+                         ("foreign.pt", "UnpicklingError: it holds a fractions.Fraction object, not plain data")):
+        with pytest.raises(UserError) as refused:
+            load(tmp_path / name)
+        message = str(refused.value)
+        assert message.startswith(f"{tmp_path / name}: not a readable mixer-zoo checkpoint ({reason}"), message
+        assert "weights_only" not in message and "\n" not in message and len(message) < 300, message
 
 
 def test_a_flipped_byte_inside_a_checkpoint_is_found_by_its_checksum(tmp_path):

@@ -1,13 +1,20 @@
-"""The `zoo` command: list (text and JSON), check, and the registry it shows."""
+"""The `zoo` command: list (text and JSON), check, and the registry it shows; a closed stdout, an empty --out and
+a file given for a folder, each ended in one line."""
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from mixers import MIXERS
 from tests.registry import builtin_mixer_names
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def zoo(*args):
@@ -66,3 +73,51 @@ def test_list_options_shows_top_level_and_eval_keys():
     ev = next(s for s in sections if s.startswith("recipe section eval:"))
     for key in ("test_time_sweep", "test_time", "seq_lens"):
         assert any(line.startswith(key + " ") for line in ev.splitlines()), ev
+
+
+def test_a_closed_stdout_ends_every_command_quietly_with_141(tmp_path):
+    table = tmp_path / "table"
+    table.mkdir()
+    shutil.copy(ROOT / "tables" / "bdlru_recall" / "results.jsonl", table)
+    for argv in (["list", "--json"], ["list", "--options"], ["table", table, "--no-plot"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first byte (`zoo list | head` once head has its lines)
+        try:
+            out = subprocess.run([sys.executable, "-m", "zoo", *map(str, argv)], stdout=write, stderr=subprocess.PIPE,
+                                 text=True)
+        finally:
+            os.close(write)
+        assert (out.returncode, out.stderr) == (141, ""), (argv, out.stderr)
+    assert (table / "results.md").is_file()  # what the command writes to files is kept
+
+
+def test_an_empty_out_or_to_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    from zoo import cli
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("trained"))
+    for argv, flag in ((["train", TINY, "--out", ""], "--out"), (["ablate", TINY, "--out", ""], "--out"),
+                       (["eval", tmp_path, "--out", ""], "--out"), (["bench", "--out", ""], "--out"),
+                       (["export", tmp_path, "--to", ""], "--to")):
+        assert cli.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert err == f"zoo: error: zoo {argv[0]}: {flag} is empty (an unset shell variable?); name the folder to " \
+                      f"write\n", err
+    assert os.listdir(tmp_path) == []
+
+
+def test_table_of_a_file_or_a_missing_folder_says_which(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "results.jsonl").write_text("")
+    for path, said in ((tmp_path / "afile", "is a file, not a results folder"),
+                       (tmp_path / "results.jsonl", f"is a file, not a results folder; give its folder, {tmp_path}"),
+                       (tmp_path / "nowhere", "no such folder")):
+        out = zoo("table", path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and said in out.stderr, out.stderr
+
+
+def test_the_readme_names_every_task_zoo_list_shows():
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("Tasks: ")
+    sentence = readme[start:readme.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z0-9_]+)`", sentence))
+    assert {t["name"] for t in json.loads(zoo("list", "--json").stdout)["tasks"]} <= named, sentence

@@ -71,3 +71,18 @@ def test_eval_imports_no_module_named_only_by_the_checkpoint(tmp_path):
     assert len(refused.stderr.strip().splitlines()) == 1
     named = _zoo("eval", tmp_path / "run", "imports=[tests.zoo.out_of_tree_mixer]", "--json")
     assert named.returncode == 0, named.stderr
+
+
+def test_eval_of_an_unfinished_run_says_so_on_stderr(tmp_path, capsys):
+    from zoo.cli import main
+    from zoo.training import checkpoint as ckpt
+    train(resolve(TINY, ["train.steps=3"]), progress=False, checkpoint_dir=tmp_path / "done")
+    state = ckpt.load(tmp_path / "done" / ckpt.FILENAME)
+    state.update(step=2, finished=False)  # as an interrupted run leaves it: step 2 of 3
+    ckpt.save(tmp_path / "cut" / ckpt.FILENAME, state)
+    assert main(["eval", str(tmp_path / "cut"), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["metrics"]["steps"] == 2
+    assert f"{tmp_path / 'cut' / ckpt.FILENAME} is the checkpoint of an unfinished run (step 2 of 3)" in captured.err
+    assert main(["eval", str(tmp_path / "done"), "--json"]) == 0
+    assert "unfinished" not in capsys.readouterr().err

@@ -247,6 +247,14 @@ def test_every_refusal_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypa
     assert sorted(os.listdir(tmp_path)) == ["full", "mqar", "run"]  # no export and no temporary folder
 
 
+def test_an_export_to_a_file_says_it_is_a_file_and_leaves_it(tmp_path, capsys):
+    run = write_run(tmp_path, lm_recipe(["gla"]))
+    (tmp_path / "afile").write_text("mine")
+    err = one_line_error(capsys, "export", run, "--to", tmp_path / "afile")
+    assert f"{tmp_path / 'afile'}: is a file, not a folder" in err, err
+    assert (tmp_path / "afile").read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["afile", "run"]
+
+
 def test_an_export_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
     from zoo.hf import export as exporter
     run = write_run(tmp_path, lm_recipe(["gla"]))

@@ -1,6 +1,7 @@
 """zoo.benchmark.host_cost: the host's share of gpu_speed's language-model step and layer, on the GPU path with no
 kernel run. Timing values are not checked (tests do not time things); what each row counts is."""
 import pytest
+import torch
 
 from kernels.backend import triton_interpreting
 from kernels.device import gpu_path_on_cpu
@@ -40,3 +41,10 @@ def test_bad_arguments_name_the_fix(capsys):
     with pytest.raises(SystemExit):
         host_cost.main(["--steps", "0"])
     assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_threads_below_one_are_refused_before_torch_sees_them(capsys):
+    threads = torch.get_num_threads()
+    with pytest.raises(SystemExit):
+        host_cost.main(["--threads", "0", "jordan"])
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err and torch.get_num_threads() == threads

@@ -290,6 +290,31 @@ def test_every_bad_input_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
                                                                                     "recipes", "tiny.yaml"))
 
 
+def test_generate_names_the_flag_and_the_value_it_refuses(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    zoo.train(lm_recipe(tmp_path), progress=False, checkpoint_dir=run)
+    threads = torch.get_num_threads()
+    for argv, said in ((["--threads", "-1"], "--threads -1: must be a positive number of threads"),
+                       (["--max-new-tokens", "0"], "--max-new-tokens 0: must be at least 1"),
+                       (["--top-p", "0"], "--top-p 0: must be in (0, 1]"),
+                       (["--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
+                       (["--top-k", "-2"], "--top-k -2: must be >= 0"),
+                       (["--temperature", "nan"], "--temperature nan: must be a finite number >= 0")):
+        assert f"zoo generate: {said}" in one_line_error(capsys, "generate", run, "--prompt", "a", *argv)
+    assert torch.get_num_threads() == threads
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA
+    err = one_line_error(capsys, "generate", run, "--prompt", "a", "--device", "cuda")
+    assert "--device cuda: no CUDA device is available; use --device cpu" in err and "train.device" not in err
+
+
+def test_a_folder_as_the_files_path_is_refused_with_a_glob_to_give_instead(tmp_path, capsys):
+    corpus = random_corpus(tmp_path / "corpus")
+    for given in (str(corpus), str(corpus) + "/", f"{corpus / 'doc0.txt'};{corpus}"):
+        err = one_line_error(capsys, "data", "prepare", write_recipe(tmp_path, {"source": "files", "path": given}))
+        assert f"is a folder; source 'files' reads files: give a file or a glob such as {corpus}/*.txt" in err, err
+    assert not (tmp_path / "data").exists()
+
+
 # ------------------------------------------------------------------------------------------ the hf source
 def test_the_hf_source_streams_a_text_field_and_bounds_the_documents(tmp_path, monkeypatch):
     records = [{"text": f"document {i} " * 3, "id": i} for i in range(7)]

@@ -162,6 +162,8 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1" and args.one:
         print("first_compile: run without TRITON_INTERPRET=1 (the kernels must be compiled)", file=sys.stderr)
         return 2
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     args.threads = args.threads or available_cores()
     if args.one:
         print(json.dumps(measure_one(args.one, args.mode, args.arch, args.threads, args.toy)))

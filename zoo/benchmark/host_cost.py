@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     require_interpreter(parser)
     torch.set_num_threads(args.threads)
     names = chosen_mixers(parser, args.mixers)

@@ -145,19 +145,23 @@ def _labels(entries: list) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (from :func:`configure_parser`); returns an exit code."""
-    if (args.batch <= 0 or args.repeats <= 0 or args.rounds <= 0 or args.warmup < 0
-            or (args.threads is not None and args.threads <= 0)):
-        raise UserError("--batch, --repeats, --rounds and --threads must be positive, --warmup >= 0")
+    for flag, value, least in (("--batch", args.batch, 1), ("--repeats", args.repeats, 1), ("--rounds", args.rounds, 1),
+                               ("--threads", args.threads, 1), ("--warmup", args.warmup, 0)):
+        if value is not None and value < least:
+            raise UserError(f"{flag} {value}: must be " + ("a positive integer" if least else "0 or more"))
     recipe = bench_recipe(args)
     labels = _labels(recipe.model.layer_entries())
     if args.baseline is not None and args.baseline not in labels:
         raise UserError(f"--baseline {args.baseline!r} is not one of the entries: {', '.join(labels)}")
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))
+    try:
+        device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                              else ("cpu" if args.device == "auto" else args.device))
+    except RuntimeError:
+        raise UserError(f"--device {args.device}: not a device; use auto, cpu or cuda[:i]") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
-    if args.time_limit is not None and args.time_limit < 0:
-        raise UserError("--time-limit must be >= 0 seconds (0 = no limit)")
+    if args.time_limit is not None and not args.time_limit >= 0:
+        raise UserError(f"--time-limit {args.time_limit:g}: must be >= 0 seconds (0: no limit)")
     tune_allocator()
     previous_threads = torch.get_num_threads()
     if args.threads is not None:

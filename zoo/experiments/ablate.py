@@ -9,9 +9,13 @@ and seed.
 
 A cell is identified by the hash of its full resolved recipe (``recipe_key``), never by its overrides
 alone: running the same command again skips the cells already there, and a changed base recipe or
-command-line override is never answered with an old row. A folder holding a finished row for a cell
-whose recipe has since changed is refused with the differences named (use another ``--out``). One
-process writes a folder at a time (a lock file); a second one is refused at once.
+command-line override is never answered with an old row. Only training rows finish a cell: a ``zoo eval``
+row (:func:`zoo.rows.is_eval_row`) never does, whatever its recipe key. A folder holding a finished row for
+a cell whose recipe has since changed is refused with the differences named (use another ``--out``); a
+refused run changes nothing in the folder: the grid's layout (``cells.json``, which the tables follow) and
+the repair of damaged lines are written only after every check passed. One process writes a folder at a
+time (a lock file, which ``zoo eval --out`` into an ablation folder takes as well); a second one is refused
+at once.
 
 Cells run on an executor (:mod:`zoo.experiments.executors`): one after another in this process, or as Ray tasks on
 one machine or a cluster. Either way this process is the only writer of ``results.jsonl``: it appends
@@ -29,10 +33,10 @@ from ..config import Cell, Recipe
 from ..errors import UserError
 from ..paths import probe_writable
 from ..recipes.plain import recipe_differences
-from ..rows import append_row, repair_rows
+from ..rows import append_row, is_eval_row, read_rows, repair_rows
 from ..training.loop import probe_folders
 from .executors import Executor, SequentialExecutor
-from .results import render_folder, write_layout
+from .results import LAYOUT_NAME, render_folder, write_layout
 
 #: files an ablation writes in its folder (each must be writable before the first cell trains)
 WRITTEN = ("results.jsonl", "results.md", "results.csv", "results.png", "cells.json", "results.damaged.jsonl")
@@ -55,9 +59,24 @@ def check_writable(out_dir: Path) -> None:
                             f"another --out")
 
 
+def holds_ablation(folder: Path) -> bool:
+    """Whether ``folder`` holds an ablation: the grid layout ``zoo ablate`` records there (``cells.json``)
+    or the lock of one writing there now."""
+    return (Path(folder) / LAYOUT_NAME).exists() or (Path(folder) / ".lock").exists()
+
+
+def refuse_train_into(out_dir: Path) -> None:
+    """``zoo train --out`` never writes into an ablation's folder: its row would be read as a cell of the grid."""
+    if holds_ablation(out_dir):
+        raise UserError(f"zoo train: --out {out_dir} holds an ablation (cells.json), whose results.jsonl rows are "
+                        f"its grid's cells; choose another --out, or add this recipe as a cell of the grid and run "
+                        f"zoo ablate")
+
+
 @contextlib.contextmanager
-def exclusive(out_dir: Path):
-    """Hold ``out_dir/.lock`` for the run; refuse at once if another process holds it."""
+def exclusive(out_dir: Path, who: str = "zoo ablate"):
+    """Hold ``out_dir/.lock`` for the run; refuse at once if another process holds it. The lock file holds
+    the holder's pid, followed by its command when that is not ``zoo ablate`` (``who``)."""
     check_writable(out_dir)
     probe_writable(out_dir, "--out")  # what permissions do not show: a read-only mount, a full disk
     try:
@@ -70,14 +89,26 @@ def exclusive(out_dir: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            raise UserError(f"{out_dir}: another zoo ablate (pid {holder}) is writing here; wait for it to "
+            holder = os.pread(fd, 64, 0).decode(errors="replace").split(maxsplit=1) or ["unknown"]
+            command = holder[1] if len(holder) > 1 else "zoo ablate"
+            raise UserError(f"{out_dir}: another {command} (pid {holder[0]}) is writing here; wait for it to "
                               f"finish or choose another --out") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, (str(os.getpid()) + ("" if who == "zoo ablate" else f" {who}")).encode(), 0)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def ablation_lock(folder: Path, who: str):
+    """Hold ``folder``'s lock (:func:`exclusive`) while ``who`` writes into an ablation's folder; a folder that
+    holds no ablation is not locked."""
+    if holds_ablation(folder):
+        with exclusive(folder, who):
+            yield
+    else:
+        yield
 
 
 def cells_of(recipe: Recipe) -> list[Cell]:
@@ -98,12 +129,17 @@ def cell_name(cell: Cell, cells: list[Cell]) -> str:
 
 
 def completed_rows(rows: list[dict], cells: list[Cell]) -> dict[str, dict]:
-    """Finished rows by recipe key; raise when a cell's label and seed have a row from a different recipe."""
-    done = {row["recipe_key"]: row for row in rows if "recipe_key" in row}
+    """Finished training rows by recipe key (the first row of a key; eval rows never finish a cell); raise when
+    a cell's label and seed have a row from a different recipe."""
+    done: dict[str, dict] = {}
+    for row in rows:
+        if "recipe_key" in row and not is_eval_row(row):
+            done.setdefault(row["recipe_key"], row)
     for cell in cells:
         if cell.recipe.key in done:
             continue
-        stale = [r for r in rows if r.get("label") == cell.label and row_seed(r) == cell.recipe.seed]
+        stale = [r for r in rows if not is_eval_row(r) and r.get("label") == cell.label
+                 and row_seed(r) == cell.recipe.seed]
         if stale:
             old = stale[-1]
             diff = recipe_differences(old.get("recipe", {}), cell.recipe.plain)
@@ -134,15 +170,15 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
     results_path = out_dir / "results.jsonl"
     where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell_name(cell, cells)}" for i, cell in enumerate(cells)}
     with exclusive(out_dir):
-        rows, damaged = repair_rows(results_path)
+        done = completed_rows(read_rows(results_path), cells)  # read only: a refused run writes nothing
+        for cell in cells:  # every folder a cell writes, before the first one trains
+            if cell.recipe.key not in done:
+                probe_folders(cell.recipe, out_dir / "checkpoints" / cell.recipe.key)
+        _rows, damaged = repair_rows(results_path)  # every check passed: the folder is this run's now
         for damage in damaged:
             echo(f"{damage.describe()}: moved to {damage.path.with_name('results.damaged.jsonl')}; "
                  f"its cell runs again")
         write_layout(out_dir, title, cells)
-        done = completed_rows(rows, cells)
-        for cell in cells:  # every folder a cell writes, before the first one trains
-            if cell.recipe.key not in done:
-                probe_folders(cell.recipe, out_dir / "checkpoints" / cell.recipe.key)
         executor = executor or SequentialExecutor(progress=progress, echo=echo)
         failures = []
         executor.echo = echo  # the driver says where messages go

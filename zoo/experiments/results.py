@@ -1,8 +1,16 @@
 """Everything rendered from result files: ablation tables and ``zoo bench`` tables.
 
-``results.jsonl`` (:mod:`zoo.rows`) holds one JSON object per finished ablation cell. Tables
+``results.jsonl`` (:mod:`zoo.rows`) holds one JSON object per finished run. Tables
 (markdown, CSV) and plots (PNG) are rendered from the stored records alone, through one
 table writer (:func:`write_table`) and one figure helper (:func:`figure`) for both kinds of result.
+
+A folder written by ``zoo ablate`` holds its grid's layout in ``cells.json`` (title, and each cell's recipe
+key and label in grid order). There the main table, the seed summary, ``results.csv`` and the plot show
+the grid's own training rows only: the rows whose recipe key is a cell of the layout, one per key (the
+first in the file), under the cell's current label. Every other row of ``results.jsonl`` (``zoo eval``
+rows, rows of ``zoo train``, rows of an earlier, different grid, a second row of a cell's recipe) is
+listed as recorded in a separate table at the end of ``results.md``, and never counted as a seed of a
+cell. A folder without ``cells.json`` renders every row in the main table, in file order.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ from tabulate import tabulate
 
 from ..errors import UserError
 from ..recipes.plain import layer_label
-from ..rows import read_rows
+from ..rows import is_eval_row, read_rows
 from ..training.throughput import MIN_WARMUP_STEPS, WARMUP_FRACTION
 
 #: an ablation's grid order, labels and title, beside its results.jsonl
@@ -33,10 +41,12 @@ def _fmt(value):
     return value
 
 
-def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], head: str = "") -> str:
-    """Write ``<stem>.md`` (``head`` then a GitHub table) and ``<stem>.csv``; return the table text."""
+def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], head: str = "",
+                tail: str = "") -> str:
+    """Write ``<stem>.md`` (``head``, a GitHub table, then ``tail``) and ``<stem>.csv`` (the table alone);
+    return the table text."""
     table = tabulate(body, headers=columns, tablefmt="github")
-    (out_dir / f"{stem}.md").write_text(head + table + "\n")
+    (out_dir / f"{stem}.md").write_text(head + table + "\n" + tail)
     with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(columns)
@@ -163,11 +173,12 @@ def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
     return columns, body
 
 
-def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) -> str:
+def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True, tail: str = "") -> str:
     """Write results.md, results.csv and results.png; return the markdown table.
 
     When a cell has several seeds, results.md starts with one line per cell (mean ± sample standard
     deviation over its seeds) and keeps the per-seed rows below it; results.csv holds the per-seed rows.
+    ``tail`` (markdown) ends results.md.
     """
     columns, body = table_rows(rows)
     header = f"# {title}\n\n" if title else ""
@@ -186,9 +197,9 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True) 
         summary = tabulate(agg_body, headers=agg_columns, tablefmt="github")
         note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which):\n\n"
                  f"{summary}\n\nPer seed:\n\n")
-        table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note)
+        table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note, tail)
     else:
-        table = write_table(out_dir, "results", columns, body, header + note)
+        table = write_table(out_dir, "results", columns, body, header + note, tail)
     if plot and rows:
         plot_rows(rows, out_dir / "results.png", title)
     return table
@@ -203,21 +214,67 @@ def write_layout(out_dir: Path, title: str, cells: list) -> None:
     os.replace(tmp, out_dir / LAYOUT_NAME)
 
 
+def read_layout(out_dir: Path) -> dict | None:
+    """The grid layout ``zoo ablate`` recorded in ``out_dir/cells.json``, or None in a folder without one."""
+    path = Path(out_dir) / LAYOUT_NAME
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+#: the heading of the rows of an ablation folder that are not cells of its grid
+OTHER_ROWS_HEADING = "Other rows in results.jsonl, not cells of this grid"
+
+
+def split_rows(rows: list[dict], layout: dict) -> tuple[list[dict], list[dict]]:
+    """``(cells, others)``: the grid's own training rows in grid order under their current labels, one per
+    recipe key (the first in the file), and every other row in file order (eval rows, rows of another
+    recipe, later rows of a cell's recipe)."""
+    order = {cell["key"]: (i, cell["label"]) for i, cell in enumerate(layout["cells"])}
+    first: dict[str, dict] = {}
+    others = []
+    for row in rows:
+        if row["recipe_key"] in order and not is_eval_row(row) and row["recipe_key"] not in first:
+            first[row["recipe_key"]] = row
+        else:
+            others.append(row)
+    cells = [{**first[key], "label": label} for key, (_i, label) in sorted(order.items(), key=lambda kv: kv[1][0])
+             if key in first]
+    return cells, others
+
+
+def other_rows_table(others: list[dict], layout: dict) -> str:
+    """The rows of an ablation folder that are not cells of its grid, one line each as recorded; ``evaluates``
+    names the cell (or the recipe key) whose checkpoint an eval row measured."""
+    labels = {cell["key"]: cell["label"] for cell in layout["cells"]}
+    columns, body = table_rows(others)
+    columns = [*columns, "recipe_key", "evaluates"]
+    for line, row in zip(body, others):
+        trained = row.get("trained_recipe_key")
+        line += [row["recipe_key"], (f"cell {labels[trained]!r}" if trained in labels else trained) if trained else ""]
+    return (f"## {OTHER_ROWS_HEADING}\n\n"
+            "Rows of zoo eval (evaluates: the checkpoint they measured again), of zoo train, of an earlier grid "
+            "with other recipes, or a later row of a cell's recipe: each as recorded, none counted in the "
+            "tables above, the seed summary or the plot.\n\n"
+            + tabulate(body, headers=columns, tablefmt="github") + "\n")
+
+
 def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, report=None) -> str:
-    """Render ``out_dir/results.jsonl`` (read only; damaged lines go to ``report``): the grid's rows in grid
-    order under their current labels (``cells.json``), then any other rows in file order. ``zoo ablate``
-    and ``zoo table`` both render through this function, so they write the same tables."""
+    """Render ``out_dir/results.jsonl`` (read only; damaged lines go to ``report``). In a folder with a grid
+    layout (``cells.json``) the tables and the plot hold the grid's own training rows in grid order under
+    their current labels, and every other row is listed in a separate table at the end of results.md
+    (:func:`split_rows`); without a layout every row is rendered in file order. ``zoo ablate`` and
+    ``zoo table`` both render through this function, so they write the same tables."""
     rows = read_rows(out_dir / "results.jsonl", report)
     if not rows:
         raise UserError(f"{out_dir / 'results.jsonl'}: no finished rows to render")
-    layout_path = out_dir / LAYOUT_NAME
-    layout = json.loads(layout_path.read_text()) if layout_path.exists() else {"title": "", "cells": []}
-    order = {cell["key"]: (i, cell["label"]) for i, cell in enumerate(layout["cells"])}
-    ranked = sorted(range(len(rows)), key=lambda i: (order.get(rows[i]["recipe_key"], (len(order), ""))[0], i))
-    shown = [{**rows[i], "label": order[rows[i]["recipe_key"]][1]} if rows[i]["recipe_key"] in order else rows[i]
-             for i in ranked]
-    title = title or layout["title"] or rows[-1]["recipe"].get("name") or out_dir.name
-    return render(shown, out_dir, title=title, plot=plot)
+    layout = read_layout(out_dir)
+    if layout is None:
+        title = title or rows[-1]["recipe"].get("name") or out_dir.name
+        return render(rows, out_dir, title=title, plot=plot)
+    shown, others = split_rows(rows, layout)
+    tail = other_rows_table(others, layout) if others else ""
+    title = title or layout["title"] or out_dir.name
+    table = render(shown, out_dir, title=title, plot=plot, tail="\n" + tail if tail else "")
+    return table + ("\n\n" + tail.rstrip("\n") if tail else "")
 
 
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:

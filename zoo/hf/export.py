@@ -29,7 +29,9 @@ from .model import ZooForCausalLM
 
 
 def check_target(to: Path) -> None:
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+    if to.exists() and not to.is_dir():
+        raise UserError(f"{to}: is a file, not a folder; zoo export writes a new folder (choose another --to)")
+    if to.exists() and any(to.iterdir()):
         raise UserError(f"{to}: exists and is not an empty folder; zoo export writes a new folder (choose another "
                         f"--to, or remove it)")
 

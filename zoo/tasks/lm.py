@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import torch
 
@@ -74,6 +75,10 @@ class LanguageModeling(TextTask):
         def __post_init__(self):
             if self.source in ("files", "shards") and not self.path:
                 raise ValueError(f"source {self.source!r} needs task.path (files: a glob; shards: a folder)")
+            for part in (p.strip() for p in self.path.split(";")) if self.source == "files" else ():
+                if part and not any(c in part for c in "*?[") and Path(part).expanduser().is_dir():
+                    raise ValueError(f"task.path {part!r} is a folder; source 'files' reads files: give a file or a "
+                                     f"glob such as {part.rstrip('/')}/*.txt (or {part.rstrip('/')}/**/*.txt)")
             if self.source == "hf" and not self.hf_dataset:
                 raise ValueError("source 'hf' needs task.hf_dataset, e.g. HuggingFaceFW/fineweb-edu")
 

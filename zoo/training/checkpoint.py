@@ -29,6 +29,7 @@ import hashlib
 import io
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from ..tasks import TASKS
 FILENAME = "checkpoint.pt"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
+#: where torch's message for a file that is not plain data gives its reason, after its advice
+_UNPICKLER = "WeightsUnpickler error:"
 
 
 def path_in(location: str | Path) -> Path:
@@ -73,12 +76,28 @@ def save(path: Path, state: dict) -> None:
             tmp.unlink()
 
 
+def _unreadable(err: Exception) -> str:
+    """``Type: reason`` of a failed ``torch.load``, in a few words: torch's own reason without its advice to
+    load the file with ``weights_only=False`` (checkpoints are read as plain data on purpose)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    if _UNPICKLER in text:  # torch's advice comes first, its reason after this marker
+        text = text.split(_UNPICKLER, 1)[1]
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", text)
+        if found:
+            text = f"it holds a {found.group(1)} object, not plain data"
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    reason = line.split(". ")[0].rstrip(".")[:160]
+    if "weights_only" in reason:  # advice in a wording this version does not know
+        reason = "not plain data"
+    return f"{type(err).__name__}: {reason}" if reason else type(err).__name__
+
+
 def _torch_load(source, map_location, path: Path):
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({type(err).__name__}: {text[:200]})") from None
+        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({_unreadable(err)}); the file is damaged or "
+                        f"was not written by zoo train") from None
 
 
 def load(path: Path, map_location="cpu") -> dict:
