@@ -30,7 +30,8 @@ class ModelConfig:
                                          "e.g. [name, {name: {option: value}}]")
     pattern: list[Any] | None = opt(None, "a short list of layers (same syntax as layers) repeated to n_layers "
                                           "(instead of layers: a recipe gives one or the other)")
-    n_layers: int | None = opt(None, "number of layers when expanding pattern (at least its length)", at_least=1, at_most=1024)
+    n_layers: int | None = opt(None, "number of layers when expanding pattern (at least its length)", at_least=1,
+                               at_most=1024)
     state_mixer: str = opt("swiglu", "state mixer after every sequence mixer (see `zoo list`)")
     mixer_options: dict[str, dict[str, Any]] = opt(None, "default options per mixer type: "
                                                          "{<mixer>: {<option>: value}}", default_factory=dict)

@@ -293,7 +293,8 @@ def _check_builds(model, layers: list[Spec], written: str, places: Places) -> No
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             message = message.removeprefix(f"{spec.name}: ")
             where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at)
-            raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}")
+            raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}") \
+                from None
 
 
 def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, written: str, fail) -> None:
