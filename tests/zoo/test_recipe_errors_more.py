@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from zoo.cli import main
 from zoo.errors import UserError
 from zoo.recipes import resolve
 from zoo.recipes.plain import recipe_mapping
 
+from .test_recipes import check_fails
+
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"   # layers: [attention, mamba2]
 LAYERS = "layers: [attention, mamba2]"
-
-
-def check_fails(capsys, *args) -> str:
-    """``zoo check *args`` in this process: exit 2 and one line on stderr, returned."""
-    code = main(["check", *map(str, args)])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("zoo: error: "), err
-    return lines[0]
 
 
 def _recipe(tmp_path, name: str, text: str) -> Path:
