@@ -155,6 +155,12 @@ class Mixer(nn.Module):
         that works. Structural only: from the options and the length, not from the weights or a mask."""
         return None
 
+    def decode_differs(self) -> str | None:
+        """None when ``prefill`` then ``step`` reproduce ``forward`` token for token (the contract); else one line
+        saying how decoding differs with these options (what generation reads that training did not) and the
+        option value that makes them agree."""
+        return None
+
     # --- test-time knobs -----------------------------------------------------------------------
     def knob(self, name: str):
         """The value of test-time knob ``name``: the evaluation override when one is set and the module

@@ -208,6 +208,13 @@ class SKA(Mixer):
                     "use normalisation=running_max")
         return None
 
+    def decode_differs(self) -> str | None:
+        o = self.options
+        if o.mode == "chunk_causal" and o.chunk_size > 1:
+            return (f"ska chunk_size={o.chunk_size}: decoding reads every earlier token, while the forward pass that "
+                    f"trained and scores the model reads whole earlier chunks only; chunk_size=1 decodes as it trains")
+        return None
+
     def dead_at(self, seq_len: int) -> str | None:
         """A readout is 0 unless its statistics hold a token, and with ``power >= 1`` a lag-one pair (else
         A = 0). chunk_causal position t reads the chunks before its own: with ``chunk_size = c >= 2`` the

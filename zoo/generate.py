@@ -14,10 +14,13 @@ in one line naming the flag and its value, before the checkpoint is read.
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
+
+from mixers import Mixer
 
 from .errors import UserError
 from .recipes import resolve
@@ -143,6 +146,9 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     model, task = load_lm(args.checkpoint, device, args.imports or [], args.tokenizer)
+    for note in dict.fromkeys(m.decode_differs() for m in model.modules() if isinstance(m, Mixer)):
+        if note:
+            print(f"zoo generate: note: {note}", file=sys.stderr)
     for prompt in args.prompt or [""]:
         g = generate_text(model, task, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                           args.seed)

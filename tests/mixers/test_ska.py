@@ -152,6 +152,17 @@ def test_chunked_decode_is_per_token():
     assert_rel_close(yd[:, 13:], m(x)[:, 13:], 1e-5, "decode")
 
 
+def test_decode_differs_says_when_decoding_is_not_the_forward():
+    x = torch.randn(2, 30, 32)
+    for chunk in (1, 8):
+        m = make(32, n_heads=2, rank=4, chunk_size=chunk, normalisation="running_max", ridge=0.05)
+        gap = rel_err(decode(m, x, 13)[0], m(x))
+        if chunk == 1:
+            assert m.decode_differs() is None and gap < 1e-5
+        else:
+            assert "chunk_size=1 decodes as it trains" in m.decode_differs() and gap > 1e-2
+
+
 def test_seq_max_decode_freezes_the_scale():
     m = make(32, n_heads=2, rank=4, chunk_size=1, normalisation="seq_max", ridge=0.05)
     x = torch.randn(2, 20, 32)

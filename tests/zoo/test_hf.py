@@ -83,6 +83,15 @@ def test_every_mixer_exports_to_the_same_logits_and_greedy_decodes_as_zoo_genera
     assert isinstance(cache, ZooCache) and cache.get_seq_length() == len(prompt) + len(expected) - 1
 
 
+def test_generate_without_a_prompt_starts_from_eos_as_zoo_generate_does(tmp_path):
+    run = write_run(tmp_path, lm_recipe(["mamba2", "attention"]))
+    ours, _ = load_lm(run)
+    theirs = AutoModelForCausalLM.from_pretrained(export(run, tmp_path / "hf"))
+    expected, _, _ = generate_ids(ours, [EOS], max_new_tokens=8, eos_id=EOS)   # zoo generate's empty prompt
+    out = theirs.generate(max_new_tokens=8, do_sample=False)
+    assert out[0].tolist() == [EOS] + expected
+
+
 def hybrid_recipe(**task):
     return lm_recipe([{"gla": {"n_heads": 1, "head_dim": 16}}, "attention", {"gla": {"chunk_size": 4}},
                       {"mamba2": {"d_state": 4}}], d_model=32, task=task, state_mixer="koopman_mlp",

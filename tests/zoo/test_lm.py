@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import sys
 import types
@@ -33,6 +34,7 @@ from zoo.experiments.results import table_columns
 from zoo.generate import generate_ids
 from zoo.lm_harness import ZooScorer
 from zoo.model import HybridLM
+from zoo.recipes.plain import recipe_mapping
 from zoo.tasks import TaskData
 from zoo.tasks.lm import LanguageModeling
 from zoo.training import loop
@@ -155,6 +157,29 @@ def test_bits_per_byte_matches_a_hand_computation_for_a_bpe_tokenizer(tmp_path):
     assert out["bpb"] == pytest.approx(nats / math.log(2) / target_bytes, rel=1e-9)
 
 
+def test_token_bytes_of_a_sentencepiece_style_tokenizer_keep_the_spaces(tmp_path):
+    """A Metaspace token (``▁the``) stands for its space too, which decoding it alone drops; a byte-fallback
+    token is one byte. Only the phantom space such a tokenizer puts before a text's first word is extra."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["state", "mixer", "scan", "key", "gate", "decays", "opens", "the", "of", "and"]
+    rng = random.Random(torch.randint(0, 2**31, ()).item())
+    text = " ".join(rng.choice(words) for _ in range(60))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(byte_fallback=True))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    tok.decoder = tokenizers.decoders.Sequence([tokenizers.decoders.ByteFallback(), tokenizers.decoders.Metaspace()])
+    tok.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+        vocab_size=330, special_tokens=["</s>"] + [f"<0x{b:02X}>" for b in range(256)]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    sp = HFTokenizer(str(tmp_path / "tokenizer.json"))
+    counts = sp.token_bytes()
+    ids = sp.encode(" " + text)
+    assert sp.decode(ids).decode() == text and len(ids) < len(text) / 2  # merges happened
+    assert counts[ids].sum() == len((" " + text).encode())
+    assert counts[sp.encode(text)].sum() == len(text.encode()) + 1
+    fallback = sp.encode("é")   # not in the vocabulary: its two UTF-8 bytes as byte-fallback tokens
+    assert [sp.tok.id_to_token(i) for i in fallback][-2:] == ["<0xC3>", "<0xA9>"] and counts[fallback[-2:]].sum() == 2
+
+
 # ------------------------------------------------------------------------------------------ generation
 def tiny_lm(name: str, d_model: int = 16) -> HybridLM:
     cls = MIXERS.get(name)
@@ -193,14 +218,27 @@ def test_training_reports_bits_per_byte_and_generate_prints_text(tmp_path, capsy
                                                .read_text())["source_hash"][:16]
     assert zoo_main(["generate", str(tmp_path / "run"), "--prompt", "state", "--max-new-tokens", "5",
                      "--temperature", "0"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert out.startswith("state") and "tokens/s" in out and "peak memory" in out
+    assert "note:" not in captured.err   # gla decodes as it trains
     texts = []  # prompts of different lengths, together and alone: the same continuations
     for prompts in (["the key", "a"], ["the key"], ["a"]):
         argv = ["generate", str(tmp_path / "run"), "--max-new-tokens", "6", "--temperature", "0"]
         assert zoo_main(argv + [a for p in prompts for a in ("--prompt", p)]) == 0
         texts.append([line for line in capsys.readouterr().out.splitlines() if not line.startswith("[")])
     assert texts[0] == texts[1] + texts[2]
+
+
+def test_generate_says_when_a_layer_decodes_otherwise_than_it_trained(tmp_path, capsys):
+    recipe = lm_recipe(tmp_path)
+    plain = recipe_mapping(recipe.plain)
+    plain["model"]["layers"] = [{"ska": {"n_heads": 2, "rank": 4, "chunk_size": 8, "normalisation": "running_max"}}, "gla"]
+    zoo.train(zoo.load(plain), progress=False, checkpoint_dir=tmp_path / "run")
+    capsys.readouterr()
+    assert zoo_main(["generate", str(tmp_path / "run"), "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert len(notes) == 1 and "ska chunk_size=8" in notes[0] and "chunk_size=1 decodes as it trains" in notes[0]
 
 
 def test_a_token_budget_sets_the_steps_and_gradient_accumulation_gives_the_same_step(tmp_path):

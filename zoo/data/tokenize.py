@@ -9,12 +9,18 @@
 
 Bits per byte need the number of bytes each token stands for (:meth:`token_bytes`): one per byte token;
 EOS counts as one byte (it stands for the boundary between documents, as a newline would); other special
-tokens count zero; a byte-level BPE token counts the bytes its characters map back to.
+tokens count zero; a byte-level BPE token counts the bytes its characters map back to; a byte-fallback token
+(``<0x41>``) one; any other token the bytes it adds to the text when decoded after another token. That last
+rule keeps the space a SentencePiece-style (Metaspace) token opens with, which decoding it alone drops (``▁the``
+is four bytes, `` the``); such a tokenizer's phantom space before a document's first word counts too (one byte
+per document). Bytes are those of the text the tokenizer reads: an invalid UTF-8 byte, read as U+FFFD, counts
+that character's three.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +29,8 @@ from ..errors import UserError
 
 #: end-of-text tokens looked up in a Hugging Face vocabulary, in this order
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+#: a SentencePiece byte-fallback token: one byte
+_BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class ByteTokenizer:
@@ -96,16 +104,33 @@ class HFTokenizer:
         table = byte_level_table() if decoder == "ByteLevel" else {}
         special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
         out = np.zeros(self.vocab_size, dtype=np.int64)
+        decoded = []
         for token, i in self.tok.get_vocab(with_added_tokens=True).items():
-            if i == self.eos_id:
+            if i == self.eos_id or _BYTE_FALLBACK.fullmatch(token):
                 out[i] = 1
             elif i in special:
                 out[i] = 0
             elif table and all(c in table for c in token):
                 out[i] = len(token)  # byte-level BPE: one character per byte
             else:
-                out[i] = len(self.tok.decode([i]).encode("utf-8"))
+                decoded.append(i)
+        if decoded:  # the bytes a token adds after another: decoding it alone drops a leading space
+            anchor = self._anchor(special)
+            alone = len(self.tok.decode([anchor]).encode("utf-8"))
+            texts = self.tok.decode_batch([[anchor, i] for i in decoded], skip_special_tokens=False)
+            out[decoded] = [len(text.encode("utf-8")) - alone for text in texts]
         return out
+
+    def _anchor(self, special: set) -> int:
+        """A token that decodes to one ASCII letter or digit (``a`` where there is one), to decode others after."""
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        for i in ([vocab["a"]] if "a" in vocab else []) + sorted(vocab.values()):
+            if i != self.eos_id and i not in special:
+                text = self.tok.decode([i])
+                if len(text) == 1 and text.isascii() and text.isalnum():
+                    return i
+        raise UserError(f"tokenizer {self.name!r}: no token decodes to a single letter or digit, so the bytes each "
+                        f"token stands for cannot be counted for bits per byte")
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.tok.to_str().encode()).hexdigest()[:16]

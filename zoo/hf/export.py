@@ -53,7 +53,8 @@ def export(checkpoint, to, imports: list[str] = ()) -> tuple[Path, ZooForCausalL
     path, state, recipe, task = read_lm(checkpoint, list(imports), command="zoo export")
     tok = task.tokenizer
     config = ZooConfig(recipe=recipe.plain, recipe_key=recipe.key, imports=state.get("imports", []),
-                       vocab_size=task.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id)
+                       vocab_size=task.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id,
+                       bos_token_id=tok.eos_id)  # generate() without a prompt starts from EOS, as zoo generate does
     model = ZooForCausalLM(config, hybrid=load_model(state, recipe, torch.device("cpu"))).eval()
     tmp = to.parent / f".{to.name}.export-{os.getpid()}"
     try:
