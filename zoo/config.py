@@ -75,7 +75,8 @@ class TrainConfig:
     weight_decay: float = opt(0.1, "AdamW weight decay (not applied to norms, biases and gains)", at_least=0.0)
     betas: list[float] = opt(None, "AdamW betas", default_factory=lambda: [0.9, 0.98], at_least=0.0, at_most=0.99999)
     warmup_steps: int = opt(50, "linear warm-up steps before the cosine decay", at_least=0)
-    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of lr", at_least=0.0, at_most=1.0)
+    min_lr_ratio: float = opt(0.1, "the floor of the cosine decay as a fraction of lr (reached at step `steps`, "
+                                   "one past the last update)", at_least=0.0, at_most=1.0)
     grad_clip: float = opt(1.0, "global gradient-norm clip (0 disables)", at_least=0.0)
     eval_every: int = opt(0, "evaluate on the test set every N steps (0: only at the end)", at_least=0)
     device: str = opt("auto", "auto (cuda if available), cpu or cuda", choices=("auto", "cpu", "cuda"))
@@ -107,6 +108,9 @@ class TrainConfig:
                                 "runs/<recipe name or key>)")
 
     def __post_init__(self):
+        if self.early_stop_acc > 0 and self.eval_every == 0:
+            raise ValueError(f"train.early_stop_acc={self.early_stop_acc:g} stops at a periodic evaluation, and "
+                             f"train.eval_every=0 runs none; set train.eval_every (e.g. 100) or drop early_stop_acc")
         if self.compile and self.cuda_graph:
             raise ValueError("train.compile and train.cuda_graph are both true: torch.compile and the captured step "
                              "each take the whole training forward; choose one")

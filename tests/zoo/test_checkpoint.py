@@ -130,6 +130,18 @@ def test_a_flipped_byte_inside_a_checkpoint_is_found_by_its_checksum(tmp_path):
         load(path)
 
 
+def test_under_torchrun_every_process_starts_over_from_a_damaged_checkpoint(tmp_path, capsys):
+    """The main process moves a damaged checkpoint aside; another process that reads it (before or after the
+    move) starts over too, never stopping the job with an error while the main process trains."""
+    from zoo.training.loop import _saved_state
+    path = tmp_path / FILENAME
+    path.write_bytes(bytes(torch.randint(0, 256, (100,), dtype=torch.uint8).tolist()))
+    assert _saved_state(path, main=False) is None and path.exists()   # read before the move
+    assert _saved_state(path, main=True) is None and not path.exists()
+    assert "moved it to" in capsys.readouterr().err
+    assert _saved_state(path, main=False) is None                      # read after the move
+
+
 def test_a_damaged_checkpoint_is_moved_aside_and_the_run_starts_over(tmp_path, capsys):
     recipe = resolve(TINY, ["train.steps=4", "train.threads=1"])
     clean = train(recipe, progress=False).metrics

@@ -11,6 +11,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from zoo.errors import UserError
 from zoo.recipes import resolve
@@ -184,3 +185,17 @@ def test_a_listed_grid_cell_key_typo_suggests_label(tmp_path, capsys):
     path = _recipe(tmp_path, "grid.yaml", f"extends: {TINY}\ngrid:\n  - {{lable: a, seed: 1}}\n")
     line = check_fails(capsys, path)
     assert f"{path}:3: grid.0.lable: unknown key 'lable'; did you mean 'label'" in line, line
+
+
+# ------------------------------------------------------------------------------------------------ training options
+def test_a_batch_larger_than_the_training_set_is_refused(capsys):
+    n = int(torch.randint(2, 16, ()))
+    line = check_fails(capsys, TINY, f"task.num_train={n}", "train.batch_size=16")
+    assert f"train.batch_size: 16 exceeds task.num_train={n}" in line, line
+    assert resolve(TINY, [f"task.num_train={n}", f"train.batch_size={n}"]).train.batch_size == n
+
+
+def test_early_stopping_without_periodic_evaluation_is_refused(capsys):
+    line = check_fails(capsys, TINY, "train.early_stop_acc=0.5")   # tiny.yaml evaluates only at the end
+    assert "train.eval_every=0 runs none; set train.eval_every" in line, line
+    assert resolve(TINY, ["train.early_stop_acc=0.5", "train.eval_every=3"]).train.early_stop_acc == 0.5

@@ -298,13 +298,18 @@ def _check_builds(model, layers: list[Spec], written: str, places: Places) -> No
 
 
 def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, written: str, fail) -> None:
-    """The task accepts every layer (e.g. only causal mixers for next-token prediction), and a token budget
-    ``train.tokens`` becomes ``train.steps``."""
+    """The task accepts every layer (e.g. only causal mixers for next-token prediction), a step's batch fits a
+    generated training set, and a token budget ``train.tokens`` becomes ``train.steps``."""
     problem = layer_problem(task, layers)
     if problem is not None:
         index, message = problem
         fail(f"{written}.{index if config.model.layers is not None else index % len(config.model.pattern)}", message)
     t = config.train
+    num_train = getattr(task.options, "num_train", None)   # a generated training set (a stream has none)
+    if isinstance(num_train, int) and t.batch_size > num_train:
+        fail("train.batch_size", f"{t.batch_size} exceeds task.num_train={num_train}: a step cannot draw more "
+                                 f"examples than the training set holds; lower train.batch_size or raise "
+                                 f"task.num_train")
     if t.tokens:
         t.steps = max(1, math.ceil(t.tokens / (t.batch_size * task.seq_len)))
         if t.warmup_steps > t.steps:

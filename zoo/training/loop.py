@@ -137,8 +137,8 @@ def _saved_state(path: Path | None, main: bool) -> dict | None:
     try:
         return ckpt.load(path)
     except UserError as err:
-        if not main:
-            raise
+        if not main:   # the main process moves it aside and starts over: so does this one (never an error
+            return None  # here, whether it read the file before or after the move)
         moved = ckpt.move_aside(path)
         _say(f"{err}; moved it to {moved} and training this run from the start")
         return None

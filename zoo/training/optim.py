@@ -23,7 +23,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def lr_at(step: int, recipe: Recipe) -> float:
-    """The learning rate at ``step`` as a fraction of ``train.lr``."""
+    """The learning rate at ``step`` as a fraction of ``train.lr``: ``(step + 1) / warmup_steps`` during the warm-up
+    (its last step reaches the peak, which the first step of the decay keeps), then a cosine from 1 down to
+    ``min_lr_ratio`` at step ``steps``, one past the last update (which runs slightly above the floor)."""
     t = recipe.train
     if step < t.warmup_steps:
         return (step + 1) / t.warmup_steps
