@@ -199,3 +199,9 @@ def test_early_stopping_without_periodic_evaluation_is_refused(capsys):
     line = check_fails(capsys, TINY, "train.early_stop_acc=0.5")   # tiny.yaml evaluates only at the end
     assert "train.eval_every=0 runs none; set train.eval_every" in line, line
     assert resolve(TINY, ["train.early_stop_acc=0.5", "train.eval_every=3"]).train.early_stop_acc == 0.5
+
+
+def test_a_check_across_the_task_options_blames_the_override(tmp_path, capsys):
+    lm = Path(__file__).parents[2] / "recipes" / "lm" / "python_docs_bytes.yaml"
+    line = check_fails(capsys, lm, "task.source=files", f"task.path={tmp_path}")
+    assert line.startswith(f"zoo: error: override 'task.path={tmp_path}': task.path '{tmp_path}' is a folder"), line

@@ -211,7 +211,11 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
     layers, written = _layers(config.model, fail)
     state_mixer = _state_mixer(config.model, fail)
     _check_builds(config.model, layers, written, places)
-    task_cls, task = _task(config.task, fail)
+    def task_fail(path: str, message: str):   # a check across the task's options: blamed on the keys it names
+        if path == "task":
+            _fail_across(OptionError("task", message), data, places)
+        fail(path, message)
+    task_cls, task = _task(config.task, task_fail)
     _check_test_time(config.eval, layers, fail, own_knob or (lambda path: True))
     _check_task_fit(config, layers, task_cls(task.options), written, fail)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
