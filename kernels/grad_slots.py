@@ -130,9 +130,17 @@ class _SplitInPlace(torch.autograd.Function):
             start += size
             if g is None:
                 dest.zero_()
-            elif not (g.data_ptr() == dest.data_ptr() and g.stride() == dest.stride() and g.shape == dest.shape):
+            elif not _same_view(g, dest):
                 dest.copy_(g)
         return out, None
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of one storage in the same order. Strides of dimensions of
+    size 1 do not matter: a slot read as another view of one row (batch 1, one token) carries other ones there."""
+    if a.shape != b.shape or a.numel() == 0:
+        return a.shape == b.shape and a.numel() == 0
+    return a.data_ptr() == b.data_ptr() and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
 
 
 def split_in_place(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:

@@ -52,6 +52,21 @@ def test_parts_written_in_place_are_not_copied_again():
     assert not grad_slots._registry                               # the split's backward dropped its tensor
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (2, 1)])
+def test_a_slot_read_through_a_view_of_size_one_dimensions_is_not_copied_onto_itself(shape):
+    """With batch 1 and one token the consumer's view of its slot has other strides on its size-1 dimensions than
+    the split's part: still the same elements, never copied onto themselves (copy_ refuses overlapping memory)."""
+    y = torch.randn(*shape, 24, requires_grad=True)
+    sizes = [8, 16]
+    cot = [torch.randn(*shape, 2, 4), torch.randn(*shape, 16)]
+
+    def consume(parts):
+        return [_Scale.apply(parts[0].unflatten(-1, (2, 4))), parts[1].sin()]
+
+    want = _grads(lambda t: t.split(sizes, -1), consume, y, cot)
+    assert torch.equal(_grads(lambda t: split_in_place(t, sizes), consume, y, cot), want)
+
+
 def test_one_slot_per_region_and_whole_rows_only():
     """Two consumers of one part: the first gets the slot, the second allocates its own, and autograd's sum of the
     two is what arrives; a view of some rows only, or of every other column, gets no slot."""
