@@ -91,6 +91,26 @@ def token_stride(x: torch.Tensor) -> int | None:
     return st[1] if ok else None
 
 
+def check_layout(op: str, **tensors) -> dict[str, int]:
+    """Refuse, in one line naming ``op`` and the tensor, inputs whose shapes disagree with their layouts. Each
+    keyword is ``name=(tensor or None, "B T H K")``: a dimension name must have one size across every tensor (the
+    first tensor that has it sets it). Returns the sizes by name. The kernels index by the sizes of their first
+    inputs, so a mismatched tensor would be read out of its bounds instead of failing."""
+    sizes: dict[str, int] = {}
+    for name, (t, layout) in tensors.items():
+        if t is None:
+            continue
+        dims = layout.split()
+        if t.dim() != len(dims):
+            raise ValueError(f"{op}: {name} must be ({', '.join(dims)}), got a {t.dim()}-d tensor of shape "
+                             f"{tuple(t.shape)}")
+        for dim, n in zip(dims, t.shape):
+            if sizes.setdefault(dim, n) != n:
+                raise ValueError(f"{op}: {name} of shape {tuple(t.shape)} must be ({', '.join(dims)}) with {dim} = "
+                                 f"{sizes[dim]}, as the tensors before it have")
+    return sizes
+
+
 def causal_mask(size: int, device=None) -> torch.Tensor:
     """Lower-triangular boolean ``(size, size)`` mask, ``True`` where ``s <= t``."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()

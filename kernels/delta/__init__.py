@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import fla_unsupported, resolve_backend
-from ..common import full_precision
+from ..common import check_layout, full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
 
@@ -53,6 +53,18 @@ def delta_product(
     """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
+    def sub(t, dims):     # each of k, v, beta: (B, T, n_h, H, ...) or (B, T*n_h, H, ...)
+        return "T N" if t.dim() == dims + 1 else "TN"
+    sizes = check_layout("delta_product", q=(q, "B T H K"), k=(k, f"B {sub(k, 4)} H K"))
+    T, n = sizes["T"], num_householder
+    if sizes.get("N", n) != n or sizes.get("TN", T * n) != T * n:
+        raise ValueError(f"delta_product: k {tuple(k.shape)} must hold T*n_h = {T}*{n} sub-steps (or (B, T, n_h, H, "
+                         f"K)) for the {T} tokens of q")
+    sizes = check_layout("delta_product", q=(q, "B T H K"), k=(k, f"B {sub(k, 4)} H K"), v=(v, f"B {sub(v, 4)} H V"),
+                         beta=(beta, f"B {sub(beta, 3)} H"), g=(g, "B T H"), initial_state=(initial_state, "B H K V"))
+    if sizes.get("N", n) != n or sizes.get("TN", T * n) != T * n:
+        raise ValueError(f"delta_product: v and beta must hold T*n_h = {T}*{n} sub-steps (or n_h per token), got v "
+                         f"{tuple(v.shape)} and beta {tuple(beta.shape)}")
     unsupported = {}
     if max(q.shape[-1], v.shape[-1]) > 128:  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
         unsupported["triton"] = "head dims above 128"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import BackendUnavailable, fla_unsupported, resolve_backend
-from ..common import full_precision
+from ..common import check_layout, full_precision
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
 
@@ -30,6 +30,11 @@ def fla_runs_gated(dtype, gated: bool) -> bool:
 @full_precision
 def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
+    sizes = check_layout("gla", q=(q, "B T Hqk K"), k=(k, "B T Hqk K"), v=(v, "B T H V"), g=(g, "B T H"),
+                         initial_state=(initial_state, "B H V K"))
+    if sizes["H"] % sizes["Hqk"]:
+        raise ValueError(f"gla: the {sizes['Hqk']} query/key heads must divide the {sizes['H']} value heads (each "
+                         f"shared by a group of them)")
     chosen = resolve_backend(backend, q, op="gla", available=BACKENDS,
                              unsupported=fla_unsupported(q, fla_runs_gated(q.dtype, True)))
     if chosen == "reference":

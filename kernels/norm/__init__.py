@@ -40,6 +40,9 @@ def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
 def rms_norm(x, weight, eps: float = 1e-6, backend: str = "auto", out_dtype=None):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, in ``out_dtype`` (default ``x``'s dtype);
     its gradient with respect to ``x`` comes back in ``x``'s dtype."""
+    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"rms_norm: weight must be ({x.shape[-1]},), the last dimension of x {tuple(x.shape)}; got "
+                         f"{tuple(weight.shape)}")
     if resolve_backend(backend, x, op="rms_norm", available=BACKENDS) == "triton":
         from .triton import rms_norm_triton  # lazy: triton is optional
 

@@ -23,6 +23,8 @@ def causal_conv(x, weight, bias=None, activation: bool = True, backend: str = "a
     if x.ndim != 3 or weight.ndim != 2 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"causal_conv: expected x (B, T, C) and weight (C, k) with the same C, got "
                          f"x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (x.shape[-1],):
+        raise ValueError(f"causal_conv: bias must be (C,) = ({x.shape[-1]},), got {tuple(bias.shape)}")
     which = resolve_backend(backend, x, op="causal_conv", available=BACKENDS)
     if which == "triton":
         from .triton import causal_conv_triton  # lazy: triton is optional
