@@ -402,3 +402,24 @@ def test_vouching_probes_the_rows_commit_against_now_and_finds_a_change_of_numbe
     outcomes = vouch.vouch(root, ["t"])["t"]
     assert all("differs" in o for o in outcomes.values()), outcomes
     assert _claim(root).verdict == "reproduced, stale by code"
+
+
+def test_vouching_compares_what_the_evaluation_reads_beyond_the_training_length_and_task(monkeypatch):
+    """A change that acts only past the training length (or only on an eval.tasks entry) keeps the training
+    probe but not the evaluation's: it is not vouched for. An entry one commit cannot compute is not compared."""
+    from mixers.attention import Attention
+    from zoo.experiments import probe, vouch
+    from zoo.recipes import resolve
+    plain = resolve(TINY, ["eval.seq_lens=[32]", "eval.tasks=[{label: k4, name: mqar, num_kv_pairs: 4}]"]).plain
+    before = probe.probe(plain)
+    assert sorted(before["evaluation"]) == ["@32", "task=k4", "task=k4@32"]
+    forward = Attention.forward
+    monkeypatch.setattr(Attention, "forward", lambda self, x, mask=None: forward(self, x, mask) *
+                        (1.0 if x.shape[1] <= 16 else 0.5))
+    after = probe.probe(plain)
+    assert after["loss"] == before["loss"] and after["grads"] == before["grads"]
+    assert vouch.compare(before, after).startswith("the untrained loss on the evaluation data @32 differs")
+    renamed = {**after, "evaluation": {**before["evaluation"], "task=k4": {"data": "other", "loss": 0.0}}}
+    assert vouch.compare(before, renamed) == "the evaluation data task=k4 differ"
+    older = {**before, "evaluation": {label: {"error": "AttributeError: no seq_len"} for label in before["evaluation"]}}
+    assert vouch.compare(older, before) == vouch.KEEPS

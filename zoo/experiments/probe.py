@@ -74,7 +74,38 @@ def probe(plain: dict) -> dict:
     loss.backward()
     grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
     return {"data": digest.hexdigest(), "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
-            "schedule": _schedule(recipe)}
+            "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task)}
+
+
+def _evaluation(model, recipe, task) -> dict:
+    """What the end-of-run evaluation reads beyond the training length and task: per ``eval.seq_lens`` length and
+    per ``eval.tasks`` entry (at the training length and at each of those lengths), a hash of the first test
+    sequences and the untrained model's loss on the first two of them. A commit that cannot compute an entry (an
+    older layout) records why, and that entry is not compared."""
+    from zoo.tasks import Task
+    entries = [(f"@{L}", task, L) for L in recipe.eval.seq_lens]
+    for label, spec in getattr(recipe, "eval_tasks", []):
+        for L in [None, *recipe.eval.seq_lens]:
+            entries.append((f"task={label}" + (f"@{L}" if L else ""), spec, L))
+    out = {}
+    with torch.no_grad():
+        for label, source, L in entries:
+            try:
+                t = source if hasattr(source, "make") else Task.from_spec(source)
+                data = t.make("test", recipe.seed, **({"seq_len": L} if L else {}))
+                first = data.batch(torch.arange(min(2, len(data))))
+                digest = hashlib.sha256()
+                for tensor in (first.inputs, first.labels, first.mask):
+                    if tensor is not None:
+                        digest.update(tensor.numpy().tobytes())
+                logits = model(first.inputs, mask=first.mask)
+                logits = logits[0] if isinstance(logits, tuple) else logits
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                         first.labels.reshape(-1), ignore_index=-100)
+                out[label] = {"data": digest.hexdigest(), "loss": float(loss)}
+            except Exception as err:  # noqa: BLE001 - an older commit without this API: not compared
+                out[label] = {"error": f"{type(err).__name__}: {err}"[:200]}
+    return out
 
 
 def _only_this_checkout() -> None:

@@ -5,7 +5,9 @@
 The code changes in between keep the cell's numbers when both generate the same task data (the same bytes),
 decay the same parameters, follow the same learning-rate schedule, and give the untrained model the same
 loss (within :data:`LOSS_RTOL`) and the same gradient norm for every parameter (within :data:`GRAD_RTOL`) on
-that data: they are then refactors up to fp32 rounding. Rounding differences can still move a training run a
+that data, and the same data and untrained loss for what the end-of-run evaluation reads beyond it (every
+``eval.seq_lens`` length, every ``eval.tasks`` entry; compared where both commits can compute it): they are then
+refactors up to fp32 rounding. Rounding differences can still move a training run a
 little, so a re-run may differ from the committed row in its last digits; no bit-equality is claimed.
 
 The outcome is written to ``tables/<name>/code_changes.json``
@@ -77,6 +79,14 @@ def compare(before: dict, after: dict) -> str:
     for name, g in before["grads"].items():
         if not _close(g, after["grads"][name], GRAD_RTOL):
             return f"the gradient of {name} differs ({g:.6g} vs {after['grads'][name]:.6g})"
+    for label, a in (before.get("evaluation") or {}).items():
+        b = (after.get("evaluation") or {}).get(label)
+        if b is None or "error" in a or "error" in b:
+            continue    # an entry one of the commits cannot compute (an older layout) is not compared
+        if a["data"] != b["data"]:
+            return f"the evaluation data {label} differ"
+        if not _close(a["loss"], b["loss"], LOSS_RTOL):
+            return f"the untrained loss on the evaluation data {label} differs ({a['loss']!r} vs {b['loss']!r})"
     return KEEPS
 
 
