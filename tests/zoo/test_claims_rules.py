@@ -96,3 +96,14 @@ def test_the_change_is_part_of_the_rule_form(tmp_path):
     spec = yaml.safe_load((root / "claims.yaml").read_text())["claims"][0]
     assert rule_form(spec) != rule_form({**spec, "change": {"kind": "length"}})
     assert rule_form(spec) != rule_form({**spec, "unguarded": {"b": "why"}})
+
+
+def test_a_condition_or_learned_term_given_as_a_string_is_refused_as_such(tmp_path):
+    """A string where a list belongs was read character by character ("cannot read condition 'a'")."""
+    cells = {"a": _values(3, 0.95), "b": _values(3, 0.1)}
+    root = _synthetic_root(tmp_path / "1", cells, rule={"reproduced": "a.test_accuracy >= 0.9"})
+    with pytest.raises(ClaimsError, match=r"rule.reproduced must be a list of conditions .*'a.test_accuracy >= 0.9'"):
+        _judge(root)
+    root = _synthetic_root(tmp_path / "2", cells, claim={"learned": "a.test_accuracy"})
+    with pytest.raises(ClaimsError, match=r"learned must be a list of <cell>.<metric> terms, got 'a.test_accuracy'"):
+        _judge(root)

@@ -72,7 +72,10 @@ def guarded(spec: dict, judged: set[str], aliases, where: str) -> dict[str, list
     declares, given as an empty list) less the unguarded ones, and the ``learned`` terms (their metric)."""
     free = unguarded(spec, aliases, where)
     out: dict[str, list[str]] = {a: [] for a in sorted(judged) if a not in free}
-    for text in spec.get("learned") or []:
+    learned = spec.get("learned") or []
+    if not isinstance(learned, list):
+        raise ClaimsError(f"{where}: learned must be a list of <cell>.<metric> terms, got {learned!r}")
+    for text in learned:
         term = parse_term(text, f"{where}: learned")
         if term.alias not in aliases:
             raise ClaimsError(f"{where}: learned names cell {term.alias!r}, which is not in cells")

@@ -167,6 +167,9 @@ def _parse_conditions(claim: Claim, rule: dict, where: str) -> None:
     """``claim.rule``: the parsed conditions of each kind, every named cell checked."""
     for kind in RULE_KINDS:
         conds = rule.get(kind) or []
+        if not isinstance(conds, list):
+            raise ClaimsError(f"{where}: rule.{kind} must be a list of conditions ([<cell>.<metric> <op> ...]), got "
+                              f"{conds!r}")
         claim.rule[kind] = [Condition.parse(c, f"{where}: rule.{kind}.{j}") for j, c in enumerate(conds)]
         for c in claim.rule[kind]:
             for alias in c.aliases():
