@@ -402,6 +402,12 @@ def test_vouching_probes_the_rows_commit_against_now_and_finds_a_change_of_numbe
     outcomes = vouch.vouch(root, ["t"])["t"]
     assert all("differs" in o for o in outcomes.values()), outcomes
     assert _claim(root).verdict == "reproduced, stale by code"
+    # the refactor stays vouched for: the record keeps its "keeps" and names the failed commit beside it
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    for cell in json.loads(vouch.path_of(root, "t").read_text()).values():
+        (record,) = cell.values()
+        assert record["outcome"] == "keeps" and record["failed_at"] == head and "differs" in record["failed"]
+    assert all(list(s.unvouched) == [head[:len(next(iter(s.unvouched)))]] for s in _claim(root).stale)
 
 
 def test_vouching_compares_what_the_evaluation_reads_beyond_the_training_length_and_task(monkeypatch):

@@ -12,7 +12,9 @@ little, so a re-run may differ from the committed row in its last digits; no bit
 
 The outcome is written to ``tables/<name>/code_changes.json``
 (``{cell label: {row commit: {"until": commit, "outcome": "keeps" or why not}}}``) and read by
-:mod:`zoo.experiments.freshness`: a cell's changes up to ``until`` are vouched for when the outcome is "keeps".
+:mod:`zoo.experiments.freshness`: a cell's changes up to ``until`` are vouched for when the outcome is "keeps". A
+later probe that fails keeps that record and adds ``failed_at`` (the commit) and ``failed`` (why), so the stale
+list names only the changes after ``until``.
 """
 from __future__ import annotations
 
@@ -130,7 +132,11 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
             for (table, label, _), b in zip(mine, before):
                 outcome = compare(b, after[(commit, table, label)])
                 found.setdefault(table, {})[label] = outcome
-                records[table].setdefault(label, {})[full] = {"until": head, "outcome": outcome}
+                prior = records[table].setdefault(label, {}).get(full) or {}
+                if outcome != KEEPS and prior.get("outcome") == KEEPS:   # the changes it vouched for stay vouched
+                    records[table][label][full] = {**prior, "failed_at": head, "failed": outcome}
+                else:
+                    records[table][label][full] = {"until": head, "outcome": outcome}
             for table in {t for t, *_ in mine}:  # written after each commit, so an interrupted run keeps its probes
                 path_of(root, table).write_text(json.dumps(records[table], indent=1, sort_keys=True) + "\n")
         return found
