@@ -107,3 +107,15 @@ def test_a_condition_or_learned_term_given_as_a_string_is_refused_as_such(tmp_pa
     root = _synthetic_root(tmp_path / "2", cells, claim={"learned": "a.test_accuracy"})
     with pytest.raises(ClaimsError, match=r"learned must be a list of <cell>.<metric> terms, got 'a.test_accuracy'"):
         _judge(root)
+
+
+def test_a_pending_claim_whose_cells_have_rows_is_refused(tmp_path):
+    """pending holds a rule written before its table ran; once the table has rows of its cells, the rule judges
+    them (pending silenced a rule with three seeds of rows)."""
+    cells = {"a": _values(3, 0.95), "b": _values(3, 0.1)}
+    root = _synthetic_root(tmp_path / "1", cells, claim={"pending": "later"})
+    with pytest.raises(ClaimsError, match=r"pending \(later\), but tables/t holds rows of its cells \['a', 'b'\]"):
+        _judge(root)
+    waiting = {"pending": "later", "cells": {"a": "planned", "b": "planned"}, "show": ["a.test_accuracy"],
+               "rule": {"reproduced": ["a.test_accuracy >= 0.9"]}}
+    assert _judge(_synthetic_root(tmp_path / "2", cells, claim=waiting)).verdict == "not tested (later)"

@@ -79,6 +79,7 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
         check_spec(spec, where, papers, ids)
         claim = Claim(spec)
         if spec.get("pending"):
+            _refuse_pending_with_rows(spec, where, tables)
             claim.verdict = f"not tested ({spec['pending']})"
         elif spec.get("unit_test"):
             check_unit_test(root, spec["unit_test"], where)
@@ -88,6 +89,19 @@ def evaluate_claims(data: dict, root: Path) -> list[Claim]:
             _judge_by_table(claim, where, root, tables)
         out.append(claim)
     return out
+
+
+def _refuse_pending_with_rows(spec: dict, where: str, tables: _Tables) -> None:
+    """A pending claim (a rule written before its table runs) whose table now holds rows of a cell it names: the
+    rule must judge them, not be silenced."""
+    table = spec.get("table")
+    if table not in tables.specs or not isinstance(spec.get("cells"), dict):
+        return
+    cells, _planned = tables.load(table)
+    present = sorted(label for label in spec["cells"].values() if label in cells and cells[label].rows)
+    if present:
+        raise ClaimsError(f"{where}: pending ({spec['pending']}), but tables/{table} holds rows of its cells "
+                          f"{present}; remove pending so that its rule judges them")
 
 
 def _judge_by_table(claim: Claim, where: str, root: Path, tables: _Tables) -> None:
