@@ -91,12 +91,13 @@ def token_stride(x: torch.Tensor) -> int | None:
     return st[1] if ok else None
 
 
-def check_layout(op: str, **tensors) -> dict[str, int]:
+def check_layout(op: str, sizes: dict[str, int] | None = None, **tensors) -> dict[str, int]:
     """Refuse, in one line naming ``op`` and the tensor, inputs whose shapes disagree with their layouts. Each
     keyword is ``name=(tensor or None, "B T H K")``: a dimension name must have one size across every tensor (the
-    first tensor that has it sets it). Returns the sizes by name. The kernels index by the sizes of their first
-    inputs, so a mismatched tensor would be read out of its bounds instead of failing."""
-    sizes: dict[str, int] = {}
+    first tensor that has it sets it, or ``sizes`` from an earlier call). Returns the sizes by name. The kernels
+    index by the sizes of their first inputs, so a mismatched tensor would be read out of its bounds instead of
+    failing."""
+    sizes = dict(sizes or {})
     for name, (t, layout) in tensors.items():
         if t is None:
             continue

@@ -37,6 +37,24 @@ def fla_runs_gated(dtype: torch.dtype, gated: bool) -> bool:
     return gated or dtype == torch.float32
 
 
+def _check_layout(q, k, v, beta, g, initial_state, n: int) -> None:
+    """The shapes of :func:`delta_product`'s inputs agree (``k``, ``v`` and ``beta`` each with ``T*n_h`` rows or
+    ``n_h`` per token), refused in one line naming the tensor otherwise."""
+    def rows(t, dims):
+        return "T N" if t.dim() == dims + 1 else "TN"
+
+    def count(sizes, what):
+        T = sizes["T"]
+        if sizes.get("N", n) != n or sizes.get("TN", T * n) != T * n:
+            raise ValueError(f"delta_product: {what} must hold T*n_h = {T}*{n} sub-steps (or n_h per token) for the "
+                             f"{T} tokens of q")
+    sizes = check_layout("delta_product", q=(q, "B T H K"), k=(k, f"B {rows(k, 4)} H K"))
+    count(sizes, f"k {tuple(k.shape)}")
+    sizes = check_layout("delta_product", sizes, v=(v, f"B {rows(v, 4)} H V"), beta=(beta, f"B {rows(beta, 3)} H"),
+                         g=(g, "B T H"), initial_state=(initial_state, "B H K V"))
+    count(sizes, f"v {tuple(v.shape)} and beta {tuple(beta.shape)}")
+
+
 @full_precision
 def delta_product(
     q: torch.Tensor,
@@ -53,18 +71,7 @@ def delta_product(
     """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
-    def sub(t, dims):     # each of k, v, beta: (B, T, n_h, H, ...) or (B, T*n_h, H, ...)
-        return "T N" if t.dim() == dims + 1 else "TN"
-    sizes = check_layout("delta_product", q=(q, "B T H K"), k=(k, f"B {sub(k, 4)} H K"))
-    T, n = sizes["T"], num_householder
-    if sizes.get("N", n) != n or sizes.get("TN", T * n) != T * n:
-        raise ValueError(f"delta_product: k {tuple(k.shape)} must hold T*n_h = {T}*{n} sub-steps (or (B, T, n_h, H, "
-                         f"K)) for the {T} tokens of q")
-    sizes = check_layout("delta_product", q=(q, "B T H K"), k=(k, f"B {sub(k, 4)} H K"), v=(v, f"B {sub(v, 4)} H V"),
-                         beta=(beta, f"B {sub(beta, 3)} H"), g=(g, "B T H"), initial_state=(initial_state, "B H K V"))
-    if sizes.get("N", n) != n or sizes.get("TN", T * n) != T * n:
-        raise ValueError(f"delta_product: v and beta must hold T*n_h = {T}*{n} sub-steps (or n_h per token), got v "
-                         f"{tuple(v.shape)} and beta {tuple(beta.shape)}")
+    _check_layout(q, k, v, beta, g, initial_state, num_householder)
     unsupported = {}
     if max(q.shape[-1], v.shape[-1]) > 128:  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
         unsupported["triton"] = "head dims above 128"

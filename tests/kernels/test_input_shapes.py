@@ -41,7 +41,8 @@ def test_delta_product_counts_the_sub_steps():
         delta_product(**ins, num_householder=3, backend="torch")
     with pytest.raises(ValueError, match=r"beta of shape \(1, 32, 2\) must be \(B, TN, H\) with TN = 34"):
         delta_product(**{**ins, "beta": ins["beta"][:, :-2]}, num_householder=2, backend="torch")
-    with pytest.raises(ValueError, match="v and beta must hold"):   # k per token; v and beta both two rows short
+    # k per token; v and beta both two rows short
+    with pytest.raises(ValueError, match=r"v \(1, 32, 2, 16\) and beta \(1, 32, 2\) must hold T\*n_h = 17\*2"):
         delta_product(**{**ins, "k": ins["k"].view(B, T, 2, H, K), "v": ins["v"][:, :-2], "beta": ins["beta"][:, :-2]},
                       num_householder=2, backend="torch")
 
