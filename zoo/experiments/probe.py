@@ -60,21 +60,32 @@ def probe(plain: dict) -> dict:
     task = _task(recipe)
     train, test = task.make("train", recipe.seed), task.make("test", recipe.seed)
     batch = train.batch(torch.arange(min(8, len(train))))
+    digest = _digest(batch, test.batch(torch.arange(min(8, len(test)))))
+    torch.manual_seed(recipe.seed)
+    model = HybridLM.from_recipe(recipe, task.vocab_size)
+    loss = _loss(model, batch)
+    loss.backward()
+    grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
+    return {"data": digest, "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
+            "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task)}
+
+
+def _digest(*batches) -> str:
+    """A hash of the batches' inputs, labels and masks."""
     digest = hashlib.sha256()
-    for data in (batch, test.batch(torch.arange(min(8, len(test))))):
+    for data in batches:
         for tensor in (data.inputs, data.labels, data.mask):
             if tensor is not None:
                 digest.update(tensor.numpy().tobytes())
-    torch.manual_seed(recipe.seed)
-    model = HybridLM.from_recipe(recipe, task.vocab_size)
+    return digest.hexdigest()
+
+
+def _loss(model, batch) -> torch.Tensor:
+    """The model's mean cross-entropy on ``batch``'s supervised positions."""
     logits = model(batch.inputs, mask=batch.mask)
     logits = logits[0] if isinstance(logits, tuple) else logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1),
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1),
                                              ignore_index=-100)
-    loss.backward()
-    grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
-    return {"data": digest.hexdigest(), "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
-            "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task)}
 
 
 def _evaluation(model, recipe, task) -> dict:
@@ -94,15 +105,7 @@ def _evaluation(model, recipe, task) -> dict:
                 t = source if hasattr(source, "make") else Task.from_spec(source)
                 data = t.make("test", recipe.seed, **({"seq_len": L} if L else {}))
                 first = data.batch(torch.arange(min(2, len(data))))
-                digest = hashlib.sha256()
-                for tensor in (first.inputs, first.labels, first.mask):
-                    if tensor is not None:
-                        digest.update(tensor.numpy().tobytes())
-                logits = model(first.inputs, mask=first.mask)
-                logits = logits[0] if isinstance(logits, tuple) else logits
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                         first.labels.reshape(-1), ignore_index=-100)
-                out[label] = {"data": digest.hexdigest(), "loss": float(loss)}
+                out[label] = {"data": _digest(first), "loss": float(_loss(model, first))}
             except Exception as err:  # noqa: BLE001 - an older commit without this API: not compared
                 out[label] = {"error": f"{type(err).__name__}: {err}"[:200]}
     return out
