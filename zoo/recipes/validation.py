@@ -84,7 +84,14 @@ class Places:
                 labels.append(label)
         return " and ".join(labels) if labels else self(fallback or (list(paths) or [""])[0])
 
-    def fail(self, path_str: str, message: str):
+    def fail(self, path_str: str, message: str, given: dict | None = None):
+        """Refuse the key at ``path_str``. With ``given`` (the mapping at ``path_str``: a section, or the whole
+        recipe for ``""``) the problem is a check across its options: it is blamed on the keys it names (before
+        the first ``;``) that ``given`` sets, on the overrides that set any of them, else on the first one's line."""
+        named = [] if given is None else _named_keys(path_str, message, given)
+        if named:
+            where = self.blame(named)
+            raise UserError(f"{where}: {message}" if where else message)
         where = self(path_str)
         place = ": ".join(p for p in (where, "" if _repeats(message, path_str) else path_str) if p)
         raise UserError(f"{place}: {message}" if place else message)
@@ -122,7 +129,9 @@ def _options(cls, values: dict, at: str, fail):
     try:
         return build_options(cls.Options, values, "")
     except OptionError as err:
-        fail(at + (f".{err.path}" if err.path else ""), err.message)
+        if not err.path:   # a check across the section's options
+            fail(at, err.message, values)
+        fail(f"{at}.{err.path}", err.message)
 
 
 def _layer_entry(entry, where: str, fail) -> tuple[str, dict]:
@@ -207,15 +216,12 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
     except OptionError as err:
         if err.path == "model" and isinstance(data.get("model"), dict):  # the model's keys together
             _check_layer_keys(data["model"], places)
-        _fail_across(err, data, places)
+        section = data.get(err.path) if err.path else data
+        fail(err.path, err.message, section if isinstance(section, dict) else None)
     layers, written = _layers(config.model, fail)
     state_mixer = _state_mixer(config.model, fail)
     _check_builds(config.model, layers, written, places)
-    def task_fail(path: str, message: str):   # a check across the task's options: blamed on the keys it names
-        if path == "task":
-            _fail_across(OptionError("task", message), data, places)
-        fail(path, message)
-    task_cls, task = _task(config.task, task_fail)
+    task_cls, task = _task(config.task, fail)
     _check_test_time(config.eval, layers, fail, own_knob or (lambda path: True))
     _check_task_fit(config, layers, task_cls(task.options), written, fail)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
@@ -232,19 +238,15 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
                   eval_tasks=eval_tasks)
 
 
-def _fail_across(err: OptionError, data: dict, places: Places):
-    """A bad option; a check across the options of a section (``err.path`` is the section, or empty for the
-    recipe's top level) is blamed on the keys its problem names (before the first ``;``): the overrides that set
-    any of them, else the line of the first one."""
-    section, problem = err.path, err.message.split(";")[0]
+def _named_keys(section: str, message: str, given: dict) -> list[str]:
+    """The key paths under ``section`` that ``message`` names before its first ``;`` and ``given`` (the mapping at
+    ``section``) sets to something other than null, in order, once each."""
     named = []
-    for token in _KEY.findall(problem):
-        if (token.startswith(f"{section}.") or not section) and _given(data, token) and token not in named:
+    for token in _KEY.findall(message.split(";")[0]):
+        inside = token[len(section) + 1:] if section and token.startswith(f"{section}.") else None if section else token
+        if inside and _given(given, inside) and token not in named:
             named.append(token)
-    if not named:
-        places.fail(err.path, err.message)
-    where = places.blame(named)
-    raise UserError(f"{where}: {err.message}" if where else err.message)
+    return named
 
 
 def _given(data: dict, path_str: str) -> bool:
