@@ -24,8 +24,9 @@ w_t [v_t, 1]^T`` (``a_t`` the log decays ``gamma log(1 - w)`` of the written slo
    and ``K`` row gathers of the start state, ``d_v`` columns a tile at a time after the interactions: a
    program per tile of ``d_v`` would compute the interactions, the kernel's main cost, once per tile). Every
    exponent is a difference ``A_t - A_s <= 0``. A program takes the chunk's reading tokens ``BR`` at a time
-   (``READ_ROWS``; the rows ``t`` of ``E_i``, against all ``C`` writes ``s``): a read's output is its own, and
-   ``[BR, C]`` tiles leave the backward room in registers where ``[C, C]`` ones spilled.
+   (``READ_ROWS``; the rows ``t`` of ``E_i``, against all ``C`` writes ``s``): a read's output is its own.
+   Row tiles narrower than the chunk spill nothing, but every tile computes the chunk's write-side terms again:
+   on an H200 the whole chunk (``[C, C]`` tiles, some spills) ran fastest, so that is the default.
 
 The backward runs the same three stages in reverse order: ``_slots_read_bwd`` (the reads' gradients, the
 intra-chunk gradients of ``v``, ``w`` and the log decays, and the reads' adjoint of the start state ``L_c = Q^T
@@ -94,9 +95,11 @@ __all__ = ["slot_memory_triton", "kronecker_topk_triton", "CHUNKED_MAX_SLOTS"]
 CHUNKED_MAX_SLOTS = 256
 #: loads issued ahead by the carry's loop over chunks (tl.range num_stages)
 _STAGES = 3
-#: reading tokens a program of the read kernels takes at a time: at 32 the read backward spills 92 bytes a
-#: thread (sm_90, 8 warps, chunks of 64), at the whole chunk 720; at 16 none
-READ_ROWS = 16
+#: reading tokens a program of the read kernels takes at a time (at most the chunk). Measured side by side on one
+#: H200 (Kronecker slots' layer at 16K tokens, chunks of 64, bf16; scripts/gpu_variants_ab.py): the read
+#: backward 1.94 ms at 16 rows (no spills), 1.34 at 32, 1.13 at 64 (720 bytes a thread spilled on sm_90), the
+#: read 0.60 / 0.57 / 0.39 ms: a narrower tile repeats the chunk's write-side work once per tile
+READ_ROWS = 64
 _W_MAX = tl.constexpr(W_MAX)
 
 
@@ -603,7 +606,9 @@ class _ChunkPlan:
         self.BMS = min(max(16, pow2(M)), 64)  # slots a state kernel (and the read backward's reads of S_0) takes at once
         self.BT = max(16, min(64, pow2(chunk_size)))
         self.BDV = min(32, max(16, pow2(dv)))
-        self.BDV_STATE_BWD = 16  # beside its [BT, BMS] tiles: 32 columns spilled 392 bytes a thread (sm_90)
+        # value columns of the state backward: 32 spill 392 bytes a thread beside its [BT, BMS] tiles on sm_90 and
+        # still run faster than 16 (H200, 16K tokens: 0.56 ms against 0.68; scripts/gpu_variants_ab.py)
+        self.BDV_STATE_BWD = 32
         self.BK = pow2(K)
         self.BR = min(self.BT, READ_ROWS)
         self.NC = cdiv(T, self.BT)

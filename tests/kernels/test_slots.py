@@ -24,6 +24,7 @@ from kernels.slots import (
     slot_memory_sparse,
     slot_step,
 )
+from kernels.slots import triton as slots_triton
 from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton
 from tests.mixers.launches import count_launches
 
@@ -126,7 +127,7 @@ TRITON_CASES = [  # (B, T, H, M, K, d_v, chunk_size, initial state)
     (1, 50, 2, 24, 4, 20, 16, False),   # d_v not a power of two
     (1, 33, 1, 64, 4, 70, 16, True),    # d_v in three tiles of 32
     (1, 21, 1, 130, 3, 9, 16, True),    # the state kernels in three tiles of 64 slots
-    (1, 90, 2, 16, 3, 20, 64, True),    # chunks of 64: the read kernels take their tokens in row tiles
+    (1, 90, 2, 16, 3, 20, 64, True),    # chunks of 64 (the read kernels' tiles the whole chunk)
     (1, 70, 1, 130, 4, 9, 64, False),   # ... the read backward's reads of the start state in three slot tiles
     (1, 19, 2, 300, 3, 40, 16, True),   # sparse (M > CHUNKED_MAX_SLOTS): d_v in two tiles, each with its own z
     (1, 13, 1, 300, 2, 70, 16, False),  # ... three tiles
@@ -140,6 +141,18 @@ def test_triton_layouts_match_reference(B, T, H, M, K, dv, chunk, init):
     a read of slots whose normaliser is small amplifies rounding (seed 748330817, sparse layout: the fp32
     token loop itself is 1.6e-5 off in the read weights' gradient, the kernels 2.6e-5). Over 100 draws per
     case the kernels' errors stayed below 0.10 of the fixed 1e-5."""
+    ins = _inputs(B, T, H, M, K, dv, init=init)
+    compare_backends(_call(slot_memory, M, backend="triton", chunk_size=chunk), _reference(M), ins,
+                     tol=1e-5, grad_tol=1e-5, rounding_factor=4, shared=_gamma_per_write(B, T, H, M))
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,H,M,K,dv,chunk,init", [c for c in TRITON_CASES if c[6] == 64])
+def test_triton_read_row_tiles_match_reference(monkeypatch, B, T, H, M, K, dv, chunk, init):
+    """The read kernels taking a chunk's reading tokens in row tiles narrower than the chunk (``READ_ROWS`` 16:
+    four tiles of a 64-token chunk, each adding its share of the sums over reading tokens) compute what the
+    whole-chunk tile does: against the fp64 token loop as above."""
+    monkeypatch.setattr(slots_triton, "READ_ROWS", 16)
     ins = _inputs(B, T, H, M, K, dv, init=init)
     compare_backends(_call(slot_memory, M, backend="triton", chunk_size=chunk), _reference(M), ins,
                      tol=1e-5, grad_tol=1e-5, rounding_factor=4, shared=_gamma_per_write(B, T, H, M))

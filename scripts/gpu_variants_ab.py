@@ -1,0 +1,138 @@
+"""Side-by-side device times of one layer's kernels under variants of their tiling, in one process.
+
+Each variant patches a module constant or a launcher's choice (nothing a kernel computes), rebuilds nothing
+else, and runs the layer of ``scripts/gpu_speed.sh`` (d_model 1024, head dim 128, batch 1, bf16) on the same
+inputs: per variant and length, the median over ``--repeats`` profiled forward+backward calls of each kernel's
+device time (torch.profiler), the layer's summed device time, and the output's and gradients' largest relative
+gap to the first variant's (a variant must compute the same function). Written for the two kernels the run at
+8ed3e8f found slower than at cbd8c60 on one H200:
+
+- ``kronecker_slots``: the read kernels' reading-token tile ``READ_ROWS`` (16: the current; the chunk of 64:
+  the earlier whole-chunk tiles) and the state backward's value columns ``BDV_STATE_BWD`` (16 or 32);
+- ``bdlru``: the softmax gates' backward writing ``dz``, ``dv`` in place in the fused projection's gradient
+  (current) or into new contiguous tensors that the split then copies in (``contiguous``).
+
+    python scripts/gpu_variants_ab.py --json out.json [--seconds 100]     # on a CUDA machine
+    TRITON_INTERPRET=1 python scripts/gpu_variants_ab.py --dry-run         # toy sizes on the CPU
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kernels.blockscan.gates as gates  # noqa: E402
+import kernels.slots.triton as slots  # noqa: E402
+from zoo.benchmark.gpu_speed import DRY, FULL, build_layer, layer_breakdown  # noqa: E402
+
+
+@contextlib.contextmanager
+def slots_tiles(read_rows: int, state_bwd_columns: int):
+    init, rows = slots._ChunkPlan.__init__, slots.READ_ROWS
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.BDV_STATE_BWD = state_bwd_columns
+
+    slots._ChunkPlan.__init__, slots.READ_ROWS = patched, read_rows
+    try:
+        yield
+    finally:
+        slots._ChunkPlan.__init__, slots.READ_ROWS = init, rows
+
+
+@contextlib.contextmanager
+def gates_destination(in_place: bool):
+    keep = gates.empty_grad
+    if not in_place:
+        gates.empty_grad = lambda x: torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    try:
+        yield
+    finally:
+        gates.empty_grad = keep
+
+
+VARIANTS = {
+    "kronecker_slots": [(f"READ_ROWS {r}, BDV_STATE_BWD {c}", lambda r=r, c=c: slots_tiles(r, c))
+                        for r, c in ((16, 16), (32, 16), (64, 16), (16, 32), (64, 32))],
+    "bdlru": [("dz, dv in place", lambda: gates_destination(True)),
+              ("dz, dv contiguous", lambda: gates_destination(False))],
+}
+
+
+def passes(mixer, x, grad):
+    leaf = x.detach().requires_grad_()
+    y = mixer(leaf)
+    y.backward(grad)
+    grads = [leaf.grad] + [p.grad for p in mixer.parameters() if p.grad is not None]
+    out = [y.detach().float()] + [g.detach().float().clone() for g in grads]
+    mixer.zero_grad(set_to_none=True)
+    return out
+
+
+def gap(a, b):
+    return max(float((x - y).norm() / y.norm().clamp_min(1e-30)) for x, y in zip(a, b))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--seconds", type=float, default=100.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    plan = DRY if args.dry_run else FULL
+    device = torch.device(plan.device)
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    lengths = plan.layer_lengths
+    deadline = time.time() + args.seconds
+    rows = []
+    for name, variants in VARIANTS.items():
+        mixer = build_layer(name, plan, device, dtype)
+        for T in lengths:
+            torch.manual_seed(T)
+            x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype)
+            grad = torch.randn_like(x)
+            first = None
+            for label, patch in variants:
+                if time.time() > deadline:
+                    print(f"{name} T {T} {label}: not run (time spent)")
+                    continue
+                try:
+                    with patch():
+                        out = passes(mixer, x, grad)          # compiles, and the values the first variant sets
+                        first = first or out
+                        found = [layer_breakdown(mixer, T, device, dtype) for _ in range(args.repeats)]
+                except Exception as err:  # noqa: BLE001 - a variant that fails is reported, the others still run
+                    rows.append({"mixer": name, "T": T, "variant": label, "error": repr(err)[:300]})
+                    print(f"{name} T {T} {label}: {repr(err)[:300]}", flush=True)
+                    continue
+                kernels = {}
+                for b in found:
+                    for k in b.kernels:
+                        kernels.setdefault(k["name"], []).append(k["ms"])
+                row = {"mixer": name, "T": T, "variant": label,
+                       "device_ms": statistics.median(b.device_ms for b in found),
+                       "kernels": {k: statistics.median(v) for k, v in kernels.items()},
+                       "gap_to_first": gap(out, first)}
+                rows.append(row)
+                top = sorted(row["kernels"].items(), key=lambda kv: -kv[1])[:4]
+                print(f"{name:16s} T {T:6d} {label:32s} device {row['device_ms']:8.3f} ms  gap {row['gap_to_first']:.1e}  "
+                      + "; ".join(f"{k[:22]} {v:.3f}" for k, v in top), flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps({"card": torch.cuda.get_device_name() if device.type == "cuda"
+                                                     else "cpu", "rows": rows}, indent=1))
+        del mixer
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
