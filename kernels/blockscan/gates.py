@@ -33,30 +33,42 @@ ROWS = 128
 
 
 @triton.jit
-def _probs(Z, rows, n_rows, NM, s_z, M: tl.constexpr, BJ: tl.constexpr, FP64: tl.constexpr):
-    """``(p, j, row mask)``: the softmax of ``BR`` rows of ``m + 1`` logits, padded columns 0. Row ``r`` of the
-    ``(B T N m, m + 1)`` rows is row ``r % (N m)`` of token ``r // (N m)``, whose logits start at ``token * s_z``
-    (a token's logits may be a column block of a wider projection)."""
+def _rows(n_rows, NM, BR: tl.constexpr):
+    """``(rows, token, within, live)`` of this program's ``BR`` rows of the ``(B T N m, m + 1)`` logits: row ``r`` is
+    row ``within = r % (N m)`` of token ``r // (N m)``. One 64-bit division a program (its first row); the rows'
+    own split is 32-bit (a vector of 64-bit divisions, emulated in software, had made the backward twice as
+    slow on an H200 when its stores took the token strides)."""
+    r0 = tl.program_id(0).to(tl.int64) * BR
+    token0 = r0 // NM
+    local = (r0 - token0 * NM).to(tl.int32) + tl.arange(0, BR)
+    step = local // NM
+    rows = r0 + tl.arange(0, BR)
+    return rows, token0 + step, local - step * NM, rows < n_rows
+
+
+@triton.jit
+def _probs(Z, token, within, live, s_z, M: tl.constexpr, BJ: tl.constexpr, FP64: tl.constexpr):
+    """``(p, j)``: the softmax of ``BR`` rows of ``m + 1`` logits, padded columns 0; a token's logits start at
+    ``token * s_z`` (they may be a column block of a wider projection)."""
     CDT: tl.constexpr = tl.float64 if FP64 else tl.float32
     j = tl.arange(0, BJ)
-    live = rows < n_rows
-    start = (rows // NM) * s_z + (rows % NM) * (M + 1)
+    start = token * s_z + within * (M + 1)
     keep = live[:, None] & (j[None, :] <= M)
     z = tl.load(Z + start[:, None] + j[None, :], mask=keep, other=0.0).to(CDT)
     z = tl.where(keep, z, -float("inf"))
     e = tl.exp(z - tl.max(tl.where(live[:, None], z, 0.0), axis=1)[:, None])
     e = tl.where(keep, e, 0.0)
-    return e / tl.where(live, tl.sum(e, axis=1), 1.0)[:, None], j, live
+    return e / tl.where(live, tl.sum(e, axis=1), 1.0)[:, None], j
 
 
 @triton.jit
 def _gates_fwd(Z, V, A, Bout, n_rows, NM, s_z, s_v, M: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr,
                FP64: tl.constexpr):
-    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-    p, j, live = _probs(Z, rows, n_rows, NM, s_z, M, BJ, FP64)
+    rows, token, within, live = _rows(n_rows, NM, BR)
+    p, j = _probs(Z, token, within, live, s_z, M, BJ, FP64)
     CDT: tl.constexpr = tl.float64 if FP64 else tl.float32
     tl.store(A + rows[:, None] * M + j[None, :], p, mask=live[:, None] & (j[None, :] < M))
-    v = tl.load(V + (rows // NM) * s_v + rows % NM, mask=live, other=0.0).to(CDT)
+    v = tl.load(V + token * s_v + within, mask=live, other=0.0).to(CDT)
     a0 = tl.sum(tl.where(j[None, :] == M, p, 0.0), axis=1)
     tl.store(Bout + rows, a0 * v, mask=live)
 
@@ -66,20 +78,20 @@ def _gates_bwd(Z, V, DA, DB, DZ, DV, n_rows, NM, s_z, s_v, s_dz, s_dv, M: tl.con
                BJ: tl.constexpr, FP64: tl.constexpr):
     """``dz`` and ``dv`` are written at their token strides ``s_dz``, ``s_dv``, like the inputs they are the
     gradients of (in place in the gradient of the projection the inputs were cut from, where there is one)."""
-    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-    p, j, live = _probs(Z, rows, n_rows, NM, s_z, M, BJ, FP64)
+    rows, token, within, live = _rows(n_rows, NM, BR)
+    p, j = _probs(Z, token, within, live, s_z, M, BJ, FP64)
     CDT: tl.constexpr = tl.float64 if FP64 else tl.float32
-    v = tl.load(V + (rows // NM) * s_v + rows % NM, mask=live, other=0.0).to(CDT)
+    v = tl.load(V + token * s_v + within, mask=live, other=0.0).to(CDT)
     db = tl.load(DB + rows, mask=live, other=0.0).to(CDT)
     in_a = live[:, None] & (j[None, :] < M)
     dp = tl.load(DA + rows[:, None] * M + j[None, :], mask=in_a, other=0.0).to(CDT)
     last = j[None, :] == M
     dp = tl.where(last, (db * v)[:, None], dp)
     dz = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-    tl.store(DZ + ((rows // NM) * s_dz + (rows % NM) * (M + 1))[:, None] + j[None, :], dz.to(DZ.dtype.element_ty),
+    tl.store(DZ + (token * s_dz + within * (M + 1))[:, None] + j[None, :], dz.to(DZ.dtype.element_ty),
              mask=live[:, None] & (j[None, :] <= M))
     a0 = tl.sum(tl.where(last, p, 0.0), axis=1)
-    tl.store(DV + (rows // NM) * s_dv + rows % NM, (db * a0).to(DV.dtype.element_ty), mask=live)
+    tl.store(DV + token * s_dv + within, (db * a0).to(DV.dtype.element_ty), mask=live)
 
 
 def _launch_shape(m: int, n_rows: int):
