@@ -7,13 +7,17 @@ device time (torch.profiler), the layer's summed device time, and the output's a
 gap to the first variant's (a variant must compute the same function). Written for the two kernels the run at
 8ed3e8f found slower than at cbd8c60 on one H200:
 
-- ``kronecker_slots``: the read kernels' reading-token tile ``READ_ROWS`` (16: the current; the chunk of 64:
-  the earlier whole-chunk tiles) and the state backward's value columns ``BDV_STATE_BWD`` (16 or 32);
+- ``kronecker_slots``: the read kernels' reading-token tile ``READ_ROWS`` (16 at 8ed3e8f; the whole chunk of
+  64 since) and the state backward's value columns ``BDV_STATE_BWD`` (16 at 8ed3e8f, 32 since);
 - ``bdlru``: the softmax gates' backward writing ``dz``, ``dv`` in place in the fused projection's gradient
-  (current) or into new contiguous tensors that the split then copies in (``contiguous``).
+  or into new contiguous tensors that the split then copies in.
 
     python scripts/gpu_variants_ab.py --json out.json [--seconds 100]     # on a CUDA machine
     TRITON_INTERPRET=1 python scripts/gpu_variants_ab.py --dry-run         # toy sizes on the CPU
+
+The dry run takes the GPU code path on the CPU (:func:`kernels.device.gpu_path_on_cpu`; the Triton kernels
+through the interpreter) at d_model 64, head dim 16 and 64 tokens, so every variant runs its kernels and the
+gaps say whether the variants compute the same function; its times mean nothing.
 """
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernels.blockscan.gates as gates  # noqa: E402
 import kernels.slots.triton as slots  # noqa: E402
-from zoo.benchmark.gpu_speed import DRY, FULL, build_layer, layer_breakdown  # noqa: E402
+from kernels.device import gpu_path_on_cpu  # noqa: E402
+from mixers import MIXERS  # noqa: E402
+from zoo.benchmark.gpu_speed import DRY, FULL, layer_breakdown, layer_entry  # noqa: E402
+from zoo.recipes import resolve  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -68,6 +75,15 @@ VARIANTS = {
 }
 
 
+def build(name: str, plan, device, dtype):
+    """gpu_speed's layer of ``name`` with its Triton backend (on the CPU too: the dry run interprets it)."""
+    entry = layer_entry(name, plan, plan.d_model)
+    entry[name]["backend"] = "triton"
+    spec = resolve({"model": {"d_model": plan.d_model, "layers": [entry]}}).layers[0]
+    torch.manual_seed(0)
+    return MIXERS.get(name)(plan.d_model, spec.options).to(device=device, dtype=dtype)
+
+
 def passes(mixer, x, grad):
     leaf = x.detach().requires_grad_()
     y = mixer(leaf)
@@ -92,11 +108,17 @@ def main(argv=None) -> int:
     plan = DRY if args.dry_run else FULL
     device = torch.device(plan.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
-    lengths = plan.layer_lengths
+    lengths = plan.layer_lengths[:1] if args.dry_run else plan.layer_lengths
+    with gpu_path_on_cpu() if args.dry_run else contextlib.nullcontext():
+        rows = run(plan, device, dtype, lengths, args)
+    return 0 if all("error" not in row for row in rows) else 1
+
+
+def run(plan, device, dtype, lengths, args) -> list[dict]:
     deadline = time.time() + args.seconds
     rows = []
     for name, variants in VARIANTS.items():
-        mixer = build_layer(name, plan, device, dtype)
+        mixer = build(name, plan, device, dtype)
         for T in lengths:
             torch.manual_seed(T)
             x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype)
@@ -131,7 +153,7 @@ def main(argv=None) -> int:
                     args.json.write_text(json.dumps({"card": torch.cuda.get_device_name() if device.type == "cuda"
                                                      else "cpu", "rows": rows}, indent=1))
         del mixer
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
