@@ -141,8 +141,23 @@ def _print_metrics(args, record: dict) -> None:
             print(f"{key:>24}: {value:.4f}" if isinstance(value, float) else f"{key:>24}: {value}")
 
 
+def _checkpoint_of(location: str) -> Path:
+    """The checkpoint ``zoo eval`` reads at ``location``; an ablation's folder, which holds one per cell, is
+    refused naming its cells' checkpoint folders."""
+    path = path_in(location)
+    layout = None if path.exists() else read_layout(Path(location))
+    if layout is not None:
+        folder = Path(location)
+        cells = [f"{folder / 'checkpoints' / c['key']} ({c['label']})" for c in layout["cells"]
+                 if (folder / "checkpoints" / c["key"] / "checkpoint.pt").exists()]
+        raise UserError(f"zoo eval: {folder} is an ablation's folder, with a checkpoint per cell under "
+                        f"{folder / 'checkpoints'}/<recipe key>: "
+                        + (f"give one of {', '.join(cells)}" if cells else "none of its cells has one yet"))
+    return path
+
+
 def cmd_eval(args) -> int:
-    path = path_in(args.checkpoint)
+    path = _checkpoint_of(args.checkpoint)
     out = Path(args.out) if args.out else path.parent
     probe_writable(out, "--out" if args.out else "--out (default: the checkpoint's folder)")
     with ablation_lock(out, "zoo eval"):

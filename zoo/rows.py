@@ -118,9 +118,14 @@ def repair_rows(path: Path) -> tuple[list[dict], list[Damage]]:
 
 
 def append_row(path: Path, row: dict) -> None:
+    """Append ``row`` as one line. After a line a kill cut short (no line end) the row starts a line of its own,
+    so that it is not read as part of that damaged line and moved aside with it."""
     data = (json.dumps(row, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         os.write(fd, data)  # one write: a kill leaves either the whole line or a cut-off one (moved aside later)
         os.fsync(fd)
     finally:

@@ -182,7 +182,9 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
         executor = executor or SequentialExecutor(progress=progress, echo=echo)
         failures = []
         executor.echo = echo  # the driver says where messages go
-        executor.checkpoint_root = str(out_dir / "checkpoints")  # a killed cell resumes from its checkpoint
+        # a killed cell resumes from its checkpoint; absolute, since a worker (a Ray task on a cluster started
+        # with `ray start` in another folder) runs in a working directory of its own
+        executor.checkpoint_root = str((out_dir / "checkpoints").absolute())
         executor.on_start = lambda cell: echo(f"{where[cell.recipe.key]}: training")
         with executor:
             todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
