@@ -11,15 +11,17 @@ defaults to ``$ZOO_DATA_DIR`` or ``~/.cache/mixer-zoo/data``.
 Documents are tokenised in parts of :data:`PART_DOCUMENTS`, by several worker processes; each finished
 part is written (atomically) under ``parts/`` with a record of the documents it holds. A run that was
 interrupted keeps its finished parts and tokenises only the rest; the token files and ``meta.json`` are
-written last (``meta.json`` marks a finished folder, and a second run finds it and does nothing). The
-output depends only on the source, the tokenizer and the split: two runs give byte-identical files,
-whatever the number of workers.
+written last (``meta.json`` marks a finished folder, and a second run finds it and does nothing). Processes
+that prepare one folder at once (every rank of ``torchrun``) take turns on a lock of the folder: the first
+prepares it, the others find it finished. The output depends only on the source, the tokenizer and the
+split: two runs give byte-identical files, whatever the number of workers.
 
 ``source: shards`` names a folder prepared elsewhere in this layout (``path``); it is checked, not
 written.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -144,8 +146,8 @@ def _run_parts(o, parts_dir: Path, workers: int, progress: bool) -> tuple[list[d
             bar.update(1)
     finally:
         bar.close()
-        if pool:
-            pool.close()
+        if pool:  # every result is in, or the run stops: close() would tokenise the rest of the source first
+            pool.terminate()
             pool.join()
     return [records[i] for i in sorted(records)], source_hash.hexdigest()
 
@@ -171,8 +173,22 @@ def prepare(o, workers: int = 1, progress: bool = False) -> tuple[Path, bool]:
     if (out / META).exists():
         return out, False
     probe_writable(out, "task.data_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process preparing this folder (a torchrun rank) finishes first
+        if (out / META).exists():
+            return out, False
+        for orphan in out.glob(".*.tmp"):  # left by a run stopped while it wrote the token files
+            orphan.unlink()
+        return _prepare_locked(o, tokenizer, out, workers, progress), True
+    finally:
+        os.close(lock)
+
+
+def _prepare_locked(o, tokenizer, out: Path, workers: int, progress: bool) -> Path:
     parts_dir = out / "parts"
-    parts_dir.mkdir(parents=True, exist_ok=True)
+    parts_dir.mkdir(exist_ok=True)
     records, source_hash = _run_parts(o, parts_dir, workers, progress)
     totals = {s: {k: sum(r["counts"][s][k] for r in records) for k in ("documents", "tokens", "bytes")}
               for s in SPLITS}
@@ -193,7 +209,7 @@ def prepare(o, workers: int = 1, progress: bool = False) -> tuple[Path, bool]:
             **{k: {s: totals[s][k] for s in SPLITS} for k in ("documents", "tokens", "bytes")}}
     _write_atomic(out / META, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
     shutil.rmtree(parts_dir)
-    return out, True
+    return out
 
 
 def read_meta(where: Path, o) -> dict:
@@ -210,6 +226,13 @@ def read_meta(where: Path, o) -> dict:
     need = ("vocab_size", "eos_id", "dtype", "tokenizer", "tokens")
     if not isinstance(meta, dict) or any(k not in meta for k in need):
         raise UserError(f"{path}: metadata lacks one of {', '.join(need)}")
+    counts = meta["tokens"]
+    if not (isinstance(counts, dict) and all(isinstance(counts.get(s), int) for s in SPLITS)
+            and all(isinstance(meta[k], int) for k in ("vocab_size", "eos_id"))):
+        raise UserError(f"{path}: vocab_size and eos_id must be integers and tokens the token counts "
+                        f'{{"train": N, "val": N}}; fix it or prepare the data again')
+    if not 0 <= meta["eos_id"] < meta["vocab_size"]:
+        raise UserError(f"{path}: eos_id {meta['eos_id']} is not a token of a vocabulary of {meta['vocab_size']}")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise UserError(f"{path}: dtype {meta['dtype']!r}; token files are uint16 or uint32")
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:

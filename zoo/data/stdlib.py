@@ -83,4 +83,4 @@ def keyed_documents(o) -> Iterator[tuple[bytes, bytes]]:
         except OSError as err:
             raise UserError(f"python-stdlib: cannot read {path}: {err.strerror}") from None
         if text and not is_generated(text):
-            yield rel.encode("utf-8"), text
+            yield os.fsencode(rel), text  # the name's own bytes, UTF-8 or not
