@@ -267,7 +267,7 @@ class KroneckerSlots(Mixer):
         state = {"S": torch.zeros(batch_size, self.n_heads, self.num_slots, self.d_v, device=device, dtype=cd),
                  "z": torch.zeros(batch_size, self.n_heads, self.num_slots, device=device, dtype=cd)}
         if self.conv is not None:
-            state["conv"] = self.conv.init_state(batch_size, device, dtype)
+            state["conv"] = self.conv.init_state(batch_size, device, cd)   # the logits are at least fp32
         if self.options.pos_address:
             state["pos"] = torch.zeros(batch_size, 1, device=device, dtype=cd)
         if self.options.shift_write_address:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype, pad_time
+from ..common import compute_dtype, full_precision, pad_time
 from .operator import SCALE_FLOOR, ska_chain_torch, solve_operator
 from .reference import State
 
@@ -102,10 +102,12 @@ def ska_chunked(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1
     return y.to(out_dtype)
 
 
+@full_precision
 def ska_final_state(k, v, w=None) -> State:
     """The decode state after consuming k (B, T, H, r), v (B, T, H, P) with weights w (B, T), fast.
 
-    ``s`` is the max weighted-in key norm (the prefill's ``seq_max`` scale, and also the running max).
+    ``s`` is the max weighted-in key norm (the prefill's ``seq_max`` scale, and also the running max). The sums
+    are computed and returned in fp32 under autocast too: decoding keeps adding to them.
     """
     cd = compute_dtype(k.dtype)
     k, v = k.to(cd), v.to(cd)
