@@ -53,7 +53,8 @@ def evaluate_data(model: HybridLM, data: TaskData, batch_size: int, device, prec
         batch = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
         loss, hits, supervised = forward_loss(model, batch, device, precision)
         n = supervised.sum().item()
-        total_loss += loss.item() * n
+        if n:  # a batch with nothing supervised has a NaN mean loss and adds nothing
+            total_loss += loss.item() * n
         correct, count = correct + hits.sum().item(), count + n
         exact += (hits == supervised).all(dim=1).sum().item()
     model.train(was_training)
