@@ -569,8 +569,10 @@ def addressable(x: torch.Tensor) -> torch.Tensor:
     """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: at its token stride
     (:func:`kernels.common.token_stride`) where it has one (a column block of a layer's fused projections), else
     a contiguous copy. Keys and values may also come as ``(B, T, n_h, H, D)``, ``n_h`` sub-steps a token at a
-    stride of their own (the delta product's, cut from its projections), read in place the same way."""
-    return x if token_stride(_one_substep(x)) is not None else x.contiguous()
+    stride of their own (the delta product's, cut from its projections), read in place the same way. The copy has
+    the standard strides: ``contiguous()`` keeps any stride of a size-1 dimension (a one-token view of a
+    heads-first tensor), which the kernels would read tokens at."""
+    return x if token_stride(_one_substep(x)) is not None else x.clone(memory_format=torch.contiguous_format)
 
 
 def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:

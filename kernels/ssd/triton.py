@@ -572,7 +572,8 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
     x, dt = unit_last(x), dt.contiguous()
     B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
     if B.stride() != C.stride() or B.stride(-1) != 1:
-        B, C = B.contiguous(), C.contiguous()
+        # with the standard strides, one set for both (contiguous() keeps any stride of a size-1 dimension)
+        B, C = (t.contiguous().view(-1).view(t.shape) for t in (B, C))
     # else read in place: Mamba-2's one group of B and C, expanded over the heads (a head stride of 0), is
     # neither copied per head nor saved per head for the backward
     return _SSDTriton.apply(x, dt, A, B, C, D, initial_state, chunk_size)
