@@ -36,9 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernels.blockscan.gates as gates  # noqa: E402
 import kernels.slots.triton as slots  # noqa: E402
 from kernels.device import gpu_path_on_cpu  # noqa: E402
-from mixers import MIXERS  # noqa: E402
-from zoo.benchmark.gpu_speed import DRY, FULL, layer_breakdown, layer_entry  # noqa: E402
-from zoo.recipes import resolve  # noqa: E402
+from zoo.benchmark.gpu_speed import DRY, FULL, build_layer, layer_breakdown  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -75,15 +73,6 @@ VARIANTS = {
 }
 
 
-def build(name: str, plan, device, dtype):
-    """gpu_speed's layer of ``name`` with its Triton backend (on the CPU too: the dry run interprets it)."""
-    entry = layer_entry(name, plan, plan.d_model)
-    entry[name]["backend"] = "triton"
-    spec = resolve({"model": {"d_model": plan.d_model, "layers": [entry]}}).layers[0]
-    torch.manual_seed(0)
-    return MIXERS.get(name)(plan.d_model, spec.options).to(device=device, dtype=dtype)
-
-
 def passes(mixer, x, grad):
     leaf = x.detach().requires_grad_()
     y = mixer(leaf)
@@ -118,7 +107,7 @@ def run(plan, device, dtype, lengths, args) -> list[dict]:
     deadline = time.time() + args.seconds
     rows = []
     for name, variants in VARIANTS.items():
-        mixer = build(name, plan, device, dtype)
+        mixer = build_layer(name, plan, device, dtype, backend="triton")  # the dry run interprets it
         for T in lengths:
             torch.manual_seed(T)
             x = torch.randn(1, T, mixer.d_model, device=device, dtype=dtype)

@@ -160,17 +160,19 @@ def our_backend(name: str, device: str) -> str:
     return "triton"
 
 
-def layer_entry(name: str, plan: Plan, d_model: int) -> dict:
-    """The recipe entry of ``name``'s layer in this run: our backend, and head dim ``plan.head_dim``."""
+def layer_entry(name: str, plan: Plan, d_model: int, backend: str | None = None) -> dict:
+    """The recipe entry of ``name``'s layer in this run: our backend (or ``backend``, where the mixer has one), and
+    head dim ``plan.head_dim``."""
     fields = {f.name for f in dataclasses.fields(MIXERS.get(name).Options)}
-    options = {"backend": our_backend(name, plan.device)} if "backend" in fields else {}
+    options = {"backend": backend or our_backend(name, plan.device)} if "backend" in fields else {}
     if {"n_heads", "head_dim"} <= fields:
         options["n_heads"] = max(1, d_model // plan.head_dim)
     return {name: options}
 
 
-def build_layer(name: str, plan: Plan, device, dtype):
-    spec = resolve({"model": {"d_model": plan.d_model, "layers": [layer_entry(name, plan, plan.d_model)]}}).layers[0]
+def build_layer(name: str, plan: Plan, device, dtype, backend: str | None = None):
+    entry = layer_entry(name, plan, plan.d_model, backend)
+    spec = resolve({"model": {"d_model": plan.d_model, "layers": [entry]}}).layers[0]
     torch.manual_seed(0)
     return MIXERS.get(name)(plan.d_model, spec.options).to(device=device, dtype=dtype)
 
