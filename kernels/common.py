@@ -81,6 +81,13 @@ def unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
+def standard_strides(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with the strides of a new tensor of its shape, copied only where it is not contiguous.
+    ``contiguous()`` alone keeps any stride of a size-1 dimension (a one-token view of a heads-first tensor counts
+    as contiguous), and a kernel that takes the strides would address its rows by them."""
+    return t.contiguous().view(-1).view(t.shape)
+
+
 def token_stride(x: torch.Tensor) -> int | None:
     """The stride between tokens of ``x (B, T, H, n)`` when a kernel can address it as rows ``(b T + t) stride
     + h n + i`` (the ``H n`` entries of a token contiguous, batches ``T`` tokens apart), else None. A slice of a

@@ -72,7 +72,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import pow2, token_stride
+from ..common import pow2, standard_strides, token_stride
 from ..grad_slots import grad_slot
 from ..launch import launch
 from .chunked import interleave_inputs
@@ -569,10 +569,8 @@ def addressable(x: torch.Tensor) -> torch.Tensor:
     """``x (B, L, H, D)`` as the kernels read ``q``, ``k`` and ``v``: at its token stride
     (:func:`kernels.common.token_stride`) where it has one (a column block of a layer's fused projections), else
     a contiguous copy. Keys and values may also come as ``(B, T, n_h, H, D)``, ``n_h`` sub-steps a token at a
-    stride of their own (the delta product's, cut from its projections), read in place the same way. The copy has
-    the standard strides: ``contiguous()`` keeps any stride of a size-1 dimension (a one-token view of a
-    heads-first tensor), which the kernels would read tokens at."""
-    return x if token_stride(_one_substep(x)) is not None else x.clone(memory_format=torch.contiguous_format)
+    stride of their own (the delta product's, cut from its projections), read in place the same way."""
+    return x if token_stride(_one_substep(x)) is not None else standard_strides(x)
 
 
 def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
-from ..common import cdiv, pow2, unit_last
+from ..common import cdiv, pow2, standard_strides, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 
@@ -572,8 +572,7 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
     x, dt = unit_last(x), dt.contiguous()
     B, C = B.to(x.dtype), C.to(x.dtype)  # one operand type for the products
     if B.stride() != C.stride() or B.stride(-1) != 1:
-        # with the standard strides, one set for both (contiguous() keeps any stride of a size-1 dimension)
-        B, C = (t.contiguous().view(-1).view(t.shape) for t in (B, C))
+        B, C = standard_strides(B), standard_strides(C)  # one set of strides for both
     # else read in place: Mamba-2's one group of B and C, expanded over the heads (a head stride of 0), is
     # neither copied per head nor saved per head for the backward
     return _SSDTriton.apply(x, dt, A, B, C, D, initial_state, chunk_size)
