@@ -138,8 +138,10 @@ class _SplitInPlace(torch.autograd.Function):
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` are the same elements of one storage in the same order. Strides of dimensions of
     size 1 do not matter: a slot read as another view of one row (batch 1, one token) carries other ones there."""
-    if a.shape != b.shape or a.numel() == 0:
-        return a.shape == b.shape and a.numel() == 0
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
     return a.data_ptr() == b.data_ptr() and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
 
 
