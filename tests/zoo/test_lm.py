@@ -29,6 +29,7 @@ from zoo.config import Spec
 from zoo.data import prepare as prep
 from zoo.data import sources
 from zoo.data.tokenize import ByteTokenizer, HFTokenizer
+from zoo.data.windows import fixed_starts
 from zoo.errors import UserError
 from zoo.experiments.results import table_columns
 from zoo.generate import generate_ids
@@ -79,6 +80,30 @@ def test_the_same_seed_draws_the_same_windows_and_each_is_a_slice_of_the_trainin
     text = flat.tobytes()
     for row in torch.cat([a.inputs, a.labels[:, -1:]], 1):
         assert row.numpy().astype(np.int64).tobytes() in text
+
+
+def test_validation_windows_are_disjoint_and_spread_over_the_whole_split():
+    """``fixed_starts`` reads ``min(fit, limit)`` of the split's ``fit`` back-to-back windows, the first at the
+    start and the rest evenly spread: the last one lies within ``fit / count`` windows of the end (a whole-number
+    stride left the last half of the split unread when ``fit`` is just under twice ``limit``)."""
+    g = torch.Generator()
+    g.seed()
+    for _ in range(200):
+        seq_len = int(torch.randint(1, 300, (), generator=g))
+        num_tokens = int(torch.randint(seq_len + 1, 40 * (seq_len + 1), (), generator=g))
+        limit = int(torch.randint(1, 40, (), generator=g))
+        starts = fixed_starts(num_tokens, seq_len, limit).tolist()
+        fit = num_tokens // (seq_len + 1)
+        assert len(starts) == min(fit, limit)
+        assert starts[0] == 0 and starts == sorted(set(starts))
+        assert all(s % (seq_len + 1) == 0 for s in starts)                            # whole window slots
+        assert all(b - a >= seq_len + 1 for a, b in zip(starts, starts[1:]))          # disjoint
+        assert starts[-1] + seq_len + 1 <= num_tokens                                 # inside the split
+        slots_after_last = fit - 1 - starts[-1] // (seq_len + 1)
+        assert slots_after_last < fit / len(starts), (num_tokens, seq_len, limit, starts)
+    # the case that showed it: 31 windows fit, 16 are read; all 31 when they fit
+    assert fixed_starts(31 * 9, 8, 16).tolist()[-1] == 29 * 9
+    assert fixed_starts(31 * 9, 8, 40).tolist() == [i * 9 for i in range(31)]
 
 
 def test_train_and_validation_share_no_document_and_together_hold_every_document(tmp_path):

@@ -44,8 +44,12 @@ def random_starts(num_tokens: int, seq_len: int, n: int, generator: torch.Genera
 
 
 def fixed_starts(num_tokens: int, seq_len: int, limit: int) -> torch.Tensor:
-    """Up to ``limit`` non-overlapping windows spread evenly over the file (validation: always the same)."""
+    """Up to ``limit`` non-overlapping windows spread evenly over the file (validation: always the same).
+
+    The file holds ``fit`` back-to-back windows; ``count`` of them are read, window ``i`` being the
+    ``floor(i * fit / count)``-th, so the first is at the start and the last within ``fit / count`` windows of
+    the end (a whole-number stride ``fit // count`` would leave up to half the file unread).
+    """
     fit = num_tokens // (seq_len + 1)
     count = min(fit, limit)
-    stride = fit // max(count, 1)
-    return torch.arange(count) * stride * (seq_len + 1)
+    return torch.arange(count) * fit // max(count, 1) * (seq_len + 1)
