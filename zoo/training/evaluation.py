@@ -44,11 +44,11 @@ def forward_loss(model, batch: TaskData, device, precision: str = "auto",
 
 @torch.no_grad()
 def evaluate_data(model: HybridLM, data: TaskData, batch_size: int, device, precision: str = "auto") -> dict:
-    """``{loss, accuracy, sequence_accuracy}`` of ``model`` on ``data`` (sequence accuracy: every
-    supervised position of an example right)."""
+    """``{loss, accuracy, sequence_accuracy}`` of ``model`` on ``data`` (sequence accuracy: the fraction of
+    the examples with a supervised position that have every supervised position right)."""
     was_training = model.training
     model.eval()
-    total_loss, correct, count, exact = 0.0, 0, 0, 0
+    total_loss, correct, count, exact, judged = 0.0, 0, 0, 0, 0
     for start in range(0, len(data), batch_size):
         batch = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
         loss, hits, supervised = forward_loss(model, batch, device, precision)
@@ -56,13 +56,15 @@ def evaluate_data(model: HybridLM, data: TaskData, batch_size: int, device, prec
         if n:  # a batch with nothing supervised has a NaN mean loss and adds nothing
             total_loss += loss.item() * n
         correct, count = correct + hits.sum().item(), count + n
-        exact += (hits == supervised).all(dim=1).sum().item()
+        labelled = supervised.any(dim=1)  # an example with nothing to predict is neither right nor wrong
+        exact += ((hits == supervised).all(dim=1) & labelled).sum().item()
+        judged += labelled.sum().item()
     model.train(was_training)
     loss = total_loss / max(count, 1)
     if not math.isfinite(loss):
         # a diverged model: the argmax of NaN logits is no prediction, so its accuracy is not a number
         return {"loss": loss, "accuracy": float("nan"), "sequence_accuracy": float("nan")}
-    return {"loss": loss, "accuracy": correct / max(count, 1), "sequence_accuracy": exact / max(len(data), 1)}
+    return {"loss": loss, "accuracy": correct / max(count, 1), "sequence_accuracy": exact / max(judged, 1)}
 
 
 @torch.no_grad()
