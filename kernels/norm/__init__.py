@@ -28,8 +28,19 @@ def l2_normalize(x, eps: float = 1e-12, backend: str = "auto"):
     return l2_normalize_reference(x, eps)
 
 
+def _check_weight(op: str, x, weight) -> None:
+    if weight is None:
+        raise ValueError(f"{op}: weight is required, a ({x.shape[-1]},) tensor (torch.ones for no scale)")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"{op}: weight must be ({x.shape[-1]},), the last dimension of x {tuple(x.shape)}; got "
+                         f"{tuple(weight.shape)}")
+
+
 def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
     """``x / sqrt(mean(x^2) + eps) * weight * SiLU(z)`` over the last dimension, in ``x``'s dtype."""
+    _check_weight("gated_rms_norm", x, weight)
+    if tuple(z.shape) != tuple(x.shape):
+        raise ValueError(f"gated_rms_norm: the gate z must have x's shape {tuple(x.shape)}; got {tuple(z.shape)}")
     if resolve_backend(backend, x, op="gated_rms_norm", available=BACKENDS) == "triton":
         from .triton import gated_rms_norm_triton  # lazy: triton is optional
 
@@ -40,9 +51,7 @@ def gated_rms_norm(x, z, weight, eps: float = 1e-6, backend: str = "auto"):
 def rms_norm(x, weight, eps: float = 1e-6, backend: str = "auto", out_dtype=None):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, in ``out_dtype`` (default ``x``'s dtype);
     its gradient with respect to ``x`` comes back in ``x``'s dtype."""
-    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
-        raise ValueError(f"rms_norm: weight must be ({x.shape[-1]},), the last dimension of x {tuple(x.shape)}; got "
-                         f"{tuple(weight.shape)}")
+    _check_weight("rms_norm", x, weight)
     if resolve_backend(backend, x, op="rms_norm", available=BACKENDS) == "triton":
         from .triton import rms_norm_triton  # lazy: triton is optional
 

@@ -6,7 +6,7 @@ import torch
 
 from kernels.delta import delta_product
 from kernels.gla import gla
-from kernels.norm import rms_norm
+from kernels.norm import gated_rms_norm, rms_norm
 from kernels.shortconv import causal_conv
 
 B, T, H, K, V = 1, 17, 2, 16, 16
@@ -63,5 +63,11 @@ def test_norm_and_convolution_refuse_a_short_weight_or_bias():
     x = torch.randn(1, 17, 24)
     with pytest.raises(ValueError, match=r"rms_norm: weight must be \(24,\)"):
         rms_norm(x, torch.randn(20))
+    with pytest.raises(ValueError, match=r"rms_norm: weight is required, a \(24,\) tensor"):
+        rms_norm(x, None)
+    with pytest.raises(ValueError, match=r"gated_rms_norm: weight must be \(24,\)"):
+        gated_rms_norm(x, torch.randn_like(x), torch.randn(20))
+    with pytest.raises(ValueError, match=r"gated_rms_norm: the gate z must have x's shape \(1, 17, 24\)"):
+        gated_rms_norm(x, torch.randn(1, 16, 24), torch.randn(24))
     with pytest.raises(ValueError, match=r"causal_conv: bias must be \(C,\) = \(24,\)"):
         causal_conv(x, torch.randn(24, 4), torch.randn(20))
