@@ -429,3 +429,32 @@ def test_vouching_compares_what_the_evaluation_reads_beyond_the_training_length_
     assert vouch.compare(before, renamed) == "the evaluation data task=k4 differ"
     older = {**before, "evaluation": {label: {"error": "AttributeError: no seq_len"} for label in before["evaluation"]}}
     assert vouch.compare(older, before) == vouch.KEEPS
+
+
+def test_vouching_compares_the_end_of_run_metrics_and_the_metric_code_belongs_to_every_cell(monkeypatch):
+    """The metrics module computes every number of a row's test columns: its changes make every cell stale, and a
+    probe compares what the commit's metric functions make of the untrained model. A change of how a metric is
+    pooled is found; an accuracy one near-tie apart is not a change; a commit without the functions is not
+    compared."""
+    from zoo.experiments import freshness, probe, vouch
+    from zoo.recipes import resolve
+    from zoo.training import evaluation
+    assert "zoo/training/evaluation.py" in freshness.EVERY_CELL and "zoo/training/evaluation.py" in str(
+        freshness.CODE_PATHS)
+    plain = resolve(TINY).plain
+    before = probe.probe(plain)
+    metrics = before["metrics"]
+    assert {"loss", "accuracy", "sequence_accuracy", "positions", "rows"} <= set(metrics)
+    assert vouch.compare(before, probe.probe(plain)) == vouch.KEEPS
+    evaluate = evaluation.evaluate_data
+    monkeypatch.setattr(evaluation, "evaluate_data", lambda *a, **k: {**evaluate(*a, **k),
+                                                                      "loss": evaluate(*a, **k)["loss"] * 1.01})
+    changed = probe.probe(plain)
+    assert changed["loss"] == before["loss"]   # the training probe cannot see it
+    assert vouch.compare(before, changed).startswith("the end-of-run loss of the untrained model differs")
+    one_tie = {**before, "metrics": {**metrics, "accuracy": metrics["accuracy"] + 1 / metrics["positions"]}}
+    assert vouch.compare(before, one_tie) == vouch.KEEPS
+    two = {**before, "metrics": {**metrics, "accuracy": metrics["accuracy"] + 2 / metrics["positions"]}}
+    assert vouch.compare(before, two).startswith("the end-of-run accuracy of the untrained model differs")
+    older = {**before, "metrics": {"error": "ImportError: no zoo.training.evaluation"}}
+    assert vouch.compare(older, changed) == vouch.KEEPS

@@ -2,8 +2,9 @@
 
 A cell's code is the module of every mixer its layers and state mixer name, the module of its training task
 and of every ``eval.tasks`` entry, and every module of ``kernels/``, ``mixers/``, ``zoo/tasks/`` and ``zoo/data/`` those
-import, followed transitively (read from the code as it is now), with the hybrid stack (``zoo/model.py``) and
-the optimizer (``zoo/training/optim.py``: which parameters are decayed, the learning-rate schedule). The
+import, followed transitively (read from the code as it is now), with the hybrid stack (``zoo/model.py``),
+the optimizer (``zoo/training/optim.py``: which parameters are decayed, the learning-rate schedule) and the
+end-of-run metrics (``zoo/training/evaluation.py``: how a row's test and validation numbers are computed). The
 modules in :data:`INFRASTRUCTURE` (the mixer contract, option parsing, registries, backend dispatch) are left
 out: they compute no number of a row, and their changes are checked by the contract and kernel test suites.
 The training loop (batch order, clipping, how the schedule is stepped) is not part of a cell's code here, so
@@ -35,8 +36,8 @@ from .preregistration import git
 
 #: packages whose modules can change a row's numbers
 CODE_PACKAGES = ("kernels", "mixers", "zoo.tasks", "zoo.data")
-#: modules of every cell: the hybrid stack and the optimizer (weight decay and schedule)
-EVERY_CELL = ("zoo/model.py", "zoo/training/optim.py")
+#: modules of every cell: the hybrid stack, the optimizer (weight decay and schedule) and the end-of-run metrics
+EVERY_CELL = ("zoo/model.py", "zoo/training/optim.py", "zoo/training/evaluation.py")
 #: where git looks for changes
 CODE_PATHS = ("kernels", "mixers", "zoo/tasks", "zoo/data", *EVERY_CELL)
 #: modules that compute no number of a row (contract, options, registries, dispatch)

@@ -4,7 +4,8 @@ Read by :mod:`zoo.experiments.vouch`, which runs this file with the checkout fir
 imports that commit's ``zoo``, ``mixers`` and ``kernels``) and compares two commits. For each resolved recipe
 given on stdin (a JSON list) it prints, as JSON: a hash of the task's first training and test sequences, the
 model's loss on them at its seed, the gradient norm of every parameter, the names of the parameters that the
-commit's optimizer decays, and the learning-rate schedule at a few steps. It uses only names that every commit
+commit's optimizer decays, the learning-rate schedule at a few steps, and what the commit's end-of-run metric
+functions make of the untrained model on the first test sequences. It uses only names that every commit
 since recipes were resolved from mappings has (``zoo.recipes.resolve``, ``zoo.model.HybridLM``) and looks the
 others up in both layouts.
 """
@@ -67,7 +68,8 @@ def probe(plain: dict) -> dict:
     loss.backward()
     grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
     return {"data": digest, "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
-            "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task)}
+            "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task),
+            "metrics": _metrics(model, task, test.batch(torch.arange(min(8, len(test)))))}
 
 
 def _digest(*batches) -> str:
@@ -109,6 +111,27 @@ def _evaluation(model, recipe, task) -> dict:
             except Exception as err:  # noqa: BLE001 - an older commit without this API: not compared
                 out[label] = {"error": f"{type(err).__name__}: {err}"[:200]}
     return out
+
+
+def _metrics(model, task, first) -> dict:
+    """The end-of-run metric functions of the commit on the untrained model and the first test sequences (in
+    batches of 4, so that pooling across batches is exercised): loss, accuracy and sequence accuracy, and for a
+    text task bits per byte, perplexity and the loss by position; with the numbers of supervised positions and
+    of rows with one, which bound how far a near-tie in an argmax can move an accuracy. A commit without these
+    functions records why, and they are not compared."""
+    try:
+        from zoo.training.evaluation import evaluate_data
+        cpu = torch.device("cpu")
+        with torch.no_grad():
+            out = dict(evaluate_data(model, first, 4, cpu))
+            supervised = first.labels != -100
+            out["positions"], out["rows"] = int(supervised.sum()), int(supervised.any(1).sum())
+            if hasattr(task, "token_bytes"):
+                from zoo.training.evaluation import text_metrics
+                out.update({f"text_{k}": v for k, v in text_metrics(model, first, task.token_bytes(), 4, cpu).items()})
+        return out
+    except Exception as err:  # noqa: BLE001 - an older commit without these functions: not compared
+        return {"error": f"{type(err).__name__}: {err}"[:200]}
 
 
 def _only_this_checkout() -> None:

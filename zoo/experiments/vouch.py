@@ -6,7 +6,8 @@ The code changes in between keep the cell's numbers when both generate the same 
 decay the same parameters, follow the same learning-rate schedule, and give the untrained model the same
 loss (within :data:`LOSS_RTOL`) and the same gradient norm for every parameter (within :data:`GRAD_RTOL`) on
 that data, and the same data and untrained loss for what the end-of-run evaluation reads beyond it (every
-``eval.seq_lens`` length, every ``eval.tasks`` entry; compared where both commits can compute it): they are then
+``eval.seq_lens`` length, every ``eval.tasks`` entry; compared where both commits can compute it), and the same
+end-of-run metrics of the untrained model on the first test sequences (:func:`_compare_metrics`): they are then
 refactors up to fp32 rounding. Rounding differences can still move a training run a
 little, so a re-run may differ from the committed row in its last digits; no bit-equality is claimed.
 
@@ -81,6 +82,9 @@ def compare(before: dict, after: dict) -> str:
     for name, g in before["grads"].items():
         if not _close(g, after["grads"][name], GRAD_RTOL):
             return f"the gradient of {name} differs ({g:.6g} vs {after['grads'][name]:.6g})"
+    metrics = _compare_metrics(before.get("metrics") or {}, after.get("metrics") or {})
+    if metrics:
+        return metrics
     for label, a in (before.get("evaluation") or {}).items():
         b = (after.get("evaluation") or {}).get(label)
         if b is None or "error" in a or "error" in b:
@@ -90,6 +94,32 @@ def compare(before: dict, after: dict) -> str:
         if not _close(a["loss"], b["loss"], LOSS_RTOL):
             return f"the untrained loss on the evaluation data {label} differs ({a['loss']!r} vs {b['loss']!r})"
     return KEEPS
+
+
+def _compare_metrics(a: dict, b: dict) -> str:
+    """'' when two probes' end-of-run metrics agree: losses, bits per byte and perplexity within
+    :data:`LOSS_RTOL`; an accuracy within one position (one row for the sequence accuracy), as far as a near-tie
+    in an argmax can move it between two computations that agree to rounding. A side without metrics (an older
+    layout, or an error) is not compared."""
+    if not a or not b or "error" in a or "error" in b:
+        return ""
+    if (a.get("positions"), a.get("rows")) != (b.get("positions"), b.get("rows")):
+        return "the end-of-run evaluation counts different supervised positions"
+    for key in sorted(set(a) | set(b)):
+        if key in ("positions", "rows"):
+            continue
+        if key not in a or key not in b:
+            return f"the end-of-run evaluation reports {key} at one commit only"
+        x, y = a[key], b[key]
+        if x != x and y != y:   # both NaN (a diverged untrained model is not expected, but agrees)
+            continue
+        if key.endswith("accuracy"):
+            unit = 1 / max(a["rows"] if key.endswith("sequence_accuracy") else a["positions"], 1)
+            if abs(x - y) > 1.01 * unit:
+                return f"the end-of-run {key} of the untrained model differs ({x!r} vs {y!r})"
+        elif not _close(x, y, LOSS_RTOL):
+            return f"the end-of-run {key} of the untrained model differs ({x!r} vs {y!r})"
+    return ""
 
 
 def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, dict]]:
