@@ -8,6 +8,7 @@ seed always yields the same data.
 from __future__ import annotations
 
 import abc
+import hashlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,6 +40,21 @@ class TaskData:
 
 
 SPLIT_OFFSET = {"train": 1, "test": 2}
+#: below this length the seed of a stream is ``seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len``
+LINEAR_SEED_LENGTHS = 7919
+
+
+def stream_seed(seed: int, split: str, seq_len: int) -> int:
+    """The generator seed of the data stream ``(seed, split, seq_len)``, a different one for every triple.
+
+    Below :data:`LINEAR_SEED_LENGTHS` tokens it is the linear form above (every table's data was drawn with it).
+    From there on the linear form would meet another split's stream (train at ``L + 7919`` is test at ``L``), so
+    those lengths take a hash of the triple, set above every seed of the linear form (which stays below ``2**62``
+    while ``seed < 2**42``)."""
+    if seq_len < LINEAR_SEED_LENGTHS:
+        return seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len
+    digest = hashlib.blake2b(f"{seed}/{split}/{seq_len}".encode(), digest_size=8).digest()
+    return (1 << 62) | (int.from_bytes(digest, "little") & ((1 << 62) - 1))
 
 
 class Task(abc.ABC):
@@ -78,8 +94,7 @@ class Task(abc.ABC):
         if split not in SPLIT_OFFSET:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         seq_len = seq_len or self.seq_len
-        # distinct, reproducible streams per (seed, split, length)
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len)
+        generator = torch.Generator().manual_seed(stream_seed(seed, split, seq_len))
         return self.generate(num_examples or self.num_examples(split), seq_len, generator)
 
 
