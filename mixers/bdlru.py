@@ -34,7 +34,7 @@ from kernels.backend import triton_pieces_for
 from kernels.blockscan import BACKENDS, block_scan, block_scan_step, softmax_gates
 
 from .base import Mixer, State, register_mixer
-from .layers import at_least_fp32, no_weight_decay, one_pass, project
+from .layers import at_least_fp32, compute_dtype, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
@@ -114,16 +114,17 @@ class BDLRU(Mixer):
         h, h_last = block_scan(A, b, chunk_size=chunk_size_for(b, "blockscan", self.options.chunk_size),
                                backend=self.options.backend)
         y = self.out_proj(h.flatten(-2).to(x.dtype))
-        # the state in the module's dtype: under autocast x may come in the autocast dtype (input_to_linear)
-        return y, {"h": h_last.to(self.out_proj.weight.dtype)}
+        # the state in the module's compute dtype, as init_state and step hold it (fp32 in a 16-bit model: every
+        # step adds to it); under autocast x may come in the autocast dtype (input_to_linear)
+        return y, {"h": h_last.to(compute_dtype(self.out_proj.weight.dtype))}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
-        return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=dtype)}
+        return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=compute_dtype(dtype))}
 
     def step(self, x_t, state):
         A, b = self._inputs(x_t)
         h = block_scan_step(A, b, state["h"])
-        return self.out_proj(h.flatten(-2).to(x_t.dtype)), {"h": h.to(x_t.dtype)}
+        return self.out_proj(h.flatten(-2).to(x_t.dtype)), {"h": h.to(compute_dtype(self.out_proj.weight.dtype))}
 
     def state_size(self, seq_len: int) -> int:
         return self.N * self.m

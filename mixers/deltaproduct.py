@@ -166,9 +166,11 @@ class DeltaProduct(Mixer):
             return y, None
         state = {"S": S}
         if self.options.use_short_conv:
-            qr, kr, vr = qkv_raw.split(sizes, dim=-1)
-            state.update(conv_q=self.q_conv.final_state(qr), conv_k=self.k_conv.final_state(kr),
-                         conv_v=self.v_conv.final_state(vr))
+            # the buffers in the model's dtype, as init_state and step lay them out (under autocast the
+            # projections come in the autocast dtype)
+            convs = {"conv_q": self.q_conv, "conv_k": self.k_conv, "conv_v": self.v_conv}
+            for (key, conv), raw in zip(convs.items(), qkv_raw.split(sizes, dim=-1)):
+                state[key] = conv.final_state(raw).to(self.o_proj.weight.dtype)
         return y, state
 
     # --- the Mixer contract -----------------------------------------------------------------------

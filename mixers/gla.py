@@ -112,7 +112,10 @@ class GatedRegressionBlock(Mixer):
         p = self._projections(x)
         q, k, v, g, alpha = self._heads(self.conv(p["qkv"]), p)
         o, core_state = self._core(q, k, v, g, alpha, None)
-        return self._finish(o, p), {"conv": self.conv.final_state(p["qkv"]), **core_state}
+        # the convolution buffer in the model's dtype, as init_state and step lay it out (under autocast the
+        # projections come in the autocast dtype)
+        conv_state = self.conv.final_state(p["qkv"]).to(self.conv.conv.weight.dtype)
+        return self._finish(o, p), {"conv": conv_state, **core_state}
 
     # --- the Mixer contract ------------------------------------------------------------------------
     def prefill(self, x, mask=None):

@@ -58,7 +58,7 @@ from kernels.blockscan import (
 )
 
 from .base import Mixer, State, register_mixer
-from .layers import DecayGate, at_least_fp32, no_weight_decay, one_pass, project
+from .layers import DecayGate, at_least_fp32, compute_dtype, no_weight_decay, one_pass, project
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 
@@ -187,11 +187,12 @@ class Jordan(Mixer):
                                            self.norm_bias.to(b.dtype), eps=o.norm_eps, backend=o.backend)
         else:
             h, h_last = jordan_scan(lam, self.coupling.to(b.dtype), b, chunk_size=chunk, backend=o.backend)
-        # the state in the module's dtype: under autocast x may come in the autocast dtype (input_to_linear)
-        return self._readout(h, x.dtype), {"h": h_last.to(self.out_proj.weight.dtype)}
+        # the state in the module's compute dtype, as init_state and step hold it (fp32 in a 16-bit model: every
+        # step adds to it); under autocast x may come in the autocast dtype (input_to_linear)
+        return self._readout(h, x.dtype), {"h": h_last.to(compute_dtype(self.out_proj.weight.dtype))}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
-        return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=dtype)}
+        return {"h": torch.zeros(batch_size, self.N, self.m, device=device, dtype=compute_dtype(dtype))}
 
     def step(self, x_t, state):
         o = self.options
@@ -204,7 +205,7 @@ class Jordan(Mixer):
                                    self.norm_bias.to(b.dtype), state["h"], eps=o.norm_eps)
         else:
             h = jordan_step(lam, self.coupling.to(b.dtype), b, state["h"])
-        return self._readout(h, x_t.dtype), {"h": h.to(x_t.dtype)}
+        return self._readout(h, x_t.dtype), {"h": h.to(compute_dtype(self.out_proj.weight.dtype))}
 
     def state_size(self, seq_len: int) -> int:
         return self.N * self.m

@@ -12,6 +12,10 @@ dt is capped at ``DT_MAX`` = 1e3 (far above any trained value; at dt = 1e3, exp(
 huge but finite input x_t gives dt_t ~ |x_t| and an input term dt_t x_t that overflows fp32, and the chunked
 scan's causal mask (0 * inf) carries the NaN to the earlier positions of t's chunk. A non-finite input still
 does that (NaN times the mask's zero), as in every chunked kernel here.
+
+The SSM decode state is fp32 in a 16-bit model (fp64 in an fp64 one): every ``step`` adds to it, and rounded to
+16 bits at each step (its decay too, which bf16 rounds to 1 above 0.998) a long decode drifts from ``forward``.
+The short-convolution buffer holds projected inputs and stays in the model's dtype.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from .layers import (
     GatedRMSNorm,
     ShortConv,
     at_least_fp32,
+    compute_dtype,
     no_weight_decay,
     one_pass,
     project_parts,
@@ -99,7 +104,12 @@ class Mamba2(Mixer):
         A = -torch.exp(at_least_fp32(self.gate.A_log))
         y, h = ssd(x, dt, A.to(x.dtype), B, C, backend=self.options.backend, D=self.D,
                    chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
-        return self._finish(y, z), {"conv": self.conv.final_state(xBC_raw), "ssm": h}
+        # the decode state as init_state lays it out for the model's dtype: the convolution buffer in it (under
+        # autocast xBC_raw comes in the autocast dtype), the SSM state, which every step adds to, in fp32
+        # (the kernels return it in x's dtype)
+        dtype = self.D.dtype
+        return self._finish(y, z), {"conv": self.conv.final_state(xBC_raw).to(dtype),
+                                    "ssm": h.to(compute_dtype(dtype))}
 
     def prefill(self, x, mask=None):
         return self._forward(x)
@@ -107,7 +117,8 @@ class Mamba2(Mixer):
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         o = self.options
         return {"conv": self.conv.init_state(batch_size, device, dtype),
-                "ssm": torch.zeros(batch_size, self.n_heads, o.d_state, o.headdim, device=device, dtype=dtype)}
+                "ssm": torch.zeros(batch_size, self.n_heads, o.d_state, o.headdim, device=device,
+                                   dtype=compute_dtype(dtype))}
 
     def step(self, u_t, state):
         z, xBC_raw, raw = self._project(u_t)
@@ -115,6 +126,8 @@ class Mamba2(Mixer):
         x, B, C = self._split(xBC)
         dt = self.gate.step_size(raw, DT_MAX, x.dtype)
         A = -torch.exp(at_least_fp32(self.gate.A_log))
+        # dt and A rounded to x's dtype as forward rounds them; ssd_step computes in fp32 (fp64 for fp64) and
+        # returns the state in it
         y, h = ssd_step(x, dt, A.to(x.dtype), B, C, state["ssm"], D=self.D)
         return self._finish(y, z), {"conv": conv_state, "ssm": h}
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common import compute_dtype
+
 
 def skip(y, x, D):
     """``y + D_h x`` with ``D (H,)`` over the heads of ``x (..., H, P)`` (``y`` itself where ``D`` is None)."""
@@ -21,18 +23,25 @@ def skip(y, x, D):
 
 def ssd_step(x_t, dt_t, A, B_t, C_t, state, D=None):
     """One token: ``x_t (B, H, P)``, ``dt_t (B, H)``, ``B_t, C_t (B, H, N)``, state ``(B, H, N, P)``; ``D (H,)``
-    adds the skip."""
+    adds the skip. Computed in the compute dtype of ``x_t`` and ``state`` (fp32 for 16-bit inputs): returns
+    ``(y_t in x_t's dtype, new state in the compute dtype)``, so a decode never rounds its running state (nor a
+    decay near 1, which bf16 rounds to 1) to 16 bits."""
+    dtype = x_t.dtype
+    cd = compute_dtype(dtype, state.dtype)
+    x_t, dt_t, A, B_t, C_t, state = (t.to(cd) for t in (x_t, dt_t, A, B_t, C_t, state))
     decay = torch.exp(dt_t * A)
     state = decay[..., None, None] * state + torch.einsum("bhn,bhp->bhnp", B_t, dt_t[..., None] * x_t)
-    return skip(torch.einsum("bhn,bhnp->bhp", C_t, state), x_t, D), state
+    return skip(torch.einsum("bhn,bhnp->bhp", C_t, state), x_t, D).to(dtype), state
 
 
 def ssd_reference(x, dt, A, B, C, initial_state=None):
     """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``."""
     b, T, H, P = x.shape
-    h = x.new_zeros(b, H, B.shape[-1], P) if initial_state is None else initial_state.to(x.dtype)
+    cd = compute_dtype(x.dtype)
+    h = x.new_zeros(b, H, B.shape[-1], P, dtype=cd) if initial_state is None else initial_state.to(cd)
     ys = []
     for t in range(T):
         y_t, h = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], h)
         ys.append(y_t)
-    return (torch.stack(ys, dim=1) if ys else x.new_zeros(b, 0, H, P)), h
+    # the state accumulates in the compute dtype (ssd_step) and is returned in x's, as by the other backends
+    return (torch.stack(ys, dim=1) if ys else x.new_zeros(b, 0, H, P)), h.to(x.dtype)
