@@ -53,6 +53,7 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
         raise UserError(f"{path}: trained with components defined in {missing}; name them with --imports if you "
                         f"trust them")
     recipe = resolve(recipe_mapping(state["recipe"], list(imports)))
+    ckpt.check_same_model(path, state, recipe.key)
     if recipe.task.name != "lm":
         raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); {command} "
                         f"needs an lm checkpoint")

@@ -84,14 +84,15 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     path = ckpt.path_in(location)
     state = ckpt.load(path)
     named = [v for k, v, _t in _override_items(overrides) if k == "imports"]
+    for value in named:  # a string would be read as its letters, each imported as a module
+        if value is not None and not (isinstance(value, list) and all(isinstance(m, str) and m for m in value)):
+            raise UserError(f"override imports={value!r}: expected a list of module names, e.g. [my_pkg.my_mixer]")
     missing = sorted(set(state.get("imports", [])) - {m for value in named for m in (value or [])})
     if missing:  # importing runs code: only what the user names, never what a file names
         raise UserError(f"{path}: trained with components defined in {missing}; zoo eval imports no module "
                         f"named only by a checkpoint: add imports=[{', '.join(missing)}] if you trust them")
     trained, recipe = eval_recipe(state["recipe"], [m for value in named for m in (value or [])], overrides)
-    if trained.key != state["recipe_key"]:
-        raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
-                        f"({trained.key} != {state['recipe_key']}); a default changed since it was written")
+    ckpt.check_same_model(path, state, trained.key)
     t = recipe.train
     if t.threads:
         torch.set_num_threads(t.threads)

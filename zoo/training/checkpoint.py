@@ -51,11 +51,20 @@ _UNPICKLER = "WeightsUnpickler error:"
 
 
 def path_in(location: str | Path) -> Path:
-    """``location`` itself if it is a file (or a pipe or device, which :func:`load` refuses by name), else
-    ``location/checkpoint.pt``."""
+    """``location/checkpoint.pt`` for a folder (whatever its name, ``run.pt`` too); ``location`` itself if it is a
+    file (or a pipe or device, which :func:`load` refuses by name) or a missing path ending in ``.pt``."""
     location = Path(location)
-    is_file = location.exists() and not location.is_dir()
-    return location if is_file or location.suffix == ".pt" else location / FILENAME
+    if location.is_dir():
+        return location / FILENAME
+    return location if location.exists() or location.suffix == ".pt" else location / FILENAME
+
+
+def check_same_model(path: Path, state: dict, key: str) -> None:
+    """Refuse a checkpoint whose stored recipe now resolves to ``key``, another key than the one it was trained
+    under: the model built from it would differ from the one its weights were trained in."""
+    if key != state["recipe_key"]:
+        raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
+                        f"({key} != {state['recipe_key']}); a default changed since it was written")
 
 
 def save(path: Path, state: dict) -> None:
