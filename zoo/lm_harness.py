@@ -3,7 +3,8 @@
 :class:`ZooScorer` holds the three computations the harness asks of a model, on text:
 
 - ``loglikelihood(context, continuation)``: the summed log-probability of the continuation's tokens after
-  the context's (an empty context starts from EOS), and whether greedy decoding would produce them;
+  the context's (an empty context starts from EOS), and whether greedy decoding would produce them; the
+  pair is split into tokens as the harness splits it (:meth:`ZooScorer.encode_pair`);
 - ``loglikelihood_rolling(text)``: the summed log-probability of every token of ``text`` after EOS;
 - ``generate_until(context, until, max_gen_toks)``: greedy decoding (``prefill`` then ``step``) until one
   of the ``until`` strings appears, which is cut off.
@@ -47,11 +48,24 @@ class ZooScorer:
         target = ids[0, -len(continuation):]
         return logp.gather(1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all())
 
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """The context's and the continuation's tokens, split as the harness splits them: whitespace that ends the
+        context opens the continuation, and the continuation's tokens are the whole text's after the context's
+        (a merge across the boundary scores as the model reads the text); where the whole text's tokens do not
+        start with the context's (a boundary inside a merged token), the continuation is encoded alone."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        ctx = self.tok.encode(context)
+        whole = self.tok.encode(context + continuation)
+        cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self.tok.encode(continuation)
+        return ctx, cont
+
     def loglikelihood(self, context: str, continuation: str) -> tuple[float, bool]:
-        cont = self.tok.encode(continuation)
+        ctx, cont = self.encode_pair(context, continuation)
         if not cont:
             return 0.0, True
-        return self._scores(self.tok.encode(context) or [self.tok.eos_id], cont)
+        return self._scores(ctx or [self.tok.eos_id], cont)
 
     def loglikelihood_rolling(self, text: str) -> float:
         ids = self.tok.encode(text)
