@@ -205,8 +205,10 @@ def _full(root: str, commit: str) -> str | None:
 
 def code_changes(root: Path, since: str, path: str, head: str | None = None) -> list[str]:
     """The commits after ``since`` that changed the code of ``path`` (oldest first); a working-tree change of
-    the code that is not committed yet is ``"uncommitted"``."""
+    the code that is not committed yet is ``"uncommitted"``. None when the code now is the code at ``since``."""
     key = str(root)
+    if _form_at(key, since, path) == _form_now(root / path):
+        return []  # the same code as at ``since``: changes undone since change nothing
     head = head or (git(root, "rev-parse", "HEAD") or "").strip()
     out = [c for c in reversed(_commits_since(key, since, head).get(path, ()))
            if _form_at(key, c + "^", path) != _form_at(key, c, path)]

@@ -160,15 +160,16 @@ def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
                 f"{len(group)} ({', '.join(map(str, seeds))})"]
         for c in metrics:
             values = [r["metrics"][c] for r in group if isinstance(r["metrics"].get(c), (int, float))]
+            fewer = f" (n={len(values)})" if len(values) != len(group) else ""  # seeds without the metric
             if not values:
                 line.append("")
             elif len(values) == 1:
-                line.append(_fmt(values[0]))
+                line.append(f"{_fmt(values[0])}{fewer}" if fewer else _fmt(values[0]))
             elif c in ("params", "state_size", "active_state_size", "steps") and len(set(values)) == 1:
-                line.append(values[0])
+                line.append(f"{values[0]}{fewer}" if fewer else values[0])
             else:
                 mean, std = mean_std([float(v) for v in values])
-                line.append(f"{_fmt(mean)} ± {_fmt(std)}" + (f" (n={len(values)})" if len(values) != len(group) else ""))
+                line.append(f"{_fmt(mean)} ± {_fmt(std)}{fewer}")
         body.append(line)
     return columns, body
 

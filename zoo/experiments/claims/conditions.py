@@ -3,7 +3,9 @@
 
 ``nan`` is a number (``== nan`` asks for a diverged cell, and ``nan == nan`` holds); ``<metric>@all`` means the
 metric at the training length and at every test length of the cell, compared length by length when both
-sides say ``@all``. A condition written ``per seed: <condition>`` is read on every seed's value instead of the
+sides say ``@all`` (both sides must then have the same lengths). Values are compared up to rounding
+(:data:`TOLERANCE`): three seeds at 0.95 meet ``>= 0.95`` although their floating-point mean is 0.9499...
+A condition written ``per seed: <condition>`` is read on every seed's value instead of the
 means (both sides' cells must have the same seeds) and holds when it holds for every seed, e.g.
 ``per seed: attn.test_accuracy@4096 <= attn.test_accuracy - 0.2`` (every seed of attn falls by 0.2).
 
@@ -19,11 +21,22 @@ from dataclasses import dataclass
 from .cells import CellStats, num
 from .errors import ClaimsError
 
-_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-        "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or a == b}
+#: two values this close are equal: far below any difference a rule means, far above the rounding of a mean of
+#: seeds or of an offset added to one (``0.9 + 0.05`` is 0.9500000000000001)
+TOLERANCE = 1e-9
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+
+
+_OPS = {">=": lambda a, b: a >= b or _close(a, b), "<=": lambda a, b: a <= b or _close(a, b),
+        ">": lambda a, b: a > b and not _close(a, b), "<": lambda a, b: a < b and not _close(a, b),
+        "==": lambda a, b: (math.isnan(a) and math.isnan(b)) or _close(a, b)}
 _COND = re.compile(r"^\s*(?P<left>.+?)\s+(?P<op>>=|<=|==|>|<)\s+(?P<right>.+?)\s*$")
 _PER_SEED = re.compile(r"^\s*per seed:\s*", re.I)
-_TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+?)(?:\s*(?P<sign>[+-])\s*(?P<offset>\S+))?"
+#: an offset is set off from the metric by whitespace: a metric name may hold a '-' (``val_loss@pos0-511``)
+_TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+)(?:\s+(?P<sign>[+-])\s*(?P<offset>\S+))?"
                    r"|(?P<number>\S+))$")
 
 
@@ -109,8 +122,10 @@ class ConditionResult:
         return "inconclusive" if self.inconclusive else ("holds" if self.holds else "fails")
 
 
-def _length(metric: str) -> str:
-    return metric.rsplit("@", 1)[-1] if "@" in metric else "T"
+def _lengths(term: Term, expanded: list[tuple[str, float]]) -> list[str]:
+    """The lengths of an ``@all`` term's metrics: ``T`` (the training length), then each test length."""
+    base = term.metric[:-len("@all")]
+    return ["T" if m == base else m[len(base) + 1:] for m, _ in expanded]
 
 
 def _per_seed(term: Term, cells: dict[str, CellStats]) -> dict | None:
@@ -123,8 +138,11 @@ def _per_seed(term: Term, cells: dict[str, CellStats]) -> dict | None:
 
 def _evaluate_per_seed(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
     left, right = _per_seed(cond.left, cells), _per_seed(cond.right, cells)
-    # the seeds both cells have (a verdict needs the same seeds in every cell anyway)
-    seeds = sorted(set(left or right) & set(right if right is not None else left))
+    if left is not None and right is not None and set(left) != set(right):
+        raise ClaimsError(f"condition {cond.text!r}: per seed, but cell {cond.left.alias!r} has seeds "
+                          f"{', '.join(map(str, sorted(left)))} and cell {cond.right.alias!r} seeds "
+                          f"{', '.join(map(str, sorted(right)))}; run the missing seeds, or compare the means")
+    seeds = sorted(left if left is not None else right)
     pairs = [(s, left[s] if left else cond.left.number, right[s] if right else cond.right.number) for s in seeds]
     shown = ", ".join(f"seed {s}: {num(a)} {cond.op} {num(b)}" for s, a, b in pairs)
     return ConditionResult(bool(pairs) and all(_OPS[cond.op](a, b) for _, a, b in pairs), shown)
@@ -134,8 +152,8 @@ def evaluate(cond: Condition, cells: dict[str, CellStats]) -> ConditionResult:
     if cond.per_seed:
         return _evaluate_per_seed(cond, cells)
     left, right = expand(cond.left, cells), expand(cond.right, cells)
-    if len(left) > 1 and len(right) > 1:
-        lm, rm = [_length(m) for m, _ in left], [_length(m) for m, _ in right]
+    if all(t.metric is not None and t.metric.endswith("@all") for t in (cond.left, cond.right)):
+        lm, rm = _lengths(cond.left, left), _lengths(cond.right, right)
         if lm != rm:
             raise ClaimsError(f"condition {cond.text!r}: the two sides have different test lengths ({lm} vs {rm})")
         pairs = list(zip(left, right))

@@ -6,6 +6,7 @@ per-cell numbers (mean ± sample standard deviation, min-max and every seed's va
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..results import mean_std
@@ -198,8 +199,10 @@ def _cell_rows(claim: Claim) -> list[str]:
             values = cell.values(metric)
             mean, std = mean_std(values)
             spread = f"{num(mean)} ± {num(std)}" if len(values) > 1 else f"{num(mean)} (one seed)"
+            # min and max skip a NaN or not by where it stands; a diverged seed leaves no range, as no mean
+            low, high = (math.nan, math.nan) if any(math.isnan(v) for v in values) else (min(values), max(values))
             lines.append(f"| {alias} | {md_cell(cell.label)} | {', '.join(map(str, cell.seeds))} | {metric} | "
-                         f"{spread} | {num(min(values))}-{num(max(values))} | {', '.join(num(v) for v in values)} |")
+                         f"{spread} | {num(low)}-{num(high)} | {', '.join(num(v) for v in values)} |")
     return lines
 
 
