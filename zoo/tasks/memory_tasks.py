@@ -75,9 +75,12 @@ class AssocRecall(Task):
     def vocab_size(self) -> int:
         return self.options.vocab_size + 1
 
-    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+    def check_length(self, seq_len: int) -> None:
         if seq_len < 4:
             raise ValueError(f"assoc_recall: seq_len must be >= 4, got {seq_len}")
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
         V, n = self.options.vocab_size, (seq_len - 2) // 2
         keys = torch.randint(V, (num_examples, n), generator=generator)
         values = torch.randint(V, (num_examples, n), generator=generator)
@@ -128,9 +131,12 @@ class Dyck1Next(Task):
         can_close = depth > 0
         return can_open, can_close
 
-    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+    def check_length(self, seq_len: int) -> None:
         if seq_len < 2 or seq_len % 2:
             raise ValueError(f"dyck1_next: seq_len must be even and >= 2, got {seq_len}")
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
         o = self.options
         coins = torch.rand(num_examples, seq_len, generator=generator) < o.p_open
         inputs = torch.empty(num_examples, seq_len, dtype=torch.long)
@@ -169,9 +175,12 @@ class MADRecall(Task):
     def vocab_size(self) -> int:
         return self.options.vocab_size
 
-    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+    def check_length(self, seq_len: int) -> None:
         if seq_len < 4 or seq_len % 2:
             raise ValueError(f"mad_recall: seq_len must be even and >= 4, got {seq_len}")
+
+    def generate(self, num_examples: int, seq_len: int, generator: torch.Generator) -> TaskData:
+        self.check_length(seq_len)
         half, n = self.options.vocab_size // 2, seq_len // 2
         table = torch.randint(half, (num_examples, half), generator=generator) + half
         keys = torch.randint(half, (num_examples, n), generator=generator)
