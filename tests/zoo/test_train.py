@@ -75,6 +75,29 @@ def test_test_time_sweep_evaluates_one_trained_model_at_several_knob_values():
         assert torch.allclose(gka(x), gka(x)) and gka.knob("num_iter") == 30
 
 
+def test_periodic_evaluations_read_the_model_under_the_test_time_knobs_as_the_final_one(monkeypatch):
+    """The history's test accuracy (and early stopping on it) is the end-of-run test_accuracy at earlier steps:
+    both under eval.test_time."""
+    from zoo.training import loop
+    seen = []
+    evaluate = loop.evaluate_data
+
+    def spy(model, *args, **kwargs):
+        was_training = model.training
+        model.eval()   # a knob acts in evaluation mode only, which evaluate_data sets
+        seen.append(model.blocks[0].mixer.knob("num_iter"))
+        model.train(was_training)
+        return evaluate(model, *args, **kwargs)
+    monkeypatch.setattr(loop, "evaluate_data", spy)
+    iters = int(torch.randint(0, 5, ()))
+    recipe = resolve(TINY, ["model.layers=[gka]", "model.mixer_options={gka: {n_heads: 2, chunk_size: 8}}",
+                            "train.steps=3", "train.eval_every=1", f"eval.test_time={{num_iter: {iters}}}"])
+    result = train(recipe, progress=False)
+    assert [h["step"] for h in result.history] == [1, 2]
+    assert seen[:2] == [iters, iters], seen
+    assert result.model.blocks[0].mixer.knob("num_iter") == 30   # the mixer's own setting is restored
+
+
 def test_a_knob_no_mixer_declares_is_a_one_line_error():
     result = subprocess.run([sys.executable, "-m", "zoo", "check", str(TINY), "eval.test_time={num_iters: 3}"],
                             capture_output=True, text=True)

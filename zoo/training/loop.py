@@ -285,7 +285,8 @@ def _periodic_eval(run: _Run, state: TrainState, test_data) -> bool:
     t = run.recipe.train
     if not (t.eval_every and state.step % t.eval_every == 0 and state.step < t.steps):
         return False
-    with state.throughput.paused():
+    # under eval.test_time, as the end-of-run test_accuracy: the curve ends where the final number is read
+    with state.throughput.paused(), state.model.test_time(run.recipe.eval.test_time):
         ev = evaluate_data(state.model, test_data, run.recipe.eval.batch_size, run.device, run.precision)
     state.history.append({"step": state.step, "test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
     if run.tracker is not None:
