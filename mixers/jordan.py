@@ -69,6 +69,21 @@ def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
     return torch.eye(m, dtype=dtype) + (1 - rho) * H / torch.linalg.matrix_norm(H, ord=2)
 
 
+def _projects_in_fp32(weight: torch.Tensor) -> bool:
+    """Whether the projections around the scan compute in fp32 (an fp16 weight, fp16's range ending at 65504).
+
+    The scan runs in fp32 and its state is unnormalised: with ``c != 0`` a block's ``||A^k||`` keeps a
+    ``k^{m-1}`` transient (``binom(k, m-1)`` for ``lam`` near 1), so ``|h|`` grows about like ``T^{m-1}`` over
+    ``T << 1/(1 - lam)`` tokens, and so do the gradients that reach ``b`` and the gate from it. In an fp16 model
+    the state rounded to fp16 for ``C`` overflowed where ``y = C h`` itself fits (``|h|`` ~4x ``|y|`` at
+    ``d_model`` 32, ``m = 4``: 9.7e4 against 2.5e4 after 96 tokens), and the gradient of ``b = B x`` rounded to
+    fp16 overflowed where the input gradient fits (1.2e5 against 2.1e4 after 64 tokens). So ``B``, the gate's
+    projection and ``C`` take fp32 there, ``x`` and ``y`` stay fp16; what still overflows is a value that does
+    not fit fp16 itself (``y``, ``dx`` or a parameter's gradient). bf16 has fp32's range: its 16-bit
+    projections are kept."""
+    return weight.dtype == torch.float16
+
+
 @register_mixer
 class Jordan(Mixer):
     name = "jordan"
@@ -162,13 +177,23 @@ class Jordan(Mixer):
     def _readout(self, h, dtype):
         if self.options.state_norm == "readout":
             h = self._layer_norm(h)
+        if _projects_in_fp32(self.out_proj.weight):
+            return F.linear(h.flatten(-2), self.out_proj.weight.to(h.dtype)).to(dtype)
         return self.out_proj(h.flatten(-2).to(dtype))
 
     # --- contract -------------------------------------------------------------------------------
     def _inputs(self, x):
         """``(lam, b)``: the decay and the scan's input. On the GPU plan with a selective decay the gate's and the
-        input's projections are one matmul (x's only reader)."""
-        if self.options.decay == "selective" and one_pass(x):
+        input's projections are one matmul (x's only reader). In an fp16 model both compute in fp32 (see
+        :func:`_projects_in_fp32`)."""
+        if _projects_in_fp32(self.in_proj.weight):
+            x = x.float()
+            b = F.linear(x, self.in_proj.weight.float())
+            if self.options.decay == "selective":
+                lam = torch.exp(self.gate.log_decay(F.linear(x, self.gate.proj.weight.float())))
+            else:
+                lam = self.decay(x)
+        elif self.options.decay == "selective" and one_pass(x):
             raw, b = project(x, [self.gate.proj, self.in_proj])
             lam = torch.exp(self.gate.log_decay(raw))
         else:

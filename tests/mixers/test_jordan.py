@@ -1,14 +1,20 @@
 """The defective-Jordan SSM's own claims: c = 0 is a diagonal SSM, the init options give the
 documented transitions (rho I, rho I + N, the discretised HiPPO-LegS block), the paper's per-step
 LayerNorm mode is that recurrence, every mode's parallel form equals its recurrence, and a defective
-block's impulse response peaks near k_max = (m - 1) / -ln(rho) ("The Illusion of State", Theorem 2.1)."""
+block's impulse response peaks near k_max = (m - 1) / -ln(rho) ("The Illusion of State", Theorem 2.1),
+and an fp16 layer stays finite wherever the values it returns fit fp16."""
+import contextlib
+import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.backend import triton_usable_for
+from kernels.device import gpu_path_on_cpu
 from mixers import build_mixer
+from tests.mixers import contract
 
 
 def make(d_model=12, dtype=torch.float64, **options):
@@ -158,3 +164,94 @@ def test_defective_impulse_response_peaks_near_k_max():
 def test_bad_options_raise(opts, match):
     with pytest.raises(ValueError, match=match):
         build_mixer("jordan", 8, opts)
+
+
+# --- fp16 ------------------------------------------------------------------------------------------------------
+# The contract's layer (d_model 32, four blocks of m = 4, c = 1, selective decay) in fp16 against a copy of the
+# same fp16 weights in fp64, fed the same fp16 inputs. At init some blocks decay slowly (lam ~ 0.99), so the
+# k^{m-1} transient makes the unnormalised state grow about like T^3: after 64-96 tokens it exceeds fp16's
+# 65504 while the output and the input gradient (~4x smaller) still fit. The values returned in fp16 are
+# rounded once (unit roundoff 2^-11 = 4.9e-4 per element; measured 2.0e-4 to 2.1e-4 in norm over the outputs,
+# the decoded outputs and the input gradient): FP16_TOL is 2^-10. The states are returned in fp32 (measured
+# 4e-8 to 5e-7 after 96 fp32 steps): STATE_TOL is 1e-5.
+FP16_TOL = 2.0 ** -10
+STATE_TOL = 1e-5
+FP16_MAX = torch.finfo(torch.float16).max
+PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not triton_usable_for(torch.empty(0)),
+                                                             reason="needs Triton (interpreter)"))]
+
+
+def _rel(a, exact):
+    assert torch.isfinite(a).all(), f"non-finite values where the fp64 values reach {exact.abs().max().item():.3g}"
+    return ((a.double() - exact).norm() / exact.norm()).item()
+
+
+def _fp16_and_fp64(seed, T, dy_scale=1.0, gpu=False, decode=False):
+    """The fp16 layer and its fp64 copy on the same fp16 inputs: outputs, final state, input and parameter
+    gradients (and the token-by-token decode when ``decode``); the fp16 run on the GPU path when ``gpu``. The
+    fp64 run also records the largest scan state read out and the largest gradient of ``b = B x``."""
+    torch.manual_seed(seed)
+    m16 = contract.make("jordan", torch.float16)
+    m64 = copy.deepcopy(m16).double()
+    x = torch.randn(2, T, contract.D_MODEL).half()
+    dy = (torch.randn(2, T, contract.D_MODEL) * dy_scale).half()
+    peaks = {}
+
+    def track(name, t):
+        peaks[name] = max(peaks.get(name, 0.0), t.abs().max().item())
+
+    def watch_b(module, inputs, b):
+        if b.requires_grad:
+            b.register_hook(lambda g: track("db", g))
+
+    m64.out_proj.register_forward_hook(lambda module, inputs, out: track("h", inputs[0]))
+    m64.in_proj.register_forward_hook(watch_b)
+    runs = {}
+    for m, dtype in ((m16, torch.float16), (m64, torch.float64)):
+        xx = x.detach().to(dtype).requires_grad_()
+        with gpu_path_on_cpu() if gpu and dtype == torch.float16 else contextlib.nullcontext():
+            y, state = m.prefill(xx)
+            y.backward(dy.to(dtype))
+            run = {"output": y.detach(), "state": state["h"], "input gradient": xx.grad,
+                   **{f"gradient of {n}": p.grad for n, p in m.named_parameters()}}
+            if decode:
+                state, ys = m.init_state(2, dtype=dtype), []
+                with torch.no_grad():
+                    for t in range(T):
+                        y_t, state = m.step(xx.detach()[:, t], state)
+                        ys.append(y_t)
+                run.update({"decoded output": torch.stack(ys, 1), "decoded state": state["h"]})
+        runs[dtype] = run
+    return runs[torch.float16], runs[torch.float64], peaks
+
+
+@pytest.mark.parametrize("gpu", PATHS, ids=["cpu-path", "gpu-path"])
+def test_fp16_forward_and_decode_finite_while_the_state_exceeds_fp16(gpu):
+    """96 tokens: the exact state reaches ~1.5x fp16's range, the output a third of it. The state was rounded
+    to fp16 for the readout (inf), in the parallel form and in the decode."""
+    half, exact, peaks = _fp16_and_fp64(seed=10, T=96, gpu=gpu, decode=True)
+    assert peaks["h"] > 1.4 * FP16_MAX, peaks                        # the case in question
+    assert exact["output"].abs().max() < FP16_MAX / 2
+    for what in ("output", "decoded output"):
+        assert _rel(half[what], exact[what]) < FP16_TOL, what
+    for what in ("state", "decoded state"):
+        assert half[what].dtype == torch.float32 and _rel(half[what], exact[what]) < STATE_TOL, what
+
+
+@pytest.mark.parametrize("gpu", PATHS, ids=["cpu-path", "gpu-path"])
+def test_fp16_backward_finite_while_the_gradient_of_b_exceeds_fp16(gpu):
+    """64 tokens: the state and the output fit fp16, the gradient reaching ``b = B x`` does not (~1.8x its
+    range) while the input gradient does (a third). That gradient was rounded to fp16 for ``B``'s backward
+    (inf in the input gradient). Parameter gradients are in the parameters' fp16: with the upstream gradient
+    scaled by 2^-6, as a loss scale would, every one fits and matches too."""
+    half, exact, peaks = _fp16_and_fp64(seed=0, T=64, gpu=gpu)
+    assert peaks["h"] < FP16_MAX and peaks["db"] > 1.8 * FP16_MAX, peaks   # the case in question
+    assert exact["input gradient"].abs().max() < FP16_MAX / 2
+    assert _rel(half["output"], exact["output"]) < FP16_TOL
+    assert _rel(half["input gradient"], exact["input gradient"]) < FP16_TOL
+
+    half, exact, _ = _fp16_and_fp64(seed=0, T=64, dy_scale=2.0 ** -6, gpu=gpu)
+    grads = [k for k in exact if k.startswith("gradient of")]
+    assert len(grads) == 6 and max(exact[k].abs().max().item() for k in grads) < FP16_MAX / 2
+    for what in ["input gradient"] + grads:
+        assert _rel(half[what], exact[what]) < FP16_TOL, what
