@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from mixers import MIXERS
 from mixers.options import build_options
+from tests.zoo.local_tokenizer import bpe_tokenizer
 from tests.zoo.untrained import wake_zero_initialised
 from zoo.config import Spec
-from zoo.data.tokenize import ByteTokenizer, HFTokenizer
+from zoo.data.tokenize import ByteTokenizer
 from zoo.lm_harness import ZooScorer
 from zoo.model import HybridLM
 
@@ -57,18 +58,6 @@ def test_whitespace_ending_the_context_is_scored_with_the_continuation():
     ids = [tok.eos_id] + tok.encode("  " + continuation)
     assert scorer.loglikelihood("  ", continuation)[0] == pytest.approx(
         summed_logp(model, ids, len(ids) - 1), rel=1e-9)
-
-
-def bpe_tokenizer(path) -> HFTokenizer:
-    tokenizers = pytest.importorskip("tokenizers")  # the lm extra; also in the test extra
-    corpus = "the state of the mixer is the state of the scan; the key decays and the gate opens. " * 6
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tokenizers.decoders.ByteLevel()
-    bpe.train_from_iterator([corpus], tokenizers.trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
-    bpe.save(str(path))
-    return HFTokenizer(str(path))
 
 
 def test_a_bpe_continuation_is_scored_as_the_whole_text_tokenises_it(tmp_path):

@@ -21,6 +21,7 @@ import yaml
 import zoo
 from mixers import MIXERS
 from mixers.options import build_options
+from tests.zoo.local_tokenizer import TEXT, bpe_tokenizer
 from tests.zoo.preparation import EOS, check_deterministic_and_resumable, split_documents
 from tests.zoo.untrained import wake_zero_initialised
 from zoo.benchmark import loader
@@ -161,16 +162,8 @@ def test_bits_per_byte_is_8_for_uniform_logits_over_the_256_bytes():
 
 
 def test_bits_per_byte_matches_a_hand_computation_for_a_bpe_tokenizer(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")  # the lm extra; also in the test extra
-    text = "the state of the mixer is the state of the scan; the key decays and the gate opens. " * 6
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    tok.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(tmp_path / "tokenizer.json"))
-    bpe = HFTokenizer(str(tmp_path / "tokenizer.json"))
+    text = TEXT
+    bpe = bpe_tokenizer(tmp_path / "tokenizer.json", text)
     ids = bpe.encode(text)
     assert bpe.decode(ids).decode() == text and len(ids) < len(text) / 2  # merges happened
     V, T = bpe.vocab_size, len(ids) - 1
