@@ -38,6 +38,7 @@ from .experiments.results import read_layout, render_folder
 from .paths import probe_writable
 from .preflight import check_recipe, refuse_dead_layers
 from .recipes import resolve
+from .recipes.overrides import parse_override
 from .recipes.plain import layer_label
 from .reevaluate import evaluate_checkpoint
 from .rows import append_row, make_row, read_rows
@@ -182,6 +183,10 @@ def cmd_eval(args) -> int:
 
 def cmd_ablate(args) -> int:
     recipe = resolve(args.recipe, args.overrides)
+    seed = [o for o in args.overrides if parse_override(o)[0] == ["seed"]]
+    if seed and recipe.config.seeds is not None:  # every cell runs once per seed of the list, never with this one
+        raise UserError(f"override {seed[-1]!r}: {args.recipe} runs every cell with seeds: {recipe.config.seeds}, so "
+                        f"no cell would run with it; give the seeds instead (e.g. seeds=[{recipe.seed}])")
     refuse_dead_layers(recipe)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem

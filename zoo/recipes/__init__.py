@@ -20,16 +20,18 @@ cell names the file and line of the cell's key, the cell's label and the key wit
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Mapping
 
 from mixers import MIXERS
 
-from ..config import Cell, Recipe
+from ..config import COSMETIC_KEYS, COSMETIC_TRAIN_KEYS, Cell, Recipe
 from ..errors import UserError
 from .grids import GridError, cell_paths, cross_seeds, expand_grid
 from .loading import Source, check_size, load_raw, replace_layers
 from .overrides import apply_override, flow_yaml, given_layer_keys, key_path, parse_override
+from .plain import recipe_differences
 from .validation import Places, import_modules, key_parts, undeclared_knob, validate
 
 
@@ -143,11 +145,25 @@ def _refuse_undeclared_knobs(base: Recipe, places: Places) -> None:
                 places.fail(f"eval.{section}.{knob}", undeclared_knob(knob, names, own, "any grid cell"))
 
 
+def _computed(recipe: Recipe) -> str:
+    """What ``recipe`` trains and evaluates, however its layers' options are written: its key's content with every
+    layer as its mixer and resolved options (``model.layer_options``), without ``model.mixer_options`` (an option
+    there that every layer of its type sets itself, or of a mixer no layer uses, changes no layer)."""
+    content = {k: v for k, v in recipe.plain.items() if k not in COSMETIC_KEYS}
+    content["train"] = {k: v for k, v in content["train"].items() if k not in COSMETIC_TRAIN_KEYS}
+    content["model"] = {k: v for k, v in content["model"].items() if k != "mixer_options"}
+    content["model"]["layers"] = [spec.name for spec in recipe.layers]
+    return json.dumps(content, sort_keys=True)
+
+
 def _refuse_identical_cells(cells: list[Cell]) -> None:
-    """Two grid cells that resolve to one recipe would train the same thing twice under two labels."""
+    """Two grid cells that build the same model and train it the same way would train the same thing twice under
+    two labels, even where they write it differently (e.g. an option of ``model.mixer_options`` no layer takes)."""
     seen: dict[str, Cell] = {}
     for cell in cells:
-        twin = seen.setdefault(cell.recipe.key, cell)
+        twin = seen.setdefault(_computed(cell.recipe), cell)
         if twin is not cell:
+            written = recipe_differences(twin.recipe.plain, cell.recipe.plain)
+            how = f"; they differ only in {'; '.join(written)}" if written else ""
             raise UserError(f"grid cells {twin.label!r} and {cell.label!r} resolve to the same recipe "
-                            f"(seed {cell.recipe.seed}); remove one of them or make them differ")
+                            f"(seed {cell.recipe.seed}{how}); remove one of them or make them differ")
