@@ -48,7 +48,7 @@ Choices the paper leaves open, each an option (default, and why):
   a read by the current one, and the two agree when those tokens are equal).
 
 Decode state per sequence: ``S (H, M, d_v)``, ``z (H, M)``, the convolution buffer (+ a position
-counter with ``pos_address``), constant in T; a step reads/writes only ``2 K (d_v + 1)`` memory elements
+counter with ``pos_address``), constant in T; a step reads/writes only ``min(2 K, M) (d_v + 1)`` memory elements
 per head plus the convolution buffer (``active_state_size``). Without autograd, ``step`` writes those
 rows into the state tensors it is given (no copy of the ``M x d_v`` memory per token).
 
@@ -94,7 +94,7 @@ class KroneckerSlots(Mixer):
     description = "Kronecker-addressed sparse slot memory (RAM-Net): top-K of M = d_p^U slots, power-decay EMA"
     state_formula = ("n_heads d_p^U (d_v + 1) + (conv_size - 1)(2 U d_p + d_v) n_heads "
                      "[+ n_heads U d_p with shift_write_address] [+ 1 with pos_address]  "
-                     "(constant in T; per token 2 top_k (d_v + 1) per head + conv touched)")
+                     "(constant in T; per token min(2 top_k, M) (d_v + 1) per head + conv touched)")
 
     @dataclass
     class Options:
@@ -304,6 +304,8 @@ class KroneckerSlots(Mixer):
                 + (1 if self.options.pos_address else 0))
 
     def active_state_size(self, seq_len: int) -> int:
-        # K written and K read rows of (S, z) per head, plus the whole (small) convolution buffer
-        return (self.n_heads * 2 * self.options.top_k * (self.d_v + 1) + self._conv_state_size()
+        # K written and K read rows of (S, z) per head (at most the M rows there are), plus the whole (small)
+        # convolution buffer
+        rows = min(2 * self.options.top_k, self.num_slots)
+        return (self.n_heads * rows * (self.d_v + 1) + self._conv_state_size()
                 + (1 if self.options.pos_address else 0))
