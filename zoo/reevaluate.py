@@ -62,6 +62,8 @@ def eval_recipe(plain: dict, imports: list[str] = (), overrides=()) -> tuple[Rec
         if key == "task.name" or not any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES):
             raise UserError(f"zoo eval: override {text!r} would change the trained model; {WHY}")
     trained = resolve(base)
+    if trained.train.tokens:  # the steps it trained: another task.seq_len must not derive another count from tokens
+        base = {**base, "train": {**base.get("train", {}), "tokens": 0, "steps": trained.train.steps}}
     new = resolve(base, overrides)
     if new.task.name != trained.task.name:
         raise UserError(f"zoo eval: the task must stay {trained.task.name!r}; {WHY}")

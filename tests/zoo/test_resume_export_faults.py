@@ -1,7 +1,8 @@
 """Faults around re-reading a run: a checkpoint whose recipe no longer resolves to the model it trained is refused
 by ``zoo export`` / ``zoo generate`` (as ``zoo eval`` refuses it) instead of exporting another model; a run folder
 whose name ends in ``.pt`` is read as a folder; ``imports=<one name>`` for ``zoo eval`` imports nothing but the
-named module. Tiny models; nothing downloads."""
+named module; an evaluation at another length keeps the steps a token budget trained. Tiny models; nothing
+downloads."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ from zoo.cli import main as zoo_main
 from zoo.errors import UserError
 from zoo.generate import load_lm
 from zoo.recipes.plain import recipe_mapping
+from zoo.rows import read_rows
 from zoo.training import checkpoint as ckpt
 from zoo.training.evaluation import evaluate_data
 
@@ -99,3 +101,20 @@ def test_eval_with_one_module_named_as_a_string_imports_nothing_else(tmp_path, m
         zoo.evaluate_checkpoint(tmp_path / "run", ["imports=json"])
     assert "expected a list of module names" in str(err.value)
     assert imported in ([], ["json"]), imported  # never the letters of the name, one module each
+
+
+def test_eval_at_another_length_keeps_the_steps_a_token_budget_trained(tmp_path):
+    """A run trained on ``train.tokens`` derived its steps from its own sequence length; evaluating its checkpoint
+    at a longer ``task.seq_len`` must neither derive another step count (the row's ``steps`` and the unfinished-run
+    line read it) nor refuse the evaluation over a warm-up longer than that count."""
+    steps = int(torch.randint(3, 6, ()))
+    tokens = steps * 16 * 16   # batch 16 x seq_len 16
+    out = tmp_path / "run"
+    assert zoo_main(["train", str(TINY), "--out", str(out), "--no-progress", f"train.tokens={tokens}",
+                     "train.warmup_steps=2"]) == 0
+    trained = ckpt.load(out / ckpt.FILENAME)
+    assert trained["step"] == steps
+    assert zoo_main(["eval", str(out), "--out", str(tmp_path / "eval"), "task.seq_len=64"]) == 0
+    (row,) = read_rows(tmp_path / "eval" / "results.jsonl")
+    assert row["metrics"]["steps"] == steps and row["recipe"]["train"]["steps"] == steps
+    assert row["recipe"]["task"]["seq_len"] == 64
