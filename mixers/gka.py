@@ -87,6 +87,10 @@ class GKA(GatedRegressionBlock):
     # smaller than the median: 1e-6..1.2e-4 relative. In fp64 both paths agree to 1e-10 (checked).
     contract_fp32_rtol = 3e-4
 
+    def _reads_alpha(self) -> bool:
+        # without a solve (num_iter = 0) q~ = q: the alpha gate is read by nothing
+        return super()._reads_alpha() and self.knob("num_iter") > 0
+
     def _kw(self):
         o = self.options
         return dict(ridge_a=o.ridge_a, ridge_eps=o.ridge_eps, num_iter=self.knob("num_iter"), solver=o.solver,

@@ -68,16 +68,23 @@ class GatedRegressionBlock(Mixer):
         self.out_proj = nn.Linear(h * d, d_model, bias=False)
 
     # --- shared pieces ---------------------------------------------------------------------------
+    def _reads_alpha(self) -> bool:
+        """Whether the core reads the alpha gate now. A gate the core does not read is not projected: on the GPU
+        plan its weight would otherwise be a slice of the fused matmul and get a zero gradient (which AdamW decays)
+        where the CPU plan's separate projections leave it without one."""
+        return self.has_alpha and self.options.alpha_connection
+
     def _projections(self, x):
         """The input projections of ``x`` (``(..., D)``, any leading dims) by name: ``qkv`` (before the conv),
-        ``beta``, ``gate``, ``alpha`` where the options have them, and ``z`` (one matmul on the GPU plan)."""
+        ``beta``, ``gate`` where the options have them, ``alpha`` where the core reads it (:meth:`_reads_alpha`),
+        and ``z`` (one matmul on the GPU plan)."""
         o = self.options
         named = {"qkv": self.in_proj}
         if o.beta_gate:
             named["beta"] = self.beta_proj
         if o.forget_gate:
             named["gate"] = self.gate.proj
-        if self.has_alpha and o.alpha_connection:
+        if self._reads_alpha():
             named["alpha"] = self.alpha_proj
         named["z"] = self.z_proj
         return dict(zip(named, project(x, list(named.values()))))
