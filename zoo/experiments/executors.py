@@ -41,16 +41,23 @@ def run_cell(cell: Cell, progress: bool = False, checkpoint_root: str | None = N
     """Train one cell and return its ``results.jsonl`` row (the same code for every executor). With
     ``checkpoint_root``, the cell checkpoints in ``<root>/<recipe key>`` and resumes a checkpoint there."""
     recipe = cell.recipe
-    if recipe.train.threads:
-        torch.set_num_threads(recipe.train.threads)
-    checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
-    # `loop.train` is looked up at call time, so a module in a recipe's `imports` may wrap it
-    result = loop.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
-    # the untrained model's numbers, so that the ledger can tell a rule that holds before any training
-    step0 = untrained_metrics(recipe)
-    # made after training: train.threads may have changed the thread count the row records
-    return make_row(recipe, cell.label, result.metrics, overrides=cell.overrides, history=result.history,
-                    host=platform.node(), step0_metrics=step0)
+    # a process runs many cells (in turn, or as a reused Ray worker): one cell's train.threads must not become
+    # the thread count of the next cell, whose train.threads=0 keeps the process's own
+    threads = torch.get_num_threads()
+    try:
+        if recipe.train.threads:
+            torch.set_num_threads(recipe.train.threads)
+        checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
+        # `loop.train` is looked up at call time, so a module in a recipe's `imports` may wrap it
+        result = loop.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
+        # the untrained model's numbers, so that the ledger can tell a rule that holds before any training
+        step0 = untrained_metrics(recipe)
+        # made after training: train.threads may have changed the thread count the row records; the device is
+        # the one the cell trained on (train.device=cpu on a machine with a GPU is a CPU row)
+        return make_row(recipe, cell.label, result.metrics, overrides=cell.overrides, history=result.history,
+                        device=result.metrics.get("device"), host=platform.node(), step0_metrics=step0)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
