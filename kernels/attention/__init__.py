@@ -56,6 +56,11 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
+    if causal and q.shape[1] > k.shape[1]:
+        # the first queries would precede every key: no backend has a value for them (the explicit formula gave
+        # NaN rows, SDPA zero rows, the Triton kernel refused)
+        raise ValueError(f"attention: causal attention needs at most as many queries as keys (queries are aligned "
+                         f"to the end of the keys), got {q.shape[1]} queries and {k.shape[1]} keys")
     chosen = resolve_backend(backend, q, op="attention", available=BACKENDS, unsupported=_unsupported(q, k, v),
                              order=AUTO_ORDER_CUDA)
     if chosen == "flash_attn":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import BackendUnavailable, resolve_backend
-from ..common import full_precision
+from ..common import check_layout, full_precision
 from .chebyshev import GRAD_MODES, SOLVERS, cg_iterate, chebyshev_iterate, iterative_solve
 from .chunked import gka_chunked
 from .reference import gka_reference, gka_step
@@ -49,6 +49,7 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         raise ValueError("gka: grad='reverse_chebyshev' needs solver='chebyshev'")
     if num_iter < 0:
         raise ValueError(f"gka: num_iter must be >= 0, got {num_iter}")
+    _check_layout(q, k, v, g, alpha, initial_state)
     kw = dict(ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad, scale=scale,
               initial_state=initial_state)
     chosen = resolve_backend(backend, q, op="gka", available=BACKENDS)
@@ -64,6 +65,18 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         from .triton import gka_triton
         return gka_triton(q, k, v, g, alpha, chunk_size=chunk_size, **kw)
     return gka_chunked(q, k, v, g, alpha, chunk_size=chunk_size, **kw)
+
+
+def _check_layout(q, k, v, g, alpha, initial_state) -> None:
+    """Refuse, in one line naming the tensor, inputs whose shapes disagree (the Triton kernels index every tensor
+    by the sizes of ``q`` and ``v``, so a mismatched one would be read out of its bounds instead of failing)."""
+    H0 = U0 = None
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError("gka: initial_state must be a pair (H0 (B, H, d_k, d_k), U0 (B, H, d_v, d_k)) or None")
+        H0, U0 = initial_state
+    check_layout("gka", q=(q, "B T H K"), k=(k, "B T H K"), v=(v, "B T H V"), g=(g, "B T H"), alpha=(alpha, "B T H"),
+                 H0=(H0, "B H K K"), U0=(U0, "B H V K"))
 
 
 def _triton_refuses(q, solver: str, grad: str, num_iter: int, chunk_size: int) -> str | None:

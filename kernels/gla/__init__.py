@@ -32,9 +32,9 @@ def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_st
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
     sizes = check_layout("gla", q=(q, "B T Hqk K"), k=(k, "B T Hqk K"), v=(v, "B T H V"), g=(g, "B T H"),
                          initial_state=(initial_state, "B H V K"))
-    if sizes["H"] % sizes["Hqk"]:
-        raise ValueError(f"gla: the {sizes['Hqk']} query/key heads must divide the {sizes['H']} value heads (each "
-                         f"shared by a group of them)")
+    if sizes["Hqk"] not in (1, sizes["H"]):
+        raise ValueError(f"gla: q and k must have one head per value head ({sizes['H']}) or one head shared by all "
+                         f"of them, got {sizes['Hqk']}")
     chosen = resolve_backend(backend, q, op="gla", available=BACKENDS,
                              unsupported=fla_unsupported(q, fla_runs_gated(q.dtype, True)))
     if chosen == "reference":
