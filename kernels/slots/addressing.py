@@ -8,9 +8,13 @@ arXiv 2602.11958). Slot ``m`` has digits ``(i_1, ..., i_U)`` in base ``d_p``, mo
 The product is never materialised. Every factor is nonnegative, so an entry of the top-K of the product
 uses, in every factor, one of that factor's top-K entries (otherwise K larger entries of that factor
 would give K strictly larger products). The search keeps the top-K partial products after each factor:
-``K * min(K, d_p)`` candidates per step, ``O(U K^2)`` per token instead of ``O(d_p^U)``. Ties are broken
-arbitrarily: in ``torch.topk``'s order here, to the lowest candidate by the Triton backend, so the two may
-choose different slots among equal products (all-zero logits, say: the shifted write address of a first token).
+``K * min(K, d_p)`` candidates per step, ``O(U K^2)`` per token instead of ``O(d_p^U)``.
+
+Equal products are common (all-zero logits, say: the shifted write address of a first token), and both
+backends break a tie the same way, to the lower slot number, at every step (a partial slot number is the
+leading digits of its completions, so this is the top-K of the materialised distribution with ties to the
+lower slot): a model selects the same slots on a CPU and on a GPU. The one exception: a prefix whose product
+has underflowed to zero, whose zero-weight completions the torch backend takes among the factor's top-K only.
 
 The selection is piecewise constant; the returned weights ``prod_u p_u[i_u]`` are differentiable
 functions of the logits (the gradient reaches every logit through the factor softmaxes). Optionally the
@@ -57,17 +61,16 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0, renormalize: 
     p = e / e.sum(-1, keepdim=True)
     with torch.no_grad():
         kk = min(k, dp)
-        top_p, top_i = p.topk(kk, dim=-1)  # (..., U, kk)
-        val, digits = top_p[..., 0, :], top_i[..., 0, :].unsqueeze(-1)  # (..., c), (..., c, u)
+        digit = torch.arange(dp, device=logits.device)
+        top_p, top_i = _largest_lower_first(p, kk, digit, dp ** U)  # (..., U, kk)
+        val, idx = top_p[..., 0, :], top_i[..., 0, :]  # (..., c): partial products and slot numbers
         for u in range(1, U):
-            cand = val.unsqueeze(-1) * top_p[..., u, None, :]  # (..., c, kk)
-            c = cand.shape[-2]
-            val, pos = cand.flatten(-2).topk(min(k, c * kk), dim=-1)
-            row, col = pos // kk, pos % kk
-            prev = torch.gather(digits, -2, row.unsqueeze(-1).expand(*row.shape, digits.shape[-1]))
-            digits = torch.cat([prev, torch.gather(top_i[..., u, :], -1, col).unsqueeze(-1)], dim=-1)
+            cand = (val.unsqueeze(-1) * top_p[..., u, None, :]).flatten(-2)  # (..., c kk)
+            cand_idx = (idx.unsqueeze(-1) * dp + top_i[..., u, None, :]).flatten(-2)
+            val, pos = _largest_lower_first(cand, min(k, cand.shape[-1]), cand_idx, dp ** U)
+            idx = cand_idx.gather(-1, pos)
         place = dp ** torch.arange(U - 1, -1, -1, device=logits.device)
-        idx = (digits * place).sum(-1)
+        digits = idx.unsqueeze(-1) // place % dp  # (..., k, U)
     # differentiable weights: the product of the selected factor probabilities
     weights = torch.gather(p.unsqueeze(-3).expand(*digits.shape[:-1], U, dp), -1,
                            digits.unsqueeze(-1)).squeeze(-1).prod(-1)
@@ -76,6 +79,21 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0, renormalize: 
     if straight_through:
         weights = weights + (torch.full_like(weights, 1.0 / k) - weights).detach()
     return idx, weights
+
+
+def _largest_lower_first(values: torch.Tensor, n: int, order: torch.Tensor,
+                         order_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n`` largest of nonnegative ``values`` along the last axis, best first, equal values by increasing
+    ``order`` (distinct integers in ``[0, order_bound)``, broadcast to ``values``): ``(values, positions)``.
+    ``torch.topk`` leaves the order of equal values unspecified (on a CPU it is not the lower position)."""
+    if values.dtype == torch.float32 and order_bound <= 2 ** 32:
+        # one top-k over distinct int64 keys: the bit pattern of a float >= 0 sorts as the float does
+        key = (values.view(torch.int32).to(torch.int64) << 32) - order
+        pos = key.topk(n, dim=-1).indices
+    else:  # sort by order, then a stable sort by value
+        by_order = order.expand_as(values).argsort(dim=-1)
+        pos = by_order.gather(-1, values.gather(-1, by_order).argsort(dim=-1, descending=True, stable=True))[..., :n]
+    return values.gather(-1, pos), pos
 
 
 def kronecker_dense(logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:

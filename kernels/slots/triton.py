@@ -101,6 +101,8 @@ _STAGES = 3
 #: read 0.60 / 0.57 / 0.39 ms: a narrower tile repeats the chunk's write-side work once per tile
 READ_ROWS = 64
 _W_MAX = tl.constexpr(W_MAX)
+#: a padding candidate's slot number in the addressing kernel, above every real one (fewer than 2^40 slots)
+_PAD_SLOT = tl.constexpr(2 ** 40)
 
 
 @triton.jit
@@ -803,28 +805,29 @@ def _topk_fwd(L, IDX, W, R, NI, SO, SI, tau, U: tl.constexpr, DP: tl.constexpr, 
               RENORM: tl.constexpr, HARD: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
     # BR rows (addresses) per program; row r's U DP logits start at (r // NI) SO + (r % NI) SI. The K best
     # partial products are kept after every factor: candidates [BR, BC (kept prefixes), BD (digits)], the
-    # best taken K times (ties to the lowest candidate), a padding prefix (value -1) never beating a real one
+    # best taken K times, ties to the lower (partial) slot number as the torch backend breaks them; a padding
+    # candidate (value -1, a number above every slot's) never beats a real one
     row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = row < R
     roff = (row // NI) * SO + (row % NI) * SI
     a = tl.arange(0, BC)
     d = tl.arange(0, BD)
-    n = a[:, None] * BD + d[None, :]
+    n = (a[:, None] * BD + d[None, :]).to(tl.int64)
     val = tl.where(a == 0, 1.0, -1.0)[None, :] + tl.zeros([BR, BC], dtype=tl.float32)  # one empty prefix
     slot = tl.zeros([BR, BC], dtype=tl.int64)
     for u in tl.static_range(U):
         p = _factor_probs(L, roff, rm, u, DP, tau, BD)
         ok = (val[:, :, None] >= 0.0) & (d < DP)[None, None, :]
         cand = tl.where(ok, val[:, :, None] * p[:, None, :], -1.0)
-        cslot = slot[:, :, None] * DP + d[None, None, :]
+        cslot = tl.where(ok, slot[:, :, None] * DP + d[None, None, :], n[None, :, :] + _PAD_SLOT)
         val = tl.full([BR, BC], -1.0, dtype=tl.float32)
         slot = tl.zeros([BR, BC], dtype=tl.int64)
         for j in range(K):
             best = tl.max(tl.max(cand, axis=2), axis=1)
-            at = tl.min(tl.min(tl.where(cand == best[:, None, None], n[None, :, :], BC * BD), axis=2), axis=1)
-            hit = n[None, :, :] == at[:, None, None]
+            at = tl.min(tl.min(tl.where(cand == best[:, None, None], cslot, 2 * _PAD_SLOT), axis=2), axis=1)
+            hit = cslot == at[:, None, None]
             val = tl.where(a[None, :] == j, best[:, None], val)
-            slot = tl.where(a[None, :] == j, tl.sum(tl.sum(tl.where(hit, cslot, 0), axis=2), axis=1)[:, None], slot)
+            slot = tl.where(a[None, :] == j, at[:, None], slot)
             cand = tl.where(hit, -2.0, cand)
     km = a < K
     w = tl.where(km[None, :], val, 0.0)
@@ -938,4 +941,7 @@ def kronecker_topk_triton(logits: torch.Tensor, k: int, tau: float = 1.0, renorm
     of a layer's projections) -> ``(idx (..., k) int64, weights (..., k) fp32)``, best first."""
     if logits.dtype == torch.float64:
         raise TypeError("kronecker_topk_triton: fp64 is not supported by the Triton kernels; use backend='torch'")
+    if logits.shape[-1] ** logits.shape[-2] >= 2 ** 40:
+        raise ValueError(f"kronecker_topk_triton: d_p^U = {logits.shape[-1]}^{logits.shape[-2]} slots exceed the "
+                         "kernel's 2^40 slot numbers; use backend='torch' or fewer slots")
     return _KroneckerTopk.apply(logits, k, tau, renormalize, straight_through)

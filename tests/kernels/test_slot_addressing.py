@@ -4,8 +4,10 @@ and their outer product, independent of the search): the selection is a top-K of
 first, with distinct slots; the weights are its entries at the selected slots (renormalised, or ``1/K``
 straight through, as asked); the gradient of the logits is that of those entries (the selection passes none).
 
-The reference takes the kernel's own selection, so a tie between slots (which the two searches may break
-differently: an exact tie is common with bf16 logits) cannot make the comparison fail. fp32 and fp16 logits
+The reference takes the kernel's own selection, so a near tie between slots (products equal up to rounding,
+which the fp32 search and the fp64 distribution may order differently) cannot make the comparison fail. An
+exact tie (all-zero logits, repeated logits) goes to the lower slot number on both backends, as the stable
+order of the dense distribution puts it: the CPU and the GPU select the same slots. fp32 and fp16 logits
 run under the interpreter at tiny shapes, bf16 on a GPU at a layer's size; a strided slice of a wider
 tensor (the layer's joint write-and-read logits) gives exactly what its contiguous copy gives.
 """
@@ -96,6 +98,42 @@ def test_a_strided_slice_gives_what_its_copy_gives():
     i2, w2, g2 = run(copy, copy)
     assert torch.equal(i1, i2) and torch.equal(w1, w2)
     assert torch.equal(g1[..., :2 * a].unflatten(-1, (2, H, U, dp)), g2) and not g1[..., 2 * a:].any()
+
+
+def logits_with_exact_ties(rows: int, U: int, dp: int) -> torch.Tensor:
+    """Address logits whose product distribution has exact ties, equal in any precision and order of
+    multiplication: all-zero rows (the shifted write address of a first token), rows whose factors repeat
+    two values (slots that differ in the repeated digits tie), and, at U = 2, rows whose two factors are
+    equal (slot (i, j) ties with (j, i))."""
+    logits = torch.randn(rows, U, dp, device=DEVICE)
+    third = rows // 3
+    logits[:third] = 0
+    two_values = torch.randn(third, U, 2, device=DEVICE)
+    logits[third:2 * third] = two_values.gather(-1, torch.randint(2, (third, U, dp), device=DEVICE))
+    if U == 2:
+        logits[2 * third:, 1] = logits[2 * third:, 0]
+    return logits
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("U,dp,K", [(3, 4, 4), (2, 4, 16), (2, 5, 3), (4, 2, 16), (2, 8, 6)])
+def test_an_exact_tie_goes_to_the_lower_slot(backend, U, dp, K):
+    """Against the dense fp64 distribution: the selection is its top K, best first, up to rounding (1e-5, the
+    fp32 error of the weights above) where products differ; where they are exactly equal (the ties this input
+    makes, the same in any precision), the lower slot comes first and an unselected slot equal to a selected
+    one is a higher slot. torch.topk on a CPU returns equal values in no such order."""
+    logits = logits_with_exact_ties(600, U, dp)
+    idx, _ = kronecker_topk(logits, K, backend=backend)
+    dense = kronecker_dense(logits.double())
+    chosen = dense.gather(-1, idx)
+    assert (chosen[:, 1:] <= chosen[:, :-1] * (1 + 1e-5)).all(), "not best first"
+    unchosen = torch.ones_like(dense, dtype=torch.bool).scatter(-1, idx, False)
+    assert (dense.where(unchosen, -1.0).amax(-1) <= chosen.amin(-1) * (1 + 1e-5)).all(), "not the top K"
+    equal_order = (chosen[:, 1:] != chosen[:, :-1]) | (idx[:, 1:] > idx[:, :-1])
+    assert equal_order.all(), f"equal products out of slot order in {int((~equal_order).any(-1).sum())} rows"
+    slot = torch.arange(dense.shape[-1], device=DEVICE)
+    passed_over = (dense.unsqueeze(-2) == chosen.unsqueeze(-1)) & unchosen.unsqueeze(-2) & (slot < idx.unsqueeze(-1))
+    assert not passed_over.any(), f"a lower slot of an equal product left out in {int(passed_over.any((-2, -1)).sum())} rows"
 
 
 @needs_triton
