@@ -164,6 +164,13 @@ class GLA(GatedRegressionBlock):
                                              "sizes powers of two >= 16; fla: flash-linear-attention's "
                                              "chunk_simple_gla, CUDA only, auto's choice on CUDA where installed)")
 
+        def __post_init__(self):
+            # the rule kernels.gla applies at the first forward, checked where a recipe names the two options
+            if self.backend == "triton" and self.chunk_size is not None and (
+                    self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1)):
+                raise ValueError(f"backend='triton' needs chunk_size a power of two >= 16, got {self.chunk_size}; "
+                                 f"use chunk_size=16, 32 or 64, or backend='torch'")
+
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 
     def _core(self, q, k, v, g, alpha, initial_state):

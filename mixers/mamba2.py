@@ -42,6 +42,9 @@ from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
 DT_MAX = 1e3
+#: the largest d_state and head dim the Triton kernels take (``MAX_DIM`` of :mod:`kernels.ssd.triton`, which imports
+#: Triton)
+_TRITON_MAX_DIM = 128
 
 
 @register_mixer
@@ -60,6 +63,13 @@ class Mamba2(Mixer):
         chunk_size: int | None = chunk_size_opt("ssd", "chunk length of the chunked scan (does not change the result)")
         backend: str = backend_opt(BACKENDS, "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, "
                                              "CUDA only)")
+
+        def __post_init__(self):
+            # the rule kernels.ssd applies at the first forward, checked where a recipe names the options
+            if self.backend == "triton" and max(self.d_state, self.headdim) > _TRITON_MAX_DIM:
+                raise ValueError(f"backend='triton' needs d_state and headdim <= {_TRITON_MAX_DIM} (a chunk's tiles "
+                                 f"must fit a GPU block's shared memory), got d_state={self.d_state}, headdim="
+                                 f"{self.headdim}; use smaller ones, or backend='auto' or 'torch'")
 
     contract_options = {"d_state": 8, "headdim": 16, "chunk_size": 8}
 
