@@ -70,7 +70,8 @@ def hippo_legs_block(m: int, rho: float, dtype=torch.float64) -> torch.Tensor:
 
 
 def _projects_in_fp32(weight: torch.Tensor) -> bool:
-    """Whether the projections around the scan compute in fp32 (an fp16 weight, fp16's range ending at 65504).
+    """Whether the projections around the scan compute in fp32: an fp16 weight, or fp16 autocast over any weight
+    (fp16's range ends at 65504); they then run outside autocast.
 
     The scan runs in fp32 and its state is unnormalised: with ``c != 0`` a block's ``||A^k||`` keeps a
     ``k^{m-1}`` transient (``binom(k, m-1)`` for ``lam`` near 1), so ``|h|`` grows about like ``T^{m-1}`` over
@@ -81,7 +82,9 @@ def _projects_in_fp32(weight: torch.Tensor) -> bool:
     projection and ``C`` take fp32 there, ``x`` and ``y`` stay fp16; what still overflows is a value that does
     not fit fp16 itself (``y``, ``dx`` or a parameter's gradient). bf16 has fp32's range: its 16-bit
     projections are kept."""
-    return weight.dtype == torch.float16
+    device = weight.device.type
+    return weight.dtype == torch.float16 or (torch.is_autocast_enabled(device)
+                                             and torch.get_autocast_dtype(device) == torch.float16)
 
 
 @register_mixer
@@ -178,7 +181,8 @@ class Jordan(Mixer):
         if self.options.state_norm == "readout":
             h = self._layer_norm(h)
         if _projects_in_fp32(self.out_proj.weight):
-            return F.linear(h.flatten(-2), self.out_proj.weight.to(h.dtype)).to(dtype)
+            with torch.autocast(h.device.type, enabled=False):
+                return F.linear(h.flatten(-2), self.out_proj.weight.to(h.dtype)).to(dtype)
         return self.out_proj(h.flatten(-2).to(dtype))
 
     # --- contract -------------------------------------------------------------------------------
@@ -188,11 +192,12 @@ class Jordan(Mixer):
         :func:`_projects_in_fp32`)."""
         if _projects_in_fp32(self.in_proj.weight):
             x = x.float()
-            b = F.linear(x, self.in_proj.weight.float())
-            if self.options.decay == "selective":
-                lam = torch.exp(self.gate.log_decay(F.linear(x, self.gate.proj.weight.float())))
-            else:
-                lam = self.decay(x)
+            with torch.autocast(x.device.type, enabled=False):
+                b = F.linear(x, self.in_proj.weight.float())
+                if self.options.decay == "selective":
+                    lam = torch.exp(self.gate.log_decay(F.linear(x, self.gate.proj.weight.float())))
+                else:
+                    lam = self.decay(x)
         elif self.options.decay == "selective" and one_pass(x):
             raw, b = project(x, [self.gate.proj, self.in_proj])
             lam = torch.exp(self.gate.log_decay(raw))

@@ -255,3 +255,25 @@ def test_fp16_backward_finite_while_the_gradient_of_b_exceeds_fp16(gpu):
     assert len(grads) == 6 and max(exact[k].abs().max().item() for k in grads) < FP16_MAX / 2
     for what in ["input gradient"] + grads:
         assert _rel(half[what], exact[what]) < FP16_TOL, what
+
+
+def test_fp16_autocast_over_an_fp32_layer_keeps_the_state_out_of_fp16():
+    """Mixed precision (fp32 weights under fp16 autocast, how fp16 training runs), at the 96 tokens where the
+    exact state exceeds fp16's range: autocast ran the readout's matmul on the state rounded to fp16 (inf). The
+    projections around the scan run outside autocast, as in an fp16 model; the output, the input gradient and
+    the parameters' gradients match the fp64 layer to within fp32 rounding (1e-5)."""
+    torch.manual_seed(10)
+    m32 = contract.make("jordan", torch.float16).float()  # weights exact in fp16, as in the tests above
+    m64 = copy.deepcopy(m32).double()
+    x, dy = torch.randn(2, 96, contract.D_MODEL), torch.randn(2, 96, contract.D_MODEL)
+    runs = {}
+    for m, dtype in ((m32, torch.float32), (m64, torch.float64)):
+        xx = x.detach().to(dtype).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=dtype == torch.float32):
+            y, state = m.prefill(xx)
+        y.backward(dy.to(dtype))
+        runs[dtype] = {"output": y.detach(), "state": state["h"], "input gradient": xx.grad,
+                       **{f"gradient of {n}": p.grad for n, p in m.named_parameters()}}
+    assert runs[torch.float64]["state"].abs().max() > FP16_MAX                # the case in question
+    for what, exact in runs[torch.float64].items():
+        assert _rel(runs[torch.float32][what], exact) < 1e-5, what
