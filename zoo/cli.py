@@ -37,7 +37,7 @@ from .experiments.executors import make_executor
 from .experiments.results import read_layout, render_folder
 from .paths import probe_writable
 from .preflight import check_recipe, refuse_dead_layers
-from .recipes import resolve
+from .recipes import refuse_overrides_every_cell_replaces, resolve
 from .recipes.overrides import parse_override
 from .recipes.plain import layer_label
 from .reevaluate import evaluate_checkpoint
@@ -188,6 +188,7 @@ def cmd_ablate(args) -> int:
         raise UserError(f"override {seed[-1]!r}: {args.recipe} runs every cell with seeds: {recipe.config.seeds}, so "
                         f"no cell would run with it; give the seeds instead (e.g. seeds=[{recipe.seed}])")
     refuse_dead_layers(recipe)
+    refuse_overrides_every_cell_replaces(recipe, args.overrides)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem
     executor = make_executor(args.executor, address=args.address, cpus_per_cell=args.cpus_per_cell,
@@ -227,6 +228,8 @@ def cmd_table(args) -> int:
 def cmd_claims(args) -> int:
     notes: list[str] = []
     try:
+        for table in (args.vouch or []) + (args.untrained or []):
+            claimed_cells(args.root, table)  # a table claims.yaml does not list is refused, never skipped
         if args.vouch:
             for table, outcomes in vouch.vouch(Path(args.root), args.vouch).items():
                 for label, outcome in outcomes.items():

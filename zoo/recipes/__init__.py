@@ -145,6 +145,39 @@ def _refuse_undeclared_knobs(base: Recipe, places: Places) -> None:
                 places.fail(f"eval.{section}.{knob}", undeclared_knob(knob, names, own, "any grid cell"))
 
 
+def _replaces(cell: Cell, path: list) -> str | None:
+    """The key of ``cell`` that replaces whatever an override at ``path`` set (the key itself or a mapping above
+    it, or the other way of giving the model's layers), or None when the override reaches the cell."""
+    layer_keys = set()
+    for key, value in cell.overrides.items():
+        cell_path = key_path(key)
+        if path[:len(cell_path)] == cell_path:
+            return key
+        layer_keys |= given_layer_keys(cell_path, value)
+    if path[:1] == ["model"] and len(path) > 1:
+        if path[1] in ("pattern", "n_layers") and "layers" in layer_keys:
+            return "model.layers"
+        if path[1] == "layers" and "pattern" in layer_keys:
+            return "model.pattern"
+    return None
+
+
+def refuse_overrides_every_cell_replaces(recipe: Recipe, overrides: list[str]) -> None:
+    """Refuse a command-line override that every cell of the grid replaces with a key of its own (``train.lr=...``
+    where every cell sets ``train.lr``, ``model.layers.1=...`` where every cell sets ``model.layers``): the override
+    would change no run of the ablation."""
+    if not recipe.cells:
+        return
+    for text in overrides:
+        path, _value = parse_override(text)
+        keys = [_replaces(cell, path) for cell in recipe.cells]
+        if all(keys):
+            shown = sorted(set(keys))
+            raise UserError(f"override {text!r} changes no cell of the grid: every cell sets "
+                            f"{' or '.join(shown)} itself (e.g. cell {recipe.cells[0].label!r}), replacing it; "
+                            f"drop the override, or write its value into the grid's cells")
+
+
 def _computed(recipe: Recipe) -> str:
     """What ``recipe`` trains and evaluates, however its layers' options are written: its key's content with every
     layer as its mixer and resolved options (``model.layer_options``), without ``model.mixer_options`` (an option

@@ -28,9 +28,17 @@ class GridError(UserError):
         super().__init__(f"{'.'.join(map(str, parts))}: {message}")
 
 
+def _is_layer(entry) -> bool:
+    """Whether ``entry`` is written as a layer: a name, or one name with a mapping of options (or none)."""
+    return isinstance(entry, str) or (isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry)), str)
+                                      and isinstance(next(iter(entry.values())), (dict, type(None))))
+
+
 def _short(value) -> str:
+    """A value in a cell's label: a list of layers as ``a+b(option=value)``, anything else as written. Any value
+    gets a label (a list of ``eval.tasks`` entries, a malformed layer), so that validation names what is wrong."""
     if isinstance(value, list):
-        return "+".join(layer_label(v) if isinstance(v, (str, dict)) else str(v) for v in value)
+        return "+".join(layer_label(v) if _is_layer(v) else str(v) for v in value)
     return str(value)
 
 
@@ -44,6 +52,10 @@ def _product_cells(grid: dict) -> list[tuple[str, dict]]:
     keys = list(grid)
     for key in keys:
         _check_grid_key(key, ("grid", key))
+        if key in ("grid", "seeds"):  # a cell is one run: its own grid or seeds would never be expanded
+            raise GridError(("grid", key), "a grid cell cannot set " + (
+                "seeds; give seeds: [...] at the top level of the recipe (every cell then runs once per seed)"
+                if key == "seeds" else "a grid of its own; a recipe has one grid: write these cells into it"))
         if not isinstance(grid[key], list) or not grid[key]:
             raise GridError(("grid", key), "expected a non-empty list of values to try")
     cells = []

@@ -223,7 +223,9 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
     _check_builds(config.model, layers, written, places)
     task_cls, task = _task(config.task, fail)
     _check_test_time(config.eval, layers, fail, own_knob or (lambda path: True))
+    written_steps = config.train.steps
     _check_task_fit(config, layers, task_cls(task.options), written, fail)
+    _refuse_overridden_steps(config.train, written_steps, data, places)
     eval_tasks = resolve_eval_tasks(config.eval.tasks, task, config.eval.seq_lens, fail)
     for length in config.eval.seq_lens:  # the training task is tested at these lengths too
         try:
@@ -321,6 +323,18 @@ def _check_task_fit(config: RecipeConfig, layers: list[Spec], task: Task, writte
         if t.warmup_steps > t.steps:
             fail("train.warmup_steps", f"{t.warmup_steps} exceeds the {t.steps} steps that train.tokens={t.tokens} "
                                        f"makes; lower warmup_steps or raise tokens")
+
+
+def _refuse_overridden_steps(t, written_steps: int, data: dict, places: Places) -> None:
+    """An override (the command line's, or a grid cell's) that sets ``train.steps`` where ``train.tokens`` sets the
+    step count would change nothing: refused, naming the count the token budget gives."""
+    train = data.get("train")
+    given = isinstance(train, dict) and train.get("steps") is not None
+    if not t.tokens or not given or written_steps == t.steps or places.override_at(("train", "steps")) is None:
+        return
+    places.fail("train.steps", f"{written_steps} has no effect: train.tokens={t.tokens} sets the steps ({t.steps} "
+                               f"at this batch size and length); set train.tokens=0 to train by train.steps, or change "
+                               f"train.tokens")
 
 
 def _check_test_time(ev, layers: list[Spec], fail, own_knob: Callable[[str], bool]) -> None:

@@ -62,6 +62,7 @@ def write(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:
     root = Path(root)
     written = []
     for rel, text in build(root, notes).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)  # tables/ of a ledger whose tables await rows
         (root / rel).write_text(text)
         written.append(rel)
     return written
