@@ -6,6 +6,9 @@ that layer, else the error says which it is and how to replace the layer). An ov
 recipe written as a ``pattern`` first expands the pattern into its ``n_layers`` layers (which then replace
 ``pattern`` and ``n_layers``). The overrides of one command line, like the keys of one grid cell, are one
 level: they give a model's layers one way (:func:`given_layer_keys`), replacing the other way's inherited keys.
+An override sets its key to its value, whatever that is: a mapping value (``train={lr: 0.01}``) replaces the
+whole mapping at that key (the other ``train`` keys fall back to their defaults), unlike ``extends:``, which
+merges mappings; to change one key, name it (``train.lr=0.01``).
 """
 from __future__ import annotations
 
