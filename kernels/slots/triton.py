@@ -74,7 +74,9 @@ backward recomputes the softmaxes and passes the weights' gradient through the r
 (the share of factor ``u`` is the product of the other factors' entries, never a division by a possibly zero
 probability) and each softmax; the selection passes no gradient. One launch each way for any number of
 addresses, such as a layer's write and read addresses together. No products: ``O(U K^2 d_p)`` comparisons per
-address.
+address. A factor whose logits are not all finite has NaN probabilities: the search takes them as zeros (so the
+slots are real, distinct slot numbers, which the memory kernels index with, never the padding's) and the
+address's weights are NaN, as the torch backend's are.
 """
 from __future__ import annotations
 
@@ -698,10 +700,12 @@ def _sparse_blocks(K, dv):
 
 
 def _sparse_state(S0, z0, B, H, M, dv, tiles, like):
+    """The working memory of the sparse kernels, which write it in place: ``S (B, H, M, d_v)`` and one copy of the
+    normaliser per ``d_v`` tile, ``(B H, tiles, M)``, always new tensors (never the caller's initial state, which
+    the backward reads again)."""
     if S0 is None:
         return like.new_zeros(B, H, M, dv), like.new_zeros(B * H, tiles, M)
-    z = z0.float().reshape(B * H, 1, M).expand(B * H, tiles, M)
-    return S0.float().contiguous().clone(), z.contiguous()
+    return S0.float().clone(memory_format=torch.contiguous_format), z0.float().reshape(B * H, 1, M).repeat(1, tiles, 1)
 
 
 class _SparseSlots(torch.autograd.Function):
@@ -815,8 +819,11 @@ def _topk_fwd(L, IDX, W, R, NI, SO, SI, tau, U: tl.constexpr, DP: tl.constexpr, 
     n = (a[:, None] * BD + d[None, :]).to(tl.int64)
     val = tl.where(a == 0, 1.0, -1.0)[None, :] + tl.zeros([BR, BC], dtype=tl.float32)  # one empty prefix
     slot = tl.zeros([BR, BC], dtype=tl.int64)
+    nan = tl.zeros([BR], dtype=tl.float32)  # 1 where a factor's probabilities are NaN (a non-finite logit)
     for u in tl.static_range(U):
         p = _factor_probs(L, roff, rm, u, DP, tau, BD)
+        nan = tl.maximum(nan, tl.max(tl.where(p == p, 0.0, 1.0), axis=1))
+        p = tl.where(p == p, p, 0.0)
         ok = (val[:, :, None] >= 0.0) & (d < DP)[None, None, :]
         cand = tl.where(ok, val[:, :, None] * p[:, None, :], -1.0)
         cslot = tl.where(ok, slot[:, :, None] * DP + d[None, None, :], n[None, :, :] + _PAD_SLOT)
@@ -835,6 +842,7 @@ def _topk_fwd(L, IDX, W, R, NI, SO, SI, tau, U: tl.constexpr, DP: tl.constexpr, 
         w = w / tl.sum(w, axis=1)[:, None]
     if HARD:
         w = tl.zeros([BR, BC], dtype=tl.float32) + 1.0 / K
+    w = tl.where(nan[:, None] > 0.0, float("nan"), w)
     out = row[:, None] * K + a[None, :]
     m2 = rm[:, None] & km[None, :]
     tl.store(IDX + out, slot, mask=m2)
