@@ -23,9 +23,7 @@ import torch
 from mixers import Mixer
 
 from .errors import UserError
-from .recipes import resolve
-from .recipes.plain import recipe_mapping
-from .reevaluate import load_model
+from .reevaluate import checkpoint_recipe, load_model
 from .tasks import Task
 from .training import checkpoint as ckpt
 from .training.device import resolve_device
@@ -52,7 +50,7 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
     if missing:  # importing runs code: only what the user names
         raise UserError(f"{path}: trained with components defined in {missing}; name them with --imports if you "
                         f"trust them")
-    recipe = resolve(recipe_mapping(state["recipe"], list(imports)))
+    recipe = checkpoint_recipe(path, state["recipe"], list(imports))
     ckpt.check_same_model(path, state, recipe.key)
     if recipe.task.name != "lm":
         raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); {command} "
@@ -71,8 +69,8 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
 
 def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""):
     """``(model, task)`` of a language-model checkpoint (a file or its folder)."""
-    _, state, recipe, task = read_lm(location, imports, tokenizer)
-    return load_model(state, recipe, torch.device(device)), task
+    path, state, recipe, task = read_lm(location, imports, tokenizer)
+    return load_model(state, recipe, torch.device(device), path), task
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -94,7 +92,10 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
 @torch.no_grad()
 def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, eos_id: int | None = None) -> tuple[list[int], float, float]:
-    """``(new ids, prefill seconds, decode seconds)``: ``prefill`` on the prompt, then ``step`` per token."""
+    """``(new ids, prefill seconds, decode seconds)``: ``prefill`` on the prompt, then ``step`` per token; at most
+    ``max_new_tokens`` ids (none for 0)."""
+    if max_new_tokens <= 0:
+        return [], 0.0, 0.0
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()

@@ -54,14 +54,27 @@ def _override_items(overrides) -> list[tuple[str, object, str]]:
     return items
 
 
-def eval_recipe(plain: dict, imports: list[str] = (), overrides=()) -> tuple[Recipe, Recipe]:
+def checkpoint_recipe(path, plain: dict, imports: list[str] = ()) -> Recipe:
+    """The resolved recipe a checkpoint at ``path`` stores as ``plain``; a recipe this version of mixer-zoo no longer
+    accepts (an option renamed or removed since it was written) is refused naming the checkpoint, not as if the
+    user had written it."""
+    try:
+        return resolve(recipe_mapping(plain, imports))
+    except UserError as err:
+        if str(err).startswith("imports"):  # a module the user named that does not import: theirs to fix
+            raise
+        raise UserError(f"{path}: the recipe stored in this checkpoint does not resolve here: {err} (a checkpoint "
+                        f"written by another mixer-zoo version needs that version)") from None
+
+
+def eval_recipe(plain: dict, imports: list[str] = (), overrides=(), path="checkpoint") -> tuple[Recipe, Recipe]:
     """``(trained, for_eval)``: the checkpoint's recipe and the one with the evaluation overrides,
     after checking that no override changes the trained model."""
     base = recipe_mapping(plain, imports)
     for key, _value, text in _override_items(overrides):
         if key == "task.name" or not any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES):
             raise UserError(f"zoo eval: override {text!r} would change the trained model; {WHY}")
-    trained = resolve(base)
+    trained = checkpoint_recipe(path, plain, imports)
     if trained.train.tokens:  # the steps it trained: another task.seq_len must not derive another count from tokens
         base = {**base, "train": {**base.get("train", {}), "tokens": 0, "steps": trained.train.steps}}
     new = resolve(base, overrides)
@@ -74,8 +87,12 @@ def eval_recipe(plain: dict, imports: list[str] = (), overrides=()) -> tuple[Rec
     return trained, new
 
 
-def load_model(state: dict, recipe: Recipe, device) -> HybridLM:
+def load_model(state: dict, recipe: Recipe, device, path: str | Path = "checkpoint") -> HybridLM:
+    """The trained model of a checkpoint's ``state`` (read from ``path``), built from its ``recipe``; weights it
+    cannot take are refused in one line (:func:`zoo.training.checkpoint.check_weights_fit`)."""
     model = HybridLM.from_recipe(recipe, Task.from_spec(recipe.task).vocab_size)
+    ckpt.check_weights_fit(path, state["model"], model, recipe,
+                           "use it with the task options (tokenizer) and the mixer-zoo version it was trained with")
     model.load_state_dict(state["model"])
     return model.to(device).eval()
 
@@ -93,13 +110,14 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     if missing:  # importing runs code: only what the user names, never what a file names
         raise UserError(f"{path}: trained with components defined in {missing}; zoo eval imports no module "
                         f"named only by a checkpoint: add imports=[{', '.join(missing)}] if you trust them")
-    trained, recipe = eval_recipe(state["recipe"], [m for value in named for m in (value or [])], overrides)
+    trained, recipe = eval_recipe(state["recipe"], [m for value in named for m in (value or [])], overrides,
+                                   path)
     ckpt.check_same_model(path, state, trained.key)
     t = recipe.train
     if t.threads:
         torch.set_num_threads(t.threads)
     device = resolve_device(t.device)
-    model = load_model(state, trained, device)
+    model = load_model(state, trained, device, path)
     metrics = {"steps": state["step"]}
     metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
                                 resolve_precision(t.precision, device)))

@@ -55,7 +55,7 @@ def export(checkpoint, to, imports: list[str] = ()) -> tuple[Path, ZooForCausalL
     config = ZooConfig(recipe=recipe.plain, recipe_key=recipe.key, imports=state.get("imports", []),
                        vocab_size=task.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id,
                        bos_token_id=tok.eos_id)  # generate() without a prompt starts from EOS, as zoo generate does
-    model = ZooForCausalLM(config, hybrid=load_model(state, recipe, torch.device("cpu"))).eval()
+    model = ZooForCausalLM(config, hybrid=load_model(state, recipe, torch.device("cpu"), path)).eval()
     tmp = to.parent / f".{to.name}.export-{os.getpid()}"
     try:
         tmp.mkdir(parents=True)
@@ -83,8 +83,13 @@ def _check_reloads(model: ZooForCausalLM, folder: Path) -> None:
 
 
 def _rows(path: Path, key: str) -> list[dict]:
-    """The run's rows in ``results.jsonl`` beside the checkpoint (training, and ``zoo eval`` of it)."""
-    return [r for r in read_rows(path.parent / "results.jsonl") if key in (r.get("recipe_key"), r.get("trained_recipe_key"))]
+    """The run's rows (training, and ``zoo eval`` of it) in ``results.jsonl`` beside the checkpoint, or, for an
+    ablation cell's checkpoint (``<out>/checkpoints/<key>/checkpoint.pt``), in its ablation's ``<out>/results.jsonl``."""
+    folders = [path.parent]
+    if path.parent.parent.name == "checkpoints":
+        folders.append(path.parent.parent.parent)
+    return [r for folder in folders for r in read_rows(folder / "results.jsonl")
+            if key in (r.get("recipe_key"), r.get("trained_recipe_key"))]
 
 
 def _metrics_line(row: dict) -> str:

@@ -67,6 +67,28 @@ def check_same_model(path: Path, state: dict, key: str) -> None:
                         f"({key} != {state['recipe_key']}); a default changed since it was written")
 
 
+def check_weights_fit(path: Path, weights: dict, model: torch.nn.Module, recipe, fix: str) -> None:
+    """Refuse in one line the weights of a checkpoint that the model built from its recipe cannot take (instead
+    of ``load_state_dict``'s traceback): a vocabulary that changed since (a tokenizer file edited or replaced under
+    the same name) is named as such; any other difference names the first tensors that differ. ``fix`` says what
+    to do instead."""
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in weights]
+    unexpected = [k for k in weights if k not in ours]
+    shapes = [k for k in ours if k in weights and tuple(getattr(weights[k], "shape", ())) != tuple(ours[k].shape)]
+    if not (missing or unexpected or shapes):
+        return
+    if "embed.weight" in shapes:
+        rows, now = weights["embed.weight"].shape[0], ours["embed.weight"].shape[0]
+        tokenizer = getattr(recipe.task.options, "tokenizer", None)
+        source = f"its tokenizer {tokenizer!r}" if tokenizer else f"its task {recipe.task.name!r}"
+        raise UserError(f"{path}: the model has a vocabulary of {rows} tokens but {source} now has {now}; {fix}")
+    parts = [f"{k}: {tuple(weights[k].shape)} in the checkpoint, {tuple(ours[k].shape)} here" for k in shapes[:2]]
+    parts += [f"missing {', '.join(missing[:3])}"] if missing else []
+    parts += [f"not in this model: {', '.join(unexpected[:3])}"] if unexpected else []
+    raise UserError(f"{path}: its weights do not fit the model its recipe builds ({'; '.join(parts)}); {fix}")
+
+
 def save(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     inner = io.BytesIO()

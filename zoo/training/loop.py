@@ -153,6 +153,17 @@ def probe_folders(recipe: Recipe, checkpoint_dir, what: str = "checkpoint folder
         probe_writable(default_dir(recipe, checkpoint_dir), "train.tracking_dir")
 
 
+def _check_eval_lengths(recipe: Recipe, task: Task) -> None:
+    """Refuse before the first step an ``eval.seq_lens`` length the task cannot evaluate at: validation could not
+    check it against a text task's data that training prepared only now, and the run would otherwise train to its
+    end and fail at its evaluation, its last steps never checkpointed."""
+    for length in recipe.eval.seq_lens:
+        try:
+            task.check_length(length)
+        except (ValueError, UserError) as err:
+            raise UserError(f"eval.seq_lens: {err}; drop that length (nothing was trained)") from None
+
+
 def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
     t = recipe.train
@@ -171,6 +182,7 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     path = Path(checkpoint_dir) / ckpt.FILENAME if checkpoint_dir is not None else None
     run = _Run(recipe, ctx, device, resolve_precision(t.precision, device), Task.from_spec(recipe.task), path)
     train_data = training_data(run.task, recipe.seed)
+    _check_eval_lengths(recipe, run.task)
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, run.task.vocab_size).to(device)
     state = TrainState.fresh(recipe, model, len(train_data) if isinstance(train_data, TaskData) else None,
@@ -178,6 +190,8 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     saved = _saved_state(path, ctx.is_main)
     if saved is not None:
         ckpt.check_same_recipe(saved, recipe, path)
+        ckpt.check_weights_fit(path, saved["model"], model, recipe, "resume with the task options (tokenizer) and "
+                               "the mixer-zoo version it was trained with, or use another folder")
         state.load_state_dict(saved)
         if ctx.is_main:
             _say(f"resuming from {path} at step {state.step}/{t.steps}" + (" (finished)" if state.finished else ""))

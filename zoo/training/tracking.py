@@ -23,13 +23,17 @@ class Tracker:
 
 
 class TensorBoardTracker(Tracker):
-    def __init__(self, log_dir: Path):
+    """A run resumed from its checkpoint at ``resume_step`` (> 0) asks TensorBoard to hide what the interrupted
+    process logged after that step (``purge_step``): those steps are trained and logged again, and would otherwise
+    show twice; what it logged up to the checkpoint's step stays, since nothing logs it again."""
+
+    def __init__(self, log_dir: Path, resume_step: int = 0):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise UserError("train.tracking=tensorboard needs the tensorboard package: "
                             "pip install 'mixer-zoo[tracking]' (or pip install tensorboard)") from None
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step else None)
 
     def log(self, step, values):
         for key, value in values.items():
@@ -74,7 +78,7 @@ def make_tracker(recipe, checkpoint_dir: Path | None = None, resume_step: int = 
         return Tracker()
     log_dir = default_dir(recipe, checkpoint_dir)
     if kind == "tensorboard":
-        return TensorBoardTracker(log_dir)
+        return TensorBoardTracker(log_dir, resume_step)
     if kind == "wandb":
         return WandbTracker(log_dir, recipe, resume_step)
     raise UserError(f"train.tracking={kind!r}: choose none, tensorboard or wandb")
