@@ -5,8 +5,8 @@ A prepared folder holds ``train.bin`` and ``val.bin`` (every document's tokens f
 documents, tokens and bytes per split, the source, the SHA-256 of its documents and, for a Python source
 read from this interpreter, its Python version). It lives in ``<data_dir>/<key>``, ``key`` hashing the
 source, the tokenizer, the split, the Python version (for the Python sources) and the paths, sizes and
-modification times of the files (for ``files``, and for ``python-stdlib`` with a ``path``); ``data_dir``
-defaults to ``$ZOO_DATA_DIR`` or ``~/.cache/mixer-zoo/data``.
+modification times of the files (for ``files``, for ``python-stdlib`` with a ``path`` and for the local files
+of ``hf``); ``data_dir`` defaults to ``$ZOO_DATA_DIR`` or ``~/.cache/mixer-zoo/data``.
 
 Documents are tokenised in parts of :data:`PART_DOCUMENTS`, by several worker processes; each finished
 part is written (atomically) under ``parts/`` with a record of the documents it holds. A run that was
@@ -65,6 +65,11 @@ def folder(o, tokenizer=None) -> Path:
         what["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources.matching_files(o.path)]
     if o.source == "python-stdlib" and o.path:  # this interpreter's own library changes with sys.version
         what["files"] = stdlib.fingerprint(o)
+    if o.source == "hf":  # local data files (a Hub dataset has none), less any prepared here under them
+        root = data_root(o).expanduser().resolve()
+        local = [p for p in sources.local_hf_files(o) if not p.resolve().is_relative_to(root)]
+        if local:
+            what["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in local]
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     return data_root(o) / f"{o.source}-{key}"
 

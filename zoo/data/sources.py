@@ -13,7 +13,9 @@
   ``"\\n\\n\\n"``), its non-empty pieces between separators are the documents.
 - ``hf``: a Hugging Face dataset (``hf_dataset``, ``hf_config``, ``hf_split``, ``hf_text_field``; local
   data files with ``hf_data_files``), streamed with ``datasets`` (``pip install 'mixer-zoo[lm]'``);
-  ``max_documents`` bounds it.
+  ``max_documents`` bounds it; a record whose text is missing (null) is an empty document, left out. Local
+  files it reads (``hf_data_files``, a local ``hf_dataset``) are fingerprinted like those of ``files``, so an
+  edited one is prepared again.
 - ``shards``: tokens prepared elsewhere (:mod:`zoo.data.prepare` reads ``path`` directly; no documents).
 
 Split: a document goes to validation when the first 8 bytes of the SHA-256 of its split key, read as a
@@ -71,6 +73,21 @@ def matching_files(pattern: str) -> list[Path]:
     return sorted(paths)
 
 
+def local_hf_files(o) -> list[Path]:
+    """The local files an ``hf`` source reads, sorted: those ``hf_data_files`` matches (a path or a glob) and, when
+    ``hf_dataset`` names a local file or folder, that file or every file under that folder; none for a dataset
+    of the Hub."""
+    found = set()
+    if o.hf_data_files:
+        found |= {Path(p) for p in glob.glob(str(Path(o.hf_data_files).expanduser()), recursive=True)}
+    dataset = Path(o.hf_dataset).expanduser() if o.hf_dataset else None
+    if dataset is not None and dataset.is_dir():
+        found |= set(dataset.rglob("*"))
+    elif dataset is not None and dataset.is_file():
+        found.add(dataset)
+    return sorted(p for p in found if p.is_file())
+
+
 def _files(pattern: str, separator: str) -> Iterator[bytes]:
     sep = separator.encode("utf-8")
     for path in matching_files(pattern):
@@ -98,7 +115,13 @@ def _hf(o) -> Iterator[bytes]:
             if o.hf_text_field not in record:
                 raise UserError(f"task.hf_text_field: {o.hf_dataset} has no field {o.hf_text_field!r} "
                                 f"(fields: {', '.join(record)})")
-            yield str(record[o.hf_text_field]).encode("utf-8")
+            text = record[o.hf_text_field]
+            if text is None:  # a missing value is no text (an empty document, left out), never the word "None"
+                text = ""
+            if not isinstance(text, str):
+                raise UserError(f"task.hf_text_field: the field {o.hf_text_field!r} of {o.hf_dataset} holds "
+                                f"{type(text).__name__}, not text (record {i}); name a field of strings")
+            yield text.encode("utf-8")
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - a missing dataset, no network, a bad config: one line

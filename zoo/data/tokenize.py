@@ -5,7 +5,8 @@
 - anything else names a Hugging Face tokenizer: a local ``tokenizer.json`` path, or a name on the Hub
   (``gpt2``; needs network once), loaded with ``tokenizers`` (``pip install 'mixer-zoo[lm]'``). Text is
   decoded from UTF-8 with invalid bytes replaced before it is encoded. Its EOS is the first of
-  :data:`EOS_NAMES` in its vocabulary.
+  :data:`EOS_NAMES` in its vocabulary. Truncation and padding saved with the tokenizer are turned off: a
+  document is encoded whole, without pad tokens.
 
 Bits per byte need the number of bytes each token stands for (:meth:`token_bytes`): one per byte token;
 EOS counts as one byte (it stands for the boundary between documents, as a newline would); other special
@@ -84,6 +85,10 @@ class HFTokenizer:
             raise UserError(f"tokenizer {name!r}: cannot load it ({type(err).__name__}: "
                             f"{str(err).splitlines()[0] if str(err) else ''}); give a tokenizer.json path "
                             f"or a Hub name") from None
+        # a tokenizer.json may carry the truncation and padding its model was served with (``max_length`` 128 or
+        # 512, padded to it): encoding a document must give all of its tokens and nothing else
+        self.tok.no_truncation()
+        self.tok.no_padding()
         vocab = self.tok.get_vocab(with_added_tokens=True)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         found = [vocab[n] for n in EOS_NAMES if n in vocab]

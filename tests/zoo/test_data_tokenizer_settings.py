@@ -1,0 +1,65 @@
+"""A Hugging Face ``tokenizer.json`` saved with truncation or padding turned on (as the tokenizers of many served
+models are) still encodes every document whole and without pad tokens, in ``encode`` and in the prepared token
+files."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mixers.options import build_options
+from tests.zoo.local_tokenizer import TEXT, bpe_tokenizer
+from zoo.data import prepare as prep
+from zoo.data.tokenize import HFTokenizer
+from zoo.tasks.lm import LanguageModeling
+
+WORDS = ["the", "state", "of", "mixer", "scan", "key", "decays", "gate", "opens", "chunk", "π", "é", ";", "."]
+
+
+def _texts(rng, count):
+    return [" ".join(rng.choice(WORDS, int(rng.integers(40, 120)))) for _ in range(count)]
+
+
+def _saved_with(tmp_path, setting: str, length: int) -> tuple[str, HFTokenizer]:
+    """The path of a tokenizer.json saved with ``setting`` on, and the plain tokenizer it was made from."""
+    plain = bpe_tokenizer(tmp_path / "plain.json")
+    tok = HFTokenizer(str(tmp_path / "plain.json")).tok
+    if setting == "truncation":
+        tok.enable_truncation(max_length=length)
+    else:
+        tok.enable_padding(length=length, pad_id=0, pad_token="<|endoftext|>")
+    path = tmp_path / f"{setting}.json"
+    tok.save(str(path))
+    return str(path), plain
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_saved_truncation_or_padding_does_not_change_the_tokens_of_a_document(tmp_path, setting):
+    rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
+    path, plain = _saved_with(tmp_path, setting, int(rng.integers(4, 24)) if setting == "truncation" else 600)
+    tok = HFTokenizer(path)
+    bytes_of = tok.token_bytes()
+    for text in _texts(rng, 5) + [TEXT]:
+        ids = tok.encode(text)
+        assert ids == plain.tok.encode(text, add_special_tokens=False).ids  # the tokens of the unsaved tokenizer
+        assert tok.decode(ids) == text.encode()  # the whole text, no pad token
+        assert int(bytes_of[ids].sum()) == len(text.encode())
+
+
+def test_a_corpus_prepared_with_a_truncating_tokenizer_holds_every_document_whole(tmp_path):
+    rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
+    path, plain = _saved_with(tmp_path, "truncation", int(rng.integers(4, 24)))
+    texts = _texts(rng, 12)
+    (tmp_path / "corpus.txt").write_text("\n\n\n".join(texts))
+    o = build_options(LanguageModeling.Options, {
+        "source": "files", "path": str(tmp_path / "corpus.txt"), "doc_separator": "\n\n\n", "tokenizer": path,
+        "val_fraction": 0.3, "data_dir": str(tmp_path / "data")}, "")
+    where, _ = prep.prepare(o)
+    eos = plain.eos_id
+    found = []
+    for split in ("train", "val"):
+        tokens = np.fromfile(where / f"{split}.bin", dtype=np.uint16).astype(np.int64)
+        ends = np.flatnonzero(tokens == eos)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        found += [plain.tok.decode(tokens[s:e].tolist()) for s, e in zip(starts, ends)]
+    assert sorted(found) == sorted(texts)
