@@ -83,7 +83,8 @@ def _projects_in_fp32(weight: torch.Tensor) -> bool:
     not fit fp16 itself (``y``, ``dx`` or a parameter's gradient). bf16 has fp32's range: its 16-bit
     projections are kept."""
     device = weight.device.type
-    return weight.dtype == torch.float16 or (torch.is_autocast_enabled(device)
+    return weight.dtype == torch.float16 or (torch.amp.is_autocast_available(device)
+                                             and torch.is_autocast_enabled(device)
                                              and torch.get_autocast_dtype(device) == torch.float16)
 
 
@@ -181,8 +182,8 @@ class Jordan(Mixer):
         if self.options.state_norm == "readout":
             h = self._layer_norm(h)
         if _projects_in_fp32(self.out_proj.weight):
-            with torch.autocast(h.device.type, enabled=False):
-                return F.linear(h.flatten(-2), self.out_proj.weight.to(h.dtype)).to(dtype)
+            with torch.autocast(h.device.type, enabled=False):  # y in fp16, as out_proj would give it
+                return F.linear(h.flatten(-2), self.out_proj.weight.to(h.dtype)).to(torch.float16)
         return self.out_proj(h.flatten(-2).to(dtype))
 
     # --- contract -------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ class Jordan(Mixer):
         input's projections are one matmul (x's only reader). In an fp16 model both compute in fp32 (see
         :func:`_projects_in_fp32`)."""
         if _projects_in_fp32(self.in_proj.weight):
-            x = x.float()
+            x = x.to(torch.float16).float()  # x rounded as autocast would round it (input_to_linear): a no-op in fp16
             with torch.autocast(x.device.type, enabled=False):
                 b = F.linear(x, self.in_proj.weight.float())
                 if self.options.decay == "selective":
