@@ -16,10 +16,12 @@ from ..errors import UserError
 
 
 class TokenFile:
-    """A flat ``uint16``/``uint32`` token file, memory-mapped."""
+    """A flat ``uint16``/``uint32`` token file, memory-mapped. With ``vocab_size``, every window read is checked to
+    hold only ids below it (a folder prepared elsewhere, ``source: shards``, is not scanned up front: an id out of
+    the vocabulary would otherwise fail inside the embedding, on a GPU as an unrecoverable device assert)."""
 
-    def __init__(self, path: Path, dtype: str, split: str):
-        self.path, self.split = path, split
+    def __init__(self, path: Path, dtype: str, split: str, vocab_size: int | None = None):
+        self.path, self.split, self.vocab_size = path, split, vocab_size
         size = path.stat().st_size // np.dtype(dtype).itemsize
         self.tokens = np.memmap(path, dtype=dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
 
@@ -35,7 +37,15 @@ class TokenFile:
     def read(self, starts: torch.Tensor, seq_len: int) -> torch.Tensor:
         """``(len(starts), seq_len + 1)`` int64 tokens."""
         rows = [np.asarray(self.tokens[s: s + seq_len + 1], dtype=np.int64) for s in starts.tolist()]
-        return torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, seq_len + 1, dtype=torch.long)
+        if not rows:
+            return torch.zeros(0, seq_len + 1, dtype=torch.long)
+        windows = np.stack(rows)
+        if self.vocab_size is not None and windows.max() >= self.vocab_size:
+            row, col = np.unravel_index(int(windows.argmax()), windows.shape)
+            raise UserError(f"{self.path}: token {int(starts[row]) + int(col)} is id {int(windows.max())}, not below "
+                            f"the vocabulary size {self.vocab_size} of its meta.json; fix vocab_size there or "
+                            f"tokenise the data again")
+        return torch.from_numpy(windows)
 
 
 def random_starts(num_tokens: int, seq_len: int, n: int, generator: torch.Generator) -> torch.Tensor:

@@ -112,7 +112,8 @@ class LanguageModeling(TextTask):
         return prep.read_meta(self.folder, self.options)
 
     def tokens(self, split: str) -> TokenFile:
-        return TokenFile(self.folder / f"{split}.bin", self.meta["dtype"], "validation" if split == "val" else split)
+        return TokenFile(self.folder / f"{split}.bin", self.meta["dtype"], "validation" if split == "val" else split,
+                         self.meta["vocab_size"])
 
     def train_data(self, seed: int) -> TokenStream:
         self.tokens("val").check_length(self.seq_len)  # found before training, not after it
