@@ -92,6 +92,28 @@ def test_generate_without_a_prompt_starts_from_eos_as_zoo_generate_does(tmp_path
     assert out[0].tolist() == [EOS] + expected
 
 
+def test_hidden_states_end_after_the_final_norm_and_the_head_reads_the_last_one(tmp_path):
+    """transformers' convention (GPT-2, Llama): ``hidden_states`` is the embedding, then every layer's output,
+    the last one after the final norm, so that ``lm_head(hidden_states[-1])`` is the logits; recomputed here
+    layer by layer on the zoo model. Asking for them changes no logit, with or without a cache."""
+    run = write_run(tmp_path, lm_recipe(["mamba2", "attention", "gla"]))
+    ours, _ = load_lm(run)
+    theirs = AutoModelForCausalLM.from_pretrained(export(run, tmp_path / "hf"))
+    ids = torch.randint(0, 257, (2, int(torch.randint(3, 20, ()))))
+    with torch.no_grad():
+        expected = [ours.embed(ids)]
+        for block in ours.blocks:
+            expected.append(block(expected[-1]))
+        expected[-1] = ours.norm(expected[-1])
+        for use_cache in (False, True):
+            out = theirs(ids, output_hidden_states=True, use_cache=use_cache)
+            assert len(out.hidden_states) == len(expected) == 4
+            for got, want in zip(out.hidden_states, expected):
+                assert (got - want).abs().max() <= 1e-5
+            assert torch.equal(out.logits, theirs.get_output_embeddings()(out.hidden_states[-1]))
+            assert torch.equal(out.logits, theirs(ids, use_cache=use_cache).logits)
+
+
 def hybrid_recipe(**task):
     return lm_recipe([{"gla": {"n_heads": 1, "head_dim": 16}}, "attention", {"gla": {"chunk_size": 4}},
                       {"mamba2": {"d_state": 4}}], d_model=32, task=task, state_mixer="koopman_mlp",

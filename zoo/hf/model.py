@@ -119,11 +119,13 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
             x = hidden[-1]
         if use_cache:
             cache.seen += x.shape[1]
+        if output_hidden_states:  # the last hidden state after the final norm, as transformers' models give it
+            x = hidden[-1] = self.zoo.norm(x)
         if isinstance(logits_to_keep, int):
             kept = x[:, -logits_to_keep:] if logits_to_keep > 0 else x
         else:
             kept = x[:, logits_to_keep]
-        logits = self.zoo.head(self.zoo.norm(kept))
+        logits = self.zoo.head(kept if output_hidden_states else self.zoo.norm(kept))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
