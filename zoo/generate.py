@@ -91,9 +91,10 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
 
 @torch.no_grad()
 def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, eos_id: int | None = None) -> tuple[list[int], float, float]:
+                 top_p: float = 1.0, seed: int = 0, eos_id: int | None = None,
+                 stop=None) -> tuple[list[int], float, float]:
     """``(new ids, prefill seconds, decode seconds)``: ``prefill`` on the prompt, then ``step`` per token; at most
-    ``max_new_tokens`` ids (none for 0)."""
+    ``max_new_tokens`` ids (none for 0), ending early at ``eos_id`` or once ``stop(ids so far)`` is true."""
     if max_new_tokens <= 0:
         return [], 0.0, 0.0
     device = next(model.parameters()).device
@@ -102,7 +103,7 @@ def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: flo
     logits, states = model.prefill(torch.tensor([prompt], device=device))
     out = [sample(logits[0, -1].cpu(), temperature, top_k, top_p, generator)]
     prefilled = time.perf_counter()
-    while len(out) < max_new_tokens and out[-1] != eos_id:
+    while len(out) < max_new_tokens and out[-1] != eos_id and not (stop is not None and stop(out)):
         logits, states = model.step(torch.tensor([out[-1]], device=device), states)
         out.append(sample(logits[0].cpu(), temperature, top_k, top_p, generator))
     return out, prefilled - start, time.perf_counter() - prefilled

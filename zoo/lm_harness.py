@@ -72,10 +72,18 @@ class ZooScorer:
         return self._scores([self.tok.eos_id], ids)[0] if ids else 0.0
 
     def generate_until(self, context: str, until=(), max_gen_toks: int = 256) -> str:
+        """Greedy continuation of ``context``, cut before the first of the ``until`` strings; decoding stops at
+        the token that completes one (the rest could not change the cut text)."""
         prompt = self.tok.encode(context) or [self.tok.eos_id]
-        new, _, _ = generate_ids(self.model, prompt, max_gen_toks, eos_id=self.tok.eos_id)
-        text = self.tok.decode([i for i in new if i != self.tok.eos_id]).decode("utf-8", errors="replace")
-        cuts = [text.find(stop) for stop in until if stop and stop in text]
+        stops = [stop for stop in until if stop]
+
+        def text_of(ids):
+            return self.tok.decode([i for i in ids if i != self.tok.eos_id]).decode("utf-8", errors="replace")
+
+        new, _, _ = generate_ids(self.model, prompt, max_gen_toks, eos_id=self.tok.eos_id,
+                                 stop=(lambda ids: any(s in text_of(ids) for s in stops)) if stops else None)
+        text = text_of(new)
+        cuts = [text.find(stop) for stop in stops if stop in text]
         return text[:min(cuts)] if cuts else text
 
 

@@ -290,6 +290,19 @@ def test_the_harness_adapter_scores_the_models_summed_token_loss(tmp_path):
     assert scorer.generate_until("the", until=[], max_gen_toks=8) == full
     stop = full[-1:] or "\x00"  # a character of the continuation (decoded bytes may merge into fewer)
     assert scorer.generate_until("the", until=["\x00never", stop], max_gen_toks=8) == full[:full.find(stop)]
+    # decoding ends at the token that completes a stop string: one prefill, then a step per further token
+    for prompt in ("the", "and", "key", "gate"):  # one whose continuation holds an ASCII byte before any EOS
+        new, _, _ = generate_ids(model, list(prompt.encode()), 24, eos_id=EOS)
+        ascii_at = [t for t, i in enumerate(new) if 0 < i < 128]
+        if ascii_at:
+            break
+    assert ascii_at, new
+    stop_byte = new[ascii_at[int(torch.randint(len(ascii_at), ()))]]
+    steps = []
+    step = model.step
+    model.step = lambda *args: steps.append(1) or step(*args)
+    text = scorer.generate_until(prompt, until=[chr(stop_byte)], max_gen_toks=24)
+    assert len(steps) == new.index(stop_byte) and chr(stop_byte) not in text
 
 
 # ------------------------------------------------------------------------------------------ bad input: one line each
