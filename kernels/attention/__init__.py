@@ -63,6 +63,8 @@ def attention(q, k, v, causal: bool = True, scale: float | None = None, backend:
                          f"to the end of the keys), got {q.shape[1]} queries and {k.shape[1]} keys")
     chosen = resolve_backend(backend, q, op="attention", available=BACKENDS, unsupported=_unsupported(q, k, v),
                              order=AUTO_ORDER_CUDA)
+    if q.shape[1] == 0 and chosen != "reference":  # no query: SDPA's empty output (the kernels refuse it)
+        chosen = "torch"
     if chosen == "flash_attn":
         from flash_attn import flash_attn_func
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
