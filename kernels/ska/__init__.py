@@ -51,6 +51,8 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
     """
     if mode not in MODES:
         raise ValueError(f"ska: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if q.shape[1] == 0:  # an empty sequence: an empty output (every backend's reductions over T refused it)
+        return v[:, :0].to(q.dtype).clone()
     kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
               power_iters=power_iters)
     chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.ska import ska
 from kernels.ssd import ssd, ssd_reference
 from tests.kernels.harness import needs_triton
 
@@ -48,8 +49,8 @@ def test_one_group_expanded_over_the_heads_runs_as_the_reference(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_empty_sequence_gives_an_empty_output_and_the_initial_state(backend):
     """T = 0 (the Triton kernels refused it where the reference and torch backends return the empty output):
-    every backend returns the empty output and the initial state (zeros without one) unchanged; attention
-    likewise gives its empty output."""
+    every backend returns the empty output and the initial state (zeros without one) unchanged; attention and
+    SKA (whose reductions over T failed on every backend) likewise give their empty outputs."""
     from kernels.attention import attention
     args = {k: v[:, :0] if v.dim() > 1 else v for k, v in inputs().items()}
     h0 = torch.randn(Bt, H, N, P)
@@ -59,3 +60,8 @@ def test_an_empty_sequence_gives_an_empty_output_and_the_initial_state(backend):
     assert y.shape == (Bt, 0, H, P) and torch.equal(h, h0)
     q = torch.randn(Bt, 0, H, 16)
     assert attention(q, q, q, backend=backend).shape == (Bt, 0, H, 16)
+    v = torch.randn(Bt, 0, H, P, requires_grad=True)
+    out = ska(q, q, v, backend=backend)
+    assert out.shape == (Bt, 0, H, P)
+    out.sum().backward()
+    assert v.grad.shape == v.shape
