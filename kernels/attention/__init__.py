@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import package_importable, resolve_backend
+from ..common import check_layout
 from .reference import attention_reference
 
 __all__ = ["BACKENDS", "attention", "attention_reference", "flash_attn_available"]
@@ -56,6 +57,12 @@ def _sdpa(q, k, v, causal, scale):
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
     """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
+    # one layout on every backend: the reference and SDPA broadcast a one-head or one-batch k / v (and SDPA took
+    # a v longer than k) where the Triton kernel refused them; v's head dim may differ from q's and k's
+    check_layout("attention", q=(q, "B T H D"), k=(k, "B S H D"), v=(v, "B S H E"))
+    if k.shape[1] == 0 and q.shape[1] > 0:
+        # no key to attend to: the explicit formula and SDPA gave zero rows, the Triton kernel refused
+        raise ValueError(f"attention: every query needs at least one key, got {q.shape[1]} queries and no keys")
     if causal and q.shape[1] > k.shape[1]:
         # the first queries would precede every key: no backend has a value for them (the explicit formula gave
         # NaN rows, SDPA zero rows, the Triton kernel refused)

@@ -25,8 +25,10 @@ Public functions:
 """
 from __future__ import annotations
 
+import torch
+
 from ..backend import resolve_backend
-from ..common import full_precision
+from ..common import check_layout, full_precision
 from .chunked import ska_chunked, ska_final_state
 from .operator import ska_chain_torch, solve_operator, whitened_operator
 from .reference import ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step, ska_update
@@ -36,6 +38,7 @@ __all__ = ["BACKENDS", "ska", "ska_chain", "ska_chunked", "ska_reference", "ska_
            "whitened_operator"]
 
 MODES = ("prefix", "chunk_causal", "recurrent")
+NORMALISATIONS = ("seq_max", "running_max")
 
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
@@ -51,11 +54,14 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
     """
     if mode not in MODES:
         raise ValueError(f"ska: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if q.shape[1] == 0:  # an empty sequence: an empty output (every backend's reductions over T refused it)
-        return v[:, :0].to(q.dtype).clone()
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"ska: unknown normalisation {normalisation!r}; choose seq_max or running_max")
+    _check_layout(q, k, v, w, gamma)
     kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
               power_iters=power_iters)
     chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS)
+    if q.shape[1] == 0:  # an empty sequence: an empty output (every backend's reductions over T refused it)
+        return v[:, :0].to(q.dtype).clone()
     if chosen == "reference":
         return ska_reference(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
     if mode == "recurrent":
@@ -64,6 +70,16 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
         from .triton import ska_triton
         return ska_triton(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
     return ska_chunked(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
+
+
+def _check_layout(q, k, v, w, gamma) -> None:
+    """Refuse, in one line naming the tensor, inputs whose shapes disagree: the reference backend broadcast a
+    one-head ``v`` and the Triton kernels, which index every tensor by the sizes of ``q``, read a ``k`` of other
+    heads out of its bounds, where the chunked backend failed mid-computation."""
+    sizes = check_layout("ska", q=(q, "B T H R"), k=(k, "B T H R"), v=(v, "B T H P"), w=(w, "B T"))
+    if torch.is_tensor(gamma) and gamma.dim() > 0 and tuple(gamma.shape) not in ((1,), (sizes["H"],)):
+        raise ValueError(f"ska: gamma of shape {tuple(gamma.shape)} must be a float, a 0-d tensor or one gain per "
+                         f"head, (H,) with H = {sizes['H']}")
 
 
 def ska_chain(Linv, A, C, q, power: int, chunk_size: int, backend: str = "auto"):
