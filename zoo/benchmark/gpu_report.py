@@ -31,6 +31,12 @@ def _rows(stage: dict | None) -> list[dict]:
     return list(rows.values()) if isinstance(rows, dict) else rows
 
 
+def _by_mixer(stage: dict | None) -> dict:
+    """The first-call stage's rows by mixer (a stage not run for want of time has an empty list of them)."""
+    rows = (stage or {}).get("rows")
+    return rows if isinstance(rows, dict) else {}
+
+
 def _find(stage: dict | None, **match) -> dict | None:
     return next((r for r in _rows(stage) if all(r.get(k) == v for k, v in match.items())), None)
 
@@ -126,6 +132,10 @@ def summarize(folder: Path) -> tuple[dict, dict]:
     kernel, fla, layers, lm, first = (stages[n] for n in ("kernel", "fla", "layers", "lm", "first_call"))
     kernel_vs_fla = {str(T): _ratio(("kernel", kernel, _find(kernel, T=T, n_h=1)), ("fla", fla, _find(fla, T=T)),
                                     TIMES) for T in plan["kernel_lengths"]}
+    if kernel is not None and fla is not None and kernel.get("run") != fla.get("run"):  # --stages re-ran one
+        kernel_vs_fla = {T: targets.not_measured("kernel.json and fla.json were written by different runs; run "
+                                                 "the kernel and fla stages together")
+                         for T in kernel_vs_fla}
     two_steps = two_step_ratios(kernel, plan["kernel_lengths"])
     layer_vs_sdpa, launches = {}, {}
     for name in env["mixers"]:
@@ -137,8 +147,8 @@ def summarize(folder: Path) -> tuple[dict, dict]:
                 base = ("layers", layers, _find(layers, mixer=BASELINE, T=int(T)))
                 layer_vs_sdpa[name][T] = _ratio(side, base, (layer_mode(side[2], base[2]),))
     lm_vs_attention = {name: {str(T): lm_ratio(lm, name, T) for T in plan["lm_lengths"]} for name in env["linear"]}
-    first_call_s = {name: _value("first_call", first, (first or {}).get("rows", {}).get(name), "seconds")
-                    for name in env["mixers"]}
+    first_rows = _by_mixer(first)
+    first_call_s = {name: _value("first_call", first, first_rows.get(name), "seconds") for name in env["mixers"]}
     summary = {"card": env["card"], "commit": env["commit"], "kernel_vs_fla": {"delta_rule": kernel_vs_fla},
                "layer_vs_sdpa": layer_vs_sdpa, "lm_vs_attention": lm_vs_attention, "launches": launches,
                "first_call_s": first_call_s}
@@ -250,7 +260,7 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
     section("First call", f"T {plan['first_call_length']}: a fresh process per mixer with an empty Triton cache, the "
             f"first forward+backward, compilation included.", ["mixer", "backend", "seconds", "note"],
             [[name, r.get("backend", ""), _fmt(r.get("seconds")), r.get("error", "")]
-             for name, r in (stage["first_call"].get("rows") or {}).items()])
+             for name, r in _by_mixer(stage["first_call"]).items()])
     return "\n".join(parts)
 
 

@@ -56,7 +56,9 @@ chunked delta rule standing in for flash-linear-attention, operators dispatched 
 kernels) into a temporary folder unless ``--out`` is given; the test suite runs it. ``--check DIR`` gives
 a finished folder's verdicts again, with the same exit status (for a run stopped before its summary, the
 summary is built from its stage files first). ``--stages kernel,fla`` re-runs some stages into an
-existing folder and keeps the others' files.
+existing folder and keeps the others' files; each stage file records the run that wrote it (``run``), and
+the kernel ratio, whose two sides are two stages, is only taken from a ``kernel.json`` and ``fla.json`` of
+one run (else it is "not measured").
 """
 from __future__ import annotations
 
@@ -516,6 +518,7 @@ def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
     # (sympy, seconds on a slow CPU) is imported at the top instead, so that no mixer's first call pays it.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     start = time.time()
+    run_id = f"{start:.6f}"   # each stage file says which run wrote it (a ratio of two stages needs one run)
     deadline = start + plan.budget
     scratch = Path(tempfile.mkdtemp(prefix="zoo-gpu-speed-"))
     shared = {"TRITON_CACHE_DIR": str(scratch / "triton"), "TRITON_CACHE_AUTOTUNING": "1", "FLA_CACHE_RESULTS": "1"}
@@ -527,6 +530,10 @@ def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
             return 2
         folder = parent / env["folder"]
         folder.mkdir(parents=True, exist_ok=True)
+        # a previous run's summary goes first: a run stopped before its own leaves none, and --check then
+        # builds it from the stage files instead of judging the previous run's numbers
+        for name in ("summary.json", "summary.md"):
+            (folder / name).unlink(missing_ok=True)
         write_json(folder / "env.json", env)
         _say(f"{env['card']}, commit {env['commit']}: writing {folder}")
         for stage in STAGES:
@@ -548,10 +555,18 @@ def run(plan: Plan, parent: Path, stages: tuple = STAGES) -> int:
                     data = read_json(path) or {"rows": []}
                     data["stopped"] = why
                     write_json(path, data)
+            stamp(path, run_id)
             _say(f"{stage}: {why or 'done'} ({time.time() - began:.0f} s)")
         return conclude(folder, time.time() - start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def stamp(path: Path, run_id: str) -> None:
+    """Mark the stage file ``path`` as written by the run ``run_id`` (its ``"run"``)."""
+    data = read_json(path) or {"rows": []}
+    data["run"] = run_id
+    write_json(path, data)
 
 
 def _first_calls(plan: Plan, path: Path, scratch: Path, shared: dict, deadline: float) -> str | None:

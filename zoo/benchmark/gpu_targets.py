@@ -12,7 +12,8 @@ and the verdict on each target (:mod:`zoo.benchmark.gpu_speed` measures; this mo
 
 - ``kernel_vs_fla``: our gated delta rule (one Householder step) over flash-linear-attention's
   ``chunk_delta_rule``, the larger of the forward and the forward+backward ratio (one number that meets
-  the target only if both do);
+  the target only if both do), both measured by one run (``kernel.json`` and ``fla.json`` name the same
+  ``run``);
 - ``layer_vs_sdpa``: a layer's forward+backward time over an SDPA attention layer's, same run and length,
   both replayed from a CUDA graph where both captured theirs, else both eager (the report shows both);
 - ``lm_vs_attention``: a language model's steady-state training tokens/s over the attention model's, both

@@ -10,9 +10,9 @@ its mixer options. Times are also given as a ratio to the ``--baseline`` entry (
 For every entry and every ``T`` it records the numbers of :func:`zoo.benchmark.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
 ``--time-limit`` (default 60 s) skips lengths whose forward+backward is predicted to take longer than a
-limit (from the previous length's time, CPU time on a CPU, quadratic for mixers whose state grows with T,
-linear otherwise), saying so in the row: attention stops there while the linear-state mixers go on to long
-contexts (262144 tokens and beyond, as far as memory allows).
+limit (from the previous length's time, on a CPU the lesser of its wall and CPU time, quadratic for mixers
+whose state grows with T, linear otherwise), saying so in the row: attention stops there while the
+linear-state mixers go on to long contexts (262144 tokens and beyond, as far as memory allows).
 
 Every timing also records its user and system CPU time per call, every row the peak memory of one
 forward+backward and of one prefill, and ``bench.json`` the run's total wall, user and system time. On a
@@ -24,7 +24,9 @@ after every row, so an interrupted run keeps everything it finished.
 and reports for each row the median of all ``R x repeats`` timings: on a shared machine the load drifts
 over minutes, and measuring a mixer's two lengths seconds apart within one round would let that drift
 into the growth factor and the ratios; spreading every row's repetitions over the whole run lets every
-row see the same mix of quiet and busy spells. Memory is measured in the first round only.
+row see the same mix of quiet and busy spells (a row whose first round failed in part, a decode out of
+memory say, pools the timings it has; one skipped or failed whole is not retried). Memory is measured in the
+first round only.
 
 Outputs in ``--out``: ``bench.json`` (environment, configuration and every row), ``bench.md`` /
 ``bench.csv`` (each mixer's times also as a ratio to the baseline entry at the same T, and the growth of
@@ -53,7 +55,7 @@ from ..paths import probe_writable
 from ..recipes import resolve
 from ..recipes.loading import load_raw
 from ..recipes.plain import layer_label
-from .measure import error_text, free, measure, merge_samples
+from .measure import TIMES, error_text, free, measure, merge_samples
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model section every benchmark starts from (any key can be overridden)
@@ -173,14 +175,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
-    """fwd+bwd seconds at ``T`` from the row at the previous length: on a CPU from its CPU time per call
-    (user + system; on a machine shared with other work the wall time also counts the waits for a core),
-    else from its wall time."""
+    """fwd+bwd seconds at ``T`` from the row at the previous length: on a CPU from the lesser of its wall time
+    and its CPU time per call (user + system; on a machine shared with other work the wall time also counts
+    the waits for a core, and with several torch threads the CPU time counts every thread's), else from its
+    wall time."""
     if not row.get("fwd_bwd_ms"):
         return None
     ms = row["fwd_bwd_ms"]
     if row.get("device") == "cpu" and row.get("fwd_bwd_user_ms") is not None:
-        ms = row["fwd_bwd_user_ms"] + row["fwd_bwd_sys_ms"]
+        ms = min(ms, row["fwd_bwd_user_ms"] + row["fwd_bwd_sys_ms"])
     exponent = 2 if grows else 1
     return ms / 1e3 * (T / row["T"]) ** exponent
 
@@ -257,10 +260,11 @@ class _Sweep:
         return row
 
     def again(self, rnd: int, i: int, T: int) -> bool:
-        """Round ``rnd`` (> 0) of entry ``i`` at ``T``: its timings pooled into the first round's row; False
-        when that row failed or was skipped (not retried)."""
+        """Round ``rnd`` (> 0) of entry ``i`` at ``T``: its timings pooled into the first round's row (also where
+        a part of it failed, a decode out of memory say: its other timings are pooled like every row's); False
+        when that row has no timing (skipped, or failed whole: not retried)."""
         a, row = self.args, self.rows[i, T]
-        if row.get("error"):
+        if not any(row.get(name + "_samples") for name in TIMES):
             return False
         t0 = time.perf_counter()
         torch.manual_seed(a.seed + T)
@@ -269,8 +273,8 @@ class _Sweep:
         merge_samples(row, again)
         row["wall_s"] += time.perf_counter() - t0
         row["rounds"] = rnd + 1
-        if again.get("error"):
-            row["error"] = f"round {rnd + 1}: {again['error']}"
+        if again.get("error") and again["error"] not in (row.get("error") or ""):
+            row["error"] = "; ".join(x for x in (row.get("error"), f"round {rnd + 1}: {again['error']}") if x)
         return True
 
 

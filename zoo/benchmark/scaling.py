@@ -12,8 +12,10 @@ one markdown row per mixer, read from the rows of one run:
   shortest (at most linear in ``T``: at most ``--memory-slack`` above 1, for the noise of resident-set
   measurements), the prefill peak memory at the longest length and the decode step time at every length;
 
-then the run's system share of its whole CPU time and of its timed calls. Mixers whose state grows with
-``T`` (attention) are listed without targets. Exit status 0 when every target holds, 1 otherwise.
+then the run's system share of its whole CPU time and of its timed calls. Every length of a mixer must have
+been measured (``lengths``: a row without its forward+backward time, failed or skipped at ``--time-limit``,
+misses it, and so does a run of one length). Mixers whose state grows with ``T`` (attention) are listed
+without targets. Exit status 0 when every target holds, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ def mixer_scaling(rows: list[dict], growth: float, tok_ratio: float, sys_share: 
     last = ok_rows[-1] if ok_rows else {}
     out["prefill_peak"], out["decode"] = last.get("prefill_peak_mib"), [r.get("decode_ms") for r in ok_rows]
     out["checks"] = {
+        # a length not measured (an error, or skipped at the time limit) is a target not shown to hold there,
+        # and one length alone shows no growth at all
+        "lengths": not out["skipped"] and len(ok_rows) >= 2,
         "growth": all(g <= lim for g, lim in zip(out["wall"], out["limits"])),
         "tok/s": out["tok"] is not None and out["tok"] >= tok_ratio,
         "sys": out["sys"] is not None and out["sys"] < sys_share,
