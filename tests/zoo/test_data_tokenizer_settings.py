@@ -1,6 +1,7 @@
 """A Hugging Face ``tokenizer.json`` saved with truncation or padding turned on (as the tokenizers of many served
 models are) still encodes every document whole and without pad tokens, in ``encode`` and in the prepared token
-files."""
+files. A tokenizer file named by another spelling of its path (relative, absolute) reads the folder it
+prepared."""
 from __future__ import annotations
 
 import numpy as np
@@ -63,3 +64,26 @@ def test_a_corpus_prepared_with_a_truncating_tokenizer_holds_every_document_whol
         starts = np.concatenate([[0], ends[:-1] + 1])
         found += [plain.tok.decode(tokens[s:e].tolist()) for s, e in zip(starts, ends)]
     assert sorted(found) == sorted(texts)
+
+
+def test_a_tokenizer_file_named_by_another_path_reads_the_folder_it_prepared(tmp_path, monkeypatch):
+    rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
+    bpe_tokenizer(tmp_path / "tok.json")
+    texts = _texts(rng, 8)
+    (tmp_path / "corpus.txt").write_text("\n\n\n".join(texts))
+    monkeypatch.chdir(tmp_path)
+
+    def options(tokenizer):
+        return build_options(LanguageModeling.Options, {
+            "source": "files", "path": str(tmp_path / "corpus.txt"), "doc_separator": "\n\n\n",
+            "tokenizer": tokenizer, "val_fraction": 0.3, "data_dir": str(tmp_path / "data")}, "")
+
+    where, written = prep.prepare(options("./tok.json"))
+    assert written
+    again, written = prep.prepare(options(str(tmp_path / "tok.json")))
+    assert again == where and not written
+    meta = prep.read_meta(where, options(str(tmp_path / "tok.json")))
+    assert meta["tokenizer"] == "./tok.json"
+    bpe_tokenizer(tmp_path / "other.json", TEXT + " another text entirely")
+    with pytest.raises(Exception, match="tokenised with './tok.json'"):
+        prep.read_meta(where, options(str(tmp_path / "other.json")))
