@@ -14,8 +14,9 @@ knows nothing of shared memory. These tests close that gap:
   resource table of BENCHMARKS.md (``--ci --markdown``); ``--quick`` compiles every config at one size
   (810 launches) and without either flag it runs the whole size grid.
 - ``test_every_kernel_is_in_the_check``: every ``@triton.jit`` kernel that a launcher starts appears in
-  the check in every input dtype, and no launcher starts a kernel except through
-  :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the check).
+  the check in every input dtype, each with the cases that recorded it listed once, and no launcher starts a
+  kernel except through :func:`kernels.launch.launch` (a direct ``kernel[grid](...)`` would be invisible to the
+  check).
 - ``test_16_bit_products_run_on_tensor_cores``: every kernel that calls ``tl.dot`` and is launched for bf16 or
   fp16 inputs compiles to ``mma``/``wgmma`` instructions (a launcher that upcasts to fp32 before its products
   fails), unless its module declares why its products stay fp32 (``FP32_DOT_KERNELS``); fp32 inputs never
@@ -143,6 +144,8 @@ def test_every_kernel_is_in_the_check(check_report):
     for path in TRITON_FILES:
         assert direct_launches(path) == [], f"{path}: launch kernels through kernels.launch.launch"
     entries = set().union(*(entry_kernels(p) for p in TRITON_FILES))
+    for r in report["results"]:  # a case that launches a kernel twice records it once
+        assert len(r["cases"]) == len(set(r["cases"])), (r["kernel"], r["cases"])
     for dtype in ("fp32", "bf16", "fp16"):
         seen = {r["kernel"] for r in report["results"] if dtype in r["recorded_for"]}
         assert entries <= seen, f"{dtype}: kernels no launcher case reaches: {sorted(entries - seen)}"

@@ -313,8 +313,9 @@ def enumerate_launches(families=None, dtypes=None, quick: bool = False) -> list[
                         continue
                 for rec in recs:
                     first = seen.setdefault(rec.key(), rec)
-                    if first is not rec and rec.tags not in first.tags:
-                        seen[rec.key()] = replace(first, tags=first.tags + rec.tags)
+                    new = tuple(tag for tag in rec.tags if tag not in first.tags)  # a case launching it twice: once
+                    if first is not rec and new:
+                        seen[rec.key()] = replace(first, tags=first.tags + new)
     return list(seen.values())
 
 
