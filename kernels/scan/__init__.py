@@ -35,8 +35,8 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
     if X.shape[:a.ndim] != a.shape:
         raise ValueError(f"chunk_scan: X {tuple(X.shape)} must start with the shape of a {tuple(a.shape)}")
     if initial is not None and initial.shape != X.shape[:lead] + X.shape[a.ndim:]:
-        raise ValueError(f"chunk_scan: initial {tuple(initial.shape)} must be (*lead, *state) = "
-                         f"{tuple(X.shape[:lead] + X.shape[a.ndim:])}, X's shape without its chunk axis")
+        raise ValueError(f"chunk_scan: initial {tuple(initial.shape)} must be a's leading dims then the state's, "
+                         f"{tuple(X.shape[:lead] + X.shape[a.ndim:])}: X's shape without its chunk axis")
     which = resolve_backend(backend, X, op="chunk_scan", available=BACKENDS)
     if which == "triton" and a.shape[-1] > 0:
         from .triton import chunk_scan_triton  # lazy: triton is optional (a zero initial state is not formed)

@@ -70,9 +70,9 @@ def test_an_empty_sequence_gives_an_empty_output_and_the_initial_state(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape", [(3, 4), (1, 3, 4), (2, 3, 5), (2, 1, 3, 4)])
 def test_a_chunk_scan_initial_state_of_another_shape_is_named(backend, shape):
-    """``initial`` must be ``(*lead, *state)``: one without the lead dims, or of another state shape, failed on
-    every backend in the middle of the scan (or broadcast)."""
+    """``initial`` must have ``a``'s leading dims, then the state's: one without the batch dims, or of another
+    state shape, failed on every backend in the middle of the scan (or broadcast)."""
     from kernels.scan import chunk_scan
     a, X = torch.rand(2, 5), torch.randn(2, 5, 3, 4)
-    with pytest.raises(ValueError, match=r"chunk_scan: initial .* must be \(\*lead, \*state\) = \(2, 3, 4\)"):
+    with pytest.raises(ValueError, match=r"chunk_scan: initial .* must be a's leading dims then the state's, \(2, 3, 4\)"):
         chunk_scan(a, X, torch.randn(shape), backend=backend)
