@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.backend import triton_pieces_for
-from kernels.delta import BACKENDS, delta_product, delta_product_step
+from kernels.delta import BACKENDS, TRITON_MAX_HEAD_DIM, delta_product, delta_product_step
 from kernels.gate import scaled_sigmoid
 
 from .base import Mixer, State, register_mixer
@@ -41,9 +41,6 @@ from .conv_time_first import short_conv_time_first
 from .l2norm import l2_normalize
 from .layers import DecayGate, GatedRMSNorm, ShortConv, compute_dtype, keep_autocast_dtype, one_pass, project, split_in_place
 from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
-
-#: the largest head dim the Triton kernels take (``MAX_HEAD_DIM`` of :mod:`kernels.delta.triton`, which imports Triton)
-_TRITON_MAX_HEAD_DIM = 128
 
 _STATE_FORMULA = ("n_heads * head_dim^2 + [short conv] (conv_size - 1) * n_heads * head_dim * (1 + 2 n_h)"
                   "  (constant in T)")
@@ -81,9 +78,9 @@ class DeltaProduct(Mixer):
             raise ValueError(f"{self.name}: d_model={d_model} is not divisible by n_heads={H}; "
                              f"set head_dim or change n_heads")
         self.n_heads, self.head_dim, self.n_h = H, o.head_dim or d_model // H, o.num_householder
-        if o.backend == "triton" and self.head_dim > _TRITON_MAX_HEAD_DIM:
+        if o.backend == "triton" and self.head_dim > TRITON_MAX_HEAD_DIM:
             # the rule kernels.delta applies at the first forward, checked when the layer is built
-            raise ValueError(f"{self.name}: backend='triton' needs head_dim <= {_TRITON_MAX_HEAD_DIM} (a chunk's "
+            raise ValueError(f"{self.name}: backend='triton' needs head_dim <= {TRITON_MAX_HEAD_DIM} (a chunk's "
                              f"tiles must fit a GPU block's shared memory), got head_dim={self.head_dim}; use "
                              f"more heads, a smaller head_dim, or backend='auto' or 'torch'")
         K = V = self.head_dim

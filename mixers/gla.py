@@ -24,7 +24,7 @@ from torch import nn
 
 from kernels.backend import triton_pieces_for
 from kernels.gate import beta_scale
-from kernels.gla import BACKENDS, gla, gla_step
+from kernels.gla import BACKENDS, gla, gla_step, triton_chunk_size_problem
 
 from .base import Mixer, State, register_mixer
 from .l2norm import l2_normalize
@@ -166,10 +166,10 @@ class GLA(GatedRegressionBlock):
 
         def __post_init__(self):
             # the rule kernels.gla applies at the first forward, checked where a recipe names the two options
-            if self.backend == "triton" and self.chunk_size is not None and (
-                    self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1)):
-                raise ValueError(f"backend='triton' needs chunk_size a power of two >= 16, got {self.chunk_size}; "
-                                 f"use chunk_size=16, 32 or 64, or backend='torch'")
+            why = self.backend == "triton" and self.chunk_size is not None and triton_chunk_size_problem(
+                self.chunk_size)
+            if why:
+                raise ValueError(f"backend='triton' {why}; use chunk_size=16, 32 or 64, or backend='torch'")
 
     contract_options = {"n_heads": 2, "head_dim": 8, "chunk_size": 8}
 

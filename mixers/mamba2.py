@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.ssd import BACKENDS, ssd, ssd_step
+from kernels.ssd import BACKENDS, TRITON_MAX_DIM, ssd, ssd_step
 
 from .base import Mixer, State, register_mixer
 from .layers import (
@@ -42,9 +42,6 @@ from .options import backend_opt, chunk_size_for, chunk_size_opt, opt
 
 #: upper bound of the step size dt (see the module docstring)
 DT_MAX = 1e3
-#: the largest d_state and head dim the Triton kernels take (``MAX_DIM`` of :mod:`kernels.ssd.triton`, which imports
-#: Triton)
-_TRITON_MAX_DIM = 128
 
 
 @register_mixer
@@ -66,8 +63,8 @@ class Mamba2(Mixer):
 
         def __post_init__(self):
             # the rule kernels.ssd applies at the first forward, checked where a recipe names the options
-            if self.backend == "triton" and max(self.d_state, self.headdim) > _TRITON_MAX_DIM:
-                raise ValueError(f"backend='triton' needs d_state and headdim <= {_TRITON_MAX_DIM} (a chunk's tiles "
+            if self.backend == "triton" and max(self.d_state, self.headdim) > TRITON_MAX_DIM:
+                raise ValueError(f"backend='triton' needs d_state and headdim <= {TRITON_MAX_DIM} (a chunk's tiles "
                                  f"must fit a GPU block's shared memory), got d_state={self.d_state}, headdim="
                                  f"{self.headdim}; use smaller ones, or backend='auto' or 'torch'")
 

@@ -29,6 +29,9 @@ __all__ = ["BACKENDS", "delta_product", "delta_rule", "fla_runs_gated", "delta_p
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "fla")
+#: largest key / value head dim of the Triton kernels: the chunk tiles of 256 need more shared memory than a
+#: GPU block has (python -m zoo.benchmark.compile_check), so their launcher refuses it
+TRITON_MAX_HEAD_DIM = 128
 
 
 def fla_runs_gated(dtype: torch.dtype, gated: bool) -> bool:
@@ -73,8 +76,8 @@ def delta_product(
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
     _check_layout(q, k, v, beta, g, initial_state, num_householder)
     unsupported = {}
-    if max(q.shape[-1], v.shape[-1]) > 128:  # the Triton kernels' MAX_HEAD_DIM (shared memory of a block)
-        unsupported["triton"] = "head dims above 128"
+    if max(q.shape[-1], v.shape[-1]) > TRITON_MAX_HEAD_DIM:
+        unsupported["triton"] = f"head dims above {TRITON_MAX_HEAD_DIM}"
     unsupported.update(fla_unsupported(q, fla_runs_gated(q.dtype, g is not None)))
     which = resolve_backend(backend, q, op="delta_product", available=BACKENDS, unsupported=unsupported)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)

@@ -75,6 +75,7 @@ import triton.language as tl
 from ..common import pow2, standard_strides, token_stride
 from ..grad_slots import grad_slot
 from ..launch import launch
+from . import TRITON_MAX_HEAD_DIM
 from .chunked import interleave_inputs
 from .reference import flatten_substeps
 
@@ -488,9 +489,8 @@ def _bwd_prep_wy(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, dU_ptr, dW_ptr, dks_ptr, dG
 #: largest V (and K) block of one program of the state passes or of one step of a loop over the head dims
 #: (tests lower it to exercise those loops)
 BLOCK_V_MAX = 64
-#: largest key / value head dim: the chunk tiles of 256 need more shared memory than a GPU block has
-#: (python -m zoo.benchmark.compile_check), so the launcher refuses it
-MAX_HEAD_DIM = 128
+#: largest key / value head dim (the package's, where the mixers read it without importing Triton)
+MAX_HEAD_DIM = TRITON_MAX_HEAD_DIM
 #: largest chunk the kernels use (the inverse's merges are written for BT / 16 a power of two)
 MAX_CHUNK = 64
 

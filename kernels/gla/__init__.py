@@ -52,10 +52,18 @@ def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_st
     return gla_chunked(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
 
 
-def _triton_refuses(q, chunk_size: int) -> str | None:
-    """Why the triton backend cannot take these inputs, or None (``auto`` then runs the chunked path)."""
+def triton_chunk_size_problem(chunk_size: int) -> str | None:
+    """Why the triton backend cannot take ``chunk_size``, or None (the mixer asks when it is built)."""
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         return f"needs chunk_size a power of two >= 16, got {chunk_size}"
+    return None
+
+
+def _triton_refuses(q, chunk_size: int) -> str | None:
+    """Why the triton backend cannot take these inputs, or None (``auto`` then runs the chunked path)."""
+    why = triton_chunk_size_problem(chunk_size)
+    if why:
+        return why
     if q.dtype == torch.float64:
         return "computes in fp32 and 16-bit, not fp64"
     return None

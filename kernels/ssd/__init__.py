@@ -16,6 +16,9 @@ __all__ = ["BACKENDS", "ssd", "ssd_chunked", "ssd_reference", "ssd_step"]
 
 #: the backends this family implements (``auto`` picks among them); mixers offer these
 BACKENDS = ("reference", "torch", "triton", "mamba_ssm")
+#: largest d_state and head dim of the Triton kernels (mamba-ssm's default d_state is 128); checked for sm_80
+#: and sm_90 by python -m zoo.benchmark.compile_check
+TRITON_MAX_DIM = 128
 
 
 @full_precision
@@ -23,7 +26,7 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str =
     """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``; with ``D (H,)``, ``y`` includes Mamba-2's skip
     ``D_h x_t`` (the Triton backend adds it in its output kernel, the others after)."""
     _check_layout(x, dt, A, B, C, D, initial_state)
-    wide = max(B.shape[-1], x.shape[-1]) > 128  # the Triton kernels' MAX_DIM (see kernels/ssd/triton.py)
+    wide = max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,
                              unsupported={"triton": "d_state or head dim above 128"} if wide else None)
     if chosen == "triton" and x.shape[1] == 0:  # an empty sequence: the chunked path's empty output and state

@@ -67,6 +67,7 @@ from ..backend import triton_interpreting
 from ..common import cdiv, pow2, standard_strides, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
+from . import TRITON_MAX_DIM
 
 __all__ = ["ssd_triton", "chunk_states", "pass_states", "chunk_outputs", "chunk_state_grads", "pass_state_grads",
            "chunk_grads"]
@@ -363,9 +364,8 @@ _PASS_BLOCK = 256
 #: the products' precision: only fp32 operands read it (exact fp32); 16-bit ones run on tensor cores
 _PREC = "ieee"
 
-#: largest d_state and head dim of the kernels (mamba-ssm's default d_state is 128). Checked for sm_80
-#: and sm_90 by python -m zoo.benchmark.compile_check.
-MAX_DIM = 128
+#: largest d_state and head dim of the kernels (the package's, where the mixers read it without importing Triton)
+MAX_DIM = TRITON_MAX_DIM
 
 
 def block_chunk(chunk_size: int, N: int, P: int, low_precision: bool = True) -> int:
