@@ -48,17 +48,14 @@ def _check_layout(x, dt, A, B, C, D, initial_state) -> None:
     """Refuse, on every backend and in one line naming the tensor, inputs whose shapes disagree (the reference and
     torch backends broadcast a one-head ``dt``, ``A`` or ``B`` into another model, the Triton kernels refused).
     ``B`` and ``C`` of fewer groups than heads say how to spread the groups over the heads."""
-    try:
-        check_layout("ssd", x=(x, "B T H P"), dt=(dt, "B T H"), A=(A, "H"), B=(B, "B T H N"), C=(C, "B T H N"),
-                     D=(D, "H"), initial_state=(initial_state, "B H N P"))
-    except ValueError as err:
-        H = x.shape[2] if x.dim() == 4 else 0
-        for name, t in (("B", B), ("C", C)):
-            G = t.shape[2] if t.dim() == 4 else 0
-            if str(err).startswith(f"ssd: {name} of shape") and f"with H = {H}," in str(err) and 0 < G < H \
-                    and H % G == 0:
-                fix = (f"for one group shared by every head pass {name}.expand(-1, -1, {H}, -1)" if G == 1 else
-                       f"for {G} groups of {H // G} consecutive heads each (Mamba-2's grouping) pass "
-                       f"{name}.repeat_interleave({H // G}, dim=2)")
-                raise ValueError(f"{err}; {fix}") from None
-        raise
+    H = x.shape[2] if x.dim() == 4 else 0
+    for name, t in (("B", B), ("C", C)):
+        G = t.shape[2] if t.dim() == 4 else 0
+        if 0 < G < H and H % G == 0:
+            fix = (f"for one group shared by every head pass {name}.expand(-1, -1, {H}, -1)" if G == 1 else
+                   f"for {G} groups of {H // G} consecutive heads each (Mamba-2's grouping) pass "
+                   f"{name}.repeat_interleave({H // G}, dim=2)")
+            raise ValueError(f"ssd: {name} of shape {tuple(t.shape)} must be (B, T, H, N) with H = {H}, one row per "
+                             f"head; {fix}")
+    check_layout("ssd", x=(x, "B T H P"), dt=(dt, "B T H"), A=(A, "H"), B=(B, "B T H N"), C=(C, "B T H N"),
+                 D=(D, "H"), initial_state=(initial_state, "B H N P"))
