@@ -1,6 +1,7 @@
 """The property every ``zoo data prepare`` source must have, checked the same way for each: preparing twice
 writes the same bytes (and the second time writes nothing), two workers write what one writes, and a run
-interrupted after some parts resumes without tokenising those parts again, to the same files."""
+interrupted after some parts resumes without tokenising those parts again, to the same files. Random corpora
+for these tests are drawn with :func:`in_both_splits`, so that no draw leaves a split empty."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from zoo.data import prepare as prep
+from zoo.data import sources
 
 #: the byte tokenizer's end-of-document id, which separates the documents of a prepared split
 EOS = 256
@@ -20,6 +22,18 @@ def split_documents(tokens: np.ndarray) -> list[bytes]:
     ends = np.flatnonzero(tokens == EOS)
     starts = np.concatenate([[0], ends[:-1] + 1])
     return [bytes(tokens[s:e].astype(np.uint8)) for s, e in zip(starts, ends)]
+
+
+def in_both_splits(draw: Callable[[], list], val_fraction: float, tries: int = 1000) -> list:
+    """``draw()``'s first list of texts (None: a missing text) whose documents fall in both splits at
+    ``val_fraction``: a few random documents all land in one split often enough (8 at 0.3: 1 draw in 17) to
+    make a test that prepares them fail by chance rather than by a defect."""
+    for _ in range(tries):
+        texts = draw()
+        splits = {sources.split_of(None, t.encode(), val_fraction) for t in texts if t}
+        if splits == {"train", "val"}:
+            return texts
+    raise AssertionError(f"no draw of {tries} put documents in both splits at val_fraction {val_fraction}")
 
 
 def folder_bytes(where: Path) -> dict:

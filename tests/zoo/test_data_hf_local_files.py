@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mixers.options import build_options
-from tests.zoo.preparation import split_documents
+from tests.zoo.preparation import in_both_splits, split_documents
 from zoo.data import prepare as prep
 from zoo.data import sources
 from zoo.errors import UserError
@@ -55,11 +55,12 @@ def test_an_edited_local_file_of_an_hf_source_is_prepared_again(tmp_path, monkey
     values.update({"hf_dataset": "json", "hf_data_files": str(data)} if how == "data_files" else
                   {"hf_dataset": str(tmp_path / "set")})
     o = build_options(LanguageModeling.Options, values, "")
-    first = _texts(rng, int(rng.integers(20, 40)))
+    first = in_both_splits(lambda: _texts(rng, int(rng.integers(20, 40))), 0.3)
     _write(data, first)
     assert _prepared_documents(o) == sorted(t.encode() for t in first)
     assert prep.prepare(o)[1] is False  # unchanged files: the prepared folder is found, nothing written
-    edited = _texts(rng, len(first) + int(rng.integers(1, 10)))  # other documents, and more of them
+    # other documents, and more of them
+    edited = in_both_splits(lambda: _texts(rng, len(first) + int(rng.integers(1, 10))), 0.3)
     _write(data, edited)
     assert _prepared_documents(o) == sorted(t.encode() for t in edited)
     task = LanguageModeling(o)  # what training reads is the edited data too

@@ -10,6 +10,7 @@ import torch
 
 from mixers.options import build_options
 from tests.zoo.local_tokenizer import TEXT, bpe_tokenizer
+from tests.zoo.preparation import in_both_splits
 from zoo.data import prepare as prep
 from zoo.data.tokenize import HFTokenizer
 from zoo.tasks.lm import LanguageModeling
@@ -50,7 +51,7 @@ def test_a_saved_truncation_or_padding_does_not_change_the_tokens_of_a_document(
 def test_a_corpus_prepared_with_a_truncating_tokenizer_holds_every_document_whole(tmp_path):
     rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
     path, plain = _saved_with(tmp_path, "truncation", int(rng.integers(4, 24)))
-    texts = _texts(rng, 12)
+    texts = in_both_splits(lambda: _texts(rng, 12), 0.3)
     (tmp_path / "corpus.txt").write_text("\n\n\n".join(texts))
     o = build_options(LanguageModeling.Options, {
         "source": "files", "path": str(tmp_path / "corpus.txt"), "doc_separator": "\n\n\n", "tokenizer": path,
@@ -69,7 +70,7 @@ def test_a_corpus_prepared_with_a_truncating_tokenizer_holds_every_document_whol
 def test_a_tokenizer_file_named_by_another_path_reads_the_folder_it_prepared(tmp_path, monkeypatch):
     rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
     bpe_tokenizer(tmp_path / "tok.json")
-    texts = _texts(rng, 8)
+    texts = in_both_splits(lambda: _texts(rng, 8), 0.3)
     (tmp_path / "corpus.txt").write_text("\n\n\n".join(texts))
     monkeypatch.chdir(tmp_path)
 
