@@ -72,7 +72,11 @@ class Attention(Mixer):
     def prefill(self, x, mask=None):
         q, k, v = self._qkv(x, 0)
         o = attention(q, k, v, causal=True, backend=self.options.backend)
-        return self.out(o.flatten(2)), {"k": k, "v": v}
+        # the cache in the module's dtype, as init_state lays it out and step extends it (step runs with autocast
+        # off): under autocast the projection gives k and v in the autocast dtype, and the first step's
+        # concatenation would promote the whole cache mid-decode
+        dtype = self.qkv.weight.dtype
+        return self.out(o.flatten(2)), {"k": k.to(dtype), "v": v.to(dtype)}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
         empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)

@@ -5,7 +5,8 @@ recurrence with an explicit, fixed-layout state (a ``dict`` of tensors). The con
 
 - ``prefill(x, mask=None) -> (y, state)``: the parallel / chunked form, which also returns the final
   state (required; there is no silent token-loop default). ``forward(x, mask)`` is derived from it;
-- ``init_state(batch, device, dtype)`` and ``step(x_t, state) -> (y_t, state)`` (``x_t`` of shape
+- ``init_state(batch, device, dtype)`` (``device`` and ``dtype`` default to the mixer's own) and
+  ``step(x_t, state) -> (y_t, state)`` (``x_t`` of shape
   ``(batch, d_model)``): the recurrence, so ``prefill`` then ``step`` equals ``forward`` over the whole
   sequence;
 - ``state_size(seq_len)``: decode-state elements per sequence (``active_state_size``: those one step

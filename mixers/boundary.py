@@ -15,6 +15,11 @@ dtype and the one given, before any projection runs:
 - ``batch = 0`` is refused (every mixer alike); ``T = 0`` returns an empty ``(batch, 0, d_model)`` output
   and, from ``prefill``, the state of ``init_state`` (nothing consumed).
 
+``init_state(batch_size)`` without a ``device`` or ``dtype`` lays the state out for the mixer's own (those of its
+first floating parameter), as ``init_state(batch_size, device, dtype)`` with them would: a 16-bit or CUDA mixer
+then steps from it as from the state ``prefill`` returns (torch's defaults, fp32 on the CPU, made ``step`` fail
+on a bf16 model's mixed operands or move its short-convolution buffers to fp32).
+
 ``step`` also runs with autocast switched off for its device: one decode token is cheap, and the
 recurrent state update must be computed in fp32 as the parallel kernels do (bf16 matmuls inside a
 per-token solve or state update drift from ``forward`` by far more than bf16 rounding). An ``x_t`` in the
@@ -158,11 +163,30 @@ def checked_step(fn):
     return step
 
 
-WRAPPERS = {"forward": checked_forward, "prefill": checked_prefill, "step": checked_step}
+def module_device(mixer: torch.nn.Module) -> torch.device | None:
+    """The device of the mixer's first floating parameter (or buffer); None if it has none."""
+    for tensor in itertools.chain(mixer.parameters(), mixer.buffers()):
+        if tensor.is_floating_point():
+            return tensor.device
+    return None
+
+
+def defaulted_init_state(fn):
+    @functools.wraps(fn)
+    def init_state(self, batch_size, device=None, dtype=None, *args, **kwargs):
+        device = module_device(self) if device is None else device
+        dtype = module_dtype(self) if dtype is None else dtype
+        return fn(self, batch_size, device, dtype, *args, **kwargs)
+    setattr(init_state, WRAPPED, True)
+    return init_state
+
+
+WRAPPERS = {"forward": checked_forward, "prefill": checked_prefill, "step": checked_step,
+            "init_state": defaulted_init_state}
 
 
 def wrap_methods(cls) -> None:
-    """Wrap the ``forward`` / ``prefill`` / ``step`` that ``cls`` itself defines (once each)."""
+    """Wrap the ``forward`` / ``prefill`` / ``step`` / ``init_state`` that ``cls`` itself defines (once each)."""
     for name, wrapper in WRAPPERS.items():
         fn = cls.__dict__.get(name)
         if callable(fn) and not getattr(fn, WRAPPED, False):

@@ -78,7 +78,10 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
     """One token id from ``(V,)`` logits."""
     if temperature <= 0:
         return int(logits.argmax())
-    logits = logits.double() / temperature
+    # shifted to a maximum of 0 before the division: a tiny temperature then sends the other logits to -inf (the
+    # greedy choice) instead of overflowing every logit to +-inf, whose softmax is NaN
+    logits = logits.double()
+    logits = (logits - logits.max()) / temperature
     if 0 < top_k < logits.numel():
         logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
     probs = torch.softmax(logits, -1)
