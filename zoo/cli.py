@@ -245,7 +245,8 @@ def cmd_claims(args) -> int:
             for problem in problems:
                 print(f"zoo claims: {problem}", file=sys.stderr)
             if not problems:
-                print("zoo claims: CLAIMS.md and tables/README.md match the committed results")
+                print("zoo claims: CLAIMS.md, tables/README.md and every table's results.md and results.csv match "
+                      "the committed results")
             return 1 if problems else 0
         for rel in ledger.write(args.root, notes):
             print(f"wrote {Path(args.root) / rel}")

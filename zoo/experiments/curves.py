@@ -10,7 +10,10 @@ evaluated in fp32) and ends at the final evaluation. Tokens = step x ``train.bat
 
     python -m zoo.experiments.curves DIR     # DIR/results.jsonl -> DIR/curves.png (and curves.csv)
 
-A cell with several seeds is drawn as the mean over its seeds at the steps they share.
+A cell with several seeds is drawn as the mean over its seeds at the steps they share. In an ablation's folder
+(one with the grid layout ``cells.json``) the curves hold the grid's own training rows under their current
+labels, as its tables do (:func:`zoo.experiments.results.split_rows`): an eval row, a row of an earlier grid or
+a later row of a cell's recipe is neither a curve of its own nor a seed of a cell.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import matplotlib
 
 from ..errors import UserError
 from ..rows import read_rows
-from .results import figure, group_by_cell
+from .results import figure, group_by_cell, read_layout, split_rows
 
 
 def curve(row: dict) -> list[tuple[int, float]]:
@@ -70,6 +73,10 @@ def write_curves(out_dir: Path, title: str = "") -> Path:
     """``out_dir/curves.png`` and ``curves.csv`` (cell, tokens, val_bpb) from ``out_dir/results.jsonl``."""
     rows = read_rows(out_dir / "results.jsonl")
     name = rows[-1]["recipe"].get("name", "") if rows else ""
+    layout = read_layout(out_dir)
+    if layout is not None:  # the grid's own cells, as in its tables
+        rows = split_rows(rows, layout)[0]
+        name = layout["title"] or name
     cells = plot_curves(rows, out_dir / "curves.png", title or name)
     with open(out_dir / "curves.csv", "w", newline="") as fh:
         writer = csv.writer(fh)

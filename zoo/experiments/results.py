@@ -10,7 +10,9 @@ the grid's own training rows only: the rows whose recipe key is a cell of the la
 first in the file), under the cell's current label. Every other row of ``results.jsonl`` (``zoo eval``
 rows, rows of ``zoo train``, rows of an earlier, different grid, a second row of a cell's recipe) is
 listed as recorded in a separate table at the end of ``results.md``, and never counted as a seed of a
-cell. A folder without ``cells.json`` renders every row in the main table, in file order.
+cell; a cell of the layout without a row (it failed, or has not run yet) is named below the tables, so that a
+grid with a cell missing never reads as complete. A folder without ``cells.json`` renders every row in the main
+table, in file order.
 """
 from __future__ import annotations
 
@@ -242,6 +244,30 @@ def split_rows(rows: list[dict], layout: dict) -> tuple[list[dict], list[dict]]:
     return cells, others
 
 
+#: the heading of the cells of an ablation folder's grid that have no row
+MISSING_CELLS_HEADING = "Cells of this grid without a row"
+
+
+def missing_cells_note(shown: list[dict], layout: dict) -> str:
+    """The cells of the grid (``layout``) that have no row among ``shown`` (a cell that failed, or not run yet),
+    each with how many of its runs (seeds) are missing; empty when every cell has its rows."""
+    have = {row["recipe_key"] for row in shown}
+    planned: dict[str, int] = {}
+    missing: dict[str, int] = {}
+    for cell in layout["cells"]:
+        planned[cell["label"]] = planned.get(cell["label"], 0) + 1
+        if cell["key"] not in have:
+            missing[cell["label"]] = missing.get(cell["label"], 0) + 1
+    if not missing:
+        return ""
+    listed = ", ".join(f"`{label}` ({n} of {planned[label]} run{'s' * (planned[label] != 1)})"
+                       for label, n in missing.items())
+    return (f"## {MISSING_CELLS_HEADING}\n\n"
+            f"The tables above leave out these runs of the grid, which have no finished row in results.jsonl (a cell "
+            f"that failed, or one not run yet); running the same zoo ablate command again runs only them: "
+            f"{listed}.\n")
+
+
 def other_rows_table(others: list[dict], layout: dict) -> str:
     """The rows of an ablation folder that are not cells of its grid, one line each as recorded; ``evaluates``
     names the cell (or the recipe key) whose checkpoint an eval row measured."""
@@ -272,7 +298,8 @@ def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, re
         title = title or rows[-1]["recipe"].get("name") or out_dir.name
         return render(rows, out_dir, title=title, plot=plot)
     shown, others = split_rows(rows, layout)
-    tail = other_rows_table(others, layout) if others else ""
+    missing = missing_cells_note(shown, layout)
+    tail = "\n".join(part for part in (missing, other_rows_table(others, layout) if others else "") if part)
     title = title or layout["title"] or out_dir.name
     table = render(shown, out_dir, title=title, plot=plot, tail="\n" + tail if tail else "")
     return table + ("\n\n" + tail.rstrip("\n") if tail else "")

@@ -6,9 +6,11 @@ judges (those its ``reproduced`` and ``partly`` conditions read, and those the c
 checked seed by seed on the metrics declared for them (or on the metric a ``learned`` term names): a seed
 whose value is not above the level by :data:`LEARNING_MARGIN` did not learn, and every condition that reads
 the cell is then inconclusive (a baseline that learned nothing cannot be beaten, and a model that learned
-nothing tells nothing about how it would do once it learns). A metric that is a cost (:func:`is_cost`: bits
-per byte, a loss, a perplexity) learns downwards: its seed must be below the level by the margin, e.g. a
-language model's ``val_bpb`` below the bits per byte of the validation text's unigram distribution.
+nothing tells nothing about how it would do once it learns); a ``learned`` cell that no verdict condition
+reads makes every verdict condition inconclusive, since the verdict as a whole assumes that it learned. A metric
+that is a cost (:func:`is_cost`: bits per byte, a loss, a perplexity) learns downwards: its seed must be below
+the level by the margin, e.g. a language model's ``val_bpb`` below the bits per byte of the validation text's
+unigram distribution.
 
 A claim names in ``unguarded: {<cell>: <why>}`` the cells whose failure to learn is itself the result: the
 claim predicts it (a pure Mamba-2 stays at chance), or the cell is compared with a guarded cell that learned

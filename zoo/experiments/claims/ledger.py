@@ -2,12 +2,18 @@
 write them (``zoo claims``), or check the committed ones against them (``zoo claims --check``).
 
 ``CLAIMS.md`` (:mod:`.render`), ``tables/README.md`` (:mod:`.costs`) and the README's results table are
-generated, so none of them can be edited by hand or drift from the data.
+generated, so none of them can be edited by hand or drift from the data. The check also renders every listed
+table's ``results.jsonl`` again (:func:`zoo.experiments.results.render_folder`) and compares its committed
+``results.md`` and ``results.csv`` with that, so that a table re-run without being rendered again (or a hand
+edit of a rendered number) is found; only the title line, which is not read from the rows, may differ.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
+from ..results import LAYOUT_NAME, render_folder
 from .costs import render_tables
 from .render import readme_with_results, render_claims
 from .schema import check_tables, load
@@ -43,8 +49,41 @@ def first_difference(old: str, new: str) -> str:
     return f"line {min(len(a), len(b)) + 1}: the committed file has {len(a)} lines, the regenerated {len(b)}"
 
 
+def _without_title(text: str) -> str:
+    """A rendered results.md without its title line (the title comes from the command line or the layout)."""
+    return text.split("\n", 1)[1] if text.startswith("# ") else text
+
+
+def stale_renderings(root: Path, tables) -> list[str]:
+    """One message per committed ``results.md`` / ``results.csv`` of ``tables`` that differs from what its
+    ``results.jsonl`` (with its grid layout) renders now; a table without such a file is not checked."""
+    problems = []
+    for table in tables:
+        folder = root / "tables" / table
+        committed = {name: (folder / name).read_text() for name in ("results.md", "results.csv")
+                     if (folder / name).is_file()}
+        if not committed or not (folder / "results.jsonl").is_file():
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("results.jsonl", LAYOUT_NAME):
+                if (folder / name).is_file():
+                    shutil.copyfile(folder / name, Path(tmp) / name)
+            render_folder(Path(tmp), title=table, plot=False)
+            rendered = {name: (Path(tmp) / name).read_text() for name in committed}
+        for name, text in committed.items():
+            old, new = text, rendered[name]
+            if name == "results.md":
+                old, new = _without_title(old), _without_title(new)
+            if old != new:
+                problems.append(f"tables/{table}/{name} does not match its results.jsonl ({first_difference(old, new)}"
+                                f"{', after the title line' if name == 'results.md' else ''}); render it again with "
+                                f"zoo table tables/{table}")
+    return problems
+
+
 def check(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:
-    """One message per generated file that differs from the committed one (empty when all match)."""
+    """One message per generated file that differs from the committed one, and per committed rendering of a
+    table that differs from its rows (empty when all match)."""
     root = Path(root)
     problems: list[str] = []
     for rel, text in build(root, notes, problems).items():
@@ -54,7 +93,7 @@ def check(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:
         elif path.read_text() != text:
             problems.append(f"{rel} differs from the regenerated text ({first_difference(path.read_text(), text)}); "
                             f"edit claims.yaml or the tables, not {rel}, and run zoo claims")
-    return problems
+    return problems + stale_renderings(root, load(root).get("tables") or {})
 
 
 def write(root: Path | str = ".", notes: list[str] | None = None) -> list[str]:

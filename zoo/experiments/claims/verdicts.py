@@ -5,8 +5,10 @@
   condition holds, else "not reproduced";
 - the learned guard (:mod:`.guard`) checks seed by seed that every cell the verdict judges left its table's
   no-learning level (every table declares one); a condition that reads a cell with a seed at that level is
-  inconclusive, and so is a verdict that depends on it: "inconclusive (a judged seed did not learn)", or
+  inconclusive (every verdict condition is, for a cell the claim lists in ``learned`` that none of them reads),
+  and so is a verdict that depends on it: "inconclusive (a judged seed did not learn)", or
   "partly (reproduced: inconclusive)" / "not reproduced (partly: inconclusive)" where the other kind decides;
+  a cell in ``learned`` needs :data:`MIN_SEEDS` seeds like a cell the rule reads;
 - a claim about a change (length, budget, size) must state it, and its rule must not hold in the base
   setting alone (:mod:`.changes`);
 - ``exploration`` conditions (other cells or settings than the paper's) are evaluated and shown, never a
@@ -145,14 +147,17 @@ def _disclosed(spec: dict, found: Registration) -> Registration:
                                     f"the rule informed it: {runs}")
 
 
-def _mark(claim: Claim, conds, results: list[ConditionResult]) -> list[ConditionResult]:
-    """The outcomes of ``conds``, inconclusive where a condition reads a cell with an unlearned seed."""
+def _mark(claim: Claim, conds, results: list[ConditionResult], verdict: bool = True) -> list[ConditionResult]:
+    """The outcomes of ``conds``, inconclusive where a condition reads a cell with an unlearned seed; for the
+    conditions of a ``verdict``, every one of them where a cell that must have learned (``learned``) but that no
+    verdict condition reads did not: the verdict as a whole rests on that cell."""
     bad: dict[str, set[str]] = {}
     for u in claim.unlearned:
         bad.setdefault(u.alias, set()).add(str(u.seed))
+    everywhere = [a for a in bad if a not in _condition_aliases(claim)] if verdict else []
     for cond, result in zip(conds, results):
         result.inconclusive = "; ".join(f"{a} seed{'s' * (len(bad[a]) > 1)} {', '.join(sorted(bad[a]))} did not "
-                                        f"learn" for a in dict.fromkeys(cond.aliases()) if a in bad)
+                                        f"learn" for a in dict.fromkeys([*cond.aliases(), *everywhere]) if a in bad)
     return results
 
 
@@ -176,9 +181,11 @@ def _verdict(reproduced: str, partly: str) -> str:
 
 def _judge(claim: Claim) -> str:
     """``claim.outcomes`` by the claim's rule, and the verdict they give."""
-    fewest = min(claim.cells[a].n for a in _condition_aliases(claim))
-    claim.outcomes = {kind: _mark(claim, conds, [evaluate(c, claim.cells) for c in conds]) if fewest else []
-                      for kind, conds in claim.rule.items()}
+    read = min(claim.cells[a].n for a in _condition_aliases(claim))
+    claim.outcomes = {kind: _mark(claim, conds, [evaluate(c, claim.cells) for c in conds], kind in VERDICT_KINDS)
+                      if read else [] for kind, conds in claim.rule.items()}
+    # a cell that must have learned counts like one the rule reads: with no rows, nothing shows that it learned
+    fewest = min(claim.cells[a].n for a in _judged_aliases(claim))
     if fewest < MIN_SEEDS:
         return f"not tested ({fewest} seed{'s' * (fewest != 1)}; needs {MIN_SEEDS})"
     return _verdict(_status(claim.outcomes["reproduced"]), _status(claim.outcomes["partly"]))
