@@ -38,7 +38,8 @@ def test_the_cpu_stand_in_counts_and_times_every_operator():
     assert found.launches == sum(k["calls"] for k in found.kernels) == 4
     assert found.device_ms == pytest.approx(sum(k["ms"] for k in found.kernels), abs=1e-3)
     assert all(k["ms"] > 0 for k in found.kernels)
-    assert found.kernels[0]["name"] == "aten.mm.default"   # three n^3 products take longer than one sum
+    # longest first (which operator is longest is the machine's business: a preempted sum can outlast the products)
+    assert [k["ms"] for k in found.kernels] == sorted((k["ms"] for k in found.kernels), reverse=True)
     assert breakdown(_three_products_and_a_sum(n), torch.device("cpu")).launches == 4
 
 
