@@ -305,12 +305,24 @@ def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, re
     return table + ("\n\n" + tail.rstrip("\n") if tail else "")
 
 
+#: what a table's plot draws: the headline metric of its rows, how it reads, and its axis limits (None: free)
+PLOTTED = {"test_accuracy": ("test accuracy", (0, 1.02)),
+           "val_bpb": ("validation bits per byte (lower is better)", None)}
+
+
+def plotted_metric(rows: list[dict]) -> str:
+    """The metric a table's plot draws: ``val_bpb`` for language models (their tables lead with it), else
+    ``test_accuracy``."""
+    return "val_bpb" if any("val_bpb" in r["metrics"] for r in rows) else "test_accuracy"
+
+
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
-    """Accuracy per cell (mean over its seeds, error bar = sample std) against test length, and, when the
-    cells' decode states differ, against decode-state size."""
+    """The headline metric (:func:`plotted_metric`) per cell (mean over its seeds, error bar = sample std)
+    against test length, and, when the cells' decode states differ, against decode-state size."""
+    metric = plotted_metric(rows)
     cells = group_by_cell(rows)
     lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"]
-                      if k.startswith("test_accuracy@") and "=" not in k})
+                      if k.startswith(f"{metric}@") and "=" not in k})
     states = {r["metrics"].get("state_size") for r in rows} - {None}
     ncols = 2 if len(states) > 1 else 1
     with figure(path, ncols=ncols, size=(6 * ncols + 2.5, 4), title=title) as (fig, axes):
@@ -318,9 +330,9 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
         if len(cells) > 10:  # the default cycle repeats after 10 colours
             for ax in axes:
                 ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
-        _plot_accuracy(axes[0], cells, lengths)
+        _plot_by_length(axes[0], cells, lengths, metric)
         if ncols > 1:
-            _plot_state(axes[1], cells)
+            _plot_state(axes[1], cells, metric)
         handles, labels = axes[0].get_legend_handles_labels()
         if not handles:  # a bar chart carries its labels on the axis; the state panel still needs a legend
             handles, labels = axes[-1].get_legend_handles_labels()
@@ -332,35 +344,39 @@ def _mean_std_of(group: list[dict], key: str) -> tuple[float, float]:
     return mean_std([r["metrics"][key] for r in group])
 
 
-def _plot_accuracy(ax, cells: dict[str, list[dict]], lengths: list[int]):
+def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric: str):
+    words, limits = PLOTTED[metric]
     if lengths:
         for label, group in cells.items():
             m = group[0]["metrics"]
             train_len = group[0]["recipe"]["task"].get("seq_len")
-            present = [L for L in lengths if f"test_accuracy@{L}" in m]  # cells of a mixed grid differ
-            stats = [_mean_std_of(group, k) for k in ["test_accuracy"] + [f"test_accuracy@{L}" for L in present]]
+            present = [L for L in lengths if f"{metric}@{L}" in m]  # cells of a mixed grid differ
+            stats = [_mean_std_of(group, k) for k in [metric] + [f"{metric}@{L}" for L in present]]
             ax.errorbar([train_len] + present, [s[0] for s in stats], yerr=[s[1] for s in stats],
                         marker="o", capsize=3, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test sequence length")
     else:
-        stats = [_mean_std_of(group, "test_accuracy") for group in cells.values()]
+        stats = [_mean_std_of(group, metric) for group in cells.values()]
         ax.bar(range(len(cells)), [s[0] for s in stats], yerr=[s[1] for s in stats], capsize=3)
         ax.set_xticks(range(len(cells)), list(cells), rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("test accuracy (mean ± std over seeds)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel(f"{words} (mean ± std over seeds)")
+    if limits:
+        ax.set_ylim(*limits)
 
 
-def _plot_state(ax, cells: dict[str, list[dict]]):
+def _plot_state(ax, cells: dict[str, list[dict]], metric: str):
+    words, limits = PLOTTED[metric]
     for label, group in cells.items():
         state = group[0]["metrics"].get("state_size")
         if state:
-            mean, std = _mean_std_of(group, "test_accuracy")
+            mean, std = _mean_std_of(group, metric)
             ax.errorbar([state], [mean], yerr=[std], marker="o", capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("decode state (elements per sequence, at the training length)")
-    ax.set_ylabel("test accuracy at the training length")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel(f"{words} at the training length")
+    if limits:
+        ax.set_ylim(*limits)
 
 
 # --------------------------------------------------------------------------------------- zoo bench
