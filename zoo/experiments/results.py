@@ -307,7 +307,7 @@ def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, re
 
 #: what a table's plot draws: the headline metric of its rows, how it reads, and its axis limits (None: free)
 PLOTTED = {"test_accuracy": ("test accuracy", (0, 1.02)),
-           "val_bpb": ("validation bits per byte (lower is better)", None)}
+           "val_bpb": ("validation bits per byte", None)}
 
 
 def plotted_metric(rows: list[dict]) -> str:
