@@ -8,7 +8,6 @@ seed always yields the same data.
 from __future__ import annotations
 
 import abc
-import hashlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,19 +41,29 @@ class TaskData:
 SPLIT_OFFSET = {"train": 1, "test": 2}
 #: below this length the seed of a stream is ``seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len``
 LINEAR_SEED_LENGTHS = 7919
+#: the low bits of a seed that torch's CPU generator reads (its Mersenne Twister is keyed on 32 bits: seeds that
+#: agree in them draw the same numbers)
+GENERATOR_KEY_BITS = 32
+#: keys per split for the lengths from :data:`LINEAR_SEED_LENGTHS` on (every length a task or ``eval.seq_lens``
+#: allows, at most ``1 << 22``, has its own)
+LONG_LENGTH_KEYS = 1 << 22
 
 
 def stream_seed(seed: int, split: str, seq_len: int) -> int:
-    """The generator seed of the data stream ``(seed, split, seq_len)``, a different one for every triple.
+    """The generator seed of the data stream ``(seed, split, seq_len)``: within one seed, every ``(split, length)``
+    has its own generator key (the low :data:`GENERATOR_KEY_BITS` bits, all that the generator reads).
 
-    Below :data:`LINEAR_SEED_LENGTHS` tokens it is the linear form above (every table's data was drawn with it).
-    From there on the linear form would meet another split's stream (train at ``L + 7919`` is test at ``L``), so
-    those lengths take a hash of the triple, set above every seed of the linear form (which stays below ``2**62``
-    while ``seed < 2**42``)."""
+    Below :data:`LINEAR_SEED_LENGTHS` tokens it is the linear form above (every table's data was drawn with it);
+    its keys of one seed lie in ``seed * 1_000_003 + [7920, 3 * 7919)``. From there on the linear form would meet
+    another split's stream (train at ``L + 7919`` is test at ``L``), so each split's longer lengths take the next
+    block of :data:`LONG_LENGTH_KEYS` keys after that range (modulo ``2**32``), with the seed in the bits above:
+    a run's train, test and every test length never share a stream. Different seeds can meet at other splits or
+    lengths (32 bits cannot hold every triple: seeds 94,489 apart do at lengths 2,955 apart)."""
     if seq_len < LINEAR_SEED_LENGTHS:
         return seed * 1_000_003 + SPLIT_OFFSET[split] * 7919 + seq_len
-    digest = hashlib.blake2b(f"{seed}/{split}/{seq_len}".encode(), digest_size=8).digest()
-    return (1 << 62) | (int.from_bytes(digest, "little") & ((1 << 62) - 1))
+    block = 3 * 7919 + (SPLIT_OFFSET[split] - 1) * LONG_LENGTH_KEYS + (seq_len - LINEAR_SEED_LENGTHS)
+    key = (seed * 1_000_003 + block) % (1 << GENERATOR_KEY_BITS)
+    return (seed << GENERATOR_KEY_BITS) | key
 
 
 class Task(abc.ABC):

@@ -350,7 +350,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     test_data = run.task.make("test", recipe.seed)
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
-    state.throughput.start(run.device, warmup_steps(t.steps))
+    if not state.finished:  # a finished checkpoint read again trains nothing: no clock runs
+        state.throughput.start(run.device, warmup_steps(t.steps))
 
     def finish(queued: _Queued) -> None:  # a step's numbers, then what follows it
         loss, accuracy = _read(run, queued)

@@ -111,7 +111,9 @@ class TrainState:
         ckpt.set_rng_state(state["rng"])
         self.step, self.finished, self.history = state["step"], state["finished"], state["history"]
         self.loss_ema, self.acc_ema = state["loss_ema"], state["acc_ema"]
-        self.elapsed_before, self.started = state["elapsed"], time.perf_counter()
+        # a finished run trains no more: its clock stays stopped, so reading it again adds no seconds
+        self.elapsed_before = state["elapsed"]
+        self.started = None if self.finished else time.perf_counter()
         self.throughput.load_state_dict(state.get("throughput"))
 
     def summary(self, tokens_per_step: int = 0) -> dict:
