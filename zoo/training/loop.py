@@ -7,7 +7,8 @@ Precision (``train.precision``): ``auto`` keeps fp32 on a CPU and bf16 autocast 
 training forward through ``torch.compile`` (evaluation stays eager); ``train.cuda_graph`` captures a step's
 forward and backward passes once as a CUDA graph and replays it (:mod:`zoo.training.captured`; the metric
 ``cuda_graph`` says whether it did). On CUDA the metrics include
-``peak_memory_mib``: the most device memory held by tensors during training (evaluation not counted). The
+``peak_memory_mib``: the most device memory held by tensors during training (evaluation not counted: the
+peak counter is read before each periodic evaluation and reset after it, :class:`TrainingPeak`). The
 same seed gives the same numbers on re-run on a CPU: the model init, the data and the batch order all
 derive from ``recipe.seed``. On CUDA, before its first step a process compiles every Triton kernel of a
 step at once, on every core (:mod:`kernels.ahead`), instead of one after another as the step launches them.
@@ -107,6 +108,35 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+class TrainingPeak:
+    """The most memory tensors held on the device during the training steps, evaluations left out: the device's
+    peak counter (``counter``: a function reading it and one resetting it to what is held now) is read before each
+    periodic evaluation (:meth:`outside`) and reset after it, and the largest reading is the training peak."""
+
+    def __init__(self, counter):
+        self.read_counter, self.reset_counter = counter
+        self.reset_counter()
+        self.peak = 0
+
+    @contextlib.contextmanager
+    def outside(self):
+        self.peak = max(self.peak, self.read_counter())
+        try:
+            yield
+        finally:
+            self.reset_counter()
+
+    def mib(self) -> float:
+        return max(self.peak, self.read_counter()) / 2**20
+
+
+def peak_counter(device: torch.device):
+    """The device's peak-memory counter for :class:`TrainingPeak`, or None where torch keeps none (a CPU)."""
+    if device.type != "cuda":
+        return None
+    return (lambda: torch.cuda.max_memory_allocated(device)), (lambda: torch.cuda.reset_peak_memory_stats(device))
+
+
 @dataclass
 class _Run:
     """What one training process holds besides the :class:`TrainState`."""
@@ -117,6 +147,7 @@ class _Run:
     task: Task
     checkpoint_path: Path | None
     tracker: Tracker | None = None
+    peak: TrainingPeak | None = None  # the device's training peak memory, where it has a counter
     kernels_compiled: bool = False  # this process's Triton kernels were compiled ahead of its first step
 
     def checkpoint(self, state: TrainState, **extra) -> None:
@@ -300,7 +331,8 @@ def _periodic_eval(run: _Run, state: TrainState, test_data) -> bool:
     if not (t.eval_every and state.step % t.eval_every == 0 and state.step < t.steps):
         return False
     # under eval.test_time, as the end-of-run test_accuracy: the curve ends where the final number is read
-    with state.throughput.paused(), state.model.test_time(run.recipe.eval.test_time):
+    outside_peak = run.peak.outside() if run.peak is not None else contextlib.nullcontext()
+    with state.throughput.paused(), outside_peak, state.model.test_time(run.recipe.eval.test_time):
         ev = evaluate_data(state.model, test_data, run.recipe.eval.batch_size, run.device, run.precision)
     state.history.append({"step": state.step, "test_loss": ev["loss"], "test_accuracy": ev["accuracy"]})
     if run.tracker is not None:
@@ -341,8 +373,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     t = recipe.train
     run, state, train_data = _start(recipe, checkpoint_dir)
     process_start = time.perf_counter()
-    if run.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(run.device)
+    counter = peak_counter(run.device)
+    run.peak = TrainingPeak(counter) if counter is not None else None
     forward = _Forward(state.model, run.ctx, run.device, t.compile)
     passes = StepPasses(_training_passes(run, state, forward), list(state.model.parameters()), run.device,
                         t.cuda_graph, why_not="a run under torchrun averages its gradients through DDP, outside "
@@ -379,8 +411,8 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
         passes.close()  # a captured step's graph and gradients are not needed by the evaluation
     state.stop_clock()
     metrics = state.summary(t.batch_size * run.task.seq_len)
-    if run.device.type == "cuda":  # the training peak of this process, before evaluation
-        metrics["peak_memory_mib"] = torch.cuda.max_memory_allocated(run.device) / 2**20
+    if run.peak is not None:  # the training peak of this process, before the final evaluation
+        metrics["peak_memory_mib"] = run.peak.mib()
     metrics.update(test_metrics(state.model, recipe, run.task, run.device, run.precision))
     metrics["device"] = str(run.device)
     if t.cuda_graph:
