@@ -143,7 +143,9 @@ class CommonWord(OneLayoutTask):
     @dataclass
     class Options(TransferOptions):
         num_common: int = opt(3, "keys bound to the common word (capped by the facts of a sequence)", at_least=2)
-        query_common_only: bool = opt(True, "query only keys bound to the common word (false: any key)")
+        query_common_only: bool = opt(True, "query only keys bound to the common word (false: any key); the "
+                                            "queries are then capped by those keys, and num_queries 0 asks each "
+                                            "of them once")
 
         def __post_init__(self):
             if self.num_common > self.num_kv_pairs:
