@@ -188,38 +188,3 @@ def test_two_processes_on_one_folder_neither_duplicate_nor_corrupt(tmp_path):
     assert first.wait(timeout=240) == 0, first.stdout.read()
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["label"] for r in rows) == ["held", "quick"]
-
-
-def test_the_plot_shows_each_cell_once_at_its_mean_over_seeds(tmp_path, monkeypatch):
-    import contextlib
-    import statistics
-
-    import torch
-
-    from zoo.experiments import results
-
-    drawn = {}
-    real_figure = results.figure
-
-    @contextlib.contextmanager
-    def keep_figure(path, **kwargs):
-        with real_figure(path, **kwargs) as (fig, axes):
-            drawn["fig"] = fig
-            yield fig, axes
-
-    monkeypatch.setattr(results, "figure", keep_figure)
-    acc = {label: torch.rand(3).tolist() for label in ("a", "b")}
-    rows = [{"label": label, "seed": seed, "recipe": {"task": {"seq_len": 32}},
-             "metrics": {"test_accuracy": acc[label][seed], "test_accuracy@64": acc[label][seed] / 2,
-                         "state_size": 100 if label == "a" else 1000}}
-            for label in acc for seed in range(3)]
-    results.plot_rows(rows, tmp_path / "p.png", "t")
-    fig = drawn["fig"]
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a", "b"]  # a cell, not a row, per entry
-    by_length, by_state = fig.axes  # the states differ, so the second panel is drawn
-    for container, label in zip(by_length.containers, "ab"):
-        ys = container.lines[0].get_ydata()
-        assert ys[0] == pytest.approx(statistics.mean(acc[label]))
-        assert ys[1] == pytest.approx(statistics.mean(acc[label]) / 2)
-    assert [c.lines[0].get_xdata()[0] for c in by_state.containers] == [100, 1000]
-    assert (tmp_path / "p.png").stat().st_size > 1000

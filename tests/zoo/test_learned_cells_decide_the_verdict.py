@@ -2,47 +2,26 @@
 of it at the no-learning level makes the verdict inconclusive, and with fewer than three seeds (or none) the
 verdict is not tested. Before, such a cell was checked and listed as not having learned, while the verdict
 read "reproduced" on the other cells alone; a cell of it with no rows passed as learned."""
-import json
-import random
-from pathlib import Path
-
-import yaml
+import torch
 
 from zoo.experiments.claims import ledger
 from zoo.experiments.claims.schema import load
 from zoo.experiments.claims.verdicts import INCONCLUSIVE, MIN_SEEDS, evaluate_claims
 
-TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
-LEVEL = 0.25
+from .test_claims import _synthetic_root
+
+LEVEL = 0.0  # the synthetic tables' no-learning level
+RULE = {"reproduced": ["a.test_accuracy >= b.test_accuracy + 0.2"]}
 
 
-def _root(tmp_path: Path, cells: dict[str, list[float]], claim: dict) -> Path:
-    """A repository with one table ``t`` (cells with these per-seed accuracies, plus ``planned``, never run)."""
-    root = tmp_path / "repo"
-    (root / "tables" / "t").mkdir(parents=True)
-    (root / "recipes").mkdir()
-    grid = [{"label": label, "train.lr": 1e-3 * (i + 1)} for i, label in enumerate([*cells, "planned"])]
-    recipe = yaml.safe_load(TINY.read_text()) | {"grid": grid, "seeds": [0, 1, 2]}
-    (root / "recipes" / "t.yaml").write_text(yaml.safe_dump(recipe))
-    with open(root / "tables" / "t" / "results.jsonl", "w") as fh:
-        for label, accs in cells.items():
-            for seed, acc in enumerate(accs):
-                metrics = {"test_accuracy": acc, "steps": 10, "train_seconds": 1.0}
-                fh.write(json.dumps({"recipe_key": f"{label}-{seed}", "label": label, "seed": seed,
-                                     "recipe": {"seed": seed, "model": {"layers": ["attention"]}}, "metrics": metrics,
-                                     "step0_metrics": {**metrics, "test_accuracy": LEVEL}}) + "\n")
-    spec = {"id": "c", "paper": "p", "claim": "a beats b", "paper_result": "a 0.9, b 0.3", "source": "made up",
-            "table": "t", "cells": {"a": "a", "b": "b", "g": "g"},
-            "rule": {"reproduced": ["a.test_accuracy >= b.test_accuracy + 0.2"]}, **claim}
-    data = {"papers": {"p": {"title": "A paper", "id": "arXiv 0000.00000"}},
-            "tables": {"t": {"recipe": "recipes/t.yaml", "no_learning": {"*": {"test_accuracy": LEVEL}}}},
-            "claims": [spec]}
-    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return root
+def _root(tmp_path, cells: dict[str, list[float]], claim: dict):
+    """A repository whose claim reads a and b and names g among its cells."""
+    return _synthetic_root(tmp_path, cells, rule=claim.pop("rule", RULE),
+                           claim={"cells": {"a": "a", "b": "b", "g": "g"}, **claim})
 
 
 def _accs(n, low, high):
-    return [random.uniform(low, high) for _ in range(n)]
+    return (low + (high - low) * torch.rand(n)).tolist()
 
 
 def _claim(root):
@@ -52,8 +31,8 @@ def _claim(root):
 def test_a_learned_cell_that_no_condition_reads_makes_the_verdict_inconclusive_when_a_seed_did_not_learn(tmp_path):
     # a beats b by far on every seed; g, which the claim says must have learned, is at chance on one seed
     g = _accs(3, 0.6, 0.9)
-    stuck = random.randrange(3)
-    g[stuck] = LEVEL + random.uniform(-0.02, 0.02)
+    stuck = int(torch.randint(3, ()))
+    g[stuck] = LEVEL + 0.02 * torch.rand(()).item()  # within the margin
     root = _root(tmp_path, {"a": _accs(3, 0.85, 0.95), "b": _accs(3, 0.3, 0.4), "g": g},
                  {"learned": ["g.test_accuracy"]})
     claim = _claim(root)

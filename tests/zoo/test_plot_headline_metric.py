@@ -54,3 +54,22 @@ def test_a_table_without_bits_per_byte_plots_test_accuracy(tmp_path, monkeypatch
     (ax,) = drawn["fig"].axes
     assert "test accuracy" in ax.get_ylabel() and ax.get_ylim() == (0, 1.02)
     assert [patch.get_height() for patch in ax.patches] == pytest.approx(acc)
+
+
+def test_the_plot_shows_each_cell_once_at_its_mean_over_seeds(tmp_path, monkeypatch):
+    drawn = _drawn_figure(monkeypatch)
+    acc = {label: torch.rand(3).tolist() for label in ("a", "b")}
+    rows = [{"label": label, "seed": seed, "recipe": {"task": {"seq_len": 32}},
+             "metrics": {"test_accuracy": acc[label][seed], "test_accuracy@64": acc[label][seed] / 2,
+                         "state_size": 100 if label == "a" else 1000}}
+            for label in acc for seed in range(3)]
+    results.plot_rows(rows, tmp_path / "p.png", "t")
+    fig = drawn["fig"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a", "b"]  # a cell, not a row, per entry
+    by_length, by_state = fig.axes  # the states differ, so the second panel is drawn
+    for container, label in zip(by_length.containers, "ab"):
+        ys = container.lines[0].get_ydata()
+        assert ys[0] == pytest.approx(statistics.mean(acc[label]))
+        assert ys[1] == pytest.approx(statistics.mean(acc[label]) / 2)
+    assert [c.lines[0].get_xdata()[0] for c in by_state.containers] == [100, 1000]
+    assert (tmp_path / "p.png").stat().st_size > 1000
