@@ -130,9 +130,12 @@ class HybridLM(nn.Module):
     @contextlib.contextmanager
     def test_time(self, values: Mapping[str, Any] | None = None):
         """Inside this context, evaluation uses ``values`` for the test-time knobs: each mixer takes the
-        knobs it declares and ignores the others (a mixed stack shares one mapping)."""
-        saved = [block.mixer.set_test_time(values or {}) for block in self.blocks]
+        knobs it declares and ignores the others (a mixed stack shares one mapping). A value one layer refuses
+        leaves every layer as it was, the layers set before it included."""
+        saved = []
         try:
+            for block in self.blocks:
+                saved.append(block.mixer.set_test_time(values or {}))
             yield self
         finally:
             for block, previous in zip(self.blocks, saved):

@@ -29,7 +29,7 @@ from mixers import MIXERS
 from ..config import COSMETIC_KEYS, COSMETIC_TRAIN_KEYS, Cell, Recipe
 from ..errors import UserError
 from .grids import GridError, cell_paths, cross_seeds, expand_grid
-from .loading import Source, check_size, load_raw, replace_layers
+from .loading import Source, check_size, load_raw, replace_layers, unshared
 from .overrides import apply_override, flow_yaml, given_layer_keys, key_path, parse_override
 from .plain import recipe_differences
 from .validation import Places, import_modules, key_parts, undeclared_knob, validate
@@ -98,6 +98,7 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     if isinstance(recipe, Mapping):
         data, source, name = copy.deepcopy(dict(recipe)), Source(), "<recipe>"
         check_size(data, name)
+        data = unshared(data)  # a value the caller put at two places is two values
     else:
         data, source = load_raw(recipe)
         name = str(recipe)

@@ -3,6 +3,9 @@
 - YAML is read with ``yaml.safe_load`` (no code runs from a recipe; python object tags are refused),
   and aliases may not expand past a size limit (:data:`MAX_VALUES`) or refer to themselves.
 - A key written twice in one mapping is refused (YAML would keep the last one silently).
+- A value written once and repeated through a YAML alias (``layers: [&m {<mixer>: {...}}, *m]``) becomes
+  independent copies (:func:`unshared`): an override of one place (``model.layers.0.<mixer>.<option>=...``)
+  never changes the others.
 - ``extends: base.yaml`` (relative to the recipe's folder) deep-merges the recipe over its base; lists
   are replaced, not merged; a base's ``grid`` is never inherited (a recipe extending an ablation is a
   new recipe, not that ablation). A cycle of ``extends`` is refused.
@@ -86,6 +89,24 @@ def check_size(data: Any, where: str) -> None:
             stack.extend((child, False) for child in children)
 
 
+def unshared(data: Any) -> Any:
+    """``data`` with every mapping and list its own copy (the rest kept as it is): a value that YAML aliases, or a
+    caller's mapping, holds at several places becomes one copy per place, so that setting a key at one place (an
+    override of one layer's option) leaves the others as written. ``data`` must have passed :func:`check_size`."""
+    root = [data]
+    stack = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        node = parent[key]
+        if isinstance(node, dict):
+            node = parent[key] = dict(node)
+            stack.extend((node, k) for k in node)
+        elif isinstance(node, list):
+            node = parent[key] = list(node)
+            stack.extend((node, i) for i in range(len(node)))
+    return root[0]
+
+
 def read_text(path: Path) -> str:
     """The text of the recipe file at ``path``: every read of a recipe file goes through here (devices, pipes
     and oversized files are refused before anything is read)."""
@@ -113,6 +134,7 @@ def read_yaml(path: Path) -> tuple[dict, dict]:
     """A recipe file's mapping and the ``file:line`` of every key path in it."""
     data, node = _parse(read_text(path), path)
     check_size(data, str(path))
+    data = unshared(data)
     if data is None:
         data = {}
     if not isinstance(data, dict):
