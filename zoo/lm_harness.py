@@ -87,16 +87,28 @@ class ZooScorer:
         return text[:min(cuts)] if cuts else text
 
 
+def harness_device(device: str | None) -> str:
+    """The device to score on: the one the harness names, or, where it names a CUDA device and none is available,
+    the CPU (the harness passes ``cuda:0`` unless ``--device`` says otherwise, and its ``hf`` model falls back
+    to the CPU the same way)."""
+    if device and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return "cpu"
+    return device or "cpu"
+
+
 def register():
-    """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class."""
+    """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class. The
+    harness's own models (``hf`` among them) are registered first: its registry loads them only while it is
+    empty, so a registry holding ``zoo`` alone would answer ``--model hf`` with "no model for this name"."""
+    import lm_eval.models  # noqa: F401  (the harness's own models, registered by name)
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 
     @register_model("zoo")
     class ZooHarnessLM(LM):
-        def __init__(self, checkpoint: str, device: str = "cpu", **_unused):
+        def __init__(self, checkpoint: str, device: str | None = "cpu", **_unused):
             super().__init__()
-            self.scorer = ZooScorer.from_checkpoint(checkpoint, device)
+            self.scorer = ZooScorer.from_checkpoint(checkpoint, harness_device(device))
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return [self.scorer.loglikelihood(*r.args) for r in requests]

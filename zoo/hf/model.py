@@ -14,8 +14,10 @@ kernels, the same weights (``model.safetensors``, the tied embedding stored once
 
 ``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding, so a mask
 with a zero before a one (left padding), or any zero with a cache, is refused; right padding is harmless
-when scoring (every layer is causal). Loading runs no code named by a file: the modules that define
-out-of-tree components (``config.imports``) must be imported first.
+when scoring (every layer is causal). With ``labels`` the loss is the mean over the supervised next tokens, or
+their sum divided by ``num_items_in_batch`` where it is given: the Trainer passes it under gradient accumulation
+to any ``forward`` taking ``**kwargs``, and then leaves the loss unscaled. Loading runs no code named by a file:
+the modules that define out-of-tree components (``config.imports``) must be imported first.
 """
 from __future__ import annotations
 
@@ -127,9 +129,12 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
             kept = x[:, logits_to_keep]
         logits = self.zoo.head(kept if output_hidden_states else self.zoo.norm(kept))
         loss = None
-        if labels is not None:
+        if labels is not None:  # given num_items_in_batch (the Trainer's under gradient accumulation), summed over it
+            items = kwargs.get("num_items_in_batch")
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
-                                   ignore_index=-100)
+                                   ignore_index=-100, reduction="mean" if items is None else "sum")
+            if items is not None:
+                loss = loss / (items.to(loss.device) if torch.is_tensor(items) else items)
         hidden = tuple(hidden) if output_hidden_states else None
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
                                      **{CACHE_FIELD: cache if use_cache else None})
