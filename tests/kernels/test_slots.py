@@ -110,7 +110,10 @@ def test_chunked_with_strong_decays_and_ragged_length(backend):
     compare_backends(chunked, _reference(M), ins, tol=1e-5, grad_tol=1e-4, shared=_gamma_per_write(1, T, 2, M))
     ins[0], ins[2] = ins[0][..., :1], ins[2][..., :1]
     ins[1], ins[3] = torch.ones(1, T, 2, 1), ins[3][..., :1]
-    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad=False)
+    # on some draws the fp32 loop itself lands up to 4.8e-6 from fp64 (19 of 400 draws above 3e-6), and the chunked
+    # path's error equals the loop's own to two digits on every draw looked at: the tolerance is at least 4x what
+    # rounding costs the fp32 loop on this draw
+    compare_backends(chunked, _call(slot_memory_reference, M), ins, tol=1e-5, grad=False, rounding_factor=4)
 
 
 @needs_triton
