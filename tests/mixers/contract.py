@@ -337,8 +337,12 @@ def check_large_finite_input(name):
 #: bf16 autocast: decode (prefill + step) within this relative distance (norm of the difference over the
 #: norm of the output) of forward under the same autocast, and of the fp32 forward. bf16 keeps 8 mantissa
 #: bits (unit roundoff 2^-8 = 3.9e-3); forward itself lands 0.4-1.2e-2 from fp32 here, so 5e-2 (about 13
-#: roundoffs) passes rounding and fails a decode that computes its state update in bf16 (0.34 for GKA)
+#: roundoffs) passes rounding and fails a decode that computes its state update in bf16 (0.34 for GKA).
+#: Over 16 sequences: over 2, GKA's ridge solve (a = 0.02) turned a bf16 prefill's state error (0.5 %) into up to
+#: 0.91 of the bound on a few weight draws (820 seeds; the bf16 forward's own error moves with it, but not in a
+#: fixed ratio); over 16 its worst of 240 seeds was 0.43 of the bound (median 0.27), DeltaNet's 0.31 (over 8)
 AUTOCAST_DECODE_RTOL = 5e-2
+AUTOCAST_DECODE_BATCH = 16
 
 
 def check_autocast_decode(name):
@@ -346,7 +350,7 @@ def check_autocast_decode(name):
     outputs of forward under the same autocast, and of the fp32 forward, within AUTOCAST_DECODE_RTOL on the
     decoded positions."""
     m = make(name)
-    x = torch.randn(2, 24, D_MODEL)
+    x = torch.randn(AUTOCAST_DECODE_BATCH, 24, D_MODEL)
     split = 4
     with torch.no_grad():
         ref = m(x)
