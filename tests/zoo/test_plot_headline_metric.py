@@ -42,7 +42,9 @@ def test_a_language_model_table_plots_bits_per_byte_by_length_and_state(tmp_path
         assert ys[1] == pytest.approx(statistics.mean(bpb[label]) + 0.25)
     assert [c.lines[0].get_ydata()[0] for c in by_state.containers] == pytest.approx(
         [statistics.mean(bpb[label]) for label in bpb])
-    assert by_length.get_ylim()[1] > 2.5  # bits per byte above 1 are inside the axes, not clipped at accuracy's 1
+    for ax in (by_length, by_state):  # bits per byte above 1 are inside the axes, not clipped at accuracy's 1.02
+        drawn_ys = [y for c in ax.containers for y in c.lines[0].get_ydata()]
+        assert ax.get_ylim()[1] >= max(drawn_ys) > 1.02
 
 
 def test_a_table_without_bits_per_byte_plots_test_accuracy(tmp_path, monkeypatch):
