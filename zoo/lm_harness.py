@@ -21,6 +21,7 @@ pretrained=DIR``), its log-likelihoods equal to this adapter's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -96,10 +97,12 @@ def harness_device(device: str | None) -> str:
     return device or "cpu"
 
 
+@functools.cache
 def register():
-    """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class. The
-    harness's own models (``hf`` among them) are registered first: its registry loads them only while it is
-    empty, so a registry holding ``zoo`` alone would answer ``--model hf`` with "no model for this name"."""
+    """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class (once per
+    process: the registry refuses a name given twice). The harness's own models (``hf`` among them) are
+    registered first: its registry loads them only while it is empty, so a registry holding ``zoo`` alone would
+    answer ``--model hf`` with "no model for this name"."""
     import lm_eval.models  # noqa: F401  (the harness's own models, registered by name)
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
