@@ -489,8 +489,6 @@ def _bwd_prep_wy(k_ptr, v_ptr, b_ptr, G_ptr, Tm_ptr, dU_ptr, dW_ptr, dks_ptr, dG
 #: largest V (and K) block of one program of the state passes or of one step of a loop over the head dims
 #: (tests lower it to exercise those loops)
 BLOCK_V_MAX = 64
-#: largest key / value head dim (the package's, where the mixers read it without importing Triton)
-MAX_HEAD_DIM = TRITON_MAX_HEAD_DIM
 #: largest chunk the kernels use (the inverse's merges are written for BT / 16 a power of two)
 MAX_CHUNK = 64
 
@@ -759,15 +757,15 @@ def chunk_gated_delta_rule_triton(q, k, v, beta, gamma, initial_state=None, chun
     others are zero), and ``o`` is returned at the query positions only (the delta product's layout); it
     must divide the chunk :func:`block_chunk` into tiles of at least 16 rows. bf16 / fp16 ``q, k, v`` of one
     dtype run the 16-bit kernels (tensor cores); anything else runs in fp32. Head dims above
-    :data:`MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
+    :data:`kernels.delta.TRITON_MAX_HEAD_DIM` are refused. Returns ``(o in the kernels' dtype, final state in fp32)``.
     """
     B, L, H, K = _positions_shape(k)
     V = v.shape[-1]
     if k.dim() != v.dim():
         raise ValueError(f"delta_product (triton): k {tuple(k.shape)} and v {tuple(v.shape)} must both hold one "
                          f"position a row or both n_h sub-steps a token")
-    if max(K, V) > MAX_HEAD_DIM:
-        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {MAX_HEAD_DIM} need more shared "
+    if max(K, V) > TRITON_MAX_HEAD_DIM:
+        raise ValueError(f"delta_product (triton): head dims K={K}, V={V} above {TRITON_MAX_HEAD_DIM} need more shared "
                          f"memory than a GPU block has; use backend='fla' or 'torch'")
     lowp = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
     dt = q.dtype if lowp else torch.float32

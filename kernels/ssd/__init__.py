@@ -28,7 +28,7 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str =
     _check_layout(x, dt, A, B, C, D, initial_state)
     wide = max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,
-                             unsupported={"triton": "d_state or head dim above 128"} if wide else None)
+                             unsupported={"triton": f"d_state or head dim above {TRITON_MAX_DIM}"} if wide else None)
     if chosen == "triton" and x.shape[1] == 0:  # an empty sequence: the chunked path's empty output and state
         chosen = "torch"
     if chosen == "triton":

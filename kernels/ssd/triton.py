@@ -364,8 +364,6 @@ _PASS_BLOCK = 256
 #: the products' precision: only fp32 operands read it (exact fp32); 16-bit ones run on tensor cores
 _PREC = "ieee"
 
-#: largest d_state and head dim of the kernels (the package's, where the mixers read it without importing Triton)
-MAX_DIM = TRITON_MAX_DIM
 
 
 def block_chunk(chunk_size: int, N: int, P: int, low_precision: bool = True) -> int:
@@ -542,7 +540,7 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
 
     Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
     input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16, and
-    capped by :func:`block_chunk`); ``d_state`` and the head dim at most :data:`MAX_DIM`.
+    capped by :func:`block_chunk`); ``d_state`` and the head dim at most :data:`kernels.ssd.TRITON_MAX_DIM`.
     """
     if x.dim() != 4 or dt.dim() != 3 or A.dim() != 1 or B.dim() != 4 or C.dim() != 4:
         raise ValueError("ssd_triton: expected x (B,T,H,P), dt (B,T,H), A (H,), B and C (B,T,H,N)")
@@ -559,8 +557,8 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
         raise ValueError(f"ssd_triton: chunk_size must be a positive integer, got {chunk_size!r}")
     if T == 0:
         raise ValueError("ssd_triton: empty sequence")
-    if max(N, P) > MAX_DIM:
-        raise ValueError(f"ssd_triton: d_state and head dim must be <= {MAX_DIM} (got {N}, {P}): larger chunk tiles "
+    if max(N, P) > TRITON_MAX_DIM:
+        raise ValueError(f"ssd_triton: d_state and head dim must be <= {TRITON_MAX_DIM} (got {N}, {P}): larger chunk tiles "
                          f"exceed a GPU block's shared memory; use backend='mamba_ssm' or 'torch'")
     if x.dtype == torch.float64:  # computed in fp32, as every fp32 input (the kernels take 32 and 16 bits)
         h0 = None if initial_state is None else initial_state.float()

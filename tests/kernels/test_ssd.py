@@ -193,13 +193,14 @@ def test_triton_one_group_of_B_C_read_in_place(dtype, tol):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_largest_state_and_head_dims(dtype):
-    """d_state = head dim = 128 (MAX_DIM, mamba-ssm's default d_state): the columns of x are split over
+    """d_state = head dim = 128 (TRITON_MAX_DIM, mamba-ssm's default d_state): the columns of x are split over
     programs (8 blocks of 16 with fp32 inputs, 2 of 64 with fp16 ones), whose shares of dB, dC, ddt and dA
     are summed; every output and gradient against the fp64 token recurrence. fp16: the tolerances of
     tests/kernels/test_low_precision.py (inputs rounded to fp16 first, so the error is the kernels')."""
-    from kernels.ssd.triton import MAX_DIM, column_block
+    from kernels.ssd import TRITON_MAX_DIM
+    from kernels.ssd.triton import column_block
 
-    assert MAX_DIM == 128 and column_block(128, dtype != torch.float32) == (64 if dtype == torch.float16 else 16)
+    assert TRITON_MAX_DIM == 128 and column_block(128, dtype != torch.float32) == (64 if dtype == torch.float16 else 16)
     ins = [t.to(dtype) for t in _inputs(1, 37, 1, 128, 128, init=True)]
     if dtype == torch.float32:
         _compare(_with_state(_triton(), 16), _with_state(ssd_reference), ins, True, tol=1e-5, grad_tol=3e-5)
