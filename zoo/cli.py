@@ -374,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a language-model checkpoint: file or the folder holding checkpoint.pt")
     p.add_argument("--to", required=True, help="the folder to write (new, or empty)")
     p.add_argument("--imports", nargs="*", help="modules defining out-of-tree components the checkpoint uses")
+    p.add_argument("--test-time", action="append", metavar="KNOB=VALUE",
+                   help="a test-time knob's value over the recipe's eval.test_time, which the exported config "
+                        "stores by default (repeat for several knobs; e.g. --test-time num_iter=10)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("bench", help="time mixers: forward, forward+backward, memory, decode")
     bench.configure_parser(p)

@@ -10,6 +10,15 @@ prompt starts from EOS. Several prompts of different lengths are decoded one aft
 its own state (a padded batch would mix padding into the recurrent states). Decoding stops at
 ``max_new_tokens`` or at EOS. A flag out of its range, or ``--device cuda`` without a CUDA device, is refused
 in one line naming the flag and its value, before the checkpoint is read.
+
+Test-time knobs (:attr:`mixers.Mixer.test_time_knobs`: GKA's ``num_iter``, SKA's ``power``, ...) take the values
+of the checkpoint recipe's ``eval.test_time``, the values its ``val_bpb`` and accuracies were measured under, so
+what ``zoo generate`` decodes is what the tables scored. ``--test-time KNOB=VALUE`` (repeatable; the value read
+as YAML, as an override is) changes one knob over the recipe's; a knob no layer of the model declares, or a
+value the option refuses, is refused in one line naming the knob and the layers that declare knobs, as the
+recipe's ``eval.test_time`` is. The same values reach every other consumer of a checkpoint through
+:func:`load_lm` and :func:`resolve_test_time`: the lm-evaluation-harness adapter (:mod:`zoo.lm_harness`) and
+``zoo export`` (:mod:`zoo.hf.export`, which writes them into the exported config).
 """
 from __future__ import annotations
 
@@ -17,10 +26,13 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
 import torch
+import yaml
 
-from mixers import Mixer
+from mixers import MIXERS, Mixer
+from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .errors import UserError
 from .reevaluate import checkpoint_recipe, load_model
@@ -67,10 +79,108 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
     return path, state, recipe, task
 
 
-def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""):
-    """``(model, task)`` of a language-model checkpoint (a file or its folder)."""
+#: how a consumer names a ``--test-time`` item in its refusals: the command line's flag
+TEST_TIME_FLAG = "zoo generate: --test-time {}"
+
+
+def parse_test_time(given, where: str = TEST_TIME_FLAG) -> list[tuple[str, Any, str]]:
+    """``(knob, value, how it was written)`` of each test-time override: ``given`` is a mapping ``{knob: value}``
+    or texts ``KNOB=VALUE`` whose value is read as YAML (as a recipe override's). ``where`` formats the refusal's
+    prefix from the item (``"zoo generate: --test-time {}"``)."""
+    if isinstance(given, Mapping):
+        return [(str(knob), value, where.format(f"{knob}={value!r}")) for knob, value in given.items()]
+    items = []
+    for text in given or ():
+        knob, eq, value_text = str(text).partition("=")
+        knob = knob.strip()
+        if not eq or not knob or "." in knob or not knob.isidentifier():
+            raise UserError(f"{where.format(text)}: expected KNOB=VALUE, one test-time knob and its value (e.g. "
+                            f"num_iter=10)")
+        try:
+            value = yaml.safe_load(value_text) if value_text.strip() else None
+        except (yaml.YAMLError, RecursionError, ValueError):
+            raise UserError(f"{where.format(text)}: the value {value_text!r} is not valid YAML") from None
+        items.append((knob, value, where.format(text)))
+    return items
+
+
+def _layers_of(source) -> list[tuple[str, type, Any]]:
+    """``(name, mixer class, options)`` of every layer of a resolved recipe or a :class:`zoo.model.HybridLM`."""
+    if hasattr(source, "blocks"):
+        return [(type(b.mixer).name, type(b.mixer), b.mixer.options) for b in source.blocks]
+    return [(spec.name, MIXERS.get(spec.name), spec.options) for spec in source.layers]
+
+
+def describe_knobs(source) -> str:
+    """The test-time knobs of a recipe's or model's layers with the mixers that declare them, for a refusal."""
+    owners: dict[str, list[str]] = {}
+    for name, cls, _options in _layers_of(source):
+        for knob in cls.test_time_knobs:
+            owners.setdefault(knob, [])
+            if name not in owners[knob]:
+                owners[knob].append(name)
+    if not owners:
+        layers = ", ".join(dict.fromkeys(name for name, _c, _o in _layers_of(source)))
+        return f"none of its layers ({layers}) declares a test-time knob"
+    return "the knobs its layers declare: " + ", ".join(f"{k} ({', '.join(v)})" for k, v in sorted(owners.items()))
+
+
+def check_test_time(source, items: Iterable[tuple[str, Any, str]]) -> dict[str, Any]:
+    """``{knob: value}`` of ``items`` (:func:`parse_test_time`), checked against the layers of ``source`` (a
+    resolved recipe or a model) as the recipe's ``eval.test_time`` is: some layer declares the knob, and every
+    layer that declares it accepts the value as the option it overrides."""
+    layers = _layers_of(source)
+    own = sorted({k for _n, cls, _o in layers for k in cls.test_time_knobs})
+    out = {}
+    for knob, value, written in items:
+        if knob not in own:
+            raise UserError(f"{written}: no layer of this model declares a test-time knob {knob!r}"
+                            f"{nearest(knob, own)} ({describe_knobs(source)})")
+        for name, cls, options in layers:
+            if knob in cls.test_time_knobs:
+                try:
+                    build_options(type(options), {**plain_options(options), knob: value}, "")
+                except OptionError as err:
+                    raise UserError(f"{written}: {value!r} is not a valid {knob} for {name}: {err.message}") from None
+        out[knob] = value
+    return out
+
+
+def resolve_test_time(recipe, given=(), where: str = TEST_TIME_FLAG) -> dict[str, Any]:
+    """The test-time knob values a consumer of a checkpoint trained with ``recipe`` uses: the recipe's
+    ``eval.test_time`` (what its metrics were measured under), with ``given`` (:func:`parse_test_time`)
+    over it, checked. A knob of the recipe's that no layer declares (a grid's ``eval.test_time`` reaches
+    every cell, and only some cells declare it) changes nothing and is left out."""
+    own = {k for _n, cls, _o in _layers_of(recipe) for k in cls.test_time_knobs}
+    recorded = {k: v for k, v in recipe.eval.test_time.items() if k in own}
+    return {**recorded, **check_test_time(recipe, parse_test_time(given, where))}
+
+
+def apply_test_time(model, values: Mapping[str, Any]) -> None:
+    """Set the test-time knob ``values`` on every layer of ``model`` (a :class:`zoo.model.HybridLM`) for good,
+    as :meth:`zoo.model.HybridLM.test_time` sets them inside its context (each mixer takes the knobs it declares;
+    they apply while the model is in eval mode). A value one layer refuses changes no layer."""
+    with model.test_time(values):  # every layer checks its values; a refusal restores every layer
+        pass
+    for block in model.blocks:
+        block.mixer.set_test_time(values)
+
+
+def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = "", test_time=(),
+            where: str = TEST_TIME_FLAG):
+    """``(model, task)`` of a language-model checkpoint (a file or its folder), in eval mode, its test-time knobs
+    set to the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it
+    (:func:`resolve_test_time`; ``where`` names an override in a refusal)."""
+    model, task, _values = _load_lm(location, device, imports, tokenizer, test_time, where)
+    return model, task
+
+
+def _load_lm(location, device, imports, tokenizer, test_time, where):
     path, state, recipe, task = read_lm(location, imports, tokenizer)
-    return load_model(state, recipe, torch.device(device), path), task
+    values = resolve_test_time(recipe, test_time, where)
+    model = load_model(state, recipe, torch.device(device), path)
+    apply_test_time(model, values)
+    return model, task, values
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -129,7 +239,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def check_arguments(args) -> None:
-    """Refuse, naming the flag and its value, a flag of ``zoo generate`` out of its range."""
+    """Refuse, naming the flag and its value, a flag of ``zoo generate`` out of its range (a ``--test-time`` not
+    written ``KNOB=VALUE``)."""
     for flag, value, ok, wanted in (
             ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "must be at least 1"),
             ("--temperature", args.temperature, 0 <= args.temperature < float("inf"),
@@ -143,6 +254,7 @@ def check_arguments(args) -> None:
                             f"{wanted}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("zoo generate: --device cuda: no CUDA device is available; use --device cpu (or auto)")
+    parse_test_time(getattr(args, "test_time", None) or [])  # its syntax; the knobs are checked on the recipe
 
 
 def run(args) -> int:
@@ -151,7 +263,12 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    model, task = load_lm(args.checkpoint, device, args.imports or [], args.tokenizer)
+    model, task, values = _load_lm(args.checkpoint, device, args.imports or [], args.tokenizer, args.test_time or [],
+                                   TEST_TIME_FLAG)
+    if values:
+        source = " and --test-time" if args.test_time else "; --test-time KNOB=VALUE changes one"
+        print(f"zoo generate: test-time knobs {', '.join(f'{k}={v!r}' for k, v in sorted(values.items()))} (the "
+              f"recipe's eval.test_time{source})", file=sys.stderr)
     for note in dict.fromkeys(m.decode_differs() for m in model.modules() if isinstance(m, Mixer)):
         if note:
             print(f"zoo generate: note: {note}", file=sys.stderr)
@@ -178,3 +295,6 @@ def configure_parser(p) -> None:
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--imports", nargs="*", help="modules defining out-of-tree components the checkpoint uses")
+    p.add_argument("--test-time", action="append", metavar="KNOB=VALUE",
+                   help="a test-time knob's value over the recipe's eval.test_time, which applies by default "
+                        "(repeat for several knobs; e.g. --test-time num_iter=10)")

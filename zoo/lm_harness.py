@@ -17,6 +17,13 @@ model under the name ``zoo``. From a shell, on a machine with network for the be
 which registers the model, then hands its arguments to the harness's own command line. A folder written
 by ``zoo export`` runs through the harness's own ``hf`` model the same way (``--model hf --model_args
 pretrained=DIR``), its log-likelihoods equal to this adapter's.
+
+Test-time knobs take the checkpoint recipe's ``eval.test_time`` (the values its metrics were measured under), as
+``zoo generate`` and ``zoo export`` do (:func:`zoo.generate.load_lm`); ``test_time.KNOB=VALUE`` in
+``--model_args`` (``checkpoint=runs/fw,test_time.num_iter=10``), or ``ZooScorer.from_checkpoint(...,
+test_time={knob: value})``, sets one over it, checked as the recipe's are (a knob no layer declares, or a value
+the option refuses, is refused naming the knob and the layers that declare knobs). A :class:`ZooScorer` made
+from a model scores it as it is.
 """
 from __future__ import annotations
 
@@ -30,6 +37,9 @@ import torch.nn.functional as F
 from .errors import UserError
 from .generate import generate_ids, load_lm
 
+#: how a ``test_time.KNOB=VALUE`` of ``--model_args`` is named in a refusal
+MODEL_ARGS = "lm_eval --model zoo: --model_args test_time.{}"
+
 
 class ZooScorer:
     """Log-likelihoods and greedy continuations of a trained language model (``model``, ``task``)."""
@@ -39,8 +49,11 @@ class ZooScorer:
         self.device = next(model.parameters()).device
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str, device: str = "cpu") -> "ZooScorer":
-        return cls(*load_lm(checkpoint, device))
+    def from_checkpoint(cls, checkpoint: str, device: str = "cpu", test_time=(),
+                        where: str = "ZooScorer test_time {}") -> "ZooScorer":
+        """The scorer of a checkpoint's model under its recipe's ``eval.test_time``, with ``test_time``
+        (``{knob: value}`` or ``KNOB=VALUE`` texts) over it; ``where`` names an override in a refusal."""
+        return cls(*load_lm(checkpoint, device, test_time=test_time, where=where))
 
     @torch.no_grad()
     def _scores(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
@@ -97,6 +110,16 @@ def harness_device(device: str | None) -> str:
     return device or "cpu"
 
 
+def model_args_test_time(model_args: dict) -> dict:
+    """``{knob: value}`` of the ``test_time.KNOB=VALUE`` entries of ``--model_args`` (values as the harness reads
+    them); the other entries (the harness's own: ``batch_size``, ...) are not the adapter's. A bare ``test_time``
+    is refused with the form to write."""
+    if "test_time" in model_args:
+        raise UserError(f"lm_eval --model zoo: --model_args test_time={model_args['test_time']}: write each knob as "
+                        f"test_time.KNOB=VALUE (e.g. checkpoint=runs/lm,test_time.num_iter=10)")
+    return {k[len("test_time."):]: v for k, v in model_args.items() if k.startswith("test_time.")}
+
+
 @functools.cache
 def register():
     """Register :class:`ZooScorer` with ``lm_eval`` as the model ``zoo``; returns the registered class (once per
@@ -109,9 +132,10 @@ def register():
 
     @register_model("zoo")
     class ZooHarnessLM(LM):
-        def __init__(self, checkpoint: str, device: str | None = "cpu", **_unused):
+        def __init__(self, checkpoint: str, device: str | None = "cpu", **others):
             super().__init__()
-            self.scorer = ZooScorer.from_checkpoint(checkpoint, harness_device(device))
+            self.scorer = ZooScorer.from_checkpoint(checkpoint, harness_device(device), model_args_test_time(others),
+                                                    MODEL_ARGS)
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return [self.scorer.loglikelihood(*r.args) for r in requests]

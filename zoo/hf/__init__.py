@@ -9,6 +9,10 @@ Importing this package registers :class:`ZooConfig` and :class:`ZooForCausalLM` 
     model, tok = AutoModelForCausalLM.from_pretrained(DIR), AutoTokenizer.from_pretrained(DIR)
     out = model.generate(**tok("The for statement", return_tensors="pt"), max_new_tokens=50)
 
+The model computes with the test-time knob values stored in its config (``config.test_time``: the recipe's
+``eval.test_time`` unless ``zoo export --test-time`` changed one), so its logits are the zoo model's as the run's
+metrics were measured, and ``zoo generate``'s and the harness adapter's.
+
 Modules: :mod:`.config` (the recipe as a config), :mod:`.cache` (every layer's decode state as a
 ``Cache``), :mod:`.model` (the causal LM), :mod:`.tokenizer` (the run's tokenizer as a transformers
 tokenizer) and :mod:`.export` (``zoo export``). Without ``transformers`` installed, importing it raises

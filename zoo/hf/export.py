@@ -6,6 +6,11 @@ The folder holds ``config.json`` (:class:`zoo.hf.config.ZooConfig`: the resolved
 run's metrics (its ``results.jsonl`` rows). Everything is written into a temporary folder beside ``DIR``,
 loaded back and compared with the checkpoint's weights bit for bit, then renamed to ``DIR``: an export that
 fails leaves nothing behind. ``DIR`` must not exist or be an empty folder.
+
+The config stores the test-time knob values (``config.test_time``) the loaded model computes with: the recipe's
+``eval.test_time``, the values the run's metrics were measured under, so the exported model's logits are the
+zoo model's under ``model.test_time(recipe.eval.test_time)`` and equal ``zoo generate``'s and the harness
+adapter's. ``--test-time KNOB=VALUE`` (repeatable) sets one over the recipe's, checked as the recipe's are.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import yaml
 from transformers.utils import logging as hf_logging
 
 from ..errors import UserError
-from ..generate import read_lm
+from ..generate import read_lm, resolve_test_time
 from ..recipes.plain import layer_label
 from ..reevaluate import load_model
 from ..rows import read_rows
@@ -46,14 +51,20 @@ def _quiet():
         hf_logging.enable_progress_bar()
 
 
-def export(checkpoint, to, imports: list[str] = ()) -> tuple[Path, ZooForCausalLM]:
-    """Write the language model of ``checkpoint`` (a file or its folder) to the new folder ``to``."""
+#: how a ``--test-time`` item of ``zoo export`` is named in a refusal
+TEST_TIME_FLAG = "zoo export: --test-time {}"
+
+
+def export(checkpoint, to, imports: list[str] = (), test_time=()) -> tuple[Path, ZooForCausalLM]:
+    """Write the language model of ``checkpoint`` (a file or its folder) to the new folder ``to``, computing with
+    the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it."""
     to = Path(to)
     check_target(to)
     path, state, recipe, task = read_lm(checkpoint, list(imports), command="zoo export")
+    values = resolve_test_time(recipe, test_time, TEST_TIME_FLAG)
     tok = task.tokenizer
     config = ZooConfig(recipe=recipe.plain, recipe_key=recipe.key, imports=state.get("imports", []),
-                       vocab_size=task.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id,
+                       vocab_size=task.vocab_size, test_time=values, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id,
                        bos_token_id=tok.eos_id)  # generate() without a prompt starts from EOS, as zoo generate does
     model = ZooForCausalLM(config, hybrid=load_model(state, recipe, torch.device("cpu"), path)).eval()
     tmp = to.parent / f".{to.name}.export-{os.getpid()}"
@@ -80,6 +91,9 @@ def _check_reloads(model: ZooForCausalLM, folder: Path) -> None:
     ours, theirs = model.state_dict(), again.state_dict()
     if ours.keys() != theirs.keys() or any(not torch.equal(ours[k], theirs[k]) for k in ours):
         raise RuntimeError(f"{folder}: the written weights do not load back equal to the checkpoint's")
+    if again.config.test_time != model.config.test_time:
+        raise RuntimeError(f"{folder}: the written config loads back with test-time knobs {again.config.test_time}, "
+                           f"not {model.config.test_time}")
 
 
 def _rows(path: Path, key: str) -> list[dict]:
@@ -96,6 +110,19 @@ def _metrics_line(row: dict) -> str:
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row["metrics"].items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("data_"))
     return f"- `{row.get('label', '')}`: {shown}"
+
+
+def _test_time_lines(recipe, model: ZooForCausalLM) -> list[str]:
+    """What the README says of the test-time knobs the model computes with (none: nothing)."""
+    values = model.config.test_time or {}
+    if not values:
+        return []
+    shown = ", ".join(f"`{k}={v!r}`" for k, v in sorted(values.items()))
+    same = values == {k: v for k, v in recipe.eval.test_time.items() if k in values}
+    source = ("the recipe's `eval.test_time`, under which its metrics were measured" if same else
+              f"set at export; the recipe's `eval.test_time`: {recipe.eval.test_time or 'none'}")
+    return [f"In eval mode the model computes with the test-time knobs {shown} (`config.test_time`: {source}); "
+            f"edit `config.test_time` to compute with other values.", ""]
 
 
 def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) -> str:
@@ -120,7 +147,7 @@ def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) ->
         "out = model.generate(**tok('The for statement', return_tensors='pt'), max_new_tokens=50)",
         "print(tok.decode(out[0]))", "```", "",
         "Each layer's decode state is the generation cache (`zoo.hf.ZooCache`): a linear-state layer decodes in "
-        "constant time and memory per token.", "",
+        "constant time and memory per token.", "", *_test_time_lines(recipe, model),
         "## Data", "", f"Task `lm`: {data}.", "",
         "## Metrics", "", *metrics, "",
         "## Recipe", "", "```yaml", yaml.safe_dump(recipe.plain, sort_keys=False).rstrip(), "```", "",
@@ -129,7 +156,9 @@ def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) ->
 
 def run(args) -> int:
     """The ``zoo export`` command."""
-    path, model = export(args.checkpoint, args.to, args.imports or [])
-    print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters) to {args.to}; "
-          f"load it with: import zoo.hf; AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
+    path, model = export(args.checkpoint, args.to, args.imports or [], args.test_time or [])
+    knobs = ", ".join(f"{k}={v!r}" for k, v in sorted((model.config.test_time or {}).items()))
+    print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters"
+          f"{f'; test-time knobs {knobs}' if knobs else ''}) to {args.to}; load it with: import zoo.hf; "
+          f"AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
     return 0

@@ -18,6 +18,12 @@ when scoring (every layer is causal). With ``labels`` the loss is the mean over 
 their sum divided by ``num_items_in_batch`` where it is given: the Trainer passes it under gradient accumulation
 to any ``forward`` taking ``**kwargs``, and then leaves the loss unscaled. Loading runs no code named by a file:
 the modules that define out-of-tree components (``config.imports``) must be imported first.
+
+The test-time knobs of the config (``config.test_time``: the recipe's ``eval.test_time`` unless ``zoo export
+--test-time`` changed it) are set on every layer when the model is made, as :func:`zoo.generate.load_lm` sets
+them, so in eval mode (``from_pretrained`` returns it so) every form above computes with them and the logits
+are the zoo model's under ``model.test_time(recipe.eval.test_time)``; in train mode the layers use their
+options, as the zoo's training does. A knob no layer declares, or a value its option refuses, is refused.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..errors import UserError
+from ..generate import apply_test_time, check_test_time, parse_test_time
 from ..model import HybridLM
 from ..recipes import resolve
 from ..recipes.plain import recipe_mapping
@@ -52,6 +60,19 @@ def build_hybrid(config: ZooConfig) -> HybridLM:
     return HybridLM.from_recipe(recipe, config.vocab_size)
 
 
+def set_test_time(hybrid: HybridLM, config: ZooConfig) -> None:
+    """Set the config's test-time knob values on every layer of ``hybrid``, checked as a recipe's
+    ``eval.test_time`` is (a ``ValueError`` naming the knob and the layers that declare knobs)."""
+    values = config.test_time_values()
+    if config.test_time is None:  # the recipe's eval.test_time, where a grid's knob may reach a layer without it
+        values = {k: v for k, v in values.items() if k in hybrid.test_time_knobs()}
+    try:
+        values = check_test_time(hybrid, parse_test_time(values, "config.test_time.{}"))
+    except UserError as err:
+        raise ValueError(str(err)) from None
+    apply_test_time(hybrid, values)
+
+
 def check_padding(attention_mask: torch.Tensor | None, decoding: bool) -> None:
     """Refuse padding the states would read: any zero while decoding (a cache), a zero before a one otherwise."""
     if attention_mask is None or attention_mask.ndim != 2 or bool(attention_mask.all()):
@@ -73,6 +94,7 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: ZooConfig, hybrid: HybridLM | None = None):
         super().__init__(config)
         self.zoo = hybrid if hybrid is not None else build_hybrid(config)
+        set_test_time(self.zoo, config)
         self.post_init()
 
     def _init_weights(self, module):
