@@ -49,19 +49,48 @@ class Block(nn.Module):
         return self._ffn(x_t + y), state
 
 
-def _build(registry, spec: Spec, d_model: int, where: str):
+def _build(registry, spec: Spec, d_model: int, where: str, context: str = ""):
+    """Build ``spec``; a refusal is an :class:`OptionError` at ``where``, the recipe key that holds the options to
+    change (``context``: where else they come from, said after the name)."""
     try:
         return registry.get(spec.name)(d_model, spec.options)
     except (ValueError, TypeError) as err:  # constructor checks that need d_model (divisibility, ...)
-        raise OptionError(where, f"{spec.name}: {err}") from None
+        raise OptionError(where, f"{spec.name}{context}: {err}") from None
     except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no constructor checks (e.g. 10**18)
-        raise OptionError(where, f"{spec.name}: cannot be built with these options ({type(err).__name__}: "
+        raise OptionError(where, f"{spec.name}{context}: cannot be built with these options ({type(err).__name__}: "
                                  f"{str(err).splitlines()[0] if str(err) else ''}); check its sizes") from None
+
+
+#: the recipe key of the state mixer's options (``model.state_mixer`` only names it)
+STATE_MIXER_OPTIONS = "model.state_mixer_options"
+
+
+def layer_option_keys(model) -> list[tuple[str, str]]:
+    """For every layer of the model section ``model`` (a :class:`zoo.config.ModelConfig`), the recipe key that holds
+    the options it is built with and, when other keys add to them, a note naming those: the layer's own options
+    (``model.layers.<i>.<name>``, or ``model.pattern.<j>.<name>``) over its type's defaults
+    (``model.mixer_options.<name>``); a layer with neither is named by its place."""
+    written = "model.layers" if model.layers is not None else "model.pattern"
+    keys = []
+    for i, entry in enumerate(model.layer_entries()):
+        at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
+        name, own = (entry, None) if isinstance(entry, str) else next(iter(entry.items()))
+        defaults = f"model.mixer_options.{name}" if (model.mixer_options or {}).get(name) else ""
+        if own:
+            keys.append((f"{at}.{name}", f" (over the defaults of {defaults})" if defaults else ""))
+        elif defaults:
+            keys.append((defaults, f" ({at})"))
+        else:
+            keys.append((at, ""))
+    return keys
 
 
 class HybridLM(nn.Module):
     def __init__(self, layers: list[Spec], vocab_size: int, d_model: int, state_mixer: Spec | None = None,
-                 norm_eps: float = 1e-5, use_mask: bool = True):
+                 norm_eps: float = 1e-5, use_mask: bool = True, *,
+                 option_keys: list[tuple[str, str]] | None = None):
+        """``option_keys``: for every layer, the recipe key a refusal of its options names and a note (see
+        :func:`layer_option_keys`; by default ``model.layers.<i>``)."""
         super().__init__()
         state_mixer = state_mixer or Spec("swiglu", STATE_MIXERS.get("swiglu").Options())
         self.layer_specs = list(layers)
@@ -70,9 +99,9 @@ class HybridLM(nn.Module):
         self.embed = nn.Embedding(vocab_size, d_model)
         blocks = []
         for i, spec in enumerate(layers):
-            mixer = _build(MIXERS, spec, d_model, f"model.layers.{i}")
+            mixer = _build(MIXERS, spec, d_model, *(option_keys[i] if option_keys else (f"model.layers.{i}",)))
             sm = None if STATE_MIXERS.get(state_mixer.name).is_identity else \
-                _build(STATE_MIXERS, state_mixer, d_model, "model.state_mixer")
+                _build(STATE_MIXERS, state_mixer, d_model, STATE_MIXER_OPTIONS)
             blocks.append(Block(mixer, sm, d_model, norm_eps))
         self.blocks = nn.ModuleList(blocks)
         self.norm = RMSNorm(d_model, norm_eps, to_linear=True)    # feeds the head
@@ -84,7 +113,8 @@ class HybridLM(nn.Module):
     @classmethod
     def from_recipe(cls, recipe: Recipe, vocab_size: int) -> "HybridLM":
         m = recipe.model
-        return cls(recipe.layers, vocab_size, m.d_model, recipe.state_mixer, m.norm_eps, m.use_mask)
+        return cls(recipe.layers, vocab_size, m.d_model, recipe.state_mixer, m.norm_eps, m.use_mask,
+                   option_keys=layer_option_keys(m))
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)

@@ -12,11 +12,16 @@
   as bytes in the order of the sorted paths. A file is one document; with ``doc_separator`` set (e.g.
   ``"\\n\\n\\n"``), its non-empty pieces between separators are the documents.
 - ``hf``: a Hugging Face dataset (``hf_dataset``, ``hf_config``, ``hf_split``, ``hf_text_field``; local
-  data files with ``hf_data_files``), streamed with ``datasets`` (``pip install 'mixer-zoo[lm]'``);
-  ``max_documents`` bounds it; a record whose text is missing (null) is an empty document, left out. Local
-  files it reads (``hf_data_files``, a local ``hf_dataset``) are fingerprinted like those of ``files``, so an
-  edited one is prepared again.
+  data files with ``hf_data_files``), streamed with ``datasets`` (``pip install 'mixer-zoo[lm]'``); a
+  record whose text is missing (null) or empty is an empty document, left out. Local files it reads
+  (``hf_data_files``, a local ``hf_dataset``) are fingerprinted like those of ``files``, so an edited one is
+  prepared again.
 - ``shards``: tokens prepared elsewhere (:mod:`zoo.data.prepare` reads ``path`` directly; no documents).
+
+``max_documents`` (0: no bound) bounds every source but ``shards`` alike, counting the documents prepared: the
+first ``max_documents`` non-empty documents in the order above. An empty document (an empty file, an ``hf``
+record whose text is null or empty) is left out and not counted, so a bound of N gives N documents whenever the
+source holds that many; the source is not read past the N-th (no later ``hf`` record is asked for).
 
 Split: a document goes to validation when the first 8 bytes of the SHA-256 of its split key, read as a
 fraction of 2^64, fall below ``val_fraction``; so the split is deterministic and independent of the order
@@ -109,9 +114,7 @@ def _hf(o) -> Iterator[bytes]:
     kwargs = {"data_files": o.hf_data_files} if o.hf_data_files else {}
     try:
         data = datasets.load_dataset(o.hf_dataset, o.hf_config or None, split=o.hf_split, streaming=True, **kwargs)
-        for i, record in enumerate(data):
-            if o.max_documents and i >= o.max_documents:
-                return
+        for i, record in enumerate(data):  # max_documents counts the documents: keyed_documents bounds them
             if o.hf_text_field not in record:
                 raise UserError(f"task.hf_text_field: {o.hf_dataset} has no field {o.hf_text_field!r} "
                                 f"(fields: {', '.join(record)})")
@@ -145,14 +148,16 @@ def _keyed(o) -> Iterator[tuple[bytes | None, bytes]]:
 
 def keyed_documents(o) -> Iterator[tuple[bytes | None, bytes]]:
     """``(split key, document)`` for the non-empty documents of the task options ``o``'s source, in their
-    fixed order; the key is None where the document is its own split key."""
+    fixed order, the first ``o.max_documents`` of them when that is set (empty ones are not counted); the key is
+    None where the document is its own split key. The source is not read past the last document given."""
     count = 0
     for key, doc in _keyed(o):
-        if doc:
-            count += 1
-            if o.max_documents and count > o.max_documents:
-                return
-            yield key, doc
+        if not doc:
+            continue
+        yield key, doc
+        count += 1
+        if o.max_documents and count >= o.max_documents:
+            return
 
 
 def documents(o) -> Iterator[bytes]:
@@ -170,7 +175,9 @@ def describe(o) -> str:
     if o.source == "files":
         return f"files {o.path}" + (f" split at {o.doc_separator!r}" if o.doc_separator else "")
     if o.source == "hf":
-        return f"hf {o.hf_dataset} {o.hf_config} {o.hf_split} {o.hf_text_field} {o.hf_data_files}".strip()
+        described = f"hf {o.hf_dataset} {o.hf_config} {o.hf_split} {o.hf_text_field} {o.hf_data_files}".strip()
+        # with the bound said here, a folder prepared when it counted records (empty ones too) is not reused
+        return described + (f", first {o.max_documents} non-empty documents" if o.max_documents else "")
     if o.source == "python-stdlib" and o.path:
         return f"python-stdlib {o.path}"
     return o.source

@@ -8,10 +8,14 @@ the value that followed that key; every other label is -100. Positions that are 
 or random tokens when ``random_fill`` is on. The prefix mask marks the key-value context.
 
 ``value_gap`` (default 0, Zoology's layout) puts that many filler positions between a key and its
-value in the context, ``k1 _ v1 k2 _ v2 ...`` for a gap of 1 (fillers are filled like every other
-non-query position); queries keep the ``key -> next token is its value`` form. It moves the value
-away from the position right after its key, which is what a lag-p readout such as SKA's power filter
-reaches (p = 1 reads one position on, p = 2 two).
+value in the context, ``k1 _ v1 k2 _ v2 ...`` for a gap of 1; queries keep the ``key -> next token is its
+value`` form. It moves the value away from the position right after its key, which is what a lag-p
+readout such as SKA's power filter reaches (p = 1 reads one position on, p = 2 two). The fillers are 0,
+or with ``random_fill`` random tokens uniform over the vocabulary less the sequence's own keys and values:
+every key and every value occurs once in the context, as in Zoology's layout, so that no filler repeats a
+key with another token ``value_gap + 1`` positions on (a second binding that a query could read) or puts a
+value between a key and its own. (The non-query positions after the context are random over the whole
+vocabulary, as Zoology's are: none is supervised, and a query's key and value stay those of the context.)
 """
 from __future__ import annotations
 
@@ -36,6 +40,20 @@ def first_of_permutations(rows: int, size: int, count: int, generator: torch.Gen
     parts = [torch.argsort(torch.rand(min(block, rows - start), size, generator=generator), dim=1)[:, :count].clone()
              for start in range(0, rows, block)]  # clone: a slice would keep its block's whole order alive
     return torch.cat(parts) if parts else torch.zeros(0, count, dtype=torch.long)
+
+
+def other_tokens(drawn: torch.Tensor, taken: torch.Tensor, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    """``drawn`` (rows, m), uniform over ``[0, vocab_size)``, with every entry that is one of its row's ``taken``
+    tokens (rows, c; distinct within a row) drawn again, uniformly among the ``vocab_size - c`` tokens not taken:
+    the result is uniform over those tokens, and an entry that was not taken is kept. One draw of shape
+    ``drawn.shape`` is made whatever the entries."""
+    taken = taken.sort(dim=1).values
+    others = torch.randint(vocab_size - taken.shape[1], drawn.shape, generator=generator)
+    # the r-th token not taken is r + #{j: taken_j - j <= r} (taken_j - j: the tokens not taken below taken_j)
+    below = (taken - torch.arange(taken.shape[1])).contiguous()
+    others = others + torch.searchsorted(below, others, right=True)
+    at = torch.searchsorted(taken, drawn.contiguous()).clamp(max=taken.shape[1] - 1)
+    return torch.where(taken.gather(1, at) == drawn, others, drawn)
 
 
 @register_task
@@ -102,6 +120,9 @@ class MQAR(Task):
         if o.random_fill:
             noise = torch.randint(V, inputs.shape, generator=generator)
             inputs = torch.where(inputs == 0, noise, inputs)
+            if o.value_gap:  # the context's fillers: not the sequence's own keys and values
+                fillers = torch.tensor([t for t in range(context) if t % stride not in (0, stride - 1)])
+                inputs[:, fillers] = other_tokens(inputs[:, fillers], torch.cat([keys, values], dim=1), V, generator)
         mask = torch.zeros(n, seq_len)
         mask[:, :context] = 1.0
         return TaskData(inputs, labels, mask)
