@@ -13,12 +13,22 @@ error of the fp32 CPU path over the input and ``ROUNDING_SAMPLES`` copies of it 
 one GKA draw the CPU path's gradient errors ranged from 5e-5 to 1.7e-3 over eight such perturbations, and the
 GPU path's (1.1e-3) was 6x the unperturbed CPU run's. Over 100 fresh GKA draws the GPU path's error stayed
 below 0.71x the larger of the tolerance and the CPU path's largest error, a quarter of what the check allows.
-A GPU path that computes something else is off by far more than rounding and fails.
+
+The GPU path's own error is one draw from the same heavy tail: on one GKA draw at T = 1 its alpha-gate
+gradient was 3.4e-3 off fp64 on the input and 2.6e-4..4.4e-3 on eight copies perturbed by one rounding (median
+of the nine 1.4e-3; the CPU path's largest 1.8e-3). Judged by that single draw, one-token GKA reached 0.62 of
+the bound in 100 fresh seeds (99th percentile 0.52), so a rare draw fails by chance. A quantity outside the
+bound on the input is therefore looked at again over the same perturbed copies (``second_look``): its median
+error over the input and the copies, against the same bound. The median of nine is not moved by one tail draw;
+on the ten seeds of those 100 with the largest single-draw ratio it was at most 0.39 of the bound (median
+0.18). A GPU path that computes something else is off by far more than rounding on every copy, and fails both
+looks.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import statistics
 
 import torch
 
@@ -47,23 +57,49 @@ def assert_gpu_path_matches(layer, x: torch.Tensor, dy: torch.Tensor, tol: float
     """The fp32 ``layer`` on the GPU path equals it on the CPU path, both against its fp64 copy (above)."""
     exact = run_layer(copy.deepcopy(layer).double(), x.double(), dy.double(), gpu=False)
     gpu = run_layer(layer, x, dy, gpu=True)
-    rounding = fp32_rounding_errors(layer, x, dy, exact)
+    copies = rounding_copies(x)
+    rounding = {what: max(errors) for what, errors in path_errors(layer, copies, dy, exact, gpu=False).items()}
     assert gpu.keys() == exact.keys(), f"{label}: {sorted(gpu)} != {sorted(exact)}"
+    bound = {what: max(tol, ROUNDING_RATIO * rounding[what]) for what in gpu}
+    outside = {}
     for what in gpu:
         assert gpu[what].shape == exact[what].shape, f"{label}: {what}: shape {tuple(gpu[what].shape)}"
         assert torch.isfinite(gpu[what]).all(), f"{label}: {what}: non-finite values"
         gpu_err = rel_err(gpu[what], exact[what])
-        assert gpu_err <= max(tol, ROUNDING_RATIO * rounding[what]), (
-            f"{label}: {what}: GPU path off the fp64 CPU path by {gpu_err:.3e}, more than the tolerance "
-            f"{tol:.1e} and {ROUNDING_RATIO:g}x the fp32 CPU path's largest error {rounding[what]:.3e}")
+        if gpu_err > bound[what]:
+            outside[what] = gpu_err
+    if outside:
+        second_look(layer, copies, dy, exact, outside, bound, rounding, label)
+
+
+def second_look(layer, copies, dy, exact, outside: dict[str, float], bound, rounding, label: str) -> None:
+    """The quantities ``outside`` the bound on the input, judged by the median of the GPU path's errors over the
+    input and its perturbed ``copies`` (the module's docstring says why): one tail draw does not move it, a
+    GPU path that computes something else is off on every copy."""
+    errors = path_errors(layer, copies[1:], dy, exact, gpu=True)
+    for what, first in outside.items():
+        median = statistics.median([first, *errors[what]])
+        assert median <= bound[what], (
+            f"{label}: {what}: GPU path off the fp64 CPU path by {first:.3e} on the input and by {median:.3e} "
+            f"(median) over it and {len(copies) - 1} copies perturbed by one rounding, more than the tolerance "
+            f"and {ROUNDING_RATIO:g}x the fp32 CPU path's largest error {rounding[what]:.3e} (bound {bound[what]:.3e})")
+
+
+def rounding_copies(x: torch.Tensor) -> list[torch.Tensor]:
+    """``x`` and ``ROUNDING_SAMPLES`` copies of it perturbed by relative noise of one fp32 rounding."""
+    return [x] + [x * (1 + FP32_UNIT_ROUNDOFF * torch.randn_like(x)) for _ in range(ROUNDING_SAMPLES)]
+
+
+def path_errors(layer, inputs, dy, exact, gpu: bool) -> dict[str, list[float]]:
+    """Per quantity, the fp32 path's relative error against ``exact`` on each of ``inputs``."""
+    errors: dict[str, list[float]] = {}
+    for xs in inputs:
+        for what, value in run_layer(layer, xs, dy, gpu=gpu).items():
+            errors.setdefault(what, []).append(rel_err(value, exact[what]))
+    return errors
 
 
 def fp32_rounding_errors(layer, x, dy, exact) -> dict[str, float]:
     """Per quantity, the largest error against ``exact`` of the fp32 CPU path on ``x`` and on
     ``ROUNDING_SAMPLES`` copies of ``x`` perturbed by relative noise of one fp32 rounding."""
-    worst: dict[str, float] = {}
-    for sample in range(ROUNDING_SAMPLES + 1):
-        xs = x if sample == 0 else x * (1 + FP32_UNIT_ROUNDOFF * torch.randn_like(x))
-        for what, value in run_layer(layer, xs, dy, gpu=False).items():
-            worst[what] = max(worst.get(what, 0.0), rel_err(value, exact[what]))
-    return worst
+    return {what: max(errors) for what, errors in path_errors(layer, rounding_copies(x), dy, exact, gpu=False).items()}

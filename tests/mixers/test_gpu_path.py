@@ -32,7 +32,8 @@ def test_gpu_path_equals_cpu_path(name):
 @pytest.mark.parametrize("name", MIXERS.names())
 def test_one_token_of_batch_one_trains_on_the_gpu_path(name):
     """Batch 1 and one token: views of size-1 dimensions carry arbitrary strides (a gradient slot read back through
-    one once failed to be recognised and was copied onto itself)."""
+    one once failed to be recognised and was copied onto itself). GKA's one token is its worst-conditioned case
+    (a gate gradient 1e-3 off fp64 in both fp32 paths): tests/mixers/gpu_path.py's second look is measured on it."""
     layer = build_mixer(name, D_MODEL, {})
     x, dy = torch.randn(1, 1, D_MODEL), torch.randn(1, 1, D_MODEL)
     assert_gpu_path_matches(layer, x, dy, max(1e-4, type(layer).contract_fp32_rtol), f"{name} (T=1)")
