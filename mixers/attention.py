@@ -1,10 +1,19 @@
 """Causal multi-head softmax attention with rotary position embeddings (the baseline).
 
-    o_t = sum_{i<=t} softmax_i(q_t . k_i / sqrt(d)) v_i,    q, k rotated by RoPE (Su et al. 2021)
+    o_t^h = sum_{i<=t} softmax_i(q_t^h . k_i^{g(h)} / sqrt(d)) v_i^{g(h)},    q, k rotated by RoPE (Su et al. 2021)
 
-Vaswani et al. 2017, "Attention Is All You Need". The decode state is the KV cache, ``2 * T * H * d``
-elements: the only mixer here whose state grows with the context. Kernels: torch SDPA (CPU default),
-our Triton flash-style kernel, or flash-attn on CUDA (``backend``).
+with ``H = n_heads`` query heads and ``Hkv = n_kv_heads`` key/value heads, query head ``h`` reading key/value head
+``g(h) = h // (H / Hkv)``. ``n_kv_heads`` unset is ``H``: ``g(h) = h``, standard multi-head attention (Vaswani et al.
+2017, "Attention Is All You Need"). Fewer is grouped-query attention (GQA; Ainslie et al. 2023, "GQA: Training
+Generalized Multi-Query Transformer Models from Multi-Head Checkpoints", arXiv 2305.13245), each key/value head
+shared by ``H / Hkv`` query heads; ``n_kv_heads = 1`` is multi-query attention (Shazeer 2019). The projection gives
+``H d`` query features then ``Hkv d`` key and ``Hkv d`` value features (``3 H d`` at the default, the layout of
+checkpoints trained before the option, which load unchanged).
+
+The decode state is the KV cache, ``2 * T * Hkv * d`` elements: the only mixer here whose state grows with the
+context, ``H / Hkv`` times smaller under GQA. Kernels: torch SDPA (CPU default), our Triton flash-style
+kernel, or flash-attn on CUDA (``backend``); every one takes the ``Hkv`` heads as they are (the Triton kernel
+reads the shared head, no repeated copy).
 
 Non-finite inputs: a NaN or inf at position t reaches the outputs of earlier positions too (the
 fused attention kernels multiply the zero weight of a masked score by the NaN value); large finite inputs
@@ -28,8 +37,8 @@ from .options import backend_opt, opt
 @register_mixer
 class Attention(Mixer):
     name = "attention"
-    description = "causal multi-head softmax attention with RoPE; KV-cache decode"
-    state_formula = "2 * T * n_heads * head_dim  (= 2 T d_model by default; grows with T)"
+    description = "causal multi-head softmax attention with RoPE, optional grouped-query KV heads; KV-cache decode"
+    state_formula = "2 * T * n_kv_heads * head_dim  (n_kv_heads unset = n_heads: 2 T d_model; grows with T)"
 
     @dataclass
     class Options:
@@ -37,6 +46,15 @@ class Attention(Mixer):
         head_dim: int | None = opt(None, "per-head dimension, even (default d_model / n_heads)", at_least=2)
         rope_base: float = opt(10000.0, "RoPE base frequency", above=0.0)
         backend: str = backend_opt(BACKENDS)
+        n_kv_heads: int | None = opt(None, "key/value heads, a divisor of n_heads (grouped-query attention, Ainslie "
+                                           "et al. 2023: each shared by n_heads / n_kv_heads query heads; the KV cache "
+                                           "shrinks by that factor); unset: n_heads", at_least=1, omit_at_default=True)
+
+        def __post_init__(self):
+            if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: each "
+                                 f"key/value head serves n_heads / n_kv_heads query heads; set n_kv_heads to a divisor "
+                                 f"of n_heads (n_kv_heads={self.n_heads} or unset for multi-head attention)")
 
     state_grows_with_seq_len = True  # the KV cache
     input_to_linear = True           # x enters through the qkv projection only
@@ -51,7 +69,12 @@ class Attention(Mixer):
         if self.head_dim % 2:
             raise ValueError(f"attention: head_dim={self.head_dim} must be even for RoPE")
         self.n_heads = H
-        self.qkv = nn.Linear(d_model, 3 * H * self.head_dim, bias=False)
+        self.n_kv_heads = options.n_kv_heads or H
+        if H % self.n_kv_heads:  # Options checks this too; an Options built around __post_init__ is still refused
+            raise ValueError(f"attention: n_heads={H} is not divisible by n_kv_heads={self.n_kv_heads}; set n_kv_heads "
+                             f"to a divisor of n_heads")
+        # q | k | v features: H d, Hkv d, Hkv d (3 H d when n_kv_heads is unset: the layout checkpoints have)
+        self.qkv = nn.Linear(d_model, (H + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(H * self.head_dim, d_model, bias=False)
 
     def _qkv(self, x: torch.Tensor, start: int):
@@ -59,12 +82,13 @@ class Attention(Mixer):
         kernel rotates the fused projection (values copied) each way, where the formula launches about fifty
         kernels forward and backward per layer."""
         B, T, _ = x.shape
-        H, D = self.n_heads, self.head_dim
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        heads = (H, Hkv, Hkv)
         if triton_pieces_for(x):
-            qkv = rotary(self.qkv(x).view(B, T, 3 * H, D), start, self.options.rope_base, rotated=2 * H,
+            qkv = rotary(self.qkv(x).view(B, T, H + 2 * Hkv, D), start, self.options.rope_base, rotated=H + Hkv,
                          backend="triton")
-            return qkv.view(B, T, 3, H, D).unbind(2)
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+            return qkv.split(heads, dim=2)
+        q, k, v = self.qkv(x).view(B, T, H + 2 * Hkv, D).split(heads, dim=2)
         pos = torch.arange(start, start + T, device=x.device)
         base = self.options.rope_base
         return rope_reference(q, pos, base), rope_reference(k, pos, base), v
@@ -79,7 +103,7 @@ class Attention(Mixer):
         return self.out(o.flatten(2)), {"k": k.to(dtype), "v": v.to(dtype)}
 
     def init_state(self, batch_size, device=None, dtype=None) -> State:
-        empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
+        empty = torch.zeros(batch_size, 0, self.n_kv_heads, self.head_dim, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone()}
 
     def step(self, x_t, state):
@@ -91,4 +115,4 @@ class Attention(Mixer):
         return self.out(o.flatten(2))[:, 0], {"k": k_all, "v": v_all}
 
     def state_size(self, seq_len: int) -> int:
-        return 2 * seq_len * self.n_heads * self.head_dim
+        return 2 * seq_len * self.n_kv_heads * self.head_dim  # the KV cache holds the n_kv_heads heads only

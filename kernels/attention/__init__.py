@@ -8,6 +8,13 @@
 
 Layout ``(batch, time, heads, dim)``. With ``causal=True`` and fewer queries than keys, the queries
 are aligned to the end of the keys (decode against a KV cache).
+
+Grouped-query attention (GQA; Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models
+from Multi-Head Checkpoints", arXiv 2305.13245): ``k`` and ``v`` may have ``Hkv`` heads, any divisor of the ``H``
+heads of ``q`` (``Hkv = 1`` is multi-query attention). Query head ``h`` attends with key/value head
+``h // (H / Hkv)`` on every backend: the reference repeats each key/value head ``H / Hkv`` times, SDPA takes them
+natively (``enable_gqa``) where a fused kernel does and repeats them otherwise, the Triton kernel indexes the
+shared head (no copy; its backward sums the gradients of the query heads that share it), flash-attn natively.
 """
 from __future__ import annotations
 
@@ -44,22 +51,50 @@ def _unsupported(q, k, v) -> dict:
     return out
 
 
+#: ``F.scaled_dot_product_attention`` takes ``enable_gqa`` (PyTorch 2.5 and later)
+SDPA_HAS_GQA = torch.__version__ >= (2, 5)
+
+
+def _sdpa_native_gqa(q, masked: bool) -> bool:
+    """Whether SDPA gets fewer key/value heads than query heads as they are (``enable_gqa=True``) rather than
+    repeated: only where a fused kernel takes them, a CUDA FlashAttention kernel (fp16/bf16, head dim <= 256, no
+    explicit mask). Elsewhere SDPA would fall back, silently, to its math kernel and its T x S matrix (the
+    memory-efficient and cuDNN kernels refuse the broadcast), which costs more than repeating the heads."""
+    return (SDPA_HAS_GQA and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+            and not masked)
+
+
 def _sdpa(q, k, v, causal, scale):
-    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     T, S = q.shape[1], k.shape[1]
-    if causal and T != S:
+    masked = causal and T != S
+    group = q.shape[2] // max(k.shape[2], 1)
+    gqa = {}
+    if group > 1:  # grouped-query attention: query head h reads key/value head h // group
+        if _sdpa_native_gqa(q, masked):
+            gqa = {"enable_gqa": True}
+        else:
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    if masked:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, **gqa)
     else:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal and T > 1, scale=scale)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal and T > 1, scale=scale, **gqa)
     return out.transpose(1, 2)
 
 
 def attention(q, k, v, causal: bool = True, scale: float | None = None, backend: str = "auto"):
-    """Softmax attention over ``(B, T, H, D)`` tensors; see the module docstring for backends."""
-    # one layout on every backend: the reference and SDPA broadcast a one-head or one-batch k / v (and SDPA took
-    # a v longer than k) where the Triton kernel refused them; v's head dim may differ from q's and k's
-    check_layout("attention", q=(q, "B T H D"), k=(k, "B S H D"), v=(v, "B S H E"))
+    """Softmax attention over ``q (B, T, H, D)``, ``k (B, S, Hkv, D)``, ``v (B, S, Hkv, E)`` with ``Hkv`` a divisor
+    of ``H`` (grouped-query attention when smaller); see the module docstring for backends."""
+    # one layout on every backend: the reference and SDPA broadcast a one-batch k / v (and SDPA took a v longer
+    # than k) where the Triton kernel refused them; v's head dim may differ from q's and k's. k and v share one
+    # head count, which divides q's (the only broadcast of heads: grouped-query attention)
+    check_layout("attention", q=(q, "B T H D"), k=(k, "B S Hk D"), v=(v, "B S Hv E"))
+    H, Hkv = q.shape[2], k.shape[2]
+    if v.shape[2] != Hkv or Hkv > H or (H % Hkv if Hkv else H):
+        raise ValueError(f"attention: k of shape {tuple(k.shape)} and v of shape {tuple(v.shape)} must have one number "
+                         f"of heads Hkv that divides q's H = {H} (grouped-query attention: each key/value head serves "
+                         f"H / Hkv query heads)")
     if k.shape[1] == 0 and q.shape[1] > 0:
         # no key to attend to: the explicit formula and SDPA gave zero rows, the Triton kernel refused
         raise ValueError(f"attention: every query needs at least one key, got {q.shape[1]} queries and no keys")

@@ -13,6 +13,13 @@ accumulates ``dQ``. With ``dP = dO V^T`` and ``dS = P * (dP - delta)``:
 ``dV = P^T dO``, ``dK = scale * dS^T Q``, ``dQ = scale * dS K``. Every program owns its output rows,
 so there are no atomics. Statistics and accumulators are fp32 for fp32/fp16/bf16 inputs.
 
+Grouped-query attention (GQA; Ainslie et al. 2023, arXiv 2305.13245): ``k`` and ``v`` may have ``Hkv``
+heads, a divisor of the ``H`` query heads, with ``G = H / Hkv`` query heads per key/value head. The forward
+and the ``dQ`` kernel read key/value head ``h // G`` for query head ``h`` (no repeated copy of K and V); the
+``dK dV`` kernel runs one program per block of keys and per (batch, key/value head) and loops over the ``G``
+query heads of its group, so the gradient of a shared head is the sum over the query heads that read it,
+accumulated in fp32 by the program that owns those rows (still no atomics). ``G = 1`` is the plain kernel.
+
 Layout ``(batch, time, heads, dim)``. ``causal=True`` with fewer queries than keys aligns the queries
 to the end of the keys (decode against a KV cache); more queries than keys is rejected.
 """
@@ -66,7 +73,7 @@ def _configs(kind: str, block_d: int, elem_bytes: int):
 def _attn_fwd(
     Q, K, V, O, LSE,
     sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sob, sot, soh, sod,
-    H, TQ, TK, D, qk_scale,
+    H, GROUP, TQ, TK, D, qk_scale,
     CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -74,6 +81,7 @@ def _attn_fwd(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUP  # the key/value head this query head reads (GQA; GROUP = 1 without)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -89,8 +97,8 @@ def _attn_fwd(
         hi = tl.minimum((pid_m + 1) * BLOCK_M + shift, TK)
     else:
         hi = TK
-    k_base = K + b * skb + h * skh
-    v_base = V + b * svb + h * svh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < TK
@@ -140,15 +148,17 @@ def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sdb, sdt, sdh, sdd,
     s_dkb, s_dkt, s_dkh, s_dkd, s_dvb, s_dvt, s_dvh, s_dvd,
-    H, TQ, TK, D, qk_scale, scale,
+    H, GROUP, TQ, TK, D, qk_scale, scale,
     CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # one program per block of keys: dV = sum_i P^T dO, dK = scale * sum_i dS^T Q
+    # one program per block of keys and per (batch, key/value head): dV = sum_i P^T dO, dK = scale * sum_i dS^T Q,
+    # the sums over the queries of every query head that reads this key/value head (GROUP of them under GQA)
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
+    HKV = H // GROUP
+    b = (pid_bh // HKV).to(tl.int64)
+    hk = (pid_bh % HKV).to(tl.int64)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -156,8 +166,8 @@ def _attn_bwd_dkdv(
     col_ok = offs_n < TK
     d_ok = offs_d < D
     kv_mask = col_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     shift = TK - TQ
@@ -166,31 +176,33 @@ def _attn_bwd_dkdv(
         lo = (tl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
     else:
         lo = 0
-    q_base = Q + b * sqb + h * sqh
-    do_base = DO + b * sdb + h * sdh
-    stat_base = pid_bh.to(tl.int64) * TQ
-    for start_m in range(lo, TQ, BLOCK_M):
-        rows = start_m + offs_m
-        row_ok = rows < TQ
-        qt = tl.load(q_base + rows[None, :] * sqt + offs_d[:, None] * sqd,
-                     mask=row_ok[None, :] & d_ok[:, None], other=0.0)  # (D, M)
-        do = tl.load(do_base + rows[:, None] * sdt + offs_d[None, :] * sdd,
-                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (M, D)
-        lse = tl.load(LSE + stat_base + rows, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + stat_base + rows, mask=row_ok, other=0.0)
-        st = tl.dot(k, qt, input_precision=PREC) * qk_scale  # (N, M): scores transposed
-        ok = col_ok[:, None] & row_ok[None, :]
-        if CAUSAL:
-            ok = ok & (offs_n[:, None] <= rows[None, :] + shift)
-        pt = tl.where(ok, tl.exp2(st - lse[None, :]), 0.0)
-        dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)  # (N, M)
-        dst = pt * (dpt - delta[None, :])
-        dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g  # a query head of this key/value head's group
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdb + h * sdh
+        stat_base = (b * H + h) * TQ  # LSE and DELTA are (B, H, TQ)
+        for start_m in range(lo, TQ, BLOCK_M):
+            rows = start_m + offs_m
+            row_ok = rows < TQ
+            qt = tl.load(q_base + rows[None, :] * sqt + offs_d[:, None] * sqd,
+                         mask=row_ok[None, :] & d_ok[:, None], other=0.0)  # (D, M)
+            do = tl.load(do_base + rows[:, None] * sdt + offs_d[None, :] * sdd,
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (M, D)
+            lse = tl.load(LSE + stat_base + rows, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + stat_base + rows, mask=row_ok, other=0.0)
+            st = tl.dot(k, qt, input_precision=PREC) * qk_scale  # (N, M): scores transposed
+            ok = col_ok[:, None] & row_ok[None, :]
+            if CAUSAL:
+                ok = ok & (offs_n[:, None] <= rows[None, :] + shift)
+            pt = tl.where(ok, tl.exp2(st - lse[None, :]), 0.0)
+            dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)  # (N, M)
+            dst = pt * (dpt - delta[None, :])
+            dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
     dk = dk * scale
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :] * s_dkd,
+    tl.store(DK + b * s_dkb + hk * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :] * s_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :] * s_dvd,
+    tl.store(DV + b * s_dvb + hk * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
@@ -199,7 +211,7 @@ def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,
     sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sdb, sdt, sdh, sdd,
     s_dqb, s_dqt, s_dqh, s_dqd,
-    H, TQ, TK, D, qk_scale, scale,
+    H, GROUP, TQ, TK, D, qk_scale, scale,
     CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -208,6 +220,7 @@ def _attn_bwd_dq(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUP  # the key/value head this query head reads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -225,8 +238,8 @@ def _attn_bwd_dq(
         hi = tl.minimum((pid_m + 1) * BLOCK_M + shift, TK)
     else:
         hi = TK
-    k_base = K + b * skb + h * skh
-    v_base = V + b * svb + h * svh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < TK
@@ -272,10 +285,17 @@ def _launch(name, grid_len_name, batch, args, kwargs):
     extra = _block_kwargs()
 
     def grid(meta):
-        block = meta["BLOCK_M"] if grid_len_name == "TQ" else meta["BLOCK_N"]
-        return (cdiv(kwargs[grid_len_name], block), kwargs["H"] * batch)
+        # programs over query blocks run per query head, over key blocks per key/value head (GQA)
+        block, heads = (meta["BLOCK_M"], kwargs["H"]) if grid_len_name == "TQ" else \
+            (meta["BLOCK_N"], kwargs["H"] // kwargs["GROUP"])
+        return (cdiv(kwargs[grid_len_name], block), heads * batch)
 
     launch(kern, grid, *args, **kwargs, **extra)
+
+
+def _group(H, k) -> int:
+    """Query heads per key/value head (1 without grouped-query attention)."""
+    return H // k.shape[2] if k.shape[2] else 1
 
 
 def _precision(dtype):
@@ -293,7 +313,7 @@ class _AttentionTriton(torch.autograd.Function):
         BLOCK_D = max(16, pow2(D))
         _launch("fwd", "TQ", Bsz,
                 (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride()),
-                dict(H=H, TQ=TQ, TK=TK, D=D, qk_scale=scale * LOG2E, CAUSAL=causal,
+                dict(H=H, GROUP=_group(H, k), TQ=TQ, TK=TK, D=D, qk_scale=scale * LOG2E, CAUSAL=causal,
                      PREC=_precision(q.dtype), BLOCK_D=BLOCK_D))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
@@ -311,11 +331,12 @@ class _AttentionTriton(torch.autograd.Function):
         bm = 64 if not triton_interpreting() else _INTERP_BLOCK
         launch(_attn_bwd_delta, (cdiv(TQ, bm), Bsz * H),
             o, do, delta, *o.stride(), *do.stride(), H, TQ, D, BLOCK_M=bm, BLOCK_D=BLOCK_D)
-        # gradients are dense (B, T, H, D) even when q, k, v are strided views (e.g. of a fused qkv)
+        # gradients are dense (B, T, H, D), (B, S, Hkv, D) even when q, k, v are strided views (e.g. of a fused qkv);
+        # dK and dV are written once per element, by the program that summed over the query heads of the group
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
         dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
-        common = dict(H=H, TQ=TQ, TK=TK, D=D, qk_scale=scale * LOG2E, scale=scale, CAUSAL=causal,
+        common = dict(H=H, GROUP=_group(H, k), TQ=TQ, TK=TK, D=D, qk_scale=scale * LOG2E, scale=scale, CAUSAL=causal,
                       PREC=_precision(q.dtype), BLOCK_D=BLOCK_D)
         strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
         _launch("dkdv", "TK", Bsz, (q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride()), common)
@@ -324,7 +345,8 @@ class _AttentionTriton(torch.autograd.Function):
 
 
 def attention_triton(q, k, v, causal: bool = True, scale: float | None = None):
-    """Softmax attention over ``(B, T, H, D)`` tensors with the Triton flash kernels.
+    """Softmax attention over ``q (B, T, H, D)``, ``k, v (B, S, Hkv, D)`` with the Triton flash kernels; ``Hkv``
+    divides ``H`` (grouped-query attention when smaller: query head ``h`` reads key/value head ``h // (H / Hkv)``).
 
     ``causal=True`` with ``T_q < T_k`` aligns the queries to the last ``T_q`` keys; ``T_q > T_k`` is
     rejected. Inputs fp32, fp16 or bf16 (all three the same dtype); output in that dtype.
@@ -335,9 +357,10 @@ def attention_triton(q, k, v, causal: bool = True, scale: float | None = None):
         raise ValueError(f"attention_triton: q, k, v must share one dtype among fp32/fp16/bf16, got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
     Bsz, TQ, H, D = q.shape
-    if k.shape != v.shape or k.shape[0] != Bsz or k.shape[2] != H or k.shape[3] != D:
+    if k.shape != v.shape or k.shape[0] != Bsz or k.shape[3] != D or k.shape[2] > H or (H % k.shape[2] if k.shape[2] else H):
         raise ValueError(f"attention_triton: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-                         f"do not match (same batch, heads and head dim; k and v the same length)")
+                         f"do not match (same batch and head dim; k and v the same shape, with a number of heads "
+                         f"that divides q's: grouped-query attention)")
     if causal and TQ > k.shape[1]:
         raise ValueError(f"attention_triton: causal attention needs T_q <= T_k (queries are aligned to the end "
                          f"of the keys), got T_q={TQ}, T_k={k.shape[1]}")
