@@ -108,6 +108,12 @@ def _attention(dt, quick):
                 _fwd_bwd(attention_triton(q, k, v, causal=causal))
             yield f"D={D} causal={causal}", run
 
+    def grouped(D=HEAD_DIMS[-2]):  # grouped-query attention: 4 query heads read 2 key/value heads (GROUP 2)
+        q = _meta(2, 1024, 4, D, dtype=dt)
+        k, v = (_meta(2, 1024, 2, D, dtype=dt) for _ in range(2))
+        _fwd_bwd(attention_triton(q, k, v, causal=True))
+    yield f"D={HEAD_DIMS[-2]} causal=True kv_heads=2", grouped
+
 
 def _delta(dt, quick):
     for D in (HEAD_DIMS[-2:] if quick else HEAD_DIMS):

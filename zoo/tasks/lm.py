@@ -62,7 +62,7 @@ class LanguageModeling(TextTask):
                                   above=0.0, at_most=0.5)
         num_test: int = opt(64, "validation windows (fixed, non-overlapping; fewer if the split is small)",
                             at_least=1, at_most=1_000_000)
-        max_documents: int = opt(0, "read at most this many documents of the source (0: all)", at_least=0)
+        max_documents: int = opt(0, "read at most this many non-empty documents of the source (0: all)", at_least=0)
         doc_separator: str = opt("", "files: split each file into documents at this string (empty: one "
                                      "document per file)")
         hf_dataset: str = opt("", "hf: dataset name, e.g. HuggingFaceFW/fineweb-edu (or a loader such as json)")
