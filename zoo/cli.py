@@ -153,7 +153,9 @@ def _checkpoint_of(location: str) -> Path:
                  if (folder / "checkpoints" / c["key"] / "checkpoint.pt").exists()]
         raise UserError(f"zoo eval: {folder} is an ablation's folder, with a checkpoint per cell under "
                         f"{folder / 'checkpoints'}/<recipe key>: "
-                        + (f"give one of {', '.join(cells)}" if cells else "none of its cells has one yet"))
+                        + (f"give one of {', '.join(cells)}" if cells else
+                           "none of its cells has one (not trained yet, or its checkpoints were removed: run the "
+                           "zoo ablate command again to train the missing ones)"))
     return path
 
 
@@ -196,7 +198,8 @@ def cmd_ablate(args) -> int:
     try:
         run_ablation(recipe, out, title=title, progress=not args.no_progress, plot=not args.no_plot, executor=executor)
     except CellsFailed as err:
-        print(f"\nresults of the finished cells: {out / 'results.jsonl'}")
+        if err.rows:
+            print(f"\nresults of the finished cells: {out / 'results.jsonl'}")
         for outcome in err.failures:
             print(f"zoo: cell {outcome.cell.label!r} failed after {outcome.attempts} attempt"
                   f"{'s' * (outcome.attempts != 1)}: {outcome.error}", file=sys.stderr)
@@ -286,7 +289,7 @@ def _add_data_parser(sub) -> None:
     p = data_sub.add_parser("prepare", help="tokenise the recipe's text source into token files (resumable)")
     _recipe_args(p)
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
-                   help="tokenising processes (the output does not depend on it)")
+                   help="tokenising processes (the output does not depend on it; default: the CPUs, at most 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_data)
 
@@ -341,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("ablate", help="run a recipe's grid, resumable, and render its table")
     _recipe_args(p)
-    p.add_argument("--out", help="output folder (default results/<recipe name>)")
+    p.add_argument("--out", help="output folder (default: results/<the recipe file's name without .yaml>, e.g. "
+                                 "results/quickstart)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
@@ -361,8 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ablate)
     p = sub.add_parser("table", help="re-render results.md/csv/png from an ablation's results.jsonl")
     p.add_argument("dir", help="the ablation's output folder")
-    p.add_argument("--title", default="")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--title", default="", help="the tables' title (default: the grid's recorded title, else the "
+                                                "recipe's name, else the folder's name)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot (results.png is left as it is)")
     p.set_defaults(func=cmd_table)
     _claims_parser(sub)
     _add_data_parser(sub)
@@ -453,7 +458,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("zoo: interrupted", file=sys.stderr)
+        again = ("; run the same command again to resume (finished cells and checkpoints are kept)"
+                 if getattr(args, "command", None) in ("ablate", "train") else "")
+        print(f"zoo: interrupted{again}", file=sys.stderr)
         return 130
 
 

@@ -110,7 +110,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.early_stop_acc > 0 and self.eval_every == 0:
             raise ValueError(f"train.early_stop_acc={self.early_stop_acc:g} stops at a periodic evaluation, and "
-                             f"train.eval_every=0 runs none; set train.eval_every (e.g. 100) or drop early_stop_acc")
+                             f"train.eval_every=0 runs none; set train.eval_every (e.g. 100) or set train.early_stop_acc=0")
         if self.compile and self.cuda_graph:
             raise ValueError("train.compile and train.cuda_graph are both true: torch.compile and the captured step "
                              "each take the whole training forward; choose one")

@@ -285,14 +285,16 @@ def run(args) -> int:
 
 def configure_parser(p) -> None:
     p.add_argument("checkpoint", help="a language-model checkpoint (zoo train recipes/lm/... --out DIR): file or DIR")
-    p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts; default: the "
+                                                      "empty prompt)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per prompt (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8; 0: greedy)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set reaching p")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     p.add_argument("--tokenizer", default="", help="refuse unless the checkpoint was trained with this tokenizer")
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                   help="where to decode (default cpu; auto: cuda when available)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--imports", nargs="*", help="modules defining out-of-tree components the checkpoint uses")
     p.add_argument("--test-time", action="append", metavar="KNOB=VALUE",

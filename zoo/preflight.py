@@ -11,8 +11,15 @@
   chunk-causal with ``chunk_size`` >= the length) would train as a silent zero.
 
 Each failure is a :class:`zoo.errors.UserError` naming the recipe and what to change.
+
+:func:`refuse_unrunnable` is the cheap part of these checks that ``zoo ablate`` runs on every cell still to
+train before the first one starts, where the cells train on this machine: a cell that cannot start here (its
+device, its tracking package, a layer's chosen backend) would otherwise fail only when its turn comes, after
+the cells before it trained, and fail again at every re-run.
 """
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -23,7 +30,10 @@ from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
 from .tasks import Task
-from .training.device import resolve_device
+from .training.device import autocast, resolve_device
+
+#: the package each ``train.tracking`` choice imports, with the one line a missing one gives
+TRACKING_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 #: tokens in the trial forward pass: enough to reach every chunked code path once, cheap on any device
 TRIAL_TOKENS = 8
@@ -93,3 +103,54 @@ def check_recipe(recipe: Recipe) -> tuple[HybridLM, Task]:
     for cell in recipe.cells:
         build_checked(cell.recipe, f"{recipe.source or 'recipe'}: grid cell {cell.label!r}")
     return build_checked(recipe)
+
+
+def _tracking_problem(kind: str) -> str | None:
+    """Why ``train.tracking: kind`` cannot start here (its package is not installed), or None."""
+    package = TRACKING_PACKAGES.get(kind)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return (f"train.tracking={kind} needs the {package} package: pip install 'mixer-zoo[tracking]' "
+            f"(or pip install {package})")
+
+
+def _backend_problem(spec, d_model: int, device: torch.device, precision: str) -> str | None:
+    """Why the layer ``spec``, whose options choose a kernel backend, cannot run on ``device``: one forward pass
+    of a few tokens through the mixer alone, under the autocast training uses (``train.precision``: a backend may
+    take bf16 and refuse fp32), with the global random state left as it was; or None. Only a refused backend is
+    reported; anything else the trial meets is left to the run, which reports it in its own words."""
+    with torch.random.fork_rng(devices=[]):  # built on the CPU (the weights' draws), then moved
+        try:
+            mixer = MIXERS.get(spec.name)(d_model, spec.options).to(device)
+            x = torch.randn(1, TRIAL_TOKENS, d_model, generator=torch.Generator().manual_seed(0)).to(device)
+            with torch.no_grad(), autocast(device, precision):
+                mixer(x)
+        except BackendUnavailable as err:
+            return str(err)
+        except Exception:  # noqa: BLE001 - not this check's to judge: the run reports it where it happens
+            return None
+    return None
+
+
+def refuse_unrunnable(cells: list[tuple[Recipe, str]]) -> None:
+    """Refuse, before anything trains, the first of ``cells`` (``(recipe, where it comes from)``) that cannot
+    start on this machine whatever its data: ``train.device`` that is not here, a ``train.tracking`` package that
+    is not installed, or a layer whose options choose a kernel backend that cannot run on the device (``auto``
+    always finds one). Each distinct device and layer is tried once; no model is built."""
+    tried: dict[tuple, str | None] = {}
+    for recipe, where in cells:
+        try:
+            device = resolve_device(recipe.train.device)
+        except UserError as err:
+            raise UserError(f"{where}: {err}") from None
+        problem = _tracking_problem(recipe.train.tracking)
+        if problem:
+            raise UserError(f"{where}: {problem}; nothing was trained")
+        for i, spec in enumerate(recipe.layers):
+            if getattr(spec.options, "backend", "auto") == "auto":
+                continue
+            key = (spec.name, repr(spec.options), recipe.model.d_model, str(device), recipe.train.precision)
+            if key not in tried:
+                tried[key] = _backend_problem(spec, recipe.model.d_model, device, recipe.train.precision)
+            if tried[key]:
+                raise UserError(f"{where}: layer {i} ({spec.name}): {tried[key]}; nothing was trained")

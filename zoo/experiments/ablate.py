@@ -13,7 +13,11 @@ command-line override is never answered with an old row. Only training rows fini
 row (:func:`zoo.rows.is_eval_row`) never does, whatever its recipe key. A folder holding a finished row for
 a cell whose recipe has since changed is refused with the differences named (use another ``--out``); a
 refused run changes nothing in the folder: the grid's layout (``cells.json``, which the tables follow) and
-the repair of damaged lines are written only after every check passed. One process writes a folder at a
+the repair of damaged lines are written only after every check passed (the Ray cluster joined included), and a
+folder the run created is removed again when it was refused before writing anything. Where the cells train on
+this machine (in this process, or on a Ray started here), every cell still to run is first checked against it
+(:func:`zoo.preflight.refuse_unrunnable`: device, tracking package, a layer's chosen backend), so a cell that
+cannot start here is refused before any cell trains rather than after the cells before it. One process writes a folder at a
 time (a lock file, which ``zoo eval --out`` into an ablation folder takes as well); a second one is refused
 at once.
 
@@ -32,6 +36,7 @@ from pathlib import Path
 from ..config import Cell, Recipe
 from ..errors import UserError
 from ..paths import probe_writable
+from ..preflight import refuse_unrunnable
 from ..recipes.plain import recipe_differences
 from ..rows import append_row, is_eval_row, read_rows, repair_rows
 from ..training.loop import probe_folders
@@ -50,6 +55,12 @@ def check_writable(out_dir: Path) -> None:
     if not parent.is_dir():
         raise UserError(f"--out {out_dir}: {parent} is a file, not a folder; choose another --out")
     if parent == out_dir:
+        for name in WRITTEN:  # each is replaced or appended to as a file: a folder (or a pipe) there would fail later
+            path = out_dir / name
+            if path.exists() and not path.is_file():
+                kind = "a folder" if path.is_dir() else "not a regular file"
+                raise UserError(f"--out {out_dir}: {path} is {kind}, where the ablation writes its {name} file; "
+                                f"move it away or choose another --out")
         targets = [out_dir] + [out_dir / n for n in WRITTEN + ("checkpoints",) if (out_dir / n).exists()]
     else:
         targets = [parent]
@@ -79,6 +90,7 @@ def exclusive(out_dir: Path, who: str = "zoo ablate"):
     the holder's pid, followed by its command when that is not ``zoo ablate`` (``who``)."""
     check_writable(out_dir)
     probe_writable(out_dir, "--out")  # what permissions do not show: a read-only mount, a full disk
+    made = [p for p in [out_dir, *out_dir.parents] if not p.exists()]  # the folders this run creates
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / ".lock"
@@ -95,9 +107,27 @@ def exclusive(out_dir: Path, who: str = "zoo ablate"):
                               f"finish or choose another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, (str(os.getpid()) + ("" if who == "zoo ablate" else f" {who}")).encode(), 0)
-        yield
+        try:
+            yield
+        except UserError:
+            if made:  # refused before it wrote anything: the folders it made go, so nothing is left behind
+                _remove_if_only_lock(out_dir, made)
+            raise
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _remove_if_only_lock(out_dir: Path, made: list[Path]) -> None:
+    """Remove ``out_dir`` (and the folders above it in ``made``, this run's own) when it holds nothing but the lock
+    file: a run refused before its first write leaves no folder that would read as an ablation's."""
+    try:
+        if {p.name for p in out_dir.iterdir()} != {".lock"}:
+            return
+        (out_dir / ".lock").unlink()
+        for folder in made:  # innermost first; one another process has written into since stays
+            folder.rmdir()
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
@@ -145,7 +175,8 @@ def completed_rows(rows: list[dict], cells: list[Cell]) -> dict[str, dict]:
             diff = recipe_differences(old.get("recipe", {}), cell.recipe.plain)
             why = "; ".join(diff) if diff else "written by an older mixer-zoo without recipe hashes"
             raise UserError(f"cell {cell_name(cell, cells)!r} already has a finished row from a different recipe ({why}); "
-                              f"its results would be mixed with the new ones: use another --out folder")
+                            f"its results would be mixed with the new ones: use another --out folder for the new "
+                            f"recipe, or run the recipe and overrides as they were to resume this folder")
     return done
 
 
@@ -156,6 +187,15 @@ class CellsFailed(Exception):
         self.failures, self.rows = failures, rows
         names = "; ".join(f"{o.cell.label!r} ({o.error})" for o in failures)
         super().__init__(f"{len(failures)} cell{'s' * (len(failures) != 1)} failed: {names}")
+
+
+def _headline(metrics: dict) -> str:
+    """A finished cell's line: its headline metric (``val_bpb`` for a language model) and its training time."""
+    name = "val_bpb" if "val_bpb" in metrics else "test_accuracy"
+    value = metrics.get(name)
+    shown = f"{name}={value:.4f} " if isinstance(value, (int, float)) else ""
+    seconds = metrics.get("train_seconds")
+    return shown + (f"({seconds:.0f}s" if isinstance(seconds, (int, float)) else "(")
 
 
 def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool = True, plot: bool = True,
@@ -169,17 +209,17 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
     cells = cells_of(recipe)
     results_path = out_dir / "results.jsonl"
     where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell_name(cell, cells)}" for i, cell in enumerate(cells)}
+    executor = executor or SequentialExecutor(progress=progress, echo=echo)
     with exclusive(out_dir):
         done = completed_rows(read_rows(results_path), cells)  # read only: a refused run writes nothing
         for cell in cells:  # every folder a cell writes, before the first one trains
             if cell.recipe.key not in done:
                 probe_folders(cell.recipe, out_dir / "checkpoints" / cell.recipe.key)
-        _rows, damaged = repair_rows(results_path)  # every check passed: the folder is this run's now
-        for damage in damaged:
-            echo(f"{damage.describe()}: moved to {damage.path.with_name('results.damaged.jsonl')}; "
-                 f"its cell runs again")
-        write_layout(out_dir, title, cells)
-        executor = executor or SequentialExecutor(progress=progress, echo=echo)
+        if executor.local:  # cells train on this machine: one that cannot start here is refused before any trains
+            source = recipe.source or "recipe"
+            refuse_unrunnable([(cell.recipe, f"{source}: grid cell {cell_name(cell, cells)!r}" if recipe.cells
+                                else source) for cell in cells if cell.recipe.key not in done])
+        todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
         failures = []
         executor.echo = echo  # the driver says where messages go
         # a killed cell resumes from its checkpoint; absolute, since a worker (a Ray task on a cluster started
@@ -187,12 +227,18 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
         executor.checkpoint_root = str((out_dir / "checkpoints").absolute())
         executor.on_start = lambda cell: echo(f"{where[cell.recipe.key]}: training")
         with executor:
-            todo = [(i, cell) for i, cell in enumerate(cells) if cell.recipe.key not in done]
+            # joined before the folder changes: a Ray cluster it cannot reach is refused like any other check
+            running_on = executor.describe() if todo else ""
+            _rows, damaged = repair_rows(results_path)  # every check passed: the folder is this run's now
+            for damage in damaged:
+                echo(f"{damage.describe()}: moved to {damage.path.with_name('results.damaged.jsonl')}; "
+                     f"its cell runs again")
+            write_layout(out_dir, title, cells)
             for cell in cells:
                 if cell.recipe.key in done:
                     echo(f"{where[cell.recipe.key]}: done already, skipped")
             if todo:
-                echo(f"running {len(todo)} cell{'s' * (len(todo) != 1)} on {executor.describe()}")
+                echo(f"running {len(todo)} cell{'s' * (len(todo) != 1)} on {running_on}")
             for i, cell in todo:
                 executor.submit(i, cell)
             for outcome in executor.finished():
@@ -205,8 +251,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
                     continue
                 append_row(results_path, outcome.row)
                 done[outcome.cell.recipe.key] = outcome.row
-                metrics = outcome.row["metrics"]
-                echo(f"{here}: test_accuracy={metrics['test_accuracy']:.4f} ({metrics['train_seconds']:.0f}s{retried})")
+                echo(f"{here}: {_headline(outcome.row['metrics'])}{retried})")
         rows = [done[cell.recipe.key] for cell in cells if cell.recipe.key in done]
         table = render_folder(out_dir, plot=plot) if rows else ""
     if table:

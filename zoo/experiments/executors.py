@@ -72,8 +72,10 @@ class Outcome:
 
 
 class Executor(abc.ABC):
-    """Runs cells; subclasses implement :meth:`submit` and :meth:`finished`."""
+    """Runs cells; subclasses implement :meth:`submit` and :meth:`finished`. ``local``: the cells train on this
+    machine (so what this machine can run is what they can run)."""
     name = "executor"
+    local = True
 
     def __init__(self, retries: int = 0):
         if retries < 0:
@@ -128,6 +130,8 @@ class SequentialExecutor(Executor):
                 except Exception as err:  # noqa: BLE001 - a failed cell is reported, the others still run
                     outcome.error = error_summary(err)
                     outcome.errors.append(outcome.error)
+                    if isinstance(err, UserError):  # a problem of the recipe or the machine: the same every time
+                        break
                     if outcome.attempts <= self.retries:
                         self.echo(f"  {cell.label}: attempt {outcome.attempts} failed ({outcome.error}); retrying")
             if outcome.row is not None:
@@ -169,6 +173,7 @@ class RayExecutor(Executor):
         self.cpus_per_cell, self.gpus_per_cell = cpus_per_cell, gpus_per_cell
         self.progress, self.echo = progress, echo
         self.address, self.num_cpus = address, num_cpus
+        self.local = address is None  # a Ray started here runs on this machine; a cluster's nodes may differ
         self.started_here = False
         self.remote = None
         self.pending: dict = {}  # ObjectRef -> Outcome

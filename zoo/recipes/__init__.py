@@ -35,8 +35,8 @@ from .plain import recipe_differences
 from .validation import Places, import_modules, key_parts, undeclared_knob, validate
 
 
-def _overridden(data: dict, overrides) -> dict:
-    """Apply ``overrides`` (strings or a mapping) to ``data``; ``{key path: the label that blames it}``."""
+def _override_items(overrides) -> list[tuple[list, object, str]]:
+    """``[(key path, value, the label that blames it)]`` of ``overrides`` (strings or a mapping)."""
     items = []
     for item in (overrides.items() if isinstance(overrides, Mapping) else overrides):
         if isinstance(overrides, Mapping):
@@ -45,6 +45,12 @@ def _overridden(data: dict, overrides) -> dict:
         else:
             path, value = parse_override(item)
             items.append((path, value, f"override {item!r}"))
+    return items
+
+
+def _overridden(data: dict, overrides) -> dict:
+    """Apply ``overrides`` (strings or a mapping) to ``data``; ``{key path: the label that blames it}``."""
+    items = _override_items(overrides)
     replace_layers(data, set().union(*(given_layer_keys(path, value) for path, value, _ in items)))
     override_paths = {}
     for path, value, label in items:
@@ -114,16 +120,20 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
         own_knob = None
     base = validate(data, places, name, own_knob)
     base.config.grid, base.imports = grid, imports
+    cell_places = {}
     if grid is not None or base.config.seeds is not None:
-        _add_cells(base, data, places, grid, name)
+        cell_places = _add_cells(base, data, places, grid, name)
     _refuse_identical_cells(base.cells)
+    _refuse_unused_options(base, overrides, places, cell_places)
     if grid is not None:
         _refuse_undeclared_knobs(base, places)
     return base
 
 
-def _add_cells(base: Recipe, data: dict, places: Places, grid, name: str) -> None:
-    """Every cell of the grid (or the recipe itself), once per seed with ``seeds``, resolved into ``base.cells``."""
+def _add_cells(base: Recipe, data: dict, places: Places, grid, name: str) -> dict:
+    """Every cell of the grid (or the recipe itself), once per seed with ``seeds``, resolved into ``base.cells``;
+    returns where each cell's keys are written (by the cell's ``id``)."""
+    places_of: dict[int, dict] = {}
     try:
         cells, at = expand_grid(grid), cell_paths(grid)
     except GridError as err:
@@ -133,6 +143,25 @@ def _add_cells(base: Recipe, data: dict, places: Places, grid, name: str) -> Non
             cell = _cell(data, places, seed_label, cell_overrides, where, name)
             cell.imports = base.imports
             base.cells.append(Cell(seed_label, cell_overrides, cell))
+            places_of[id(base.cells[-1])] = where
+    return places_of
+
+
+def _refuse_unused_options(base: Recipe, overrides, places: Places, cell_places: dict) -> None:
+    """An override of ``model.mixer_options.<mixer>`` that no layer takes is refused: a grid cell's own key where
+    no layer of that cell takes it, a command-line override where no layer of the recipe or of any cell does."""
+    for cell in base.cells:
+        for key, value in cell.overrides.items():
+            problem = unused_mixer_options([cell.recipe], key_path(key), value, "this cell")
+            if problem:
+                where = _cell_place(places, cell_places.get(id(cell), {}).get(key, ("grid",)), cell.label, key, value)
+                raise UserError(f"{where}: {problem}")
+    recipes = [base] + [cell.recipe for cell in base.cells]
+    for path, value, label in _override_items(overrides):
+        problem = unused_mixer_options(recipes, path, value, "the recipe or any cell of its grid" if base.cells
+                                       else "this recipe")
+        if problem:
+            raise UserError(f"{label}: {problem}")
 
 
 def _refuse_undeclared_knobs(base: Recipe, places: Places) -> None:
@@ -144,6 +173,45 @@ def _refuse_undeclared_knobs(base: Recipe, places: Places) -> None:
         for knob in getattr(base.eval, section):
             if knob not in own:
                 places.fail(f"eval.{section}.{knob}", undeclared_knob(knob, names, own, "any grid cell"))
+
+
+def _mixer_option_targets(path: list, value) -> list[tuple[str, list]]:
+    """``[(mixer, option names)]`` that an override at ``path`` sets in ``model.mixer_options`` (no names: the
+    mixer's whole mapping, or one that is not a mapping); none for any other path, and none for the whole of
+    ``model.mixer_options``, whose replacement drops every other mixer's defaults as well."""
+    path = list(path)
+    if path[:2] != ["model", "mixer_options"] or len(path) == 2:
+        return []
+    if len(path) == 3:
+        return [(path[2], list(value) if isinstance(value, dict) else [])]
+    return [(path[2], [path[3]])]
+
+
+def _takes(recipe: Recipe, mixer: str, options: list) -> bool:
+    """Whether some layer of ``recipe`` is a ``mixer`` that takes one of ``options`` from ``model.mixer_options``
+    (a layer that sets an option itself does not take its type's default; no ``options``: any such layer)."""
+    for entry in recipe.model.layer_entries():
+        name, own = (entry, None) if isinstance(entry, str) else next(iter(entry.items()))
+        if name == mixer and (not options or any(o not in (own or {}) for o in options)):
+            return True
+    return False
+
+
+def unused_mixer_options(recipes: list[Recipe], path: list, value, whose: str) -> str | None:
+    """Why an override at ``path`` (``model.mixer_options.<mixer>...``) changes no layer of ``recipes`` (the recipe,
+    or every cell of its grid), or None when it reaches one: options of a mixer no layer is, or that every layer of
+    it sets itself, would be recorded in the recipe and its hash yet train nothing differently."""
+    for mixer, options in _mixer_option_targets(path, value):
+        if any(_takes(recipe, mixer, options) for recipe in recipes):
+            continue
+        names = list(dict.fromkeys(spec.name for recipe in recipes for spec in recipe.layers))
+        if mixer in names:
+            shown = ", ".join(options)
+            return (f"every {mixer} layer of {whose} sets {shown} itself, so this default of model.mixer_options "
+                    f"changes nothing; set it on a layer (model.layers.<i>.{mixer}.{options[0]}=value) or drop it")
+        return (f"no layer of {whose} is {mixer} (layers: {', '.join(names)}), so options of {mixer} change nothing; "
+                f"add a {mixer} layer or drop it")
+    return None
 
 
 def _replaces(cell: Cell, path: list) -> str | None:
@@ -165,12 +233,16 @@ def _replaces(cell: Cell, path: list) -> str | None:
 
 def refuse_overrides_every_cell_replaces(recipe: Recipe, overrides: list[str]) -> None:
     """Refuse a command-line override that every cell of the grid replaces with a key of its own (``train.lr=...``
-    where every cell sets ``train.lr``, ``model.layers.1=...`` where every cell sets ``model.layers``): the override
-    would change no run of the ablation."""
+    where every cell sets ``train.lr``, ``model.layers.1=...`` where every cell sets ``model.layers``), or an option
+    of ``model.mixer_options`` that only the base recipe's layers take: the override would change no run of the
+    ablation."""
     if not recipe.cells:
         return
     for text in overrides:
-        path, _value = parse_override(text)
+        path, value = parse_override(text)
+        problem = unused_mixer_options([cell.recipe for cell in recipe.cells], path, value, "any cell of the grid")
+        if problem:  # it reaches the base recipe's layers only, which zoo ablate never trains
+            raise UserError(f"override {text!r} changes no cell of the grid: {problem}")
         keys = [_replaces(cell, path) for cell in recipe.cells]
         if all(keys):
             shown = sorted(set(keys))
