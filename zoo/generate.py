@@ -160,10 +160,7 @@ def apply_test_time(model, values: Mapping[str, Any]) -> None:
     """Set the test-time knob ``values`` on every layer of ``model`` (a :class:`zoo.model.HybridLM`) for good,
     as :meth:`zoo.model.HybridLM.test_time` sets them inside its context (each mixer takes the knobs it declares;
     they apply while the model is in eval mode). A value one layer refuses changes no layer."""
-    with model.test_time(values):  # every layer checks its values; a refusal restores every layer
-        pass
-    for block in model.blocks:
-        block.mixer.set_test_time(values)
+    model.set_test_time(values)
 
 
 def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = "", test_time=(),

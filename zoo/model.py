@@ -162,11 +162,23 @@ class HybridLM(nn.Module):
         """Inside this context, evaluation uses ``values`` for the test-time knobs: each mixer takes the
         knobs it declares and ignores the others (a mixed stack shares one mapping). A value one layer refuses
         leaves every layer as it was, the layers set before it included."""
-        saved = []
+        saved = self.set_test_time(values)
         try:
-            for block in self.blocks:
-                saved.append(block.mixer.set_test_time(values or {}))
             yield self
         finally:
             for block, previous in zip(self.blocks, saved):
                 block.mixer.restore_test_time(previous)
+
+    def set_test_time(self, values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Use ``values`` for the test-time knobs from now on (in eval mode; each mixer takes the knobs it
+        declares), and return every layer's previous knobs. A value one layer refuses leaves every layer as it
+        was, the layers set before it included."""
+        saved = []
+        try:
+            for block in self.blocks:
+                saved.append(block.mixer.set_test_time(values or {}))
+        except BaseException:
+            for block, previous in zip(self.blocks, saved):
+                block.mixer.restore_test_time(previous)
+            raise
+        return saved
