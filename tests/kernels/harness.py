@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
+from kernels.backend import BackendUnavailable, triton_importable, triton_usable_for
 
 #: where the kernel tests run: the GPU when there is one, else the CPU (Triton through the interpreter)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,3 +122,17 @@ def cancellation(ref, inputs, i: int, shape: tuple[int, ...], upstream) -> float
     terms, = torch.autograd.grad(outs, full[i], upstream)
     size = tuple(inputs[i].shape)
     return max(1.0, (terms.abs().sum_to_size(size).norm() / terms.sum_to_size(size).norm().clamp_min(1e-300)).item())
+
+
+def attention_backend_refused(attention, q, k, v, backend: str) -> bool:
+    """Whether ``backend`` of ``attention`` cannot run on these inputs here (flash-attn without CUDA and the
+    package, Triton without CUDA or the interpreter); when so, asserts that it is refused with
+    :class:`kernels.backend.BackendUnavailable` rather than run some other way."""
+    from kernels.attention import flash_attn_available
+
+    if (backend == "flash_attn" and not (q.is_cuda and flash_attn_available())) or \
+            (backend == "triton" and not triton_usable_for(q)):
+        with pytest.raises(BackendUnavailable):
+            attention(q, k, v, backend=backend)
+        return True
+    return False

@@ -10,8 +10,14 @@ import pytest
 import torch
 
 from kernels.attention import _sdpa, attention, attention_reference, flash_attn_available
-from kernels.backend import BackendUnavailable, triton_usable_for
-from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton, rel_err
+from tests.kernels.harness import (
+    DEVICE,
+    assert_rel_close,
+    attention_backend_refused,
+    compare_backends,
+    needs_triton,
+    rel_err,
+)
 
 
 def _qkv(b, t, s, h, d, dtype=torch.float32, device=DEVICE):
@@ -118,13 +124,7 @@ def test_reference_is_causal():
 def test_dispatcher_every_backend(backend):
     q, k, v = _qkv(2, 19, 19, 2, 16)
     expected = attention_reference(q.double(), k.double(), v.double())
-    if backend == "flash_attn" and not (q.is_cuda and flash_attn_available()):
-        with pytest.raises(BackendUnavailable):
-            attention(q, k, v, backend=backend)
-        return
-    if backend == "triton" and not triton_usable_for(q):
-        with pytest.raises(BackendUnavailable):
-            attention(q, k, v, backend=backend)
+    if attention_backend_refused(attention, q, k, v, backend):
         return
     if backend == "flash_attn":
         q, k, v = (t.bfloat16() for t in (q, k, v))

@@ -22,8 +22,7 @@ import torch
 
 import kernels.attention as attention_module
 from kernels.attention import _sdpa, attention, flash_attn_available
-from kernels.backend import BackendUnavailable, triton_usable_for
-from tests.kernels.harness import DEVICE, assert_rel_close, needs_triton, rel_err
+from tests.kernels.harness import DEVICE, assert_rel_close, attention_backend_refused, needs_triton, rel_err
 
 FP32_TOL = 1e-5
 FP16_TOL, FP16_GRAD_TOL = 2e-3, 4e-3
@@ -189,13 +188,7 @@ def test_dispatcher_every_backend_gqa(backend, H, Hkv, monkeypatch):
             pytest.skip("this PyTorch's SDPA has no enable_gqa")
         monkeypatch.setattr(attention_module, "_sdpa_native_gqa", lambda q, masked: True)
         backend = "torch"
-    if backend == "flash_attn" and not (q.is_cuda and flash_attn_available()):
-        with pytest.raises(BackendUnavailable):
-            attention(q, k, v, backend=backend)
-        return
-    if backend == "triton" and not triton_usable_for(q):
-        with pytest.raises(BackendUnavailable):
-            attention(q, k, v, backend=backend)
+    if attention_backend_refused(attention, q, k, v, backend):
         return
     if backend == "flash_attn":
         q, k, v = (t.bfloat16() for t in (q, k, v))

@@ -67,7 +67,7 @@ def probe(plain: dict) -> dict:
     loss = _loss(model, batch)
     loss.backward()
     grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
-    return {"data": digest, "loss": float(loss), "grads": grads, "decayed": _decayed(model, recipe),
+    return {"data": digest, "loss": float(loss.detach()), "grads": grads, "decayed": _decayed(model, recipe),
             "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task),
             "metrics": _metrics(model, task, test.batch(torch.arange(min(8, len(test)))))}
 
