@@ -140,26 +140,31 @@ def test_dispatcher_rejects_unknown_backend():
 
 
 @pytest.mark.gpu
-def test_gpu_bf16_real_size_vs_sdpa_and_flash_attn():
+@pytest.mark.parametrize("kv_heads", [8, 2], ids=["mha", "gqa"])
+def test_gpu_bf16_real_size_vs_sdpa_and_flash_attn(kv_heads):
+    """Multi-head and grouped-query attention (8 query heads over ``kv_heads`` key/value heads) at real size."""
     from kernels.attention.triton import attention_triton
 
     B, T, H, D = 2, 2048, 8, 64
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, T, kv_heads, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-    # the truth: fp32 SDPA on the same bf16 inputs
+    # the truth: fp32 SDPA on the same bf16 inputs, the key/value heads repeated (autograd sums their gradients)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = _sdpa(q32, k32, v32, True, None)
+    group = H // kv_heads
+    ref = _sdpa(q32, k32.repeat_interleave(group, 2), v32.repeat_interleave(group, 2), True, None)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), do.float())
     out = attention_triton(q, k, v)
     grads = torch.autograd.grad(out, (q, k, v), do)
     assert rel_err(out, ref) < 1e-2
     for g, r in zip(grads, ref_grads):
         assert rel_err(g, r) < 2e-2
-    # bf16 SDPA is the baseline a user would compare against: we should be no worse than 2x its error
-    sd = _sdpa(q.detach(), k.detach(), v.detach(), True, None)
+    # bf16 SDPA (with enable_gqa under GQA) is the baseline a user would compare against: no worse than 2x its error
+    sd = attention(q.detach(), k.detach(), v.detach(), backend="torch")
+    assert rel_err(sd, ref) < 1e-2
     assert rel_err(out, ref) <= 2 * rel_err(sd, ref) + 1e-3
     if flash_attn_available():
-        from flash_attn import flash_attn_func
+        from flash_attn import flash_attn_func  # takes fewer key/value heads natively
 
         fa = flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True)
         assert rel_err(out, fa) < 1e-2

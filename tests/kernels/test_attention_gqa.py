@@ -6,7 +6,8 @@ explicit ``softmax(q k^T / sqrt(d) + causal mask) v`` with each key/value head r
 gradients of ``q``, ``k``, ``v`` from autograd through it (the gradient of a shared head is then the sum over the
 query heads that read it). The Triton kernel indexes the shared head instead of copying it and sums those
 gradients in its dK/dV programs: it runs here through the interpreter at tiny shapes (tests/conftest.py sets
-TRITON_INTERPRET=1 without a GPU), in fp32 and fp16; the gpu-marked test runs it at real size in bf16.
+TRITON_INTERPRET=1 without a GPU), in fp32 and fp16; tests/kernels/test_attention.py runs it at real size in bf16
+on a GPU, GQA included.
 
 Tolerances. fp32: the Triton kernel's relative error against the fp64 reference was at most 2.8e-7 (outputs)
 and 3.6e-7 (gradients) over 200 fresh draws of every fp32 shape here, so 1e-5 leaves a factor of 27 while a
@@ -21,8 +22,8 @@ import pytest
 import torch
 
 import kernels.attention as attention_module
-from kernels.attention import _sdpa, attention, flash_attn_available
-from tests.kernels.harness import DEVICE, assert_rel_close, attention_backend_refused, needs_triton, rel_err
+from kernels.attention import _sdpa, attention
+from tests.kernels.harness import DEVICE, assert_rel_close, attention_backend_refused, needs_triton
 
 FP32_TOL = 1e-5
 FP16_TOL, FP16_GRAD_TOL = 2e-3, 4e-3
@@ -222,31 +223,3 @@ def test_dispatcher_refuses_heads_that_do_not_group(backend, k_heads, v_heads):
     k, v = torch.randn(1, 6, k_heads, 8), torch.randn(1, 6, v_heads, 8)
     with pytest.raises(ValueError, match=r"attention: k of shape .* and v of shape .* divides q's H = 4"):
         attention(q, k, v, backend=backend)
-
-
-# --- real size on a GPU ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-def test_gpu_bf16_gqa_real_size_vs_fp32_sdpa_and_flash_attn():
-    from kernels.attention.triton import attention_triton
-
-    B, T, H, Hkv, D = 2, 2048, 8, 2, 64
-    q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-    # the truth: fp32 SDPA on the same bf16 inputs with the key/value heads repeated (autograd sums their gradients)
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = _sdpa(q32, k32.repeat_interleave(H // Hkv, 2), v32.repeat_interleave(H // Hkv, 2), True, None)
-    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), do.float())
-    out = attention_triton(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), do)
-    assert rel_err(out, ref) < 1e-2
-    for g, r in zip(grads, ref_grads):
-        assert rel_err(g, r) < 2e-2
-    sd = attention(q.detach(), k.detach(), v.detach(), backend="torch")  # SDPA with enable_gqa on CUDA
-    assert rel_err(sd, ref) < 1e-2
-    assert rel_err(out, ref) <= 2 * rel_err(sd, ref) + 1e-3
-    if flash_attn_available():
-        fa = attention(q.detach(), k.detach(), v.detach(), backend="flash_attn")
-        assert rel_err(out, fa) < 1e-2
