@@ -45,6 +45,28 @@ class ModelConfig:
             return list(self.layers)
         return [self.pattern[i % len(self.pattern)] for i in range(self.n_layers)]
 
+    def named_layer_entries(self) -> list[tuple[str, dict]]:
+        """``(mixer name, the options written on the layer itself)`` of every layer entry (``{}`` for a bare name)."""
+        return [(entry, {}) if isinstance(entry, str) else (next(iter(entry)), next(iter(entry.values())) or {})
+                for entry in self.layer_entries()]
+
+    def layer_option_keys(self) -> list[tuple[str, str]]:
+        """For every layer, the recipe key that holds the options it is built with and, when other keys add to them,
+        a note naming those: the layer's own options (``model.layers.<i>.<name>``, or ``model.pattern.<j>.<name>``)
+        over its type's defaults (``model.mixer_options.<name>``); a layer with neither is named by its place."""
+        written = "model.layers" if self.layers is not None else "model.pattern"
+        keys = []
+        for i, (name, own) in enumerate(self.named_layer_entries()):
+            at = f"{written}.{i if self.layers is not None else i % len(self.pattern)}"
+            defaults = f"model.mixer_options.{name}" if (self.mixer_options or {}).get(name) else ""
+            if own:
+                keys.append((f"{at}.{name}", f" (over the defaults of {defaults})" if defaults else ""))
+            elif defaults:
+                keys.append((defaults, f" ({at})"))
+            else:
+                keys.append((at, ""))
+        return keys
+
     def __post_init__(self):
         if self.layers is not None and len(self.layers) == 0:
             raise ValueError("model.layers is empty; name at least one mixer")

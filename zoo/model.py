@@ -65,32 +65,12 @@ def _build(registry, spec: Spec, d_model: int, where: str, context: str = ""):
 STATE_MIXER_OPTIONS = "model.state_mixer_options"
 
 
-def layer_option_keys(model) -> list[tuple[str, str]]:
-    """For every layer of the model section ``model`` (a :class:`zoo.config.ModelConfig`), the recipe key that holds
-    the options it is built with and, when other keys add to them, a note naming those: the layer's own options
-    (``model.layers.<i>.<name>``, or ``model.pattern.<j>.<name>``) over its type's defaults
-    (``model.mixer_options.<name>``); a layer with neither is named by its place."""
-    written = "model.layers" if model.layers is not None else "model.pattern"
-    keys = []
-    for i, entry in enumerate(model.layer_entries()):
-        at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
-        name, own = (entry, None) if isinstance(entry, str) else next(iter(entry.items()))
-        defaults = f"model.mixer_options.{name}" if (model.mixer_options or {}).get(name) else ""
-        if own:
-            keys.append((f"{at}.{name}", f" (over the defaults of {defaults})" if defaults else ""))
-        elif defaults:
-            keys.append((defaults, f" ({at})"))
-        else:
-            keys.append((at, ""))
-    return keys
-
-
 class HybridLM(nn.Module):
     def __init__(self, layers: list[Spec], vocab_size: int, d_model: int, state_mixer: Spec | None = None,
                  norm_eps: float = 1e-5, use_mask: bool = True, *,
                  option_keys: list[tuple[str, str]] | None = None):
         """``option_keys``: for every layer, the recipe key a refusal of its options names and a note (see
-        :func:`layer_option_keys`; by default ``model.layers.<i>``)."""
+        :meth:`zoo.config.ModelConfig.layer_option_keys`; by default ``model.layers.<i>``)."""
         super().__init__()
         state_mixer = state_mixer or Spec("swiglu", STATE_MIXERS.get("swiglu").Options())
         self.layer_specs = list(layers)
@@ -114,7 +94,7 @@ class HybridLM(nn.Module):
     def from_recipe(cls, recipe: Recipe, vocab_size: int) -> "HybridLM":
         m = recipe.model
         return cls(recipe.layers, vocab_size, m.d_model, recipe.state_mixer, m.norm_eps, m.use_mask,
-                   option_keys=layer_option_keys(m))
+                   option_keys=m.layer_option_keys())
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)

@@ -190,9 +190,8 @@ def _mixer_option_targets(path: list, value) -> list[tuple[str, list]]:
 def _takes(recipe: Recipe, mixer: str, options: list) -> bool:
     """Whether some layer of ``recipe`` is a ``mixer`` that takes one of ``options`` from ``model.mixer_options``
     (a layer that sets an option itself does not take its type's default; no ``options``: any such layer)."""
-    for entry in recipe.model.layer_entries():
-        name, own = (entry, None) if isinstance(entry, str) else next(iter(entry.items()))
-        if name == mixer and (not options or any(o not in (own or {}) for o in options)):
+    for name, own in recipe.model.named_layer_entries():
+        if name == mixer and (not options or any(o not in own for o in options)):
             return True
     return False
 
