@@ -2,6 +2,11 @@
 
 - :func:`compute_dtype` / :func:`at_least_fp32`: statistics, scans and solves run in fp32, but an fp64
   input (a reference or contract check) stays fp64 — never downcast a reference computation.
+- :func:`state_dtype` / :func:`as_state`: the one rule for the final state of every state-carrying op, on every
+  backend: ``torch.promote_types(input dtype, torch.float32)`` (fp32 for fp16 / bf16 / fp32 inputs, fp64 for
+  fp64), while the output keeps the input dtype. The state accumulates in fp32 inside the kernels anyway; handed
+  back so, a state passed from one call to the next (chunked prefill, streaming) is never rounded to 16 bits at
+  a boundary.
 - :func:`causal_decay_mask`: ``exp(G_t - G_s)`` for ``s <= t`` within a chunk, from inclusive cumulative
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
@@ -61,6 +66,22 @@ def compute_dtype(*dtypes) -> torch.dtype:
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in :func:`compute_dtype` of its dtype (a no-op for fp32 and fp64)."""
     return x.to(compute_dtype(x.dtype))
+
+
+def state_dtype(x) -> torch.dtype:
+    """The dtype of the final state a state-carrying op returns for inputs of ``x``'s dtype (``x`` a tensor or a
+    dtype): ``torch.promote_types(dtype, torch.float32)``."""
+    return torch.promote_types(x.dtype if torch.is_tensor(x) else x, torch.float32)
+
+
+def as_state(state, like):
+    """The final ``state`` (a tensor, or a tuple / list of them) in :func:`state_dtype` of ``like``: the cast
+    every backend applies to the state it returns (a no-op where it has that dtype already; differentiable, so
+    an fp32 gradient of the state flows into the backward)."""
+    dtype = state_dtype(like)
+    if torch.is_tensor(state):
+        return state.to(dtype)
+    return tuple(s.to(dtype) for s in state)
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:

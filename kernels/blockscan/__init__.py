@@ -102,7 +102,9 @@ def _check_jordan(op, lam, b):
 def block_scan(A, b, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
     """``h_t = A_t h_{t-1} + b_t`` per block. ``A (B, T, N, m, m)``, ``b (B, T, N, m)``,
     ``initial_state (B, N, m)`` or None. Returns ``(h (B, T, N, m), h_last (B, N, m))``, ``h`` the state
-    after every token, in the dtype of ``b``."""
+    after every token, in the dtype of ``b``, and ``h_last`` in :func:`kernels.common.state_dtype` of ``b``,
+    ``torch.promote_types(b.dtype, torch.float32)`` (fp32 for 16-bit inputs, on every backend), so that a state
+    passed to the next call is not rounded to 16 bits; an fp32 ``initial_state`` is read as it is."""
     op = "block_scan"
     _check_common(op, b, initial_state)
     _check_chunk(op, chunk_size)
@@ -152,7 +154,9 @@ def jordan_scan(lam, c, b, initial_state=None, chunk_size: int = 64, backend: st
     ``lam (B, T, N)``; ``c`` broadcastable to ``(B, T, N)`` (a per-block coupling as ``(N,)`` or
     ``(1, 1, N)``, or a float); ``b (B, T, N, m)``; ``initial_state (B, N, m)`` or None. Returns
     ``(h (B, T, N, m), h_last (B, N, m))``; gradients flow to ``lam``, ``c`` (reduced to its shape),
-    ``b`` and ``initial_state``.
+    ``b`` and ``initial_state``. ``h`` is in the dtype of ``b``, ``h_last`` in :func:`kernels.common.state_dtype`
+    of ``b``, ``torch.promote_types(b.dtype, torch.float32)`` (fp32 for 16-bit inputs, on every backend), so that
+    a state passed to the next call is not rounded to 16 bits; an fp32 ``initial_state`` is read as it is.
     """
     op = "jordan_scan"
     _check_common(op, b, initial_state)
@@ -187,7 +191,10 @@ def jordan_scan_normed(lam, c, b, weight, bias, eps: float = 1e-5, initial_state
 
     Nonlinear, hence sequential: backends ``reference`` (token loop), ``torch`` (the same loop — there
     is no parallel form) and ``triton`` (one fused chain per (batch, block), forward and backward).
-    Returns ``(h (B, T, N, m), h_last (B, N, m))``.
+    Returns ``(h (B, T, N, m), h_last (B, N, m))``, ``h`` in the dtype of ``b``, ``h_last`` in
+    :func:`kernels.common.state_dtype` of ``b``, ``torch.promote_types(b.dtype, torch.float32)`` (fp32 for 16-bit
+    inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
+    ``initial_state`` is read as it is.
     """
     op = "jordan_scan_normed"
     _check_common(op, b, initial_state)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype, in_segments, pad_time, segment_length
+from ..common import as_state, compute_dtype, in_segments, pad_time, segment_length
 from .reference import shift_up
 
 __all__ = ["block_scan_chunked", "jordan_scan_chunked"]
@@ -79,10 +79,10 @@ def block_scan_chunked(A, b, initial_state=None, chunk_size: int = 64):
     dt = _dtype(A, b, initial_state)
     h0 = b.new_zeros(Bsz, N, m, dtype=dt) if initial_state is None else initial_state.to(dt)
     if T == 0:
-        return b.new_zeros(Bsz, 0, N, m), h0.to(b.dtype)
+        return b.new_zeros(Bsz, 0, N, m), as_state(h0, b)
     h, h_last = in_segments(lambda A, b_, h: _block_segment(A, b_, h, chunk_size, dt), (A, b), h0,
                             segment_length(chunk_size))
-    return h.to(b.dtype), h_last.to(b.dtype)
+    return h.to(b.dtype), as_state(h_last, b)
 
 
 def _block_segment(A, b, h0, chunk_size, dt):
@@ -129,11 +129,11 @@ def jordan_scan_chunked(lam, c, b, initial_state=None, chunk_size: int = 64):
     dt = _dtype(lam, b, initial_state, c)
     h0 = b.new_zeros(Bsz, N, m, dtype=dt) if initial_state is None else initial_state.to(dt)
     if T == 0:
-        return b.new_zeros(Bsz, 0, N, m), h0.to(b.dtype)
+        return b.new_zeros(Bsz, 0, N, m), as_state(h0, b)
     c = torch.broadcast_to(c.to(dt), lam.shape)
     h, h_last = in_segments(lambda lam, c, b_, h: _jordan_segment(lam, c, b_, h, chunk_size, dt), (lam, c, b), h0,
                             segment_length(chunk_size))
-    return h.to(b.dtype), h_last.to(b.dtype)
+    return h.to(b.dtype), as_state(h_last, b)
 
 
 def _jordan_segment(lam, c, b, h0, chunk_size, dt):

@@ -17,15 +17,16 @@ and its normalised variant, a LayerNorm over the ``m`` components of each block 
 
 (biased variance, as ``torch.nn.LayerNorm``; see :func:`kernels.blockscan.jordan_scan_normed` for why
 the norm runs per block). The ``*_step`` functions are the one-token decode steps; every reference loop
-below is built from them. Computation runs in fp32 at least (fp64 inputs stay fp64); outputs are
-returned in the dtype of ``b``.
+below is built from them. Computation runs in fp32 at least (fp64 inputs stay fp64); the states after every
+token are returned in the dtype of ``b``, the final state in :func:`kernels.common.state_dtype` of it (fp32 for
+16-bit inputs).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 
 __all__ = [
     "block_scan_reference",
@@ -128,8 +129,8 @@ def jordan_scan_normed_reference(lam, c, b, weight, bias, eps: float = 1e-5, ini
 def _stack(hs, h_last, like):
     Bsz, T, N, m = like.shape
     if T == 0:
-        return like.new_zeros(Bsz, 0, N, m), h_last.to(like.dtype)
-    return torch.stack(hs, dim=1).to(like.dtype), h_last.to(like.dtype)
+        return like.new_zeros(Bsz, 0, N, m), as_state(h_last, like)
+    return torch.stack(hs, dim=1).to(like.dtype), as_state(h_last, like)
 
 
 def softmax_gates_reference(logits: torch.Tensor, v: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, compute_dtype, pow2
+from ..common import as_state, cdiv, compute_dtype, pow2, state_dtype
 from ..launch import launch
 from ..split_dot import dot_x_state
 
@@ -488,7 +488,7 @@ class _BlockScan(torch.autograd.Function):
                LOCAL=False, BN=pl.bn_run, BM=BM, NS=_STAGES, num_warps=pl.w_run)
         ctx.save_for_backward(A, XS, H, P)
         ctx.meta = (chunk, A.dtype, b.dtype, None if h0 is None else h0.dtype)
-        return H.to(b.dtype), H[:, -1].to(b.dtype, copy=True)
+        return H.to(b.dtype), H[:, -1].to(state_dtype(b), copy=True)     # from the accumulator
 
     @staticmethod
     def backward(ctx, dh, dlast):
@@ -535,7 +535,7 @@ class _JordanScan(torch.autograd.Function):
                    LOCAL=local, BN=pl.bn_run, BM=BM, NS=_STAGES, num_warps=pl.w_run)
         ctx.save_for_backward(lam, c, XS, H, P)
         ctx.meta = (chunk, lam.dtype, c.dtype, b.dtype, None if h0 is None else h0.dtype)
-        return H.to(b.dtype), H[:, -1].to(b.dtype, copy=True)
+        return H.to(b.dtype), H[:, -1].to(state_dtype(b), copy=True)     # from the accumulator
 
     @staticmethod
     def backward(ctx, dh, dlast):
@@ -582,7 +582,7 @@ class _NormedScan(torch.autograd.Function):
         ctx.save_for_backward(lam, c, b, h0c, H, weight)
         ctx.eps = eps
         ctx.dtypes = (lam.dtype, c.dtype, b.dtype, None if h0 is None else h0.dtype, weight.dtype, bias.dtype)
-        return H.to(b.dtype), H[:, -1].to(b.dtype, copy=True)
+        return H.to(b.dtype), H[:, -1].to(state_dtype(b), copy=True)     # from the accumulator
 
     @staticmethod
     def backward(ctx, dh, dlast):
@@ -605,7 +605,7 @@ class _NormedScan(torch.autograd.Function):
 
 def _empty_result(b, h0):
     Bsz, _, N, m = b.shape
-    last = b.new_zeros(Bsz, N, m) if h0 is None else h0.to(b.dtype)
+    last = b.new_zeros(Bsz, N, m, dtype=state_dtype(b)) if h0 is None else as_state(h0, b)
     return b.new_zeros(Bsz, 0, N, m), last
 
 

@@ -40,7 +40,10 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
         initial_state=None, backend: str = "auto"):
     """GKA core. ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g, alpha (B, T, H)`` (alpha may be None:
-    ``q~ = x``). Returns ``(o (B, T, H, d_v), (H_T (B, H, d_k, d_k), U_T (B, H, d_v, d_k)))``."""
+    ``q~ = x``). Returns ``(o (B, T, H, d_v), (H_T (B, H, d_k, d_k), U_T (B, H, d_v, d_k)))``: ``o`` in ``q``'s
+    dtype, ``H_T`` and ``U_T`` in :func:`kernels.common.state_dtype` of it, ``torch.promote_types(q.dtype,
+    torch.float32)`` (fp32 for 16-bit inputs, on every backend), so that a state passed to the next call is not
+    rounded to 16 bits; an fp32 ``initial_state`` is read as it is."""
     if solver not in ALL_SOLVERS:
         raise ValueError(f"gka: unknown solver {solver!r}; choose one of {ALL_SOLVERS}")
     if grad not in GRAD_MODES:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
+from ..common import as_state, compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
 from ..gla.chunked import gla_chunk_readout
 from ..scan import chunk_scan
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
@@ -98,7 +98,7 @@ def gka_chunked(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: flo
                             solver=solver, grad=grad, scale=scale, chunk_size=chunk_size)
 
     o, (H_fin, U_fin) = in_segments(segment, (q, k, v, g, alpha), state, segment_length(chunk_size))
-    return o.to(dtype), (H_fin.to(dtype), U_fin.to(dtype))
+    return o.to(dtype), as_state((H_fin, U_fin), dtype)
 
 
 def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solver, grad, scale, chunk_size):

@@ -19,12 +19,14 @@ solve", which is what this convention implements.)
 
 Shapes: ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g (B, T, H)``, ``alpha (B, T, H)`` or None;
 ``initial_state = (H0 (B, H, d_k, d_k), U0 (B, H, d_v, d_k))`` or None. Returns ``(o (B, T, H, d_v),
-(H_T, U_T))``. :func:`gka_step` is one token; the reference loop is built from it.
+(H_T, U_T))``, ``o`` in ``q``'s dtype and the state in :func:`kernels.common.state_dtype` of it (fp32 for
+16-bit inputs). :func:`gka_step` is one token; the reference loop is built from it.
 """
 from __future__ import annotations
 
 import torch
 
+from ..common import as_state
 from ..common import compute_dtype as default_compute_dtype
 from .chebyshev import DenseOp, iterative_solve
 
@@ -104,4 +106,4 @@ def gka_reference(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: f
                               scale=scale, compute_dtype=cd)
         outs.append(o_t)
     o = torch.stack(outs, 1) if outs else q.new_zeros(B, 0, Hh, dv)
-    return o, tuple(s.to(dtype) for s in state)
+    return o, as_state(state, dtype)

@@ -78,7 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, unit_last
+from ..common import as_state, cdiv, unit_last
 from ..gla import triton as stages
 from ..gla.triton import chunk_gates, decay_mask, state_tile, store_tokens, tok_strides, tokens
 from ..grad_slots import empty_grad
@@ -751,7 +751,7 @@ def gka_triton(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: floa
     init = None if initial_state is None else torch.cat([s.float() for s in initial_state], dim=-2)
     o, fin = _GKATriton.apply(q, k, v, g, alpha, init, num_iter, grad, (ridge_a, ridge_eps), scale, chunk_size)
     H, U = fin.split([dk, v.shape[-1]], dim=-2)
-    return o, (H.to(q.dtype), U.to(q.dtype))
+    return o, as_state((H, U), q)     # the fp32 state the kernels accumulated
 
 
 def _check(grad, C):

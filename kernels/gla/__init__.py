@@ -29,7 +29,10 @@ def fla_runs_gated(dtype, gated: bool) -> bool:
 
 @full_precision
 def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_state=None, backend: str = "auto"):
-    """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
+    """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``: ``o`` in ``q``'s dtype, ``U_T`` in
+    :func:`kernels.common.state_dtype` of it, ``torch.promote_types(q.dtype, torch.float32)`` (fp32 for 16-bit
+    inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
+    ``initial_state`` is read as it is."""
     sizes = check_layout("gla", q=(q, "B T Hqk K"), k=(k, "B T Hqk K"), v=(v, "B T H V"), g=(g, "B T H"),
                          initial_state=(initial_state, "B H V K"))
     if sizes["Hqk"] not in (1, sizes["H"]):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..common import (
+    as_state,
     causal_decay_mask,
     compute_dtype,
     heads_first,
@@ -177,7 +178,7 @@ def gla_chunked(q, k, v, g, scale: float | None = None, chunk_size: int = 64, in
         return _gla_chunked(q, k, v, g, scale, chunk_size, U)
 
     o, U = in_segments(segment, (q, k, v, g), h0, segment_length(chunk_size))
-    return o.to(dtype), U.to(dtype)
+    return o.to(dtype), as_state(U, dtype)
 
 
 def _gla_chunked(q, k, v, g, scale, chunk_size, initial_state):

@@ -9,6 +9,8 @@ that the inputs are on CUDA.
 """
 from __future__ import annotations
 
+from ..common import as_state
+
 
 def gla_fla(q, k, v, g, scale: float | None = None, initial_state=None):
     """Same contract as :func:`kernels.gla.chunked.gla_chunked`: ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``."""
@@ -19,4 +21,4 @@ def gla_fla(q, k, v, g, scale: float | None = None, initial_state=None):
     h0 = None if initial_state is None else initial_state.float().contiguous()
     o, U = chunk_simple_gla(q, k, v, g.float(), scale=scale, initial_state=h0, output_final_state=True,
                             state_v_first=True)
-    return o.to(dtype), U.to(dtype)
+    return o.to(dtype), as_state(U, dtype)

@@ -7,13 +7,14 @@ This is the ``r = 0`` baseline of Gated KalmaNet (no ridge solve) and fla's "sim
 2024; Yang et al. 2024 "Gated Linear Attention Transformers with Hardware-Efficient Training",
 arXiv:2312.06635), with the state stored transposed (``v k^T``).
 Shapes: ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g (B, T, H)``; ``initial_state (B, H, d_v,
-d_k)``. Returns ``(o (B, T, H, d_v), U_T)``. :func:`gla_step` is one token; the loop is built from it.
+d_k)``. Returns ``(o (B, T, H, d_v), U_T)``, ``o`` in ``q``'s dtype, ``U_T`` in :func:`kernels.common.state_dtype`
+of it (fp32 for 16-bit inputs). :func:`gla_step` is one token; the loop is built from it.
 """
 from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 
 
 def gla_step(q_t, k_t, v_t, g_t, state, scale: float | None = None):
@@ -38,4 +39,4 @@ def gla_reference(q, k, v, g, scale: float | None = None, initial_state=None):
         o_t, U = gla_step(q[:, t], k[:, t], v[:, t], g[:, t], U, scale=scale)
         outs.append(o_t)
     o = torch.stack(outs, 1) if outs else q.new_zeros(B, 0, H, v.shape[-1])
-    return o, U.to(dtype)
+    return o, as_state(U, dtype)

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, pow2, unit_last
+from ..common import as_state, cdiv, pow2, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 from ..pieces import OPERAND_CODES, mm, mm_acc, mm_rows, mm_tn, operand, state_pieces
@@ -520,7 +520,7 @@ def gla_triton(q, k, v, g, scale: float | None = None, chunk_size: int = 64, ini
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
     init = None if initial_state is None else initial_state.contiguous()
     o, fin = _GLATriton.apply(q, k, v, g, init, scale, chunk_size)
-    return o, fin.to(q.dtype)
+    return o, as_state(fin, q)     # the fp32 state the kernel accumulated
 
 
 def check_chunk(C: int, family: str):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from ..common import at_least_fp32, state_dtype
 from .loop import ChunkScanLoop
 from .reference import chunk_scan_reference
 
@@ -29,7 +30,10 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
 
     ``a`` ``(*lead, n)`` per-chunk decay factors, ``X`` ``(*lead, n, *state)`` per-chunk contributions,
     ``initial`` ``(*lead, *state)``. Returns ``(starts (*lead, n, *state), final (*lead, *state))``,
-    ``starts[..., c, ...] = S_{c-1}`` (the state each chunk starts from). Differentiable in all three.
+    ``starts[..., c, ...] = S_{c-1}`` (the state each chunk starts from), in ``X``'s dtype, and ``final`` in
+    :func:`kernels.common.state_dtype` of it, ``torch.promote_types(X.dtype, torch.float32)``: the pass runs in
+    fp32 for 16-bit ``X`` on every backend and ``initial`` is read as it is, so a final state handed to the next
+    call is not rounded to 16 bits. Differentiable in all three.
     """
     lead = a.ndim - 1
     if X.shape[:a.ndim] != a.shape:
@@ -41,10 +45,12 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
     if which == "triton" and a.shape[-1] > 0:
         from .triton import chunk_scan_triton  # lazy: triton is optional (a zero initial state is not formed)
 
-        return chunk_scan_triton(a, X, None if initial is None else initial.to(X.dtype))
+        return chunk_scan_triton(a, X, initial)    # the pass in fp32 for 16-bit X, initial read as it is
+    cd = state_dtype(X)
+    Xc = X.to(cd)                                   # the pass in fp32 for 16-bit X (a no-op for fp32 and fp64)
     if initial is None:
-        initial = X.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
-    initial = initial.to(X.dtype)
-    if which == "reference":
-        return chunk_scan_reference(a, X, initial)
-    return ChunkScanLoop.apply(a, X, initial)
+        initial = Xc.new_zeros(X.shape[:lead] + X.shape[a.ndim:])
+    initial = initial.to(cd)
+    scan = chunk_scan_reference if which == "reference" else ChunkScanLoop.apply
+    starts, final = scan(at_least_fp32(a), Xc, initial)
+    return starts.to(X.dtype), final

@@ -90,7 +90,7 @@ class _ChunkScanTriton(torch.autograd.Function):
         ctx.save_for_backward(a_f, starts)
         state_shape = X.shape[:a.ndim - 1] + X.shape[a.ndim:]
         ctx.shapes = (a.shape, X.shape, state_shape, a.dtype, X.dtype, None if initial is None else initial.dtype)
-        return starts.view(X.shape).to(X.dtype), fin.view(state_shape).to(X.dtype)
+        return starts.view(X.shape).to(X.dtype), fin.view(state_shape)     # the final state in the compute dtype
 
     @staticmethod
     def backward(ctx, d_starts, d_final):
@@ -116,5 +116,6 @@ class _ChunkScanTriton(torch.autograd.Function):
 
 
 def chunk_scan_triton(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None):
-    """Same contract as :func:`kernels.scan.reference.chunk_scan_reference` (``initial`` None: zero)."""
+    """Same contract as :func:`kernels.scan.reference.chunk_scan_reference` (``initial`` None: zero), ``starts`` in
+    ``X``'s dtype and ``final`` in the compute dtype (:func:`kernels.common.state_dtype` of ``X``)."""
     return _ChunkScanTriton.apply(a, X, initial)

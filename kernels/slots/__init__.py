@@ -69,7 +69,10 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
 @full_precision
 def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, eps: float = 1e-6,
                 chunk_size: int = 32, initial_state=None, backend: str = "auto", layout: str = "auto"):
-    """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``, state in the compute dtype.
+    """Returns ``(o (B, T, H, d_v), (S_T (B, H, M, d_v), z_T (B, H, M)))``: ``o`` in ``v``'s dtype, the state in
+    :func:`kernels.common.state_dtype` of it, ``torch.promote_types(v.dtype, torch.float32)`` (fp32 for 16-bit
+    inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
+    ``initial_state`` is read as it is.
 
     ``write_idx, read_idx (B, T, H, K)`` int64 (distinct within a token), ``write_w, read_w (B, T, H, K)``,
     ``v (B, T, H, d_v)``, ``gamma (H,)`` positive, ``num_slots`` = M; ``initial_state = (S, z)`` or None.

@@ -44,7 +44,7 @@ import math
 
 import torch
 
-from ..common import compute_dtype, in_segments, pad_time, segment_length
+from ..common import as_state, compute_dtype, in_segments, pad_time, segment_length
 from .reference import W_MAX
 
 
@@ -207,7 +207,7 @@ def slot_memory_chunked(write_idx, write_w, read_idx, read_w, v, gamma, num_slot
         return _slots_segment(wi, ww, ri, rw, v_, gamma, num_slots, eps, chunk_size, state)
 
     o, state = in_segments(segment, (write_idx, write_w, read_idx, read_w, v), state, segment_length(chunk_size))
-    return o.to(v.dtype), state
+    return o.to(v.dtype), as_state(state, v)
 
 
 def _slots_segment(write_idx, write_w, read_idx, read_w, v, gamma, num_slots, eps, chunk_size, initial_state):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 
 W_MAX = 1.0 - 1e-6
 
@@ -95,4 +95,4 @@ def slot_memory_reference(write_idx, write_w, read_idx, read_w, v, gamma, num_sl
                              state, eps)
         outs.append(o)
     o = torch.stack(outs, 1) if outs else v.new_zeros(B, 0, H, dv)
-    return o, state
+    return o, as_state(state, v)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 from .reference import W_MAX
 
 
@@ -124,4 +124,4 @@ def slot_memory_sparse(write_idx, write_w, read_idx, read_w, v, gamma, num_slots
     S0, z0 = (None, None) if initial_state is None else (initial_state[0].to(cd), initial_state[1].to(cd))
     o, S, z = _SparseSlots.apply(write_idx, write_w.to(cd), read_idx, read_w.to(cd), v.to(cd), gamma.to(cd),
                                  S0, z0, num_slots, eps)
-    return o.to(dtype), (S, z)
+    return o.to(dtype), as_state((S, z), dtype)

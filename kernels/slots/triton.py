@@ -86,7 +86,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, pow2, token_stride
+from ..common import as_state, cdiv, pow2, token_stride
 from ..launch import launch
 from ..split_dot import dot_state_x, dot_x_state
 from .reference import W_MAX, log_keep
@@ -769,10 +769,10 @@ def slot_memory_triton(write_idx, write_w, read_idx, read_w, v, gamma, num_slots
         if initial_state is not None:
             S0, z0 = S0.float().contiguous(), z0.float().contiguous()
         o, S, z = _ChunkedSlots.apply(write_idx, write_w, read_idx, read_w, v, gamma, S0, z0, M, eps, chunk_size)
-        return o, (S, z)
+        return o, as_state((S, z), v)
     decay = torch.exp(log_keep(write_w.float(), gamma.float()[:, None]))
     o, S, z = _SparseSlots.apply(write_idx, write_w, decay, read_idx, read_w, v, S0, z0, M, eps)
-    return o.to(v.dtype), (S, z)
+    return o.to(v.dtype), as_state((S, z), v)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -24,7 +24,10 @@ TRITON_MAX_DIM = 128
 @full_precision
 def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str = "auto", D=None):
     """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``; with ``D (H,)``, ``y`` includes Mamba-2's skip
-    ``D_h x_t`` (the Triton backend adds it in its output kernel, the others after)."""
+    ``D_h x_t`` (the Triton backend adds it in its output kernel, the others after). ``y`` is in ``x``'s dtype,
+    ``final_state`` in :func:`kernels.common.state_dtype` of it, ``torch.promote_types(x.dtype, torch.float32)``
+    (fp32 for 16-bit inputs, on every backend), so that a state passed to the next call is not rounded to 16
+    bits; an fp32 ``initial_state`` is read as it is."""
     _check_layout(x, dt, A, B, C, D, initial_state)
     wide = max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,

@@ -9,7 +9,7 @@ SSD per head, ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t^T h_t`
 """
 from __future__ import annotations
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 from ..gla.chunked import gla_chunked
 
 
@@ -24,4 +24,4 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     x, dt, A, B, C = (t.to(cd) for t in (x, dt, A, B, C))
     h0 = None if initial_state is None else initial_state.to(cd).transpose(-1, -2)
     y, U = gla_chunked(C, B, x * dt.unsqueeze(-1), dt * A, scale=1.0, chunk_size=chunk_size, initial_state=h0)
-    return y.to(dtype), U.transpose(-1, -2).to(dtype)
+    return y.to(dtype), as_state(U.transpose(-1, -2), dtype)

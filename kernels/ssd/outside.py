@@ -10,6 +10,8 @@ that it imports and that the inputs are on CUDA.
 """
 from __future__ import annotations
 
+from ..common import as_state
+
 
 def ssd_mamba_ssm(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     """Same contract as :func:`kernels.ssd.chunked.ssd_chunked`: ``(y (B, T, H, P), final_state (B, H, N, P))``."""
@@ -19,4 +21,4 @@ def ssd_mamba_ssm(x, dt, A, B, C, chunk_size: int = 64, initial_state=None):
     h0 = None if initial_state is None else initial_state.float().transpose(-1, -2).contiguous()
     y, final = mamba_chunk_scan_combined(x, dt.to(dtype), A.float(), B.to(dtype), C.to(dtype), chunk_size,
                                          initial_states=h0, return_final_states=True)
-    return y.to(dtype), final.transpose(-1, -2).to(dtype)
+    return y.to(dtype), as_state(final.transpose(-1, -2), dtype)

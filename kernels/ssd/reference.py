@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 
 
 def skip(y, x, D):
@@ -35,7 +35,8 @@ def ssd_step(x_t, dt_t, A, B_t, C_t, state, D=None):
 
 
 def ssd_reference(x, dt, A, B, C, initial_state=None):
-    """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``."""
+    """Returns ``(y (B, T, H, P), final_state (B, H, N, P))``, ``y`` in ``x``'s dtype and the state in
+    :func:`kernels.common.state_dtype` of it (fp32 for 16-bit inputs)."""
     b, T, H, P = x.shape
     cd = compute_dtype(x.dtype)
     h = x.new_zeros(b, H, B.shape[-1], P, dtype=cd) if initial_state is None else initial_state.to(cd)
@@ -43,5 +44,5 @@ def ssd_reference(x, dt, A, B, C, initial_state=None):
     for t in range(T):
         y_t, h = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], h)
         ys.append(y_t)
-    # the state accumulates in the compute dtype (ssd_step) and is returned in x's, as by the other backends
-    return (torch.stack(ys, dim=1) if ys else x.new_zeros(b, 0, H, P)), h.to(x.dtype)
+    # the state accumulates in the compute dtype (ssd_step) and is returned in state_dtype(x), as by the others
+    return (torch.stack(ys, dim=1) if ys else x.new_zeros(b, 0, H, P)), as_state(h, x)

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from ..backend import triton_interpreting
-from ..common import cdiv, pow2, standard_strides, unit_last
+from ..common import as_state, cdiv, pow2, standard_strides, unit_last
 from ..grad_slots import empty_grad
 from ..launch import launch
 from . import TRITON_MAX_DIM
@@ -490,7 +490,7 @@ class _SSDTriton(torch.autograd.Function):
         ctx.save_for_backward(x, dt, A, B, C, D, hstart, alast)
         ctx.chunk_size = L
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
-        return y, final.to(x.dtype)
+        return y, as_state(final, x)     # the fp32 state the pass accumulated
 
     @staticmethod
     def backward(ctx, dy, dfinal):
@@ -538,7 +538,8 @@ def ssd_triton(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, D=None)
     ``B, C (B, T, H, N)``, optional ``initial_state (B, H, N, P)`` and skip ``D (H,)`` (``y += D_h x``, in the
     output kernel; its gradients in the backward's).
 
-    Returns ``(y (B, T, H, P), final_state (B, H, N, P))`` in ``x.dtype``; differentiable in every
+    Returns ``(y (B, T, H, P), final_state (B, H, N, P))``, ``y`` in ``x.dtype`` and the state in
+    :func:`kernels.common.state_dtype` of it (fp32 for 16-bit inputs); differentiable in every
     input including ``initial_state``. Any ``chunk_size >= 1`` (it is padded to a block of >= 16, and
     capped by :func:`block_chunk`); ``d_state`` and the head dim at most :data:`kernels.ssd.TRITON_MAX_DIM`.
     """
