@@ -28,35 +28,56 @@ checkpoints), :mod:`zoo.rows` (results rows, the ground floor every writer share
 """
 from __future__ import annotations
 
-import torch
+import importlib
 
-from .config import Recipe
-from .errors import UserError
-from .model import HybridLM
-from .recipes import resolve
-from .reevaluate import evaluate, evaluate_checkpoint
-from .tasks import Task
-from .training.checkpoint import load as _load_checkpoint_file
-from .training.checkpoint import path_in as _checkpoint_path
-from .training.loop import TrainResult, train
+# Names and the modules they come from, imported at first use (PEP 562): ``import zoo`` and the ``zoo`` command's
+# first line import no torch, so a Ctrl-C while torch loads reaches the command line's one-line handler.
+_EXPORTS = {
+    "Recipe": ("zoo.config", "Recipe"),
+    "UserError": ("zoo.errors", "UserError"),
+    "HybridLM": ("zoo.model", "HybridLM"),
+    "resolve": ("zoo.recipes", "resolve"),
+    "load": ("zoo.recipes", "resolve"),
+    "evaluate": ("zoo.reevaluate", "evaluate"),
+    "evaluate_checkpoint": ("zoo.reevaluate", "evaluate_checkpoint"),
+    "Task": ("zoo.tasks", "Task"),
+    "TrainResult": ("zoo.training.loop", "TrainResult"),
+    "train": ("zoo.training.loop", "train"),
+}
 
-load = resolve
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
 
 
-def build_task(recipe: Recipe) -> Task:
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+def build_task(recipe):
     """The task of ``recipe``, built from its validated options."""
+    from .tasks import Task
     return Task.from_spec(recipe.task)
 
 
-def build_model(recipe: Recipe) -> HybridLM:
+def build_model(recipe):
     """The untrained model of ``recipe``, initialised exactly as training initialises it."""
+    import torch
+
+    from .model import HybridLM
     torch.manual_seed(recipe.seed)
     return HybridLM.from_recipe(recipe, build_task(recipe).vocab_size)
 
 
 def load_checkpoint(location) -> dict:
     """The checkpoint dict at ``location`` (a ``checkpoint.pt`` file or the folder holding it)."""
-    return _load_checkpoint_file(_checkpoint_path(location))
+    from .training.checkpoint import load, path_in
+    return load(path_in(location))
 
 
 __all__ = ["load", "resolve", "build_model", "build_task", "train", "evaluate", "evaluate_checkpoint",

@@ -6,7 +6,7 @@ the override) and the nearest valid names; no traceback. Overrides may stand any
 line, before or after flags. An empty ``--out`` or ``--to`` (an unset shell variable) is refused the same way,
 before any work. A reader that closes standard output early (``zoo list --json | head``) ends any command
 quietly with exit status 141 (128 + SIGPIPE, what a shell reports for a program that signal ends); files the
-command wrote stay.
+command wrote stay. A Ctrl-C ends any command in one line with exit status 130, also while it is still importing.
 """
 from __future__ import annotations
 
@@ -15,38 +15,44 @@ import json
 import os
 import select
 import sys
+import zipfile
 from pathlib import Path
 
-from tabulate import tabulate
+from .errors import INTERRUPTED, UserError, interrupted_while_starting, one_line
 
-from kernels.backend import BackendUnavailable
-from mixers import MIXERS, STATE_MIXERS
-from mixers.options import OptionError, describe_options
+try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile ends in one line too
+    from tabulate import tabulate
 
-from . import doctor, generate
-from .benchmark import runner as bench
-from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
-from .data import prepare as data_prepare
-from .errors import UserError, one_line
-from .experiments import untrained, vouch
-from .experiments.ablate import CellsFailed, ablation_lock, refuse_train_into, run_ablation
-from .experiments.claims import ledger
-from .experiments.claims.errors import ClaimsError
-from .experiments.claims.schema import claimed_cells
-from .experiments.executors import make_executor
-from .experiments.results import read_layout, render_folder
-from .paths import probe_writable
-from .preflight import check_recipe, refuse_dead_layers
-from .recipes import refuse_overrides_every_cell_replaces, resolve
-from .recipes.overrides import parse_override
-from .recipes.plain import layer_label
-from .reevaluate import evaluate_checkpoint
-from .rows import append_row, make_row, read_rows
-from .tasks import TASKS
-from .training import distributed
-from .training.checkpoint import path_in
-from .training.loop import probe_folders, train
-from .training.throughput import describe as describe_throughput
+    from kernels.backend import BackendUnavailable
+    from mixers import MIXERS, STATE_MIXERS
+    from mixers.options import OptionError, describe_options
+
+    from . import doctor, generate
+    from .benchmark import runner as bench
+    from .config import EvalConfig, ModelConfig, RecipeConfig, TrainConfig
+    from .data import prepare as data_prepare
+    from .experiments import untrained, vouch
+    from .experiments.ablate import CellsFailed, ablation_lock, refuse_train_into, run_ablation
+    from .experiments.claims import ledger
+    from .experiments.claims.errors import ClaimsError
+    from .experiments.claims.schema import claimed_cells
+    from .experiments.executors import make_executor
+    from .experiments.results import read_layout, render_folder
+    from .generate import refuse_text_file
+    from .paths import probe_writable
+    from .preflight import check_recipe, refuse_dead_layers
+    from .recipes import refuse_overrides_every_cell_replaces, resolve
+    from .recipes.overrides import parse_override
+    from .recipes.plain import layer_label
+    from .reevaluate import evaluate_checkpoint
+    from .rows import append_row, make_row, read_rows
+    from .tasks import TASKS
+    from .training import distributed
+    from .training.checkpoint import path_in
+    from .training.loop import probe_folders, train
+    from .training.throughput import describe as describe_throughput
+except KeyboardInterrupt:
+    raise interrupted_while_starting() from None
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +60,18 @@ def _recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
                         help="override recipe values, e.g. train.lr=3e-3 model.layers.1=<mixer> "
                              "model.layers.1.<mixer>.<option>=value")
+
+
+def _resolve(args):
+    """The recipe ``args.recipe`` with ``args.overrides``; a checkpoint given for the recipe (``zoo train
+    run/checkpoint.pt``) is refused naming the commands that read one (only a ``.pt`` file is opened to tell: any
+    other is the recipe reader's, which opens nothing over its size limit)."""
+    path = Path(args.recipe)
+    if path.suffix == ".pt" and path.is_file() and zipfile.is_zipfile(path):
+        raise UserError(f"zoo {args.command}: {path} is a checkpoint (a zip archive), not a YAML recipe; give the "
+                        f"recipe it was trained with (zoo train RECIPE --out {path.parent} resumes that run), or "
+                        f"evaluate it with zoo eval {path}")
+    return resolve(args.recipe, args.overrides)
 
 
 def _layers(recipe) -> str:
@@ -93,7 +111,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_check(args) -> int:
-    recipe = resolve(args.recipe, args.overrides)
+    recipe = _resolve(args)
     model, task = check_recipe(recipe)
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
@@ -102,7 +120,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
-    recipe = resolve(args.recipe, args.overrides)
+    recipe = _resolve(args)
     if args.out:
         refuse_train_into(Path(args.out))
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
@@ -146,6 +164,7 @@ def _checkpoint_of(location: str) -> Path:
     """The checkpoint ``zoo eval`` reads at ``location``; an ablation's folder, which holds one per cell, is
     refused naming its cells' checkpoint folders."""
     path = path_in(location)
+    refuse_text_file(path, "zoo eval")
     layout = None if path.exists() else read_layout(Path(location))
     if layout is not None:
         folder = Path(location)
@@ -184,7 +203,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_ablate(args) -> int:
-    recipe = resolve(args.recipe, args.overrides)
+    recipe = _resolve(args)
     seed = [o for o in args.overrides if parse_override(o)[0] == ["seed"]]
     if seed and recipe.config.seeds is not None:  # every cell runs once per seed of the list, never with this one
         raise UserError(f"override {seed[-1]!r}: {args.recipe} runs every cell with seeds: {recipe.config.seeds}, so "
@@ -271,7 +290,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_data(args) -> int:
-    recipe = resolve(args.recipe, args.overrides)
+    recipe = _resolve(args)
     if recipe.task.name != "lm":
         raise UserError(f"zoo data prepare: {args.recipe} trains task {recipe.task.name!r}, which generates its data; "
                         f"only task: lm has data to prepare")
@@ -461,7 +480,7 @@ def _main(argv: list[str] | None) -> int:
         again = ("; run the same command again to resume (finished cells and checkpoints are kept)"
                  if getattr(args, "command", None) in ("ablate", "train") else "")
         print(f"zoo: interrupted{again}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -54,9 +55,47 @@ class Generation:
         return self.decode_seconds / max(len(self.ids) - 1, 1)
 
 
+#: how a file that ``torch.save`` wrote starts: a zip archive, or a pickle (the older format)
+_CHECKPOINT_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _is_text(path: Path) -> bool:
+    """Whether the regular file ``path`` starts with UTF-8 text (a recipe, results rows), not a checkpoint."""
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if not head or head.startswith(_CHECKPOINT_STARTS) or b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(head) - 3   # only a character the read cut in two
+    return True
+
+
+def refuse_text_file(path: Path, command: str) -> None:
+    """Refuse a text file given where a checkpoint is read, naming what it is and what to give instead: a recipe
+    (``.yaml``) or results rows (``results.jsonl``) would otherwise fail to unpickle, in words naming neither. A
+    file named as a checkpoint (``*.pt``) is left to the checkpoint reader, which reports it damaged."""
+    if path.suffix == ".pt" or not _is_text(path):
+        return
+    if path.suffix in (".yaml", ".yml"):
+        raise UserError(f"{command}: {path} is a recipe, not a checkpoint; train it first (zoo train {path} --out DIR),"
+                        f" then give DIR")
+    beside = path.parent / ckpt.FILENAME
+    hint = (f"give {beside} (or its folder {path.parent})" if beside.is_file() else
+            f"give a {ckpt.FILENAME} (zoo train RECIPE --out DIR writes DIR/{ckpt.FILENAME}) or the folder holding it")
+    raise UserError(f"{command}: {path} is a text file, not a checkpoint; {hint}")
+
+
 def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str = "zoo generate"):
     """``(path, state, recipe, task)`` of a language-model checkpoint (a file or its folder), checked."""
     path = ckpt.path_in(location)
+    refuse_text_file(path, command)
     state = ckpt.load(path)
     missing = sorted(set(state.get("imports", [])) - set(imports))
     if missing:  # importing runs code: only what the user names

@@ -25,8 +25,9 @@ import torch
 
 from kernels.backend import BackendUnavailable
 from mixers import MIXERS
+from mixers.options import OptionError
 
-from .config import Recipe
+from .config import ModelConfig, Recipe
 from .errors import UserError
 from .model import HybridLM
 from .tasks import Task
@@ -44,18 +45,31 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
-def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
-    """The untrained model and the task of ``recipe`` on its device, after a trial forward pass."""
+def _keys_under(path: str, cell_keys: dict) -> str:
+    """The keys of a grid cell (``{key: value}``) at, below or above the recipe key ``path``, as ``key=value``."""
+    keys = [f"{k}={v}" for k, v in cell_keys.items() if k == path or k.startswith(f"{path}.") or
+            path.startswith(f"{k}.")]
+    return f"; this cell sets {', '.join(keys)}" if keys else ""
+
+
+def build_checked(recipe: Recipe, where: str = "", cell_keys: dict | None = None) -> tuple[HybridLM, Task]:
+    """The untrained model and the task of ``recipe`` on its device, after a trial forward pass; ``where`` and
+    ``cell_keys`` (the keys of the grid cell ``recipe`` is, if it is one) are how a refusal names it."""
     where = where or recipe.source or "recipe"
     device = resolve_device(recipe.train.device)
     try:
         task = Task.from_spec(recipe.task)
         model = HybridLM.from_recipe(recipe, task.vocab_size).to(device)
+    except OptionError as err:  # a layer or the state mixer refused its options: it names the key that holds them
+        if cell_keys is None:
+            raise
+        raise UserError(f"{where}: {err}{_keys_under(err.path, cell_keys)}") from None  # and which cell it is
     except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no option range caught
         raise UserError(f"{where}: the model cannot be built ({_first_line(err)}); check the model and "
                         f"task sizes") from None
     sample = task.generate(1, task.seq_len, torch.Generator().manual_seed(recipe.seed))
-    check_alive([block.mixer for block in model.blocks], [task.seq_len, *recipe.eval.seq_lens], where)
+    check_alive([block.mixer for block in model.blocks], [task.seq_len, *recipe.eval.seq_lens], where,
+                layer_names(recipe.model))
     ids = sample.inputs[:, :TRIAL_TOKENS].to(device)
     mask = None if sample.mask is None else sample.mask[:, :TRIAL_TOKENS].to(device)
     try:
@@ -66,16 +80,33 @@ def build_checked(recipe: Recipe, where: str = "") -> tuple[HybridLM, Task]:
     return model, task
 
 
-def check_alive(mixers: list, lengths: list[int], where: str) -> None:
-    """Refuse a layer that cannot contribute at one of ``lengths`` (the training length first)."""
+def layer_names(model: ModelConfig) -> list[str]:
+    """How a refusal names every layer, in the recipe's words: its place where the recipe writes it
+    (``model.layers.<i>``, or ``model.pattern.<j>`` for a pattern), its mixer and, where it has options, the key
+    that holds them (:meth:`zoo.config.ModelConfig.layer_option_keys`)."""
+    written = "model.layers" if model.layers is not None else "model.pattern"
+    names = []
+    for i, ((mixer, _own), (key, note)) in enumerate(zip(model.named_layer_entries(), model.layer_option_keys())):
+        place = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
+        if key == place:
+            names.append(f"{place} ({mixer})")
+            continue
+        over = f", {note.strip()[1:-1]}" if note and key.startswith(place) else ""  # own options over defaults
+        names.append(f"{place} ({mixer}, options in {key}{over})")
+    return names
+
+
+def check_alive(mixers: list, lengths: list[int], where: str, names: list[str] | None = None) -> None:
+    """Refuse a layer that cannot contribute at one of ``lengths`` (the training length first); ``names``: how
+    each layer is named (:func:`layer_names`; by default ``model.layers.<i> (<mixer>)``)."""
     for i, mixer in enumerate(mixers):
         dead_at = getattr(mixer, "dead_at", None)  # a registered class outside the Mixer base has none
         for n, seq_len in enumerate(lengths):
             reason = dead_at(seq_len) if dead_at is not None else None
             if reason is not None:
                 at = "the training length" if n == 0 else "an eval.seq_lens length"
-                raise UserError(f"{where}: model.layers.{i} ({mixer.name}) cannot contribute at seq_len "
-                                f"{seq_len} ({at}): {reason}")
+                layer = names[i] if names else f"model.layers.{i} ({mixer.name})"
+                raise UserError(f"{where}: {layer} cannot contribute at seq_len {seq_len} ({at}): {reason}")
 
 
 def _meta_mixers(recipe: Recipe) -> list | None:
@@ -95,13 +126,14 @@ def refuse_dead_layers(recipe: Recipe) -> None:
     for each, where in [(c.recipe, f"{source}: grid cell {c.label!r}") for c in recipe.cells] + [(recipe, source)]:
         mixers = _meta_mixers(each)
         if mixers is not None:
-            check_alive(mixers, [Task.from_spec(each.task).seq_len, *each.eval.seq_lens], where)
+            check_alive(mixers, [Task.from_spec(each.task).seq_len, *each.eval.seq_lens], where,
+                        layer_names(each.model))
 
 
 def check_recipe(recipe: Recipe) -> tuple[HybridLM, Task]:
     """Check ``recipe`` and every cell of its grid; returns the base recipe's model and task."""
     for cell in recipe.cells:
-        build_checked(cell.recipe, f"{recipe.source or 'recipe'}: grid cell {cell.label!r}")
+        build_checked(cell.recipe, f"{recipe.source or 'recipe'}: grid cell {cell.label!r}", cell.overrides)
     return build_checked(recipe)
 
 
