@@ -3,15 +3,20 @@
 An option class is a plain ``@dataclass`` whose fields carry a ``help`` string in their metadata.
 :func:`build_options` turns a mapping into an instance and rejects unknown keys (suggesting the
 nearest valid names), wrong types and values outside a field's ``choices``; every error names the
-key path so a recipe error can point at the offending line.
+key path so a recipe error can point at the offending line. A wrong type is refused in a recipe's words
+(:class:`TypeRefusal`): the kind of value expected, with an example, the value given and, where that value is
+text that reads as the expected kind (``"0,1"`` for a list), how to write it.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import math
 import typing
 from typing import Any, Mapping
+
+import yaml
 
 from kernels.device import CPU, GPU, plan_for
 
@@ -101,10 +106,145 @@ def _is_union(origin) -> bool:
     return origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>")
 
 
+#: how a type refusal ends when the value given reads as the expected kind; the value, as YAML, follows
+WRITE_AS = "; write it as "
+#: no value (no example, no way to write the given value as the expected kind)
+_NOTHING = object()
+#: set while a value is only tried against a type (:func:`_accepts`): its refusal then explains nothing
+_TRYING = contextvars.ContextVar("trying", default=False)
+
+
+def yaml_text(value: Any, limit: int = 60) -> str:
+    """``value`` as one line of YAML (``[0, 1]``, ``null``, ``true``), cut to ``limit`` characters."""
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    except yaml.YAMLError:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _given(value: Any) -> str:
+    """The value a recipe gave, in its words: ``the string '0,1'``, ``3``, ``null``, ``the list [a, b]``."""
+    if isinstance(value, str):
+        quoted = yaml.safe_dump(value, default_style="'", width=10**6).strip().removesuffix("...").strip()
+        return f"the string {quoted if len(quoted) <= 60 else quoted[:57] + '...'}"
+    if isinstance(value, (list, tuple)):
+        return f"the list {yaml_text(list(value))}"
+    if isinstance(value, Mapping):
+        return f"the mapping {yaml_text(dict(value))}"
+    return yaml_text(value)
+
+
+def _generic_example(tp) -> Any:
+    """A value of the type ``tp`` (``[0, 1]`` for a list of integers), for a type without a usable default."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is list or origin is list:
+        item = args[0] if args else Any
+        return {int: [0, 1], float: [0.5, 1.0], str: ["a", "b"], Any: ["a", "b"]}.get(item, [_generic_example(item)])
+    if tp is dict or origin is dict:
+        return {"key": _generic_example(args[1] if args else Any)}
+    if origin is typing.Literal:
+        return args[0]
+    if dataclasses.is_dataclass(tp):
+        for f in dataclasses.fields(tp):
+            if f.init and f.default is not dataclasses.MISSING and f.default is not None:
+                return {f.name: f.default}
+        return {}
+    return {int: 1, float: 0.5, bool: True, str: "name"}.get(tp, "value")
+
+
+def _example(tp, example: Any) -> Any:
+    """``example`` (a field's default) when it is a non-empty value of ``tp``, else a value of ``tp`` made up."""
+    if example is not _NOTHING and example not in ("", [], {}, None) and _accepts(example, tp):
+        return example
+    return _generic_example(tp)
+
+
+def _kind(tp, example: Any = _NOTHING) -> str:
+    """The kind of value ``tp`` takes, in a recipe's words, with an example: ``a list such as [0, 1]``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if _is_union(origin):
+        kinds = " or ".join(_kind(a, example) for a in args if a is not type(None))
+        return f"{kinds} or nothing (null)" if type(None) in args else kinds
+    if origin is typing.Literal:
+        return f"one of {', '.join(yaml_text(a) for a in args)}"
+    if tp is bool:
+        return "true or false"
+    if tp is Any:
+        return "plain data (a string, number, list or mapping)"
+    shown = yaml_text(_example(tp, example))
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping of options such as {shown}"
+    words = {list: "a list", dict: "a mapping", int: "an integer", float: "a number", str: "a string"}
+    return f"{words.get(origin or tp, _type_name(tp))} such as {shown}"
+
+
+def _accepts(value: Any, tp, allowed=None) -> bool:
+    """Whether :func:`check_type` takes ``value`` as ``tp`` (and ``allowed``, if given, the converted value)."""
+    trying = _TRYING.set(True)
+    try:
+        converted = check_type(value, tp, "")
+        return allowed is None or allowed(converted)
+    except OptionError:
+        return False
+    finally:
+        _TRYING.reset(trying)
+
+
+def _read(text: str) -> Any:
+    """``text`` read as a YAML value, or :data:`_NOTHING` if it is not one."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return _NOTHING
+
+
+def _written_as(value: Any, tp, allowed=None) -> Any:
+    """``value`` written as the kind ``tp`` takes, where the value given reads as one: text that reads as the
+    value (``"3"``, ``"[0, 1]"``), comma-separated text or a single item for a list (``"0,1"``, ``attention``), a
+    number or true/false in quotes for a string; :data:`_NOTHING` when there is none (or ``allowed`` refuses it)."""
+    if isinstance(value, str) and len(value) <= 1000:
+        read = _read(value)
+        candidates = [read]
+        if "," in value and not isinstance(read, (list, dict)):
+            candidates.append([_read(item.strip()) for item in value.strip().removeprefix("[").removesuffix("]")
+                               .split(",")])
+        candidates.append([read])
+    elif isinstance(value, (bool, int, float)):
+        candidates = [yaml_text(value)]
+    else:
+        return _NOTHING
+    for candidate in candidates:
+        if candidate is _NOTHING or candidate == value or _NOTHING in (candidate if isinstance(candidate, list) else []):
+            continue
+        if _accepts(candidate, tp, allowed):
+            return candidate
+    return _NOTHING
+
+
+class TypeRefusal(OptionError):
+    """A value of the wrong type, refused in a recipe's words: the kind expected with an example (``example``, a
+    field's default, when it is one), the value given and, where the value reads as the expected kind (and
+    ``allowed`` takes it), how to write it (after :data:`WRITE_AS`)."""
+
+    def __init__(self, path: str, tp, value: Any, example: Any = _NOTHING, allowed=None):
+        self.tp, self.value = tp, value
+        if _TRYING.get():  # only tried: nobody reads this refusal
+            self.written = _NOTHING
+            super().__init__(path, "expected another type")
+            return
+        self.written = _written_as(value, tp, allowed)
+        fix = "" if self.written is _NOTHING else f"{WRITE_AS}{yaml_text(self.written, limit=200)}"
+        super().__init__(path, f"expected {_kind(tp, example)}, got {_given(value)}{fix}")
+
+
 def _check_union(value: Any, args: tuple, path: str) -> Any:
     """``A | B | None``: None when allowed and given, else the first member type that accepts the value."""
     if value is None and type(None) in args:
         return None
+    members = [arg for arg in args if arg is not type(None)]
+    if value is not None and len(members) == 1:  # ``X | None`` given a value: refused as an X is, item by item
+        return check_type(value, members[0], path)
     for arg in args:
         if arg is type(None):
             continue
@@ -112,18 +252,18 @@ def _check_union(value: Any, args: tuple, path: str) -> Any:
             return check_type(value, arg, path)
         except OptionError:
             pass
-    raise OptionError(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    raise TypeRefusal(path, typing.Union[args], value)
 
 
 def _check_list(value: Any, args: tuple, path: str) -> list:
     if not isinstance(value, (list, tuple)):
-        raise OptionError(path, f"expected a list, got {value!r}")
+        raise TypeRefusal(path, list[args[0]] if args else list[Any], value)
     return [check_type(v, args[0] if args else Any, f"{path}.{i}") for i, v in enumerate(value)]
 
 
 def _check_dict(value: Any, args: tuple, path: str) -> dict:
     if not isinstance(value, Mapping):
-        raise OptionError(path, f"expected a mapping, got {value!r}")
+        raise TypeRefusal(path, dict[args] if args else dict[str, Any], value)
     return {k: check_type(v, args[1] if args else Any, f"{path}.{k}") for k, v in value.items()}
 
 
@@ -135,7 +275,7 @@ def _check_float(value: Any, path: str) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OptionError(path, f"expected a number, got {value!r}")
+        raise TypeRefusal(path, float, value)
     try:
         value = float(value)
     except OverflowError:
@@ -147,14 +287,14 @@ def _check_float(value: Any, path: str) -> float:
 
 #: generic containers by their origin: the check of a value against ``origin[args]``
 _CONTAINERS = {list: _check_list, dict: _check_dict}
-#: scalar types taken as they are: what a value must be, and the words of the error when it is not
-_SCALARS = {int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-            bool: (lambda v: isinstance(v, bool), "true or false"),
-            str: (lambda v: isinstance(v, str), "a string")}
+#: scalar types taken as they are: what a value must be
+_SCALARS = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            bool: lambda v: isinstance(v, bool),
+            str: lambda v: isinstance(v, str)}
 
 
 def check_type(value: Any, tp, path: str) -> Any:
-    """Return ``value`` converted to ``tp`` where lossless (int -> float), else raise OptionError."""
+    """Return ``value`` converted to ``tp`` where lossless (int -> float), else raise :class:`TypeRefusal`."""
     if tp is list or tp is dict:  # bare list / dict: free-form items
         tp = list[Any] if tp is list else dict[str, Any]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -164,16 +304,19 @@ def check_type(value: Any, tp, path: str) -> Any:
         return _check_union(value, args, path)
     if origin in _CONTAINERS:
         return _CONTAINERS[origin](value, args, path)
+    if origin is typing.Literal:
+        if not any(value == a and type(value) is type(a) for a in args):
+            raise TypeRefusal(path, tp, value)
+        return value
     if tp is float:
         return _check_float(value, path)
     if tp in _SCALARS:
-        accepts, words = _SCALARS[tp]
-        if not accepts(value):
-            raise OptionError(path, f"expected {words}, got {value!r}")
+        if not _SCALARS[tp](value):
+            raise TypeRefusal(path, tp, value)
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise OptionError(path, f"expected a mapping of {_type_name(tp)} options, got {value!r}")
+            raise TypeRefusal(path, tp, value)
         return build_options(tp, value, path)
     return value
 
@@ -247,7 +390,13 @@ def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
     kwargs = {}
     for name, value in values.items():
         where = f"{path}.{name}" if path else name
-        value = check_type(value, hints[name], where)
+        try:
+            value = check_type(value, hints[name], where)
+        except TypeRefusal as err:
+            if err.path != where:
+                raise
+            fits = lambda v, f=fields[name]: _fits(v, f)  # noqa: E731 - a way to write it must be a valid value
+            raise TypeRefusal(where, hints[name], value, _default(fields[name]), fits) from None
         choices = fields[name].metadata.get("choices")
         if choices is not None and value not in choices:
             raise OptionError(where, f"{value!r} is not one of {', '.join(map(repr, choices))}{nearest(value, choices)}")
@@ -264,6 +413,31 @@ def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
         return cls(**kwargs)
     except (ValueError, TypeError) as err:  # __post_init__ checks
         raise OptionError(path, str(err)) from None
+
+
+def _default(field: dataclasses.Field) -> Any:
+    """The default value of ``field`` (:data:`_NOTHING` for a required field, or a section of options, whose
+    default may not build on its own)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is dataclasses.MISSING or isinstance(field.default_factory, type):
+        return _NOTHING
+    try:
+        return field.default_factory()
+    except Exception:  # noqa: BLE001 - a default that does not build is no example
+        return _NOTHING
+
+
+def _fits(value: Any, field: dataclasses.Field) -> bool:
+    """Whether the (type-checked) ``value`` is one of ``field``'s choices and inside its range."""
+    choices = field.metadata.get("choices")
+    if choices is not None and value not in choices:
+        return False
+    try:
+        check_range(value, field.metadata.get("range"), "")
+    except OptionError:
+        return False
+    return True
 
 
 def describe_options(cls) -> list[dict]:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from mixers import MIXERS, STATE_MIXERS
-from mixers.options import OptionError, build_options, nearest, plain_options
+from mixers.options import WRITE_AS, OptionError, build_options, nearest, plain_options
 
 from ..config import Recipe, RecipeConfig, Spec
 from ..errors import UserError
@@ -74,15 +74,40 @@ class Places:
                 return label
         return None
 
-    def blame(self, paths, fallback: str = "") -> str:
-        """The overrides that set any of the key paths ``paths`` (all of them, once each), else the place of
-        ``fallback`` (the first of ``paths`` when not given)."""
+    def overrides_under(self, parts: tuple, message: str) -> list[str]:
+        """The labels of the overrides (a grid cell's keys among them) that set a key below the key path ``parts``
+        whose name ``message`` mentions (``model.mixer_options.<mixer>.headdim`` below
+        ``model.mixer_options.<mixer>``, for a message that names ``headdim``)."""
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message))
+        return list(dict.fromkeys(label for path, label in self.override_paths.items()
+                                  if len(path) > len(parts) and path[:len(parts)] == parts and str(path[-1]) in words))
+
+    def blame(self, paths, fallback: str = "", message: str = "") -> str:
+        """The overrides that set any of the key paths ``paths`` or, where none sets one, a key below it that
+        ``message`` names; all of them, once each; else the place of ``fallback`` (the first of ``paths`` when not
+        given)."""
         labels = []
         for path in paths:
             label = self.override_at(key_parts(path))
-            if label is not None and label not in labels:
-                labels.append(label)
+            for found in [label] if label is not None else self.overrides_under(key_parts(path), message):
+                if found not in labels:
+                    labels.append(found)
         return " and ".join(labels) if labels else self(fallback or (list(paths) or [""])[0])
+
+    def how_to_write(self, path_str: str, message: str) -> str:
+        """``message`` with its closing ``write it as <value>`` (a type refusal's) naming the key as the place
+        that set it writes it: ``key=<value>`` for a command-line override, ``key: <value>`` in a grid cell and,
+        in a recipe file, the key's own name (``steps: <value>``)."""
+        head, found, value = message.rpartition(WRITE_AS)
+        if not found:
+            return message
+        parts = key_parts(path_str)
+        label = self.override_at(parts)
+        if label is not None:
+            return f"{head}; write {path_str}{'=' if label.startswith('override ') else ': '}{value}"
+        if parts and isinstance(parts[-1], str):
+            return f"{head}; write {parts[-1]}: {value}"
+        return message
 
     def fail(self, path_str: str, message: str, given: dict | None = None):
         """Refuse the key at ``path_str``. With ``given`` (the mapping at ``path_str``: a section, or the whole
@@ -92,7 +117,7 @@ class Places:
         if named:
             where = self.blame(named)
             raise UserError(f"{where}: {message}" if where else message)
-        where = self(path_str)
+        where, message = self(path_str), self.how_to_write(path_str, message)
         place = ": ".join(p for p in (where, "" if _repeats(message, path_str) else path_str) if p)
         raise UserError(f"{place}: {message}" if place else message)
 
@@ -292,7 +317,9 @@ def _built(cls, d_model: int, options) -> None:
 
 def _check_builds(model, layers: list[Spec], written: str, places: Places) -> None:
     """Every layer's mixer can be built at ``model.d_model``: a constructor's refusal is blamed on the overrides of
-    ``model.d_model``, the layer or its type's defaults, else on the layer's line."""
+    ``model.d_model``, the layer or its type's defaults, or of an option below those (a grid cell's
+    ``model.mixer_options.<mixer>.<option>`` that the refusal names), else on the
+    layer's line."""
     for i, spec in enumerate(layers):
         at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
         try:
@@ -300,7 +327,8 @@ def _check_builds(model, layers: list[Spec], written: str, places: Places) -> No
         except (ValueError, TypeError) as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             message = message.removeprefix(f"{spec.name}: ")
-            where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at)
+            where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at,
+                                 message=message)
             raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}") \
                 from None
 
