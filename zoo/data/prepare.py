@@ -8,7 +8,8 @@ source, the tokenizer, the split, the Python version (for the Python sources) an
 modification times of the files (for ``files``, for ``python-stdlib`` with a ``path`` and for the local files
 of ``hf``); ``data_dir`` defaults to ``$ZOO_DATA_DIR`` or ``~/.cache/mixer-zoo/data``.
 
-Documents are tokenised in parts of :data:`PART_DOCUMENTS`, by several worker processes; each finished
+Documents are tokenised in parts of :data:`PART_DOCUMENTS`, by several worker processes (spawned: a script
+that calls :func:`prepare` with ``workers > 1`` keeps its own work under ``if __name__ == "__main__":``); each finished
 part is written (atomically) under ``parts/`` with a record of the documents it holds. A run that was
 interrupted keeps its finished parts and tokenises only the rest; the token files and ``meta.json`` are
 written last (``meta.json`` marks a finished folder, and a second run finds it and does nothing). Processes
@@ -140,7 +141,10 @@ def _run_parts(o, parts_dir: Path, workers: int, progress: bool) -> tuple[list[d
             yield index, group, o.tokenizer, o.val_fraction
 
     bar = tqdm(desc="tokenising", unit=" parts", disable=None if progress else True, leave=False)
-    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+    # Workers are spawned, not forked: a forked worker inherits this process's signal handlers (a Python
+    # SIGTERM handler that does not exit keeps it alive through terminate(), and the pool's join waits for
+    # ever) and any lock another thread held at the fork (torch's, a tokenizer's thread pool).
+    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
     try:
         done = pool.imap(_tokenize_part, pending()) if pool else map(_tokenize_part, pending())
         for index, result in done:
