@@ -5,8 +5,6 @@ tolerance would be blind (tiny outputs) or stricter than rounding (large outputs
 import pytest
 import torch
 
-from mixers import MIXERS, register_mixer
-
 from . import contract
 from .example_mixer import CumulativeMean
 
@@ -32,20 +30,6 @@ def scaled_mixer(scale: float, leak: float, reach: str):
             return y + leak * later, state
 
     return Scaled
-
-
-@pytest.fixture
-def registered():
-    added = []
-
-    def add(cls):
-        register_mixer(cls)
-        added.append(cls.name)
-        return cls.name
-
-    yield add
-    for name in added:
-        MIXERS.entries.pop(name, None)
 
 
 @pytest.mark.parametrize("reach", ["next", "last"])

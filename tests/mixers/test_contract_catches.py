@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mixers import MIXERS, register_mixer
 from mixers.base import Mixer
 
 from . import contract
@@ -60,20 +59,6 @@ class DeclaredDeadness(UndeclaredDeadness):
 
     def dead_at(self, seq_len):
         return None if seq_len > 8 else f"first_read=8: no position < 8 reads anything at seq_len={seq_len}"
-
-
-@pytest.fixture
-def registered():
-    added = []
-
-    def add(cls):
-        register_mixer(cls)
-        added.append(cls.name)
-        return cls.name
-
-    yield add
-    for name in added:
-        MIXERS.entries.pop(name, None)
 
 
 CHECKS = [(check, ()) for check in ("declarations", "prefill_is_parallel", "causal", "state_size", "chunk_size",
