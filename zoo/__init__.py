@@ -43,6 +43,9 @@ _EXPORTS = {
     "Task": ("zoo.tasks", "Task"),
     "TrainResult": ("zoo.training.loop", "TrainResult"),
     "train": ("zoo.training.loop", "train"),
+    "build_task": ("zoo.api", "build_task"),
+    "build_model": ("zoo.api", "build_model"),
+    "load_checkpoint": ("zoo.api", "load_checkpoint"),
 }
 
 
@@ -57,27 +60,6 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
-
-
-def build_task(recipe):
-    """The task of ``recipe``, built from its validated options."""
-    from .tasks import Task
-    return Task.from_spec(recipe.task)
-
-
-def build_model(recipe):
-    """The untrained model of ``recipe``, initialised exactly as training initialises it."""
-    import torch
-
-    from .model import HybridLM
-    torch.manual_seed(recipe.seed)
-    return HybridLM.from_recipe(recipe, build_task(recipe).vocab_size)
-
-
-def load_checkpoint(location) -> dict:
-    """The checkpoint dict at ``location`` (a ``checkpoint.pt`` file or the folder holding it)."""
-    from .training.checkpoint import load, path_in
-    return load(path_in(location))
 
 
 __all__ = ["load", "resolve", "build_model", "build_task", "train", "evaluate", "evaluate_checkpoint",
