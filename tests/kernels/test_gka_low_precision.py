@@ -12,7 +12,9 @@ what is measured is the kernels' arithmetic. Tolerances (relative Frobenius erro
   at r = 30 its dK has the fp32 test's heavy tail (reversing 30 iterations amplifies rounding ~1e4-1e6;
   tests/kernels/test_gka.py judges it by the median over heads), which would hide the 16-bit products.
 - the whole op, fp16 inputs: the output and every gradient is rounded to fp16 once (rms relative error
-  u / sqrt(3) ~ 2.8e-4); measured 1.7e-4..2.4e-4. Tolerance 1e-3.
+  u / sqrt(3) ~ 2.8e-4); measured 1.7e-4..2.4e-4. Tolerance 1e-3. The reverse mode's gradients add the
+  rounding its 12 reversed iterations amplify: dk's error has a tail, 1.2e-3 at worst and above 1e-3 in 3 of
+  300 draws; tolerance 3e-3 for the reverse mode's gradients.
 - bf16 (GPU): u = 2^-8 (rms 2.3e-3 after rounding); tolerance 1e-2 forward, 2e-2 gradients.
 """
 from __future__ import annotations
@@ -129,8 +131,9 @@ def test_gka_fp16_against_fp64(grad, r):
                             [t.double() for t in inputs], w.double())
     assert o.dtype == torch.float16
     assert_rel_close(o, o_ref, 1e-3, "output")
+    tol = 3e-3 if grad == "reverse_chebyshev" else 1e-3
     for name, a, b in zip("q k v g alpha".split(), g, g_ref):
-        assert_rel_close(a, b, 1e-3, f"d{name}")
+        assert_rel_close(a, b, tol, f"d{name}")
 
 
 @pytest.mark.gpu
