@@ -19,6 +19,15 @@ from mixers import build_mixer
 D, H, K = 16, 2, 8
 
 
+def assert_forward_and_prefill_equal(m, reference, x):
+    """``m(x)`` and ``m.prefill(x)``'s output equal ``reference(m, x)`` (a token loop in fp64) within 1e-9."""
+    with torch.no_grad():
+        want = reference(m, x)
+        got, got_prefill = m(x), m.prefill(x)[0]
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_prefill, want, rtol=1e-9, atol=1e-9)
+
+
 def causal_conv_silu(conv, x):
     """``SiLU(b + sum_j w_j x_{t - (k-1) + j})`` token by token, zeros before the first token."""
     w, b = conv.conv.weight[:, 0], conv.conv.bias                     # (C, k), (C,)
@@ -80,12 +89,7 @@ CASES = [
 @pytest.mark.parametrize("name, options", CASES)
 def test_forward_and_prefill_equal_the_token_loop(name, options):
     m = randomised(name, **options)
-    x = torch.randn(2, 11, D, dtype=torch.float64)
-    with torch.no_grad():
-        want = reference(m, x)
-        got, got_prefill = m(x), m.prefill(x)[0]
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(got_prefill, want, rtol=1e-9, atol=1e-9)
+    assert_forward_and_prefill_equal(m, reference, torch.randn(2, 11, D, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("allow_neg_eigval, low, high", [(True, 0.0, 2.0), (False, 0.0, 1.0)])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from mixers import build_mixer
 
-from .test_deltaproduct_properties import causal_conv_silu
+from .test_deltaproduct_properties import assert_forward_and_prefill_equal, causal_conv_silu
 
 D = 16
 
@@ -55,9 +55,4 @@ def test_forward_and_prefill_equal_the_token_loop(options):
     with torch.no_grad():
         for p in m.parameters():
             p.add_(0.3 * torch.randn_like(p))       # no symmetry at init (unit gains, zero biases) hides a term
-    x = torch.randn(2, 11, D, dtype=torch.float64)
-    with torch.no_grad():
-        want = reference(m, x)
-        got, got_prefill = m(x), m.prefill(x)[0]
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(got_prefill, want, rtol=1e-9, atol=1e-9)
+    assert_forward_and_prefill_equal(m, reference, torch.randn(2, 11, D, dtype=torch.float64))
