@@ -53,4 +53,4 @@ def chunk_scan(a: torch.Tensor, X: torch.Tensor, initial: torch.Tensor | None = 
     initial = initial.to(cd)
     scan = chunk_scan_reference if which == "reference" else ChunkScanLoop.apply
     starts, final = scan(at_least_fp32(a), Xc, initial)
-    return starts.to(X.dtype), final
+    return starts.to(X.dtype), final.to(cd)        # (fp64 decays would promote the reference's state)
