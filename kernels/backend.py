@@ -74,8 +74,9 @@ def triton_interpreting() -> bool:
 
 
 def _version(text: str) -> tuple[int, ...]:
-    """``"3.6.0+git1234"`` -> ``(3, 6, 0)``."""
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+    """``"3.6.0+git1234"`` -> ``(3, 6, 0)``; ``"3.4"`` -> ``(3, 4, 0)`` (a short version compares as its .0)."""
+    parts = tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+    return parts + (0,) * (3 - len(parts))
 
 
 def interpreter_refusal(triton_version: str, numpy_version: str) -> str | None:

@@ -128,6 +128,8 @@ def test_fla_gated_backward_is_passed_over_on_hopper_with_an_old_triton(installe
     name is refused with the fix, so a training step never reaches fla's error in its backward."""
     assert kb.fla_gated_refusal(9, "3.6.0", tilelang=False) is not None
     assert "triton>=3.7.1" in kb.fla_gated_refusal(9, "3.4.0", tilelang=False)
+    assert kb.fla_gated_refusal(9, "3.4", tilelang=False) is not None      # a version without its patch number
+    assert kb.fla_gated_refusal(9, "3.7", tilelang=False) is not None
     for major, version, tilelang in ((9, "3.7.1", False), (9, "3.3.1", False), (8, "3.6.0", False),
                                      (10, "3.6.0", False), (9, "3.6.0", True), (9, "3.9.0+git1234", False)):
         assert kb.fla_gated_refusal(major, version, tilelang) is None, (major, version, tilelang)
