@@ -64,6 +64,13 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
     if elsewhere:
         raise ValueError(f"slot_memory: {', '.join(elsewhere)} on another device than v ({v.device}); "
                          "move every input to one device")
+    for name, idx in (("write_idx", write_idx), ("read_idx", read_idx)):
+        # on the CPU only: on a GPU the check would wait for the device at every call (indices from
+        # kronecker_topk are in range by construction)
+        if idx.device.type == "cpu" and idx.numel() and (idx.min() < 0 or idx.max() >= num_slots):
+            raise ValueError(f"slot_memory: {name} holds slot {int(idx.min() if idx.min() < 0 else idx.max())}, "
+                             f"outside 0..{num_slots - 1} (num_slots={num_slots}); pass slot numbers below "
+                             f"num_slots, as kronecker_topk returns them")
 
 
 @full_precision
@@ -74,8 +81,9 @@ def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, 
     inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
     ``initial_state`` is read as it is.
 
-    ``write_idx, read_idx (B, T, H, K)`` int64 (distinct within a token), ``write_w, read_w (B, T, H, K)``,
-    ``v (B, T, H, d_v)``, ``gamma (H,)`` positive, ``num_slots`` = M; ``initial_state = (S, z)`` or None.
+    ``write_idx, read_idx (B, T, H, K)`` int64 in ``0..M-1`` (checked on the CPU), distinct within a token,
+    ``write_w, read_w (B, T, H, K)``, ``v (B, T, H, d_v)``, ``gamma (H,)`` positive, ``num_slots`` = M;
+    ``initial_state = (S, z)`` or None.
     ``layout`` selects the torch path (ignored by the other backends).
     """
     _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots)

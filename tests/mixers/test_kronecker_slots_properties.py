@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels.slots import slot_memory
 from mixers import build_mixer
-from tests.kernels.harness import assert_rel_close
+from tests.kernels.harness import assert_rel_close, needs_triton
 
 D = 24
 SMALL = {"n_heads": 2, "d_v": 5, "d_p": 3, "U": 2, "top_k": 3, "chunk_size": 4}
@@ -207,3 +207,18 @@ def test_more_addresses_than_slots_are_refused():
     w = torch.full((1, 3, 1, 4), 0.25)
     with pytest.raises(ValueError, match="K=4 exceeds num_slots=3"):
         slot_memory(idx, w, idx, w, torch.randn(1, 3, 1, 2), torch.ones(1), 3)
+
+
+@pytest.mark.parametrize("which", ["write_idx", "read_idx"])
+@pytest.mark.parametrize("kw", [*MEMORY_PATHS, pytest.param(dict(backend="triton"), marks=needs_triton)], ids=str)
+def test_a_slot_number_outside_the_memory_is_refused_by_name(kw, which):
+    M, K, T = 6, 2, int(torch.randint(1, 5, ()))
+    idx = torch.rand(1, T, 1, M).argsort(-1)[..., :K].contiguous()
+    w = torch.rand(1, T, 1, K)
+    t, j = int(torch.randint(0, T, ())), int(torch.randint(0, K, ()))
+    for bad in (M, M + int(torch.randint(1, 100, ())), -1):
+        wrong = idx.clone()
+        wrong[0, t, 0, j] = bad
+        args = (wrong, idx) if which == "write_idx" else (idx, wrong)
+        with pytest.raises(ValueError, match=rf"{which} holds slot {bad}, outside 0\.\.{M - 1} \(num_slots={M}\)"):
+            slot_memory(args[0], w, args[1], w, torch.randn(1, T, 1, 3), torch.ones(1), M, **kw)
