@@ -266,6 +266,14 @@ _options: dict = {}
 _host_only = False
 
 
+def kernels_run() -> bool:
+    """Whether a launch now runs its kernel: not while :func:`recording`, warming up ahead
+    (:mod:`kernels.ahead`), :func:`counting` with ``execute=False`` or :func:`host_only`, where a kernel's outputs
+    keep what the launcher allocated (a check of their values would read uninitialised memory)."""
+    return (_recorder is None and warming_up() is None and not _host_only
+            and not (_counters and not _counters[-1].execute))
+
+
 @contextlib.contextmanager
 def host_only():
     """Inside, a launch does all its host-side work (the launch table's options, :func:`launch_options`) and

@@ -22,6 +22,7 @@ import torch
 
 from ..backend import resolve_backend
 from ..common import full_precision
+from ..launch import kernels_run
 from .addressing import ADDRESS_BACKENDS, kronecker_dense, kronecker_topk
 from .chunked import slot_memory_chunked
 from .reference import init_slot_state, slot_memory_reference, slot_step
@@ -66,8 +67,9 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
                          "move every input to one device")
     for name, idx in (("write_idx", write_idx), ("read_idx", read_idx)):
         # on the CPU only: on a GPU the check would wait for the device at every call (indices from
-        # kronecker_topk are in range by construction)
-        if idx.device.type == "cpu" and idx.numel() and (idx.min() < 0 or idx.max() >= num_slots):
+        # kronecker_topk are in range by construction); and only where kernels run (else indices that a kernel
+        # would have written are uninitialised)
+        if idx.device.type == "cpu" and idx.numel() and kernels_run() and (idx.min() < 0 or idx.max() >= num_slots):
             raise ValueError(f"slot_memory: {name} holds slot {int(idx.min() if idx.min() < 0 else idx.max())}, "
                              f"outside 0..{num_slots - 1} (num_slots={num_slots}); pass slot numbers below "
                              f"num_slots, as kronecker_topk returns them")

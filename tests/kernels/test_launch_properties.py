@@ -211,3 +211,32 @@ def test_a_nested_forced_architecture_keeps_the_outer_tables_unless_given_its_ow
             assert (lt.forced_arch, lt.directory()) == (80, str(tmp_path / "other"))
         assert (lt.forced_arch, lt.directory()) == (90, str(tmp_path))
     assert lt.forced_arch is None and lt.directory() is None
+
+
+def test_kernels_run_says_false_wherever_a_launch_returns_before_its_kernel():
+    assert kl.kernels_run()
+    with kl.host_only():
+        assert not kl.kernels_run()
+    with kl.recording():
+        assert not kl.kernels_run()
+    with kl.counting(execute=False):
+        assert not kl.kernels_run()
+        with kl.counting():           # the innermost counter decides, as it does for the launch
+            assert kl.kernels_run()
+    with kl.counting():
+        assert kl.kernels_run()
+    assert kl.kernels_run()
+
+
+@needs_triton
+def test_slot_numbers_are_not_checked_where_the_addressing_kernel_did_not_run():
+    """Inside ``counting(execute=False)`` the slot numbers the Triton top-k would write are uninitialised: the
+    slot memory must not read them as bad input (the launch counts of a layer are taken that way)."""
+    from kernels.slots import slot_memory
+    M, T = 6, 3
+    garbage = torch.full((1, T, 1, 2), -(2 ** 60), dtype=torch.long)
+    w = torch.rand(1, T, 1, 2)
+    with kl.counting(execute=False):
+        slot_memory(garbage, w, garbage, w, torch.randn(1, T, 1, 3), torch.ones(1), M, backend="triton")
+    with pytest.raises(ValueError, match="outside 0..5"):
+        slot_memory(garbage, w, garbage, w, torch.randn(1, T, 1, 3), torch.ones(1), M, backend="triton")
