@@ -69,8 +69,11 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
         # on the CPU only: on a GPU the check would wait for the device at every call (indices from
         # kronecker_topk are in range by construction); and only where kernels run (else indices that a kernel
         # would have written are uninitialised)
-        if idx.device.type == "cpu" and idx.numel() and kernels_run() and (idx.min() < 0 or idx.max() >= num_slots):
-            raise ValueError(f"slot_memory: {name} holds slot {int(idx.min() if idx.min() < 0 else idx.max())}, "
+        if idx.device.type != "cpu" or not idx.numel() or not kernels_run():
+            continue
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= num_slots:
+            raise ValueError(f"slot_memory: {name} holds slot {low if low < 0 else high}, "
                              f"outside 0..{num_slots - 1} (num_slots={num_slots}); pass slot numbers below "
                              f"num_slots, as kronecker_topk returns them")
 
