@@ -8,15 +8,17 @@ contiguous (``dx`` may be written at its place in the gradient of the projection
 
 - forward: ``y_t = b + sum_j w_j x_{t-(k-1)+j}`` from ``k`` shifted loads of its tile, ``out = SiLU(y)``
   (only ``out`` is stored; the backward recomputes ``y``);
-- backward (``_conv_bwd``): ``g_r = dout_r SiLU'(y_r)`` (without the SiLU ``g = dout``) at the ``k`` rows
-  ``r = t .. t + k - 1`` each token feeds, ``y_r`` recomputed from shifted loads of ``x`` (the cache serves all
-  but the first), then ``dx_t = sum_s w_{k-1-s} g_{t+s}`` and the sums ``dw_j = sum_t g_t x_{t-(k-1)+j}``,
-  ``db = sum_t g_t``: a program walks up to ``T / 64`` consecutive time tiles, accumulates ``g_t
-  x_{t-(k-1)+j}`` elementwise (taps the leading axis of a 3-D tile) and sums over time once at its end,
-  storing its share of ``dw`` and ``db`` (at most 64 shares per channel and batch element), summed afterwards
-  in one reduction. Recomputing ``g`` costs ``k`` sigmoids and ``k^2`` cached loads an element, where a
-  separate pass writing ``g`` and reading it back moved 8 more bytes an element through memory (fp32 ``g``)
-  and took a second launch.
+- backward (``_conv_bwd``): with ``g_r = dout_r SiLU'(y_r)`` (without the SiLU ``g = dout``),
+  ``dx_t = sum_s w_{k-1-s} g_{t+s}``, ``dw_j = sum_t g_t x_{t-(k-1)+j}`` and ``db = sum_t g_t``. A program takes
+  128 channels (one warp) and a run of time rows, which it walks one row at a time, keeping the last three rows of
+  ``x`` and of ``g`` in registers: each row's ``y_r`` and ``g_r`` are computed once and ``x`` and ``dout`` read once
+  (filters of fewer than 4 taps are padded on the left with zero taps; wider ones take ``_conv_bwd_wide``, which
+  keeps the ``dx`` of the tokens in flight in a ring). Each program stores its share of ``dw`` and ``db``,
+  summed afterwards in one reduction. A program's rows grow with the input so that the grid stays at about
+  2048 programs. Earlier versions tiled time and recomputed ``g`` at the ``k`` rows each token feeds (``k``
+  sigmoids and ``k^2`` loads an element, and a 3-D ``(taps, time, channels)`` tile of ``dw`` terms that crossed
+  threads through shared memory every tile): compiled for sm_90 at 4 taps in bf16, its loop ran 175 instructions
+  an element (8 of them on the special-function unit) where the walk runs 42 (2), with no barrier.
 
 So a convolution is one launch forward and two backward (with the reduction) at every length (the CPU path of
 :mod:`mixers.conv_time_first` makes ``k + 1`` passes per time block, blocks sized for a core's cache).
@@ -71,81 +73,151 @@ def _conv_fwd(X, W, B, OUT, T, C, sb, st, K: tl.constexpr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
-def _grad_at(xb, st, W, B, ob, rows, c, mc, T, C, K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-             BT: tl.constexpr, BC: tl.constexpr):
-    """``g = dL/dy`` at rows ``rows`` (zero at rows ``>= T``): ``dout SiLU'(y)`` with ``y`` recomputed, or ``dout``."""
-    keep = (rows < T)[:, None] & mc[None, :]
-    g = tl.load(ob + rows[:, None] * C + c[None, :], mask=keep, other=0.0).to(W.dtype.element_ty)
-    if ACT:
-        y = _preact(xb, st, W, B, rows, c, mc, T, C, K, HAS_BIAS, BT, BC)
-        sig = tl.sigmoid(y)
-        g = g * sig * (1.0 + y * (1.0 - sig))
-    return g
+def _tap(W, C, c, mc, j: tl.constexpr, PAD: tl.constexpr):
+    """Tap ``j`` of a filter padded on the left with ``PAD`` zero taps: ``w_{j - PAD}``, zeros where ``j < PAD``."""
+    if j >= PAD:
+        return tl.load(W + (j - PAD) * C + c, mask=mc, other=0.0)
+    else:
+        return tl.zeros(c.shape, dtype=W.dtype.element_ty)
 
 
 @triton.jit
-def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, n_groups, tiles, K: tl.constexpr, BK: tl.constexpr,
-              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """``dx`` of this program's time tiles and its share of ``dw`` and ``db`` from ``dout``: ``g_r = dL/dy_r``
-    at the ``k`` rows ``r = t .. t + k - 1`` each token ``t`` feeds (``y_r`` recomputed from shifted loads of
-    ``x``, which the cache serves), ``dx_t = sum_s w_{k-1-s} g_{t+s}``; and ``g_t x_{t-(k-1)+j}`` for ``dw_j``,
-    taps the leading axis of a 3-D tile ``(BK, BT, BC)``, accumulated elementwise over the tiles and summed over
-    time once, at the end."""
-    pid_c = tl.program_id(0)
+def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_iter, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACT: tl.constexpr, BC: tl.constexpr, U: tl.constexpr):
+    """The backward of a filter of at most 4 taps (padded on the left with zero taps to 4): ``dx`` of this
+    program's ``R`` time rows ``[t0, t1)`` and its share of ``dw`` and ``db``, walking the rows one at a time
+    (``U`` of them unrolled a step) with the last three rows of ``x`` and of ``g`` in registers, so that each
+    row's ``y_r`` and ``g_r`` are computed once and ``x`` and ``dout`` are read once: ``dx`` of token ``r - 3``
+    is complete at row ``r``. The 3 rows after ``t1`` are read for their ``g`` only."""
     pid_g = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
-    c = pid_c * BC + tl.arange(0, BC)
+    c = tl.program_id(0) * BC + tl.arange(0, BC)
     mc = c < C
-    taps = tl.arange(0, BK)
-    tap3 = taps[:, None, None]
-    c3 = c[None, None, :]
-    on3 = (tap3 < K) & mc[None, None, :]
+    PAD: tl.constexpr = 4 - K
+    w0 = _tap(W, C, c, mc, 0, PAD)
+    w1 = _tap(W, C, c, mc, 1, PAD)
+    w2 = _tap(W, C, c, mc, 2, PAD)
+    w3 = _tap(W, C, c, mc, 3, PAD)
     wdt = W.dtype.element_ty
+    bias = tl.load(B + c, mask=mc, other=0.0) if HAS_BIAS else tl.zeros([BC], dtype=wdt)
     xb = X + batch * sb
     ob = DOUT + batch * T * C
-    acc_w = tl.zeros([BK, BT, BC], dtype=wdt)                                # g_t x_{t-(k-1)+j}, by j
-    acc_b = tl.zeros([BT, BC], dtype=wdt)
-    for it in range(tiles):                                                   # consecutive time tiles
-        t = ((pid_g * tiles + it) * BT + tl.arange(0, BT)).to(tl.int64)
-        g = _grad_at(xb, st, W, B, ob, t, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC)
-        dx = g * tl.load(W + (K - 1) * C + c, mask=mc, other=0.0)[None, :]
-        for s in tl.static_range(1, K):
-            dx += _grad_at(xb, st, W, B, ob, t + s, c, mc, T, C, K, HAS_BIAS, ACT, BT, BC) * \
-                tl.load(W + (K - 1 - s) * C + c, mask=mc, other=0.0)[None, :]
-        tl.store(DX + batch * sdb + t[:, None] * sdt + c[None, :], dx.to(DX.dtype.element_ty),
-                 mask=(t < T)[:, None] & mc[None, :])
-        src = t[None, :, None] - (K - 1) + tap3                               # the rows that fed token t
-        x = tl.load(xb + src * st + c3, mask=on3 & (src >= 0) & (src < T), other=0.0).to(wdt)
-        acc_w += g[None, :, :] * x
-        acc_b += g
-    part = PART + (batch * n_groups + pid_g) * C * (K + 1)
-    tl.store(part + c[None, :] * K + taps[:, None], tl.sum(acc_w, axis=1), mask=(taps < K)[:, None] & mc[None, :])
-    tl.store(part + C * K + c, tl.sum(acc_b, axis=0), mask=mc)
+    xdb = DX + batch * sdb
+    t0 = pid_g * R
+    t1 = tl.minimum(t0 + R, T)
+    x3 = tl.load(xb + (t0 - 3).to(tl.int64) * st + c, mask=mc & (t0 >= 3), other=0.0).to(wdt)   # x_{r-3}
+    x2 = tl.load(xb + (t0 - 2).to(tl.int64) * st + c, mask=mc & (t0 >= 2), other=0.0).to(wdt)
+    x1 = tl.load(xb + (t0 - 1).to(tl.int64) * st + c, mask=mc & (t0 >= 1), other=0.0).to(wdt)
+    g3 = tl.zeros([BC], dtype=wdt)                                         # g_{r-3}, before t0 never read
+    g2 = tl.zeros([BC], dtype=wdt)
+    g1 = tl.zeros([BC], dtype=wdt)
+    a0 = tl.zeros([BC], dtype=wdt)                                         # sum_r g_r x_{r-3+j}, by padded tap j
+    a1 = tl.zeros([BC], dtype=wdt)
+    a2 = tl.zeros([BC], dtype=wdt)
+    a3 = tl.zeros([BC], dtype=wdt)
+    ab = tl.zeros([BC], dtype=wdt)
+    for it in range(n_iter):
+        for u in tl.static_range(U):
+            r = t0 + it * U + u
+            row = r.to(tl.int64)
+            x0 = tl.load(xb + row * st + c, mask=mc & (r < T), other=0.0).to(wdt)
+            g0 = tl.load(ob + row * C + c, mask=mc & (r < T), other=0.0).to(wdt)
+            if ACT:
+                y = bias + w0 * x3 + w1 * x2 + w2 * x1 + w3 * x0
+                sig = tl.sigmoid(y)
+                g0 = g0 * sig * (1.0 + y * (1.0 - sig))
+            mine = tl.where(r < t1, g0, 0.0)                               # rows from t1 on are the next program's
+            a0 += mine * x3
+            a1 += mine * x2
+            a2 += mine * x1
+            a3 += mine * x0
+            ab += mine
+            tau = r - 3
+            dx = w3 * g3 + w2 * g2 + w1 * g1 + w0 * g0
+            tl.store(xdb + tau.to(tl.int64) * sdt + c, dx.to(DX.dtype.element_ty), mask=mc & (tau >= t0) & (tau < t1))
+            x3, x2, x1 = x2, x1, x0
+            g3, g2, g1 = g2, g1, g0
+    part = PART + (batch * tl.num_programs(1) + pid_g) * C * (K + 1)
+    if PAD < 1:
+        tl.store(part + c * K + (0 - PAD), a0, mask=mc)
+    if PAD < 2:
+        tl.store(part + c * K + (1 - PAD), a1, mask=mc)
+    if PAD < 3:
+        tl.store(part + c * K + (2 - PAD), a2, mask=mc)
+    tl.store(part + c * K + (3 - PAD), a3, mask=mc)
+    tl.store(part + C * K + c, ab, mask=mc)
 
 
-#: programs along time in the backward at most (each stores one row of partial sums of dw and db, so at
-#: long lengths a program walks several time tiles and that buffer stays small)
-_MAX_GROUPS = 64
-#: time tiles a backward program walks at least, while the grid keeps ``_MIN_PROGRAMS``: each program ends with
-#: a reduction over its rows across warps and a row of partial sums, which a program of one tile pays per tile
-#: (on an H200, with the backward's 32-row tiles and ``g`` read from a separate pass, the language model's 16384
-#: tokens a step over 1536 channels took 0.245 ms as 8 sequences of 2048, one tile a program, and 0.21 ms as 2 of
-#: 8192, four tiles a program; a layer's 16384 x 3072, eight tiles a program, 0.37 ms: 7.4 ps an element against
-#: 9.7)
-_MIN_TILES = 4
-_MIN_PROGRAMS = 1024
+@triton.jit
+def _conv_bwd_wide(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_rows, K: tl.constexpr, BK: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BC: tl.constexpr):
+    """The backward of a filter of more than 4 taps: as :func:`_conv_bwd`, with the rows of ``x`` that feed a row
+    read as one ``(taps, channels)`` tile (the cache serves all but the newest), and the ``dx`` of the ``k`` tokens
+    a row feeds held in a ring of ``BK`` slots (token ``tau`` in slot ``tau mod BK``), the oldest taken out
+    and cleared when its last row has been seen."""
+    pid_g = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(0) * BC + tl.arange(0, BC)
+    mc = c < C
+    taps = tl.arange(0, BK)
+    on = (taps < K)[:, None] & mc[None, :]
+    wdt = W.dtype.element_ty
+    w_tap = tl.load(W + taps[:, None] * C + c[None, :], mask=on, other=0.0)          # w_j at row j
+    bias = tl.load(B + c, mask=mc, other=0.0) if HAS_BIAS else tl.zeros([BC], dtype=wdt)
+    xb = X + batch * sb
+    ob = DOUT + batch * T * C
+    xdb = DX + batch * sdb
+    t0 = pid_g * R
+    t1 = tl.minimum(t0 + R, T)
+    acc_w = tl.zeros([BK, BC], dtype=wdt)                                  # sum_r g_r x_{r-(k-1)+j}, by j
+    acc_b = tl.zeros([BC], dtype=wdt)
+    ring = tl.zeros([BK, BC], dtype=wdt)                                   # dx of the tokens in flight
+    for i in range(n_rows):
+        r = t0 + i
+        src = r - (K - 1) + taps                                           # the rows of x that feed y_r
+        x = tl.load(xb + src.to(tl.int64)[:, None] * st + c[None, :], mask=on & ((src >= 0) & (src < T))[:, None],
+                    other=0.0).to(wdt)
+        g = tl.load(ob + r.to(tl.int64) * C + c, mask=mc & (r < T), other=0.0).to(wdt)
+        if ACT:
+            y = tl.sum(w_tap * x, axis=0) + bias
+            sig = tl.sigmoid(y)
+            g = g * sig * (1.0 + y * (1.0 - sig))
+        mine = tl.where(r < t1, g, 0.0)                                    # rows from t1 on are the next program's
+        acc_w += mine[None, :] * x
+        acc_b += mine
+        back = (r - taps + BK) % BK                       # the token in slot i is this many rows back from r ...
+        w_back = tl.load(W + (K - 1 - back)[:, None] * C + c[None, :], mask=(back < K)[:, None] & mc[None, :],
+                         other=0.0)                       # ... and takes g_r through w_{k-1-back}
+        ring += w_back * g[None, :]
+        tau = r - (K - 1)                                                  # the token whose rows are all seen
+        done = taps[:, None] == (tau + BK) % BK
+        tl.store(xdb + tau.to(tl.int64) * sdt + c, tl.sum(tl.where(done, ring, 0.0), axis=0).to(DX.dtype.element_ty),
+                 mask=mc & (tau >= t0) & (tau < t1))
+        ring = tl.where(done, 0.0, ring)
+    part = PART + (batch * tl.num_programs(1) + pid_g) * C * (K + 1)
+    tl.store(part + c[None, :] * K + taps[:, None], acc_w, mask=on)
+    tl.store(part + C * K + c, acc_b, mask=mc)
 
 
-def _blocks(T: int, C: int, taps: int = 1) -> tuple[int, int]:
-    """32 x 64 tiles in time x channels; the backward's 3-D tiles hold ``taps`` of them, so their time rows shrink
-    (taps x rows <= 64; with 8 warps, 122 registers a thread on sm_90 at 4 taps, where 32 rows and 4 warps
-    spilled): no register spills on sm_80 / sm_90."""
-    rows = max(4, min(32, 64 // taps)) if taps > 1 else 32
-    return min(rows, max(16, pow2(T))), min(64, max(16, pow2(C)))
+def _blocks(T: int, C: int) -> tuple[int, int]:
+    """The forward's 32 x 64 tiles in time x channels (smaller for short inputs)."""
+    return min(32, max(16, pow2(T))), min(64, max(16, pow2(C)))
 
 
-#: warps of the backward's programs
-_BWD_WARPS = 8
+#: channels of a backward program (one warp): four a thread, each thread's rows in its own registers
+_BWD_CHANNELS = 128
+_BWD_WARPS = 1
+#: programs the backward's grid aims at (the rows a program walks grow with the input to keep at most this many):
+#: about 16 one-warp programs on each multiprocessor of an H100 / H200, which is what their registers hold at once
+#: (120 a thread on sm_90)
+_BWD_PROGRAMS = 2048
+#: time rows a backward program walks at least: it reads 3 rows past its own for their ``g`` (``k - 1`` for wider
+#: filters), so that share stays small
+_MIN_ROWS = 32
+#: elements of a ``(taps, channels)`` tile for filters of more than 4 taps (its channels shrink as its taps grow)
+_WIDE_ELEMENTS = 512
+#: rows a step of the backward's walk takes (their loads issued together)
+_UNROLL = 4
 
 
 class _CausalConvTriton(torch.autograd.Function):
@@ -174,16 +246,20 @@ class _CausalConvTriton(torch.autograd.Function):
         K = ctx.K
         dout = dout.contiguous()
         BK = max(2, pow2(K))
-        BT, BC = _blocks(T, C, BK)
-        n_t = cdiv(T, BT)
-        spread = cdiv(_MIN_PROGRAMS, cdiv(C, BC) * Bsz)          # programs along time the grid needs
-        tiles = max(cdiv(n_t, _MAX_GROUPS), min(_MIN_TILES, cdiv(n_t, spread)))
-        n_groups = cdiv(n_t, tiles)
+        BC = min(_BWD_CHANNELS if K <= 4 else max(16, _WIDE_ELEMENTS // BK), max(16, pow2(C)))
+        n_c = cdiv(C, BC)
+        R = max(_MIN_ROWS, pow2(cdiv(Bsz * T * n_c, _BWD_PROGRAMS)))
+        n_groups = cdiv(T, R)
         dx = empty_grad(x)          # in place in the gradient of the projection x was cut from, where it was
         part = w.new_empty(Bsz * n_groups, C * (K + 1))
-        launch(_conv_bwd, (cdiv(C, BC), n_groups, Bsz), x, w, b, dout, dx, part, T, C, x.stride(0), x.stride(1),
-               dx.stride(0), dx.stride(1), n_groups, tiles, K=K, BK=BK, HAS_BIAS=ctx.has_bias, ACT=ctx.activation,
-               BT=BT, BC=BC, num_warps=_BWD_WARPS)
+        args = ((n_c, n_groups, Bsz), x, w, b, dout, dx, part, T, C, x.stride(0), x.stride(1), dx.stride(0),
+                dx.stride(1), R)
+        if K <= 4:
+            launch(_conv_bwd, *args, cdiv(min(R, T) + 3, _UNROLL), K=K, HAS_BIAS=ctx.has_bias, ACT=ctx.activation,
+                   BC=BC, U=_UNROLL, num_warps=_BWD_WARPS)
+        else:
+            launch(_conv_bwd_wide, *args, min(R, T) + K - 1, K=K, BK=BK, HAS_BIAS=ctx.has_bias,
+                   ACT=ctx.activation, BC=BC, num_warps=_BWD_WARPS)
         sums = part.sum(0)                                      # dw (C, K) row-major, then db (C)
         dw = sums[:C * K].view(C, K).to(ctx.dtypes[0])
         db = sums[C * K:].to(ctx.dtypes[1]) if ctx.has_bias else None

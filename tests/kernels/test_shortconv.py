@@ -20,11 +20,13 @@ pytestmark = needs_triton   # the interpreter on a CPU; on a GPU machine the GPU
 
 @pytest.mark.parametrize("T,C,k,activation,bias", [(37, 80, 4, True, True), (37, 80, 4, False, False),
                                                     (3, 20, 4, True, False), (70, 9, 2, False, True),
-                                                    (5, 16, 1, True, True), (50, 20, 9, True, True)])
+                                                    (5, 16, 1, True, True), (30, 24, 3, True, True),
+                                                    (50, 20, 9, True, True)])
 def test_triton_matches_conv1d(T, C, k, activation, bias):
-    """Ragged tiles in time and channels (37 x 80 against 32 x 64 tiles), T shorter than the filter,
-    width-1 filters, a width-9 filter (16 taps padded, the backward's time tiles 8 rows), with and without SiLU
-    and bias."""
+    """Ragged tiles in time and channels (37 x 80 against the forward's 32 x 64 tiles), T shorter than the filter,
+    filters of 1 to 4 taps (the backward pads them to 4; at T = 30 its last step of 4 rows holds the last row a
+    token of the sequence needs) and a width-9 filter (the wide backward, a ring of 16 slots), with and without
+    SiLU and bias."""
     x, w = torch.randn(2, T, C), torch.randn(C, k)
     ins = [x, w] + ([torch.randn(C)] if bias else [])
 
@@ -38,18 +40,16 @@ def test_triton_matches_conv1d(T, C, k, activation, bias):
     compare_backends(fn, ref, [t.double() for t in ins], tol=1e-13, grad_tol=1e-13)
 
 
-@pytest.mark.parametrize("cap", ["groups", "min_tiles"])
-def test_backward_programs_walking_several_tiles(monkeypatch, cap):
-    """Each program walks several time tiles and sums its share of dw and db, where the programs along time
-    are capped (``groups``: at most two) or the grid is wide enough without them (``min_tiles``: one program
-    walks all three tiles, the last one ragged); a strided input (a column block of a wider projection) is read
-    in place."""
+@pytest.mark.parametrize("rows", [4, 8, 128])
+def test_backward_programs_along_time(monkeypatch, rows):
+    """The backward's programs along time each walk ``rows`` rows and sum their share of dw and db: 4 (as many as
+    the filter's taps, so a program reads nearly as many rows past its end as its own), 8 (the last program's rows
+    ragged) and 128 (one program walks the whole sequence); a strided input (a column block of a wider
+    projection) is read in place."""
     import kernels.shortconv.triton as kt
 
-    if cap == "groups":
-        monkeypatch.setattr(kt, "_MAX_GROUPS", 2)
-    else:
-        monkeypatch.setattr(kt, "_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(kt, "_MIN_ROWS", rows)
+    monkeypatch.setattr(kt, "_BWD_PROGRAMS", 10**9)          # no more rows than the least
     x = torch.randn(2, 75, 30, dtype=torch.float64)[..., 5:17]
     w, b, dy = (torch.randn(*shape, dtype=torch.float64) for shape in ((12, 4), (12,), (2, 75, 12)))
     results = []

@@ -249,10 +249,11 @@ def _scan(dt, quick):
 
 
 def _shortconv(dt, quick):
-    for C, act in (((6144, True),) if quick else [(C, act) for C in (48, 768, 6144) for act in (True, False)]):
-        def run(C=C, act=act):
-            _fwd_bwd(causal_conv_triton(_meta(2, 1024, C, dtype=dt), _meta(C, 4, dtype=dt), _meta(C, dtype=dt), act))
-        yield f"C={C} activation={act}", run
+    widths = [(6144, True, 4), (768, True, 9)]          # filters of at most 4 taps and wider ones: two backwards
+    for C, act, k in (widths if quick else [(C, act, 4) for C in (48, 768, 6144) for act in (True, False)] + widths[1:]):
+        def run(C=C, act=act, k=k):
+            _fwd_bwd(causal_conv_triton(_meta(2, 1024, C, dtype=dt), _meta(C, k, dtype=dt), _meta(C, dtype=dt), act))
+        yield f"C={C} activation={act} k={k}", run
 
 
 def _norm(dt, quick):
