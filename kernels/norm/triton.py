@@ -13,8 +13,8 @@ tensor they were cut from where :mod:`kernels.grad_slots` has one, else contiguo
   ``dx = r (dy - [||x|| > eps] y (dy . y))`` from ``x`` (recomputed ``r`` and ``y``).
 - :func:`gated_rms_norm_triton`: ``y = x r w SiLU(z)``, ``r = (mean(x^2) + eps)^(-1/2)``; backward with
   ``n = x r``, ``s = SiLU(z)``: ``dz = dy n w SiLU'(z)``, ``dx = r (da w - n mean(da w n))`` with
-  ``da = dy s``, and each program's share of ``dw = sum_rows da n``, summed over the programs in one
-  reduction.
+  ``da = dy s``, and each program's share of ``dw = sum_rows da n`` over the blocks of rows it walks (at most
+  :data:`_DW_SHARES` programs), summed over the programs in one reduction.
 - :func:`rms_norm_triton`: the same kernels without the gate (``GATED=False``: ``s = 1``, no ``z``), the
   pre-norms of every block of a model.
 
@@ -86,27 +86,31 @@ def _rms_fwd(X, Z, W, Y, n_rows, inner, sx, six, sz, siz, D, eps, GATED: tl.cons
 
 
 @triton.jit
-def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, sdz, sidz, D, eps, GATED: tl.constexpr,
-             BR: tl.constexpr, BD: tl.constexpr):
+def _rms_bwd(X, Z, W, DY, DX, DZ, DW, n_rows, inner, sx, six, sz, siz, sdz, sidz, D, eps, BLOCKS,
+             GATED: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     pid = tl.program_id(0)
-    rows, cols, mask, x_off, y_off = _offsets(pid, n_rows, inner, sx, six, D, BR, BD)
+    cols = tl.arange(0, BD)
     w = tl.load(W + cols, mask=cols < D, other=0.0)
-    x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
-    dy = tl.load(DY + y_off, mask=mask, other=0.0).to(w.dtype)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    n = x * r[:, None]
-    da = dy
-    if GATED:
-        z = tl.load(Z + _strided(rows, cols, inner, sz, siz), mask=mask, other=0.0).to(w.dtype)
-        sig = tl.sigmoid(z)
-        a = n * w[None, :]
-        dz = dy * a * sig * (1.0 + z * (1.0 - sig))
-        tl.store(DZ + _strided(rows, cols, inner, sdz, sidz), dz.to(DZ.dtype.element_ty), mask=mask)
-        da = dy * (z * sig)
-    tl.store(DW + pid * D + cols, tl.sum(da * n, axis=0), mask=cols < D)
-    dn = da * w[None, :]
-    dx = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
-    tl.store(DX + y_off, dx.to(DX.dtype.element_ty), mask=mask)
+    dw = tl.zeros([BD], dtype=w.dtype)
+    for i in range(BLOCKS):                                  # consecutive blocks of BR rows, one share of dw
+        rows, cols, mask, x_off, y_off = _offsets(pid * BLOCKS + i, n_rows, inner, sx, six, D, BR, BD)
+        x = tl.load(X + x_off, mask=mask, other=0.0).to(w.dtype)
+        dy = tl.load(DY + y_off, mask=mask, other=0.0).to(w.dtype)
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        n = x * r[:, None]
+        da = dy
+        if GATED:
+            z = tl.load(Z + _strided(rows, cols, inner, sz, siz), mask=mask, other=0.0).to(w.dtype)
+            sig = tl.sigmoid(z)
+            a = n * w[None, :]
+            dz = dy * a * sig * (1.0 + z * (1.0 - sig))
+            tl.store(DZ + _strided(rows, cols, inner, sdz, sidz), dz.to(DZ.dtype.element_ty), mask=mask)
+            da = dy * (z * sig)
+        dw += tl.sum(da * n, axis=0)
+        dn = da * w[None, :]
+        dx = r[:, None] * (dn - n * (tl.sum(dn * n, axis=1) / D)[:, None])
+        tl.store(DX + y_off, dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW + pid * D + cols, dw, mask=cols < D)
 
 
 def _rows(x: torch.Tensor):
@@ -140,6 +144,12 @@ def _block(D: int, n_rows: int) -> tuple[int, int, int]:
     rows up to 1024 (the backward keeps about six such tiles live), more warps for longer rows."""
     BD = max(16, pow2(D))
     return max(1, min(16, 1024 // BD, pow2(n_rows))), BD, min(16, max(4, BD // 256))
+
+
+#: shares of the RMSNorm weight gradient at most (fp32 rows of ``D``, written by the backward's programs and summed
+#: in torch): a program walks as many blocks of rows as keeps to this many. One block a program wrote a share every
+#: 2 rows of 512 (a model's pre-norm), as many bytes as ``x`` itself in fp32, and read them all again to sum them.
+_DW_SHARES = 1024
 
 
 class _L2Normalize(torch.autograd.Function):
@@ -193,12 +203,13 @@ class _RMSNorm(torch.autograd.Function):
         x, z, w = ctx.saved_tensors
         n_rows, inner, sx, six, sz, siz, BR, BD, warps = ctx.layout
         D = x.shape[-1]
-        n_prog = cdiv(n_rows, BR)
+        blocks = cdiv(cdiv(n_rows, BR), _DW_SHARES)          # row blocks a program walks
+        n_prog = cdiv(n_rows, BR * blocks)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dz = empty_grad(z) if ctx.gated else dx     # the gate's in place in its projection's gradient, where it was
         dw = w.new_empty(n_prog, D)
         launch(_rms_bwd, (n_prog,), x, z, w, dy.contiguous(), dx, dz, dw, n_rows, inner, sx, six, sz, siz,
-               *_row_strides(dz), D, ctx.eps, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
+               *_row_strides(dz), D, ctx.eps, blocks, GATED=ctx.gated, BR=BR, BD=BD, num_warps=warps)
         return dx, dz if ctx.gated else None, dw.sum(0).to(ctx.w_dtype), None, None
 
 

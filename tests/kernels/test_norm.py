@@ -71,6 +71,28 @@ def test_gated_rms_norm_wide_rows_and_one_launch_each_way():
     assert dict(launches) == {"norm._rms_fwd": 1, "norm._rms_bwd": 1}
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_rms_norm_programs_walking_several_row_blocks(monkeypatch, gated):
+    """At most 3 shares of the weight gradient: each program walks 11 blocks of 4 rows of 200 (123 rows, so the
+    last program's last blocks are past the end), on a strided input and gate, in fp64 against the formulas."""
+    import kernels.norm.triton as kt
+
+    monkeypatch.setattr(kt, "_DW_SHARES", 3)
+    wide = torch.randn(3, 41, 600, dtype=torch.float64)
+    x, z = wide[..., 100:300], wide[..., 350:550]
+    w, dy = torch.randn(200, dtype=torch.float64), torch.randn(3, 41, 200, dtype=torch.float64)
+    if gated:
+        fn, ref, ins = (lambda x, z, w: gated_rms_norm(x, z, w, backend="triton"), gated_rms_norm_reference,
+                        [x, z, w])
+    else:
+        fn, ref, ins = lambda x, w: rms_norm(x, w, backend="triton"), rms_norm_reference, [x, w]
+    with counting() as launches:
+        got = value_and_grads(fn, ins, dy)
+    assert launches["norm._rms_bwd"] == 1
+    for what, g, w_ in zip(("y", "dx", "dz" if gated else "dw", "dw"), got, value_and_grads(ref, ins, dy)):
+        assert_rel_close(g, w_, 1e-13, what)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "column block", "heads first"])
 def test_rms_norm(dtype, layout):
