@@ -5,12 +5,15 @@
 # tuning of every mixer's kernels (python -m zoo.benchmark.launch_tune, each mixer in a process of its own, its
 # entries written into kernels/launch_tables/), and GKA's solve alone (scripts/gpu_ska_gka_check.py --solve-only:
 # its time per token tile, warps, pieces and operand dtype at 16K, and what one 16-bit piece costs in accuracy,
-# the data to choose the solve's precision and tile from; at most SOLVE_SECONDS). Everything lands in one
+# the data to choose the solve's precision and tile from; at most SOLVE_SECONDS) and, where VARIANT_SECONDS is
+# set, the tiling variants of scripts/gpu_variants_ab.py side by side (the short convolution's backward walk on
+# the Gated DeltaNet layer; variants-ab.json). Everything lands in one
 # archive, OUTDIR/gpu-all.tgz, beside a copy of the speed run's summary.md (OUTDIR: $OUT where set, else
 # results/gpu-all):
 #
 #   ZOO_COMMIT=<commit> scripts/gpu_all.sh     # TEST_SECONDS (120), SPEED_BUDGET (370), TUNE_SECONDS (0),
-#                                              # SOLVE_SECONDS (60; the numbers so far are kept)
+#                                              # SOLVE_SECONDS (60; the numbers so far are kept),
+#                                              # VARIANT_SECONDS (0)
 #   scripts/gpu_all.sh --dry-run               # the same pipeline at toy sizes on the CPU
 #
 # The tuning is off unless TUNE_SECONDS is set: on an H200 at 009bc4a it finished no mixer within 60 + 60 s,
@@ -28,6 +31,7 @@ TEST_SECONDS="${TEST_SECONDS:-120}"
 SPEED_BUDGET="${SPEED_BUDGET:-370}"
 TUNE_SECONDS="${TUNE_SECONDS:-0}"
 SOLVE_SECONDS="${SOLVE_SECONDS:-60}"
+VARIANT_SECONDS="${VARIANT_SECONDS:-0}"
 export PYTHONUNBUFFERED=1
 work="$(mktemp -d)"
 mkdir -p "$OUT_DIR" "$work/launch_tables"
@@ -75,6 +79,14 @@ if [ "$SOLVE_SECONDS" -gt 0 ]; then
     timeout "$SOLVE_SECONDS" python3 scripts/gpu_ska_gka_check.py "${solve[@]}" --json "$work/gka-solve.json" \
         > /dev/null 2> "$work/gka-solve.log"
     echo "gka solve: exit status $? (gka-solve.json)"
+fi
+
+if [ "$DRY" = 0 ] && [ "$VARIANT_SECONDS" -gt 0 ]; then
+    echo "+ gpu_variants_ab (at most $VARIANT_SECONDS s)"
+    timeout $((VARIANT_SECONDS + 30)) python3 scripts/gpu_variants_ab.py --seconds "$VARIANT_SECONDS" \
+        --json "$work/variants-ab.json" > "$work/variants-ab.log" 2>&1
+    echo "gpu_variants_ab: exit status $?"
+    tail -12 "$work/variants-ab.log"
 fi
 
 cp "$work"/bench-gpu-*/summary.md "$OUT_DIR/summary.md" 2>/dev/null

@@ -4,16 +4,21 @@ Each variant patches a module constant or a launcher's choice (nothing a kernel 
 else, and runs the layer of ``scripts/gpu_speed.sh`` (d_model 1024, head dim 128, batch 1, bf16) on the same
 inputs: per variant and length, the median over ``--repeats`` profiled forward+backward calls of each kernel's
 device time (torch.profiler), the layer's summed device time, and the output's and gradients' largest relative
-gap to the first variant's (a variant must compute the same function). Written for the two kernels the run at
-8ed3e8f found slower than at cbd8c60 on one H200:
+gap to the first variant's (a variant must compute the same function). The groups (``--mixers``, default
+``gated_deltanet``):
 
+- ``gated_deltanet``: the short convolution's backward walk (:mod:`kernels.shortconv.triton`): the programs its
+  grid aims at (``_BWD_PROGRAMS``), the rows a step takes (``_UNROLL``) and the channels and warps of a program
+  (``_BWD_CHANNELS``, ``_BWD_WARPS``), the first variant the default;
 - ``kronecker_slots``: the read kernels' reading-token tile ``READ_ROWS`` (16 at 8ed3e8f; the whole chunk of
   64 since) and the state backward's value columns ``BDV_STATE_BWD`` (16 at 8ed3e8f, 32 since);
 - ``bdlru``: the softmax gates' backward writing ``dz``, ``dv`` in place in the fused projection's gradient
   or into new contiguous tensors that the split then copies in.
 
-    python scripts/gpu_variants_ab.py --json out.json [--seconds 100]     # on a CUDA machine
-    TRITON_INTERPRET=1 python scripts/gpu_variants_ab.py --dry-run         # toy sizes on the CPU
+The last two were timed on one H200 (BENCHMARKS.md, "The speed targets on one H200 at 8ed3e8f").
+
+    python scripts/gpu_variants_ab.py --json out.json [--seconds 100] [--mixers ...]   # on a CUDA machine
+    TRITON_INTERPRET=1 python scripts/gpu_variants_ab.py --dry-run --mixers all         # toy sizes on the CPU
 
 The dry run takes the GPU code path on the CPU (:func:`kernels.device.gpu_path_on_cpu`; the Triton kernels
 through the interpreter) at d_model 64, head dim 16 and 64 tokens, so every variant runs its kernels and the
@@ -34,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernels.blockscan.gates as gates  # noqa: E402
+import kernels.shortconv.triton as conv  # noqa: E402
 import kernels.slots.triton as slots  # noqa: E402
 from kernels.device import gpu_path_on_cpu  # noqa: E402
 from zoo.benchmark.gpu_speed import DRY, FULL, build_layer, layer_breakdown  # noqa: E402
@@ -65,7 +71,29 @@ def gates_destination(in_place: bool):
         gates.empty_grad = keep
 
 
+@contextlib.contextmanager
+def conv_walk(programs: int, unroll: int, channels: int, warps: int):
+    names = ("_BWD_PROGRAMS", "_UNROLL", "_BWD_CHANNELS", "_BWD_WARPS")
+    keep = [getattr(conv, n) for n in names]
+    for n, v in zip(names, (programs, unroll, channels, warps)):
+        setattr(conv, n, v)
+    try:
+        yield
+    finally:
+        for n, v in zip(names, keep):
+            setattr(conv, n, v)
+
+
+def _conv_label(programs, unroll, channels, warps) -> str:
+    return f"programs {programs}, unroll {unroll}, {channels} ch / {warps} w"
+
+
+_CONV_WALKS = [(conv._BWD_PROGRAMS, conv._UNROLL, conv._BWD_CHANNELS, conv._BWD_WARPS),
+               (1024, 4, 128, 1), (4096, 4, 128, 1), (2048, 2, 128, 1), (2048, 8, 128, 1), (2048, 4, 256, 2),
+               (1024, 4, 256, 2)]
+
 VARIANTS = {
+    "gated_deltanet": [(_conv_label(*w), lambda w=w: conv_walk(*w)) for w in _CONV_WALKS],
     "kronecker_slots": [(f"READ_ROWS {r}, BDV_STATE_BWD {c}", lambda r=r, c=c: slots_tiles(r, c))
                         for r, c in ((16, 16), (32, 16), (64, 16), (16, 32), (64, 32))],
     "bdlru": [("dz, dv in place", lambda: gates_destination(True)),
@@ -93,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=100.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--mixers", nargs="+", default=["gated_deltanet"], choices=[*VARIANTS, "all"],
+                        help="the groups of variants to run (all: every group)")
     args = parser.parse_args(argv)
     plan = DRY if args.dry_run else FULL
     device = torch.device(plan.device)
@@ -106,7 +136,8 @@ def main(argv=None) -> int:
 def run(plan, device, dtype, lengths, args) -> list[dict]:
     deadline = time.time() + args.seconds
     rows = []
-    for name, variants in VARIANTS.items():
+    chosen = list(VARIANTS) if "all" in args.mixers else args.mixers
+    for name, variants in ((n, VARIANTS[n]) for n in chosen):
         mixer = build_layer(name, plan, device, dtype, backend="triton")  # the dry run interprets it
         for T in lengths:
             torch.manual_seed(T)
