@@ -14,19 +14,15 @@ import torch
 from zoo.tasks import TaskData
 from zoo.training import evaluation
 
+from .test_metric_computations import TokenLogits as TableLogits
+
 CPU = torch.device("cpu")
 V, TRAIN_LENGTH, ROWS = 7, 5, 5
 
 
-class TokenLogits(torch.nn.Module):
-    """The logits at a position are row ``ids[t]`` of a fixed ``(V, V)`` table."""
-
-    def __init__(self, table):
-        super().__init__()
-        self.table = table
-
-    def forward(self, ids, mask=None):
-        return self.table[ids]
+class TokenLogits(TableLogits):
+    """:class:`tests.zoo.test_metric_computations.TokenLogits` with what the end-of-run metrics ask of a model:
+    no test-time knobs, no state."""
 
     def test_time(self, values):
         return contextlib.nullcontext()

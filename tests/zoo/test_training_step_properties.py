@@ -1,6 +1,7 @@
 """What one optimizer step of a training run sees and when a run stops: the gradients the update reads have
 the global norm ``train.grad_clip`` allows (``torch.nn.utils.clip_grad_norm_`` semantics, recomputed here from
-the gradients themselves), and a periodic evaluation whose accuracy reaches ``train.early_stop_acc`` exactly
+the gradients themselves; under fp16 training after the gradient scaler's factor is taken out, as the loss is
+multiplied by it before the backward pass), and a periodic evaluation whose accuracy reaches ``train.early_stop_acc`` exactly
 ends the run at that step."""
 import pytest
 import torch
@@ -36,6 +37,17 @@ def test_every_update_reads_gradients_clipped_to_the_declared_global_norm():
     norms = _gradient_norms_at_each_update(recipe)
     assert len(norms) == 3
     assert norms == pytest.approx([clip] * 3, rel=1e-4)
+
+
+def test_fp16_updates_read_gradients_clipped_to_the_declared_norm_after_unscaling():
+    """Clipping the scaled gradients would leave the update their norm divided by the scaler's factor, which
+    AdamW's epsilon then swamps."""
+    clip = float(torch.empty(()).uniform_(1e-3, 1e-2))
+    recipe = resolve(TINY, ["train.steps=3", "train.eval_every=0", f"train.grad_clip={clip}",
+                            "train.precision=fp16", "train.device=cpu"])
+    norms = _gradient_norms_at_each_update(recipe)
+    assert norms, "no update ran: every fp16 step found an overflow"
+    assert norms == pytest.approx([clip] * len(norms), rel=1e-3)
 
 
 def test_without_clipping_the_update_reads_the_raw_gradients_whose_norm_exceeds_a_small_clip():
