@@ -82,6 +82,16 @@ def _tap(W, C, c, mc, j: tl.constexpr, PAD: tl.constexpr):
 
 
 @triton.jit
+def _walk(X, DOUT, DX, T, C, sb, sdb, R, BC: tl.constexpr):
+    """A backward program's batch element, channels and channel mask, its batch element's ``x``, ``dout`` and
+    ``dx``, and its time rows ``[t0, t1)`` (grid: channel blocks, runs of ``R`` rows, batch)."""
+    batch = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(0) * BC + tl.arange(0, BC)
+    t0 = tl.program_id(1) * R
+    return batch, c, c < C, X + batch * sb, DOUT + batch * T * C, DX + batch * sdb, t0, tl.minimum(t0 + R, T)
+
+
+@triton.jit
 def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_iter, K: tl.constexpr, HAS_BIAS: tl.constexpr,
               ACT: tl.constexpr, BC: tl.constexpr, U: tl.constexpr):
     """The backward of a filter of at most 4 taps (padded on the left with zero taps to 4): ``dx`` of this
@@ -89,10 +99,7 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_iter, K: tl.
     (``U`` of them unrolled a step) with the last three rows of ``x`` and of ``g`` in registers, so that each
     row's ``y_r`` and ``g_r`` are computed once and ``x`` and ``dout`` are read once: ``dx`` of token ``r - 3``
     is complete at row ``r``. The 3 rows after ``t1`` are read for their ``g`` only."""
-    pid_g = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    c = tl.program_id(0) * BC + tl.arange(0, BC)
-    mc = c < C
+    batch, c, mc, xb, ob, xdb, t0, t1 = _walk(X, DOUT, DX, T, C, sb, sdb, R, BC)
     PAD: tl.constexpr = 4 - K
     w0 = _tap(W, C, c, mc, 0, PAD)
     w1 = _tap(W, C, c, mc, 1, PAD)
@@ -100,11 +107,6 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_iter, K: tl.
     w3 = _tap(W, C, c, mc, 3, PAD)
     wdt = W.dtype.element_ty
     bias = tl.load(B + c, mask=mc, other=0.0) if HAS_BIAS else tl.zeros([BC], dtype=wdt)
-    xb = X + batch * sb
-    ob = DOUT + batch * T * C
-    xdb = DX + batch * sdb
-    t0 = pid_g * R
-    t1 = tl.minimum(t0 + R, T)
     x3 = tl.load(xb + (t0 - 3).to(tl.int64) * st + c, mask=mc & (t0 >= 3), other=0.0).to(wdt)   # x_{r-3}
     x2 = tl.load(xb + (t0 - 2).to(tl.int64) * st + c, mask=mc & (t0 >= 2), other=0.0).to(wdt)
     x1 = tl.load(xb + (t0 - 1).to(tl.int64) * st + c, mask=mc & (t0 >= 1), other=0.0).to(wdt)
@@ -137,7 +139,7 @@ def _conv_bwd(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_iter, K: tl.
             tl.store(xdb + tau.to(tl.int64) * sdt + c, dx.to(DX.dtype.element_ty), mask=mc & (tau >= t0) & (tau < t1))
             x3, x2, x1 = x2, x1, x0
             g3, g2, g1 = g2, g1, g0
-    part = PART + (batch * tl.num_programs(1) + pid_g) * C * (K + 1)
+    part = PART + (batch * tl.num_programs(1) + tl.program_id(1)) * C * (K + 1)
     if PAD < 1:
         tl.store(part + c * K + (0 - PAD), a0, mask=mc)
     if PAD < 2:
@@ -155,20 +157,12 @@ def _conv_bwd_wide(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_rows, K
     read as one ``(taps, channels)`` tile (the cache serves all but the newest), and the ``dx`` of the ``k`` tokens
     a row feeds held in a ring of ``BK`` slots (token ``tau`` in slot ``tau mod BK``), the oldest taken out
     and cleared when its last row has been seen."""
-    pid_g = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
-    c = tl.program_id(0) * BC + tl.arange(0, BC)
-    mc = c < C
+    batch, c, mc, xb, ob, xdb, t0, t1 = _walk(X, DOUT, DX, T, C, sb, sdb, R, BC)
     taps = tl.arange(0, BK)
     on = (taps < K)[:, None] & mc[None, :]
     wdt = W.dtype.element_ty
     w_tap = tl.load(W + taps[:, None] * C + c[None, :], mask=on, other=0.0)          # w_j at row j
     bias = tl.load(B + c, mask=mc, other=0.0) if HAS_BIAS else tl.zeros([BC], dtype=wdt)
-    xb = X + batch * sb
-    ob = DOUT + batch * T * C
-    xdb = DX + batch * sdb
-    t0 = pid_g * R
-    t1 = tl.minimum(t0 + R, T)
     acc_w = tl.zeros([BK, BC], dtype=wdt)                                  # sum_r g_r x_{r-(k-1)+j}, by j
     acc_b = tl.zeros([BC], dtype=wdt)
     ring = tl.zeros([BK, BC], dtype=wdt)                                   # dx of the tokens in flight
@@ -194,7 +188,7 @@ def _conv_bwd_wide(X, W, B, DOUT, DX, PART, T, C, sb, st, sdb, sdt, R, n_rows, K
         tl.store(xdb + tau.to(tl.int64) * sdt + c, tl.sum(tl.where(done, ring, 0.0), axis=0).to(DX.dtype.element_ty),
                  mask=mc & (tau >= t0) & (tau < t1))
         ring = tl.where(done, 0.0, ring)
-    part = PART + (batch * tl.num_programs(1) + pid_g) * C * (K + 1)
+    part = PART + (batch * tl.num_programs(1) + tl.program_id(1)) * C * (K + 1)
     tl.store(part + c[None, :] * K + taps[:, None], acc_w, mask=on)
     tl.store(part + C * K + c, acc_b, mask=mc)
 
