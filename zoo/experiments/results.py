@@ -317,8 +317,9 @@ def plotted_metric(rows: list[dict]) -> str:
 
 
 def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
-    """The headline metric (:func:`plotted_metric`) per cell (mean over its seeds, error bar = sample std)
-    against test length, and, when the cells' decode states differ, against decode-state size."""
+    """The headline metric (:func:`plotted_metric`) per cell (mean over the seeds that have it, error bar = sample
+    std; a cell of a mixed grid without it is left out) against test length, and, when the cells' decode states
+    differ, against decode-state size."""
     metric = plotted_metric(rows)
     cells = group_by_cell(rows)
     lengths = sorted({int(k.split("@")[1]) for r in rows for k in r["metrics"]
@@ -340,26 +341,31 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
             fig.legend(handles, labels, loc="center right", fontsize=7, ncol=1 + len(labels) // 24)
 
 
-def _mean_std_of(group: list[dict], key: str) -> tuple[float, float]:
-    return mean_std([r["metrics"][key] for r in group])
+def _mean_std_of(group: list[dict], key: str) -> tuple[float, float] | None:
+    """Mean and sample std of ``key`` over the rows of ``group`` that have it as a number (a seed without it, or a
+    cell of another task in a mixed grid, is left out, as in the seed table); None when no row has it."""
+    values = [float(r["metrics"][key]) for r in group if isinstance(r["metrics"].get(key), (int, float))]
+    return mean_std(values) if values else None
 
 
 def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric: str):
     words, limits = PLOTTED[metric]
     if lengths:
         for label, group in cells.items():
-            m = group[0]["metrics"]
             train_len = group[0]["recipe"]["task"].get("seq_len")
-            present = [L for L in lengths if f"{metric}@{L}" in m]  # cells of a mixed grid differ
-            stats = [_mean_std_of(group, k) for k in [metric] + [f"{metric}@{L}" for L in present]]
-            ax.errorbar([train_len] + present, [s[0] for s in stats], yerr=[s[1] for s in stats],
-                        marker="o", capsize=3, label=label)
+            points = [(x, _mean_std_of(group, k)) for x, k in
+                      [(train_len, metric)] + [(L, f"{metric}@{L}") for L in lengths]]  # cells of a mixed grid differ
+            points = [(x, s) for x, s in points if s is not None]
+            if points:
+                ax.errorbar([x for x, _ in points], [s[0] for _, s in points], yerr=[s[1] for _, s in points],
+                            marker="o", capsize=3, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test sequence length")
     else:
-        stats = [_mean_std_of(group, metric) for group in cells.values()]
-        ax.bar(range(len(cells)), [s[0] for s in stats], yerr=[s[1] for s in stats], capsize=3)
-        ax.set_xticks(range(len(cells)), list(cells), rotation=30, ha="right", fontsize=7)
+        drawn = {label: _mean_std_of(group, metric) for label, group in cells.items()}
+        drawn = {label: s for label, s in drawn.items() if s is not None}
+        ax.bar(range(len(drawn)), [s[0] for s in drawn.values()], yerr=[s[1] for s in drawn.values()], capsize=3)
+        ax.set_xticks(range(len(drawn)), list(drawn), rotation=30, ha="right", fontsize=7)
     ax.set_ylabel(f"{words} (mean ± std over seeds)")
     if limits:
         ax.set_ylim(*limits)
@@ -369,9 +375,9 @@ def _plot_state(ax, cells: dict[str, list[dict]], metric: str):
     words, limits = PLOTTED[metric]
     for label, group in cells.items():
         state = group[0]["metrics"].get("state_size")
-        if state:
-            mean, std = _mean_std_of(group, metric)
-            ax.errorbar([state], [mean], yerr=[std], marker="o", capsize=3, label=label)
+        stats = _mean_std_of(group, metric)
+        if state and stats is not None:
+            ax.errorbar([state], [stats[0]], yerr=[stats[1]], marker="o", capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("decode state (elements per sequence, at the training length)")
     ax.set_ylabel(f"{words} at the training length")
