@@ -3,7 +3,6 @@ accuracy task, or seeds of one cell evaluated at different test lengths. Each po
 that have the metric (as the seed table counts them), a cell without it is left out, and the table is written."""
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 
@@ -12,18 +11,7 @@ import torch
 
 from zoo.experiments import results
 
-
-def _drawn_figure(monkeypatch) -> dict:
-    drawn, real_figure = {}, results.figure
-
-    @contextlib.contextmanager
-    def keep_figure(path, **kwargs):
-        with real_figure(path, **kwargs) as (fig, axes):
-            drawn["fig"] = fig
-            yield fig, axes
-
-    monkeypatch.setattr(results, "figure", keep_figure)
-    return drawn
+from .test_plot_headline_metric import _drawn_figure
 
 
 def _row(label: str, seed: int, metrics: dict, key: str = "k") -> dict:
