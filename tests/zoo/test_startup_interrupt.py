@@ -35,12 +35,12 @@ ENTRY_POINTS = {"python -m zoo": "import runpy\nrunpy.run_module('zoo', run_name
 
 def _modules_the_command_line_imports() -> list[str]:
     """The modules the imports of ``zoo.cli`` load beyond what ``import zoo`` does: this project's, and the top-level
-    packages it imports itself."""
+    packages it imports itself; but ``zoo.errors``, which defines the one-line handler and is imported before it."""
     listed = subprocess.run([sys.executable, "-c", "import sys, zoo\nbefore = set(sys.modules)\nimport zoo.cli\n"
                              "print(*sorted(set(sys.modules) - before))"],
                             capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
     return [m for m in listed if (m.startswith("zoo.") or m in ("torch", "triton", "tabulate", "matplotlib"))
-            and m != "zoo.cli"]
+            and m not in ("zoo.cli", "zoo.errors")]  # zoo.errors holds the handler itself (a few lines, no imports)
 
 
 def _run(entry: str, module: str, *args: str) -> subprocess.CompletedProcess:
