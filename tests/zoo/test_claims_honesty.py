@@ -368,6 +368,23 @@ def test_a_table_whose_mixer_code_changed_after_its_rows_is_stale_by_code(tmp_pa
     assert _claim(root).stale == [] and _claim(root).verdict == "reproduced"
 
 
+def test_a_vouched_commit_written_without_quotes_that_yaml_reads_as_a_number_is_refused(tmp_path):
+    import random
+    root, _ = _code_repo(tmp_path)
+    # an all-digit short hash: YAML reads it as an int, and one with a leading 0 and digits 0-7 as octal
+    digits = "0" + "".join(random.choice("01234567") for _ in range(6))
+    text = (root / "claims.yaml").read_text()
+    data = yaml.safe_load(text)
+    data["tables"]["t"]["code_changes"] = {"PLACEHOLDER": "adds an unused constant"}
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False).replace("PLACEHOLDER", digits))
+    assert list(yaml.safe_load((root / "claims.yaml").read_text())["tables"]["t"]["code_changes"]) == [int(digits, 8)]
+    with pytest.raises(ClaimsError, match=f"read as numbers .*quote each commit hash, e.g. '{int(digits, 8)}'"):
+        _claim(root)
+    # quoted, the same hash is a commit
+    (root / "claims.yaml").write_text(yaml.safe_dump(data, sort_keys=False).replace("PLACEHOLDER", f"'{digits}'"))
+    assert _claim(root).verdict == "reproduced"
+
+
 def _copy_of_the_code(tmp_path) -> tuple[Path, str]:
     """A repository holding a copy of this code, with table t's rows computed at its first commit."""
     import shutil

@@ -204,6 +204,10 @@ def vouched(table_spec: dict, where: str) -> dict:
     if not isinstance(found, dict) or not all(isinstance(v, str) and v.strip() for v in found.values()):
         raise ClaimsError(f"{where}: its table's code_changes must map commits to the reason each change keeps the "
                           f"table's numbers")
+    numbers = [c for c in found if not isinstance(c, str)]
+    if numbers:     # YAML reads an all-digit hash as a number (one with a leading 0 and digits 0-7 as octal)
+        raise ClaimsError(f"{where}: its table's code_changes has commits YAML read as numbers ({numbers}); quote "
+                          f"each commit hash, e.g. '{numbers[0]}': <why>")
     return found
 
 
