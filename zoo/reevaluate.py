@@ -25,8 +25,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-import torch
-
 from .config import Recipe
 from .errors import UserError
 from .model import HybridLM
@@ -35,6 +33,7 @@ from .recipes.overrides import parse_override
 from .recipes.plain import recipe_mapping
 from .rows import make_row
 from .tasks import Task
+from .threads import torch_threads
 from .training import checkpoint as ckpt
 from .training.device import resolve_device, resolve_precision
 from .training.evaluation import test_metrics
@@ -114,18 +113,17 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
                                    path)
     ckpt.check_same_model(path, state, trained.key)
     t = recipe.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
-    model = load_model(state, trained, device, path)
-    metrics = {"steps": state["step"]}
-    metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
-                                resolve_precision(t.precision, device)))
-    metrics["device"] = str(device)
-    items = _override_items(overrides)
-    return make_row(recipe, label or " ".join(["eval"] + [text for _k, _v, text in items]), metrics,
-                    overrides={k: v for k, v, _t in items}, device=device, checkpoint=str(path),
-                    trained_recipe_key=state["recipe_key"], finished=state["finished"])
+    with torch_threads(t.threads):
+        device = resolve_device(t.device)
+        model = load_model(state, trained, device, path)
+        metrics = {"steps": state["step"]}
+        metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
+                                    resolve_precision(t.precision, device)))
+        metrics["device"] = str(device)
+        items = _override_items(overrides)
+        return make_row(recipe, label or " ".join(["eval"] + [text for _k, _v, text in items]), metrics,
+                        overrides={k: v for k, v, _t in items}, device=device, checkpoint=str(path),
+                        trained_recipe_key=state["recipe_key"], finished=state["finished"])
 
 
 def evaluate(source, overrides=()) -> dict:

@@ -55,6 +55,7 @@ from ..paths import probe_writable
 from ..recipes import resolve
 from ..recipes.loading import load_raw
 from ..recipes.plain import layer_label
+from ..threads import torch_threads
 from .measure import TIMES, error_text, free, measure, merge_samples
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -165,13 +166,8 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not args.time_limit >= 0:
         raise UserError(f"--time-limit {args.time_limit:g}: must be >= 0 seconds (0: no limit)")
     tune_allocator()
-    previous_threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args, device, recipe, labels)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:

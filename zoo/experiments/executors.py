@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
 from ..config import Cell
 from ..errors import UserError, error_summary
 from ..rows import make_row
+from ..threads import torch_threads
 from ..training import loop
 from .untrained import untrained_metrics
 
@@ -43,21 +42,16 @@ def run_cell(cell: Cell, progress: bool = False, checkpoint_root: str | None = N
     recipe = cell.recipe
     # a process runs many cells (in turn, or as a reused Ray worker): one cell's train.threads must not become
     # the thread count of the next cell, whose train.threads=0 keeps the process's own
-    threads = torch.get_num_threads()
-    try:
-        if recipe.train.threads:
-            torch.set_num_threads(recipe.train.threads)
+    with torch_threads(recipe.train.threads):
         checkpoint_dir = None if checkpoint_root is None else Path(checkpoint_root) / recipe.key
         # `loop.train` is looked up at call time, so a module in a recipe's `imports` may wrap it
         result = loop.train(recipe, progress=progress, description=cell.label, checkpoint_dir=checkpoint_dir)
         # the untrained model's numbers, so that the ledger can tell a rule that holds before any training
         step0 = untrained_metrics(recipe)
-        # made after training: train.threads may have changed the thread count the row records; the device is
-        # the one the cell trained on (train.device=cpu on a machine with a GPU is a CPU row)
+        # made inside train.threads, the thread count the row records; the device is the one the cell trained on
+        # (train.device=cpu on a machine with a GPU is a CPU row)
         return make_row(recipe, cell.label, result.metrics, overrides=cell.overrides, history=result.history,
                         device=result.metrics.get("device"), host=platform.node(), step0_metrics=step0)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @dataclass

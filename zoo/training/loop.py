@@ -50,6 +50,7 @@ from ..model import HybridLM
 from ..paths import probe_writable
 from ..tasks import Task, TaskData
 from ..tasks.text import training_data
+from ..threads import torch_threads
 from . import checkpoint as ckpt
 from . import distributed
 from .captured import StepPasses
@@ -202,8 +203,6 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     if ctx.is_main:
         probe_folders(recipe, checkpoint_dir)
     device = distributed.device_for(ctx, resolve_device(t.device))
-    if t.threads:
-        torch.set_num_threads(t.threads)
     if device.type == "cpu":
         tune_allocator()  # large buffers reused between steps instead of mapped anew (zoo.host_memory)
     try:
@@ -369,7 +368,13 @@ class _Progress:
 def train(recipe: Recipe, progress: bool = True, description: str = "",
           checkpoint_dir: str | Path | None = None) -> TrainResult:
     """Train ``recipe`` and evaluate it; with ``checkpoint_dir``, checkpoint there and resume from
-    a checkpoint of the same recipe found there (a different recipe's checkpoint is refused)."""
+    a checkpoint of the same recipe found there (a different recipe's checkpoint is refused). The run uses
+    ``train.threads`` torch threads where set; the caller's count is restored after it."""
+    with torch_threads(recipe.train.threads):
+        return _train(recipe, progress, description, checkpoint_dir)
+
+
+def _train(recipe: Recipe, progress: bool, description: str, checkpoint_dir: str | Path | None) -> TrainResult:
     t = recipe.train
     run, state, train_data = _start(recipe, checkpoint_dir)
     process_start = time.perf_counter()
