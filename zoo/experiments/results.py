@@ -70,20 +70,29 @@ def figure(path: Path, ncols: int = 1, size=(7, 4), title: str = ""):
 
 
 def table_columns(rows: list[dict]) -> list[str]:
-    if any("val_bpb" in r["metrics"] for r in rows):  # language models: bits per byte instead of accuracy
+    """The columns of a table of ``rows``: bits per byte for language models, accuracy otherwise; a grid that mixes
+    both (cells of a language-model task beside cells of a recall task) shows both."""
+    accuracy_rows = [r for r in rows if "val_bpb" not in r["metrics"]]
+    if len(accuracy_rows) < len(rows):  # language models: bits per byte instead of accuracy
         bpb = sorted({k for r in rows for k in r["metrics"] if k.startswith("val_bpb@")}, key=lambda k: int(k[8:]))
         memory = ["peak_memory_mib"] if any("peak_memory_mib" in r["metrics"] for r in rows) else []
-        return ["cell", "layers", "val_bpb", *bpb, "val_ppl", "params", "state_size", *_steady_columns(rows),
-                "train_tokens_per_second", *memory, "steps", "train_seconds", "seed"]
+        accuracy = _accuracy_columns(accuracy_rows) if accuracy_rows else []
+        return ["cell", "layers", "val_bpb", *bpb, "val_ppl", *accuracy, "params", "state_size",
+                *_steady_columns(rows), "train_tokens_per_second", *memory, "steps", "train_seconds", "seed"]
+    active = ["active_state_size"] if any(r["metrics"].get("active_state_size", r["metrics"].get("state_size"))
+                                          != r["metrics"].get("state_size") for r in rows) else []
+    return ["cell", "layers", *_accuracy_columns(rows), "params", "state_size", *active, "steps", "train_seconds",
+            "seed"]
+
+
+def _accuracy_columns(rows: list[dict]) -> list[str]:
+    """Test accuracy, sequence accuracy where it differs, accuracy at other lengths and at test-time knobs."""
     lengths = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" not in k},
                      key=lambda k: int(k.split("@")[1]))
     knobs = sorted({k for r in rows for k in r["metrics"] if k.startswith("test_accuracy@") and "=" in k},
                    key=_knob_order)
     seq = ["test_sequence_accuracy"] if any(_differs_from_token_accuracy(r["metrics"]) for r in rows) else []
-    active = ["active_state_size"] if any(r["metrics"].get("active_state_size", r["metrics"].get("state_size"))
-                                          != r["metrics"].get("state_size") for r in rows) else []
-    return ["cell", "layers", "test_accuracy", *seq, *lengths, *knobs, "params", "state_size", *active, "steps",
-            "train_seconds", "seed"]
+    return ["test_accuracy", *seq, *lengths, *knobs]
 
 
 #: the steady-state throughput columns, shown where a row has them (rows written before they existed
