@@ -113,10 +113,15 @@ def token_stride(x: torch.Tensor) -> int | None:
     """The stride between tokens of ``x (B, T, H, n)`` when a kernel can address it as rows ``(b T + t) stride
     + h n + i`` (the ``H n`` entries of a token contiguous, batches ``T`` tokens apart), else None. A slice of a
     wider tensor, such as the value columns of a layer's fused projections, qualifies without a copy."""
-    B, T, H, n = x.shape
-    st = x.stride()
-    ok = (n == 1 or st[3] == 1) and (H == 1 or st[2] == n) and (B == 1 or st[0] == T * st[1])
-    return st[1] if ok else None
+    return token_stride_of(x.shape, x.stride())
+
+
+def token_stride_of(shape, stride) -> int | None:
+    """:func:`token_stride` of a ``(B, T, H, n)`` layout given as its sizes and strides (a view's, without making
+    the view)."""
+    B, T, H, n = shape
+    ok = (n == 1 or stride[3] == 1) and (H == 1 or stride[2] == n) and (B == 1 or stride[0] == T * stride[1])
+    return stride[1] if ok else None
 
 
 def check_layout(op: str, sizes: dict[str, int] | None = None, **tensors) -> dict[str, int]:

@@ -32,21 +32,24 @@ _registry: dict[int, list[weakref.ref]] = {}
 
 class _Registration:
     """One split tensor: the tensor (held, so that its storage is not reused while its graph lives), its gradient
-    buffer once a consumer asked for it, and the column ranges handed out."""
+    buffer once a consumer asked for it, and the column ranges handed out. What a lookup compares is read once
+    here: a lookup runs at every consumer's backward, on the host's critical path on a GPU."""
 
     def __init__(self, base: torch.Tensor):
         self.base, self.buffer, self.taken = base, None, []
         self.key = base.untyped_storage().data_ptr()
+        self.dtype, self.device_index, self.offset = base.dtype, base.get_device(), base.storage_offset()
+        self.width = base.shape[-1]
+        self.rows = base.numel() // self.width if self.width else 0
 
     def columns(self, x: torch.Tensor) -> tuple[int, int] | None:
         """``[c0, c1)``: the columns of ``base`` that the view ``x`` covers in every row, or None when ``x`` is
         not such a view (other rows, a gap inside its columns, another dtype)."""
-        base = self.base
-        if x.dtype != base.dtype or x.device != base.device or x.numel() == 0:
+        if x.dtype != self.dtype or x.get_device() != self.device_index:
             return None
-        width = base.shape[-1]
-        start = x.storage_offset() - base.storage_offset()
-        if not 0 <= start < width:
+        width, numel = self.width, x.numel()
+        start = x.storage_offset() - self.offset
+        if numel == 0 or not 0 <= start < width:
             return None
         inner = sorted((s, n) for s, n in zip(x.stride(), x.shape) if n > 1 and s < width)
         extent = 1
@@ -54,7 +57,7 @@ class _Registration:
             if stride != extent:
                 return None
             extent *= size
-        if start + extent > width or x.numel() != extent * (base.numel() // width):
+        if start + extent > width or numel != extent * self.rows:
             return None
         return start, start + extent
 
@@ -65,14 +68,14 @@ class _Registration:
         self.taken.append(cols)
         if self.buffer is None:
             self.buffer = torch.empty_like(self.base, memory_format=torch.contiguous_format)
-        offset = self.buffer.storage_offset() + x.storage_offset() - self.base.storage_offset()
+        offset = self.buffer.storage_offset() + x.storage_offset() - self.offset
         return self.buffer.as_strided(x.shape, x.stride(), offset)
 
 
 def grad_slot(x: torch.Tensor) -> torch.Tensor | None:
     """An uninitialised buffer for the gradient of ``x`` inside the gradient of the registered tensor ``x`` is a
     part of (same shape and strides as ``x``), or None: the caller then allocates its own."""
-    if x.device.type == "meta":
+    if not _registry or x.is_meta:
         return None
     key = x.untyped_storage().data_ptr()
     with _lock:
@@ -124,25 +127,26 @@ class _SplitInPlace(torch.autograd.Function):
             parts = [g if g is not None else torch.zeros(shape[:-1] + (size,), dtype=dtype, device=device)
                      for g, size in zip(grads, ctx.sizes)]
             return torch.cat(parts, -1), None
-        start = 0
+        lead, item, at = shape[:-1], out.element_size(), out.data_ptr()
+        strides, start = out.stride(), 0
         for g, size in zip(grads, ctx.sizes):
-            dest = out[..., start:start + size]
-            start += size
             if g is None:
-                dest.zero_()
-            elif not _same_view(g, dest):
-                dest.copy_(g)
+                out[..., start:start + size].zero_()
+            elif not _is_view_at(g, at + start * item, strides, lead + (size,)):
+                out[..., start:start + size].copy_(g)
+            start += size
         return out, None
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` are the same elements of one storage in the same order. Strides of dimensions of
-    size 1 do not matter: a slot read as another view of one row (batch 1, one token) carries other ones there."""
-    if a.shape != b.shape:
+def _is_view_at(a: torch.Tensor, address: int, strides: tuple, shape: tuple) -> bool:
+    """Whether ``a`` is the view of ``shape`` and ``strides`` that starts at ``address``: the same elements in the
+    same order (checked without making that view). Strides of dimensions of size 1 do not matter: a slot read as
+    another view of one row (batch 1, one token) carries other ones there."""
+    if a.shape != shape:
         return False
     if a.numel() == 0:
         return True
-    return a.data_ptr() == b.data_ptr() and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
+    return a.data_ptr() == address and all(sa == sb for sa, sb, n in zip(a.stride(), strides, shape) if n > 1)
 
 
 def split_in_place(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:

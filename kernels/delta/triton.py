@@ -72,7 +72,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common import pow2, standard_strides, token_stride
+from ..common import pow2, standard_strides, token_stride, token_stride_of
 from ..grad_slots import grad_slot
 from ..launch import launch
 from . import TRITON_MAX_HEAD_DIM
@@ -568,7 +568,7 @@ def addressable(x: torch.Tensor) -> torch.Tensor:
     (:func:`kernels.common.token_stride`) where it has one (a column block of a layer's fused projections), else
     a contiguous copy. Keys and values may also come as ``(B, T, n_h, H, D)``, ``n_h`` sub-steps a token at a
     stride of their own (the delta product's, cut from its projections), read in place the same way."""
-    return x if token_stride(_one_substep(x)) is not None else standard_strides(x)
+    return x if _token_stride(x) is not None else standard_strides(x)
 
 
 def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:
@@ -576,12 +576,17 @@ def grad_at_token_stride(x: torch.Tensor) -> torch.Tensor:
     (:func:`kernels.grad_slots.grad_slot`) where that slot has a token stride the kernels can write at, else
     contiguous."""
     slot = grad_slot(x)
-    return slot if slot is not None and token_stride(_one_substep(slot)) is not None else \
+    return slot if slot is not None and _token_stride(slot) is not None else \
         torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _one_substep(x: torch.Tensor) -> torch.Tensor:
-    return x[:, :, 0] if x.dim() == 5 else x
+def _token_stride(x: torch.Tensor) -> int | None:
+    """:func:`kernels.common.token_stride` of ``x``, of its first sub-step where it holds ``n_h`` a token (from
+    the strides: a view made at every stage's launch costs the host a dispatch)."""
+    if x.dim() != 5:
+        return token_stride(x)
+    (B, T, _, H, D), st = x.shape, x.stride()
+    return token_stride_of((B, T, H, D), (st[0], st[1], st[3], st[4]))
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int]:
