@@ -59,8 +59,15 @@ def compute_dtype(*dtypes) -> torch.dtype:
     out = torch.float32
     for d in dtypes:
         if d is not None:
-            out = torch.promote_types(out, d.dtype if torch.is_tensor(d) else d)
+            out = _promoted(out, d.dtype if torch.is_tensor(d) else d)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types``, remembered: the launchers ask at every call, and each torch call is a dispatch the
+    host pays for on a GPU."""
+    return torch.promote_types(a, b)
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +78,7 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 def state_dtype(x) -> torch.dtype:
     """The dtype of the final state a state-carrying op returns for inputs of ``x``'s dtype (``x`` a tensor or a
     dtype): ``torch.promote_types(dtype, torch.float32)``."""
-    return torch.promote_types(x.dtype if torch.is_tensor(x) else x, torch.float32)
+    return _promoted(x.dtype if torch.is_tensor(x) else x, torch.float32)
 
 
 def as_state(state, like):
