@@ -32,7 +32,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common import at_least_fp32, causal_decay_mask, causal_mask, compute_dtype, in_segments, pad_time, segment_length
+from ..common import (
+    as_state,
+    at_least_fp32,
+    causal_decay_mask,
+    causal_mask,
+    compute_dtype,
+    in_segments,
+    pad_time,
+    segment_length,
+)
 from .reference import flatten_substeps
 
 
@@ -282,4 +291,4 @@ def delta_product_via_rule(rule, q, k, v, beta, g, num_householder, scale, initi
     qi, gi = interleave_inputs(q_up * scale, g, n, T * n)
     o, S = rule(qi, k, v, beta, gi, initial_state, chunk_size)
     o = o[:, n - 1::n] if n > 1 and not strided else o
-    return o.to(q.dtype), S
+    return o.to(q.dtype), as_state(S, q)

@@ -20,14 +20,15 @@ Layout (the same as flash-linear-attention's ``naive_recurrent_gated_delta_produ
 - ``initial_state``: ``(B, H, K, V)`` or ``None``; returns ``(o (B, T, H, V), final_state (B, H, K, V))``.
 
 Computation runs in the promoted dtype of the inputs and at least fp32 (so fp64 inputs stay fp64);
-the output is returned in ``q``'s dtype and the final state in the compute dtype.
+the output is returned in ``q``'s dtype and the final state in :func:`kernels.common.state_dtype` of it, as on
+every backend (fp32 for fp32 and 16-bit ``q``, whatever the dtype of the initial state).
 :func:`delta_product_step` is one token; the reference loop is built from it.
 """
 from __future__ import annotations
 
 import torch
 
-from ..common import compute_dtype
+from ..common import as_state, compute_dtype
 
 
 def flatten_substeps(x: torch.Tensor, num_householder: int, T: int, what: str) -> torch.Tensor:
@@ -96,7 +97,7 @@ def delta_product_reference(
                                     scale)
         outs.append(o_t)
     o = torch.stack(outs, dim=1) if T > 0 else q.new_zeros(B, 0, H, V)
-    return o, S
+    return o, as_state(S, q)
 
 
 def householder_transition(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
