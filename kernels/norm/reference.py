@@ -1,6 +1,7 @@
 """The spec of the row normalisations of the mixers' q/k and output paths, in plain PyTorch (fp64-capable).
 
-- :func:`l2_normalize_reference`: ``x / max(||x||, eps)`` over the last dimension (``F.normalize``).
+- :func:`l2_normalize_reference`: ``x / max(||x||, eps)`` over the last dimension (``F.normalize``), computed in
+  at least fp32 and returned in ``x``'s dtype.
 - :func:`rms_norm_reference`: ``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension, computed in
   at least fp32 and returned in ``x``'s dtype or the ``out_dtype`` asked for (the blocks' pre-norm,
   :class:`mixers.layers.RMSNorm`).
@@ -15,7 +16,9 @@ from ..common import at_least_fp32
 
 
 def l2_normalize_reference(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    return F.normalize(x, dim=-1, eps=eps)
+    """In at least fp32, returned in ``x``'s dtype: in fp16 ``eps`` would round to zero (a zero row gave 0 / 0) and
+    the norm of a row of large entries overflow (the row gave zeros)."""
+    return F.normalize(at_least_fp32(x), dim=-1, eps=eps).to(x.dtype)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
