@@ -41,11 +41,17 @@ def flash_attn_available() -> bool:
     return package_importable("flash_attn") and torch.cuda.is_available()
 
 
+#: why the flash kernels (flash-attn's and our Triton one) refuse a value head dim other than the query's
+VALUE_DIM_REFUSAL = "needs v's head dim equal to q's and k's (use backend='torch' for another value head dim)"
+
+
 def _unsupported(q, k, v) -> dict:
     """Backends ``auto`` passes over for these inputs, with why."""
     out = {}
     if not (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype and q.shape[-1] <= 256):
         out["flash_attn"] = "needs fp16/bf16 inputs and head dim <= 256"
+    if v.shape[-1] != q.shape[-1]:  # the flash kernels hold one head dim for q, k and v
+        out["flash_attn"] = out["triton"] = VALUE_DIM_REFUSAL
     if q.dtype == torch.float32 and q.shape[-1] > 128:
         out["triton"] = "fp32 needs head dim <= 128"
     return out

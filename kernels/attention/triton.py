@@ -357,6 +357,9 @@ def attention_triton(q, k, v, causal: bool = True, scale: float | None = None):
         raise ValueError(f"attention_triton: q, k, v must share one dtype among fp32/fp16/bf16, got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
     Bsz, TQ, H, D = q.shape
+    if k.shape[3] == D and v.shape[3] != D:
+        raise ValueError(f"attention_triton: v's head dim {v.shape[3]} differs from q's and k's {D}: the kernel holds one "
+                         f"head dim for all three; use backend='torch' (or 'reference') for another value head dim")
     if k.shape != v.shape or k.shape[0] != Bsz or k.shape[3] != D or k.shape[2] > H or (H % k.shape[2] if k.shape[2] else H):
         raise ValueError(f"attention_triton: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                          f"do not match (same batch and head dim; k and v the same shape, with a number of heads "
