@@ -76,6 +76,13 @@ def _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots):
             raise ValueError(f"slot_memory: {name} holds slot {low if low < 0 else high}, "
                              f"outside 0..{num_slots - 1} (num_slots={num_slots}); pass slot numbers below "
                              f"num_slots, as kronecker_topk returns them")
+    # a slot written twice in one token has no single decay (the backends resolve it differently); a slot read
+    # twice is well defined (its value is read with both weights)
+    if write_idx.device.type == "cpu" and write_idx.shape[-1] > 1 and write_idx.numel() and kernels_run():
+        ordered = write_idx.sort(-1).values
+        if (ordered[..., 1:] == ordered[..., :-1]).any():
+            raise ValueError("slot_memory: write_idx repeats a slot within one token; the K slots a token writes "
+                             "must be distinct, as kronecker_topk returns them")
 
 
 @full_precision
@@ -86,7 +93,8 @@ def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, 
     inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
     ``initial_state`` is read as it is.
 
-    ``write_idx, read_idx (B, T, H, K)`` int64 in ``0..M-1`` (checked on the CPU), distinct within a token,
+    ``write_idx, read_idx (B, T, H, K)`` int64 in ``0..M-1`` (checked on the CPU), the written ones distinct within
+    a token (checked on the CPU),
     ``write_w, read_w (B, T, H, K)``, ``v (B, T, H, d_v)``, ``gamma (H,)`` positive, ``num_slots`` = M;
     ``initial_state = (S, z)`` or None.
     ``layout`` selects the torch path (ignored by the other backends).
