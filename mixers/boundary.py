@@ -11,7 +11,10 @@ dtype and the one given, before any projection runs:
   not silently cast); inside an autocast region the autocast dtype is accepted too;
 - ``mask``: ``None`` or a tensor of shape ``(batch, T)``, the first two dimensions of ``x``;
 - ``state`` of ``step``: a mapping with the keys and shapes of ``init_state(batch)`` for the batch of
-  ``x_t`` (a dimension of size 0 there, the length of a KV cache, may take any size);
+  ``x_t`` (a dimension of size 0 there, the length of a KV cache, may take any size), each tensor in the dtype
+  ``init_state`` gives it for the module's dtype or one that converts to it exactly (a state a prefill under
+  autocast left in the autocast dtype), which is raised to it; a wider or unrelated dtype (an fp64 state kept
+  from before ``mixer.float()``) is refused rather than mixed into the step's matmuls or carried on in fp64;
 - ``batch = 0`` is refused (every mixer alike); ``T = 0`` returns an empty ``(batch, 0, d_model)`` output
   and, from ``prefill``, the state of ``init_state`` (nothing consumed).
 
@@ -90,25 +93,39 @@ def check_mask(mixer, mask, x, where: str) -> None:
                          f"got {tuple(mask.shape)}")
 
 
-def state_layout(mixer, batch: int) -> dict[str, tuple]:
+def state_layout(mixer, batch: int, dtype: torch.dtype | None = None) -> dict[str, tuple]:
     """``{key: shape}`` of ``init_state(batch)``, a dimension of size 0 (a cache length) as None; cached per
     batch size (built on the meta device, so it allocates nothing)."""
+    return {k: shape for k, (shape, _) in _layout(mixer, batch, dtype or torch.float32).items()}
+
+
+def state_dtypes(mixer, batch: int, dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """``{key: dtype}`` of ``init_state(batch, dtype=dtype)`` (what ``prefill`` and ``step`` return for a module in
+    ``dtype``)."""
+    return {k: value_dtype for k, (_, value_dtype) in _layout(mixer, batch, dtype).items()}
+
+
+def _layout(mixer, batch: int, dtype: torch.dtype) -> dict[str, tuple[tuple, torch.dtype]]:
+    """``{key: (shape, dtype)}`` of ``init_state(batch, dtype=dtype)``, cached per batch size and dtype."""
     cache = mixer.__dict__.setdefault("_state_layouts", {})
-    if batch not in cache:
-        state = mixer.init_state(batch, device="meta", dtype=torch.float32)
-        cache[batch] = {k: tuple(None if s == 0 else s for s in v.shape) for k, v in state.items()}
-    return cache[batch]
+    if (batch, dtype) not in cache:
+        state = mixer.init_state(batch, device="meta", dtype=dtype)
+        cache[(batch, dtype)] = {k: (tuple(None if s == 0 else s for s in v.shape), v.dtype)
+                                 for k, v in state.items()}
+    return cache[(batch, dtype)]
 
 
-def check_state(mixer, state, x_t) -> None:
+def check_state(mixer, state, x_t) -> dict:
+    """``state`` checked against the layout of ``init_state``, with every tensor in a dtype that converts exactly
+    to the one ``init_state`` gives it (a 16-bit state from a prefill under autocast) raised to that dtype."""
     head = f"{mixer.name}.step: state"
     if not isinstance(state, Mapping):
         raise TypeError(f"{head} must be the dict of tensors from init_state(batch_size) or prefill(x), "
                         f"got {type(state).__name__}")
     if not state:
         raise ValueError(f"{head} is empty; start from mixer.init_state(batch_size) or the state prefill(x) returns")
-    B = x_t.shape[0]
-    layout = state_layout(mixer, B)
+    B, want = x_t.shape[0], module_dtype(mixer)
+    layout = state_layout(mixer, B, want)
     if set(state) != set(layout):
         raise ValueError(f"{head} must have the keys {sorted(layout)} (as init_state returns), got {sorted(state)}")
     for key, shape in layout.items():
@@ -119,6 +136,20 @@ def check_state(mixer, state, x_t) -> None:
             other = " (a state from another batch size?)" if value.ndim == len(shape) and value.shape[0] != B else ""
             raise ValueError(f"{head}[{key!r}] must have shape {_shape(shape)} for x_t of batch {B}, "
                              f"got {tuple(value.shape)}{other}")
+    if want is None:
+        return state
+    dtypes = state_dtypes(mixer, B, want)
+    for key, dtype in dtypes.items():
+        given = state[key].dtype
+        if given != dtype and not (given.is_floating_point and dtype.is_floating_point
+                                   and torch.promote_types(given, dtype) == dtype):
+            raise TypeError(f"{head}[{key!r}] is {given}, which does not convert exactly to the {dtype} a "
+                            f"{mixer.name} in {want} keeps it in (as init_state(batch_size) lays it out): a state "
+                            f"from the mixer in another dtype? Start from init_state(batch_size) or prefill(x) of "
+                            f"this mixer, or convert the state (state[{key!r}].to({dtype}))")
+    if all(state[key].dtype == dtype for key, dtype in dtypes.items()):
+        return state
+    return {key: value.to(dtypes[key]) for key, value in state.items()}
 
 
 def empty_output(mixer, x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +184,7 @@ def checked_step(fn):
     @functools.wraps(fn)
     def step(self, x_t, state, *args, **kwargs):
         check_input(self, x_t, "step", "x_t", 2)
-        check_state(self, state, x_t)
+        state = check_state(self, state, x_t)
         want = module_dtype(self)
         if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
             x_t = x_t.to(want)
