@@ -13,23 +13,29 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import triton_pieces_for
+from kernels.common import at_least_fp32
 from kernels.norm import l2_normalize as l2_normalize_kernel
 
 
 class _L2Normalize(torch.autograd.Function):
+    """In at least fp32 (a no-op for fp32 and fp64 inputs), returned in the input's dtype: in fp16 ``eps`` rounds to
+    zero (a zero row gave 0 / 0) and the norm of a row of large entries overflows (the row gave zeros)."""
+
     @staticmethod
     def forward(ctx, x, eps: float):
-        n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        xf = at_least_fp32(x)
+        n = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
         r = n.clamp_min(eps).reciprocal_()
-        y = x * r
+        y = xf * r
         ctx.save_for_backward(y, r, n > eps)
-        return y
+        return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         y, r, unclamped = ctx.saved_tensors
-        s = (dy * y).sum(-1, keepdim=True).mul_(unclamped)
-        return torch.addcmul(dy, y, s, value=-1.0).mul_(r), None
+        dyf = dy.to(y.dtype)
+        s = (dyf * y).sum(-1, keepdim=True).mul_(unclamped)
+        return torch.addcmul(dyf, y, s, value=-1.0).mul_(r).to(dy.dtype), None
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
