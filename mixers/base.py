@@ -8,7 +8,9 @@ recurrence with an explicit, fixed-layout state (a ``dict`` of tensors). The con
 - ``init_state(batch, device, dtype)`` (``device`` and ``dtype`` default to the mixer's own) and
   ``step(x_t, state) -> (y_t, state)`` (``x_t`` of shape
   ``(batch, d_model)``): the recurrence, so ``prefill`` then ``step`` equals ``forward`` over the whole
-  sequence;
+  sequence. Without autograd a step may update the given state's tensors in place and return them (the
+  Kronecker slot memory writes its K rows where copying would move the whole memory each token): to decode two
+  continuations from one state, step from a copy (``{k: v.clone() for k, v in state.items()}``);
 - ``state_size(seq_len)``: decode-state elements per sequence (``active_state_size``: those one step
   touches, for sparse memories);
 - construction as ``Cls(d_model, options)`` with ``options`` an instance of the mixer's ``Options``
