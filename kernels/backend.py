@@ -133,6 +133,17 @@ def meta_takes_triton():
         triton_refusal = refusal
 
 
+#: why a family whose Triton kernels compute in fp32 and 16 bits refuses fp64 inputs (``auto`` passes over it, so
+#: an fp64 computation, a reference's, is never rounded to fp32 behind the caller's back)
+NO_FP64 = "computes in fp32 and 16-bit, not fp64"
+
+
+def triton_fp64_unsupported(tensor: torch.Tensor) -> dict:
+    """``{"triton": NO_FP64}`` for an fp64 ``tensor``, else ``{}``: the ``unsupported`` entry of a family whose
+    Triton kernels take fp32 and 16-bit inputs only."""
+    return {"triton": NO_FP64} if tensor.dtype == torch.float64 else {}
+
+
 def triton_usable_for(tensor: torch.Tensor) -> bool:
     return triton_refusal(tensor) is None
 
@@ -225,7 +236,8 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
     """Turn ``backend`` into a concrete backend name for ``op`` running on ``tensor``.
 
     ``available``: every backend the family implements (``auto`` need not be listed);
-    ``unsupported``: backend -> reason, backends ``auto`` must pass over for these inputs; ``order``: the
+    ``unsupported``: backend -> reason, backends ``auto`` must pass over for these inputs (and refused, with the
+    reason, when asked for by name); ``order``: the
     family's CUDA order for ``auto`` (default :data:`AUTO_ORDER_CUDA`). Raises
     :class:`BackendUnavailable` with a message that says what to do instead.
     """
@@ -256,6 +268,6 @@ def resolve_backend(backend: str, tensor: torch.Tensor, op: str, available=BACKE
         raise BackendUnavailable(
             f"{op}: backend {backend!r} needs the {pip_name} package (pip install {pip_name}), which does not "
             f"import here; use backend='auto'")
-    if backend in OUTSIDE_BACKENDS and backend in (unsupported or {}):
+    if backend in (unsupported or {}):     # what auto passes over, an explicit request cannot run either
         raise BackendUnavailable(f"{op}: backend {backend!r}: {unsupported[backend]}; use backend='auto'")
     return backend

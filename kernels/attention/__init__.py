@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..backend import package_importable, resolve_backend
+from ..backend import package_importable, resolve_backend, triton_fp64_unsupported
 from ..common import check_layout
 from .reference import attention_reference
 
@@ -54,6 +54,7 @@ def _unsupported(q, k, v) -> dict:
         out["flash_attn"] = out["triton"] = VALUE_DIM_REFUSAL
     if q.dtype == torch.float32 and q.shape[-1] > 128:
         out["triton"] = "fp32 needs head dim <= 128"
+    out.update(triton_fp64_unsupported(q))
     return out
 
 

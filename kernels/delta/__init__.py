@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import fla_unsupported, resolve_backend
+from ..backend import fla_unsupported, resolve_backend, triton_fp64_unsupported
 from ..common import check_layout, full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
@@ -78,6 +78,7 @@ def delta_product(
     unsupported = {}
     if max(q.shape[-1], v.shape[-1]) > TRITON_MAX_HEAD_DIM:
         unsupported["triton"] = f"head dims above {TRITON_MAX_HEAD_DIM}"
+    unsupported.update(triton_fp64_unsupported(q))
     unsupported.update(fla_unsupported(q, fla_runs_gated(q.dtype, g is not None)))
     which = resolve_backend(backend, q, op="delta_product", available=BACKENDS, unsupported=unsupported)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)

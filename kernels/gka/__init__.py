@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import BackendUnavailable, resolve_backend
+from ..backend import NO_FP64, BackendUnavailable, resolve_backend
 from ..common import check_layout, full_precision
 from .chebyshev import GRAD_MODES, SOLVERS, cg_iterate, chebyshev_iterate, iterative_solve
 from .chunked import gka_chunked
@@ -91,5 +91,5 @@ def _triton_refuses(q, solver: str, grad: str, num_iter: int, chunk_size: int) -
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         return f"needs chunk_size a power of two >= 16, got {chunk_size}"
     if q.dtype == torch.float64:
-        return "computes in fp32 and 16-bit, not fp64"
+        return NO_FP64
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import BackendUnavailable, fla_unsupported, resolve_backend
+from ..backend import NO_FP64, BackendUnavailable, fla_unsupported, resolve_backend
 from ..common import check_layout, full_precision
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
@@ -68,5 +68,5 @@ def _triton_refuses(q, chunk_size: int) -> str | None:
     if why:
         return why
     if q.dtype == torch.float64:
-        return "computes in fp32 and 16-bit, not fp64"
+        return NO_FP64
     return None

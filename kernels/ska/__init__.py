@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, triton_fp64_unsupported
 from ..common import check_layout, full_precision
 from .chunked import ska_chunked, ska_final_state
 from .operator import ska_chain_torch, solve_operator, whitened_operator
@@ -59,7 +59,8 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
     _check_layout(q, k, v, w, gamma)
     kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
               power_iters=power_iters)
-    chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS)
+    chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS,
+                             unsupported=triton_fp64_unsupported(q))
     if q.shape[1] == 0:  # an empty sequence: an empty output (every backend's reductions over T refused it)
         return v[:, :0].to(q.dtype).clone()
     if chosen == "reference":
@@ -85,7 +86,8 @@ def _check_layout(q, k, v, w, gamma) -> None:
 def ska_chain(Linv, A, C, q, power: int, chunk_size: int, backend: str = "auto"):
     """``y_t = C_c Linv_c^T A_c^p Linv_c q_t`` with c = t // chunk_size; shapes as in
     :func:`kernels.ska.operator.ska_chain_torch`."""
-    chosen = resolve_backend(backend, q, op="ska_chain", available=("torch", "triton"))
+    chosen = resolve_backend(backend, q, op="ska_chain", available=("torch", "triton"),
+                             unsupported=triton_fp64_unsupported(q))
     if chosen == "triton":
         from .triton import ska_chain_triton
         return ska_chain_triton(Linv, A, C, q, power, chunk_size)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, triton_fp64_unsupported
 from ..common import at_least_fp32
 
 #: the backends of :func:`kronecker_topk`
@@ -51,8 +51,8 @@ def kronecker_topk(logits: torch.Tensor, k: int, tau: float = 1.0, renormalize: 
         raise ValueError(f"kronecker_topk: k={k} must be in [1, d_p^U = {dp ** U}]; lower k or enlarge d_p / U")
     if tau <= 0:
         raise ValueError(f"kronecker_topk: tau must be positive, got {tau}")
-    fp64 = {"triton": "the Triton kernels take fp32, bf16 and fp16 logits"} if logits.dtype == torch.float64 else {}
-    if resolve_backend(backend, logits, op="kronecker_topk", available=ADDRESS_BACKENDS, unsupported=fp64) == "triton":
+    if resolve_backend(backend, logits, op="kronecker_topk", available=ADDRESS_BACKENDS,
+                       unsupported=triton_fp64_unsupported(logits)) == "triton":
         from .triton import kronecker_topk_triton
         return kronecker_topk_triton(logits, k, tau, renormalize, straight_through)
     # softmax written out: torch.softmax over a last axis of a few logits is several times slower on CPU

@@ -7,7 +7,7 @@ the GLA chunked path), ``triton`` (chunked Triton kernels), ``mamba_ssm`` (the m
 """
 from __future__ import annotations
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, triton_fp64_unsupported
 from ..common import check_layout, full_precision
 from .chunked import ssd_chunked
 from .reference import skip, ssd_reference, ssd_step
@@ -30,8 +30,8 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str =
     bits; an fp32 ``initial_state`` is read as it is."""
     _check_layout(x, dt, A, B, C, D, initial_state)
     wide = max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM
-    chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS,
-                             unsupported={"triton": f"d_state or head dim above {TRITON_MAX_DIM}"} if wide else None)
+    unsupported = {"triton": f"d_state or head dim above {TRITON_MAX_DIM}"} if wide else triton_fp64_unsupported(x)
+    chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS, unsupported=unsupported)
     if chosen == "triton" and x.shape[1] == 0:  # an empty sequence: the chunked path's empty output and state
         chosen = "torch"
     if chosen == "triton":

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels.attention import _unsupported, attention
+from kernels.backend import BackendUnavailable
 from tests.kernels.harness import DEVICE, assert_rel_close, needs_triton
 
 
@@ -28,9 +29,12 @@ def _explicit_softmax(q, k, v):
 
 @needs_triton
 def test_triton_refuses_another_value_head_dim_and_names_the_fix():
+    from kernels.attention.triton import attention_triton
     q, k, v = _qkv(D=8, E=4)
-    with pytest.raises(ValueError, match=r"head dim.*backend='torch'"):
+    with pytest.raises(BackendUnavailable, match=r"head dim.*backend='torch'"):
         attention(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match=r"head dim.*backend='torch'"):     # the launcher alone, as well
+        attention_triton(q, k, v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
