@@ -65,7 +65,9 @@ def flow_yaml(value: Any) -> str:
 def _expand_pattern(data: dict, label: str) -> None:
     """A recipe written as ``pattern`` x ``n_layers`` gets its explicit ``layers`` (so one can be overridden),
     which replace ``pattern`` and ``n_layers``."""
-    model = data.setdefault("model", {})
+    model = data.get("model")
+    if not isinstance(model, dict):  # nothing to expand: setting the layer then names what model is instead
+        return
     if model.get("layers") is None and isinstance(model.get("pattern"), list) and isinstance(model.get("n_layers"), int):
         pattern, n_layers = model["pattern"], model["n_layers"]
         if pattern and len(pattern) > n_layers:
@@ -115,8 +117,9 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
             if node.get(part) is None:
                 node[part] = {}
             node = node[part]
-        else:
-            raise UserError(f"{label}: {here} is a {type(node).__name__}, not a mapping or list")
+        else:  # the value at the path so far, not the key that would be looked up in it
+            raise UserError(f"{label}: {'.'.join(map(str, path[:i]))} is a {type(node).__name__}, not a mapping or "
+                            f"list, so it has no key {part!r}")
     last = path[-1]
     if isinstance(node, list):
         if not isinstance(last, int) or not -len(node) <= last < len(node):
