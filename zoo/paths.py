@@ -124,7 +124,8 @@ def refuse_foreign_keys(data: dict, node, path: str | Path) -> None:
     never a value or the line's text."""
     sections = recipe_sections()
     lines: dict[str, int] = {}
-    for key_node, _ in getattr(node, "value", ()):
+    pairs = getattr(node, "value", ())  # a mapping node's (key, value) pairs; a null document is a scalar node
+    for key_node, _ in pairs if isinstance(pairs, list) else ():
         lines.setdefault(str(key_node.value), key_node.start_mark.line + 1)
     for key in data:
         if key in sections:
