@@ -31,6 +31,7 @@ import os
 import random
 import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -124,11 +125,18 @@ def _unreadable(err: Exception) -> str:
 
 
 def _torch_load(source, map_location, path: Path):
-    try:
-        return torch.load(source, map_location=map_location, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
-        raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({_unreadable(err)}); the file is damaged or "
-                        f"was not written by zoo train") from None
+    """``torch.load`` as plain data; a file it cannot read is refused in one line, without the warnings torch gives
+    on the way (a pickle of another protocol), which are shown only for a file that loads."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loaded = torch.load(source, map_location=map_location, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - a damaged or foreign file: say so in one line
+            raise UserError(f"{path}: not a readable mixer-zoo checkpoint ({_unreadable(err)}); the file is damaged "
+                            f"or was not written by zoo train") from None
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return loaded
 
 
 def load(path: Path, map_location="cpu") -> dict:
