@@ -43,11 +43,25 @@ def _fmt(value):
     return value
 
 
+def _markdown_cell(value):
+    """A table cell as GitHub markdown reads it: a ``|`` in a label or an override escaped (it would end the
+    cell), line breaks written as escapes (they would end the row)."""
+    if not isinstance(value, str):
+        return value
+    return value.replace("|", "\\|").replace("\r", "\\r").replace("\n", "\\n")
+
+
+def markdown_table(body: list[list], columns: list[str]) -> str:
+    """``body`` under ``columns`` as a GitHub markdown table, whatever characters its labels hold."""
+    return tabulate([[_markdown_cell(v) for v in line] for line in body],
+                    headers=[_markdown_cell(c) for c in columns], tablefmt="github")
+
+
 def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], head: str = "",
                 tail: str = "") -> str:
     """Write ``<stem>.md`` (``head``, a GitHub table, then ``tail``) and ``<stem>.csv`` (the table alone);
     return the table text."""
-    table = tabulate(body, headers=columns, tablefmt="github")
+    table = markdown_table(body, columns)
     (out_dir / f"{stem}.md").write_text(head + table + "\n" + tail)
     with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
@@ -206,7 +220,7 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True, 
         note = note[:-2] + " " + STEADY_NOTE + "\n\n"
     if any(len(g) > 1 for g in group_by_cell(rows).values()):
         agg_columns, agg_body = seed_table(rows)
-        summary = tabulate(agg_body, headers=agg_columns, tablefmt="github")
+        summary = markdown_table(agg_body, agg_columns)
         note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which):\n\n"
                  f"{summary}\n\nPer seed:\n\n")
         table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note, tail)
@@ -290,7 +304,7 @@ def other_rows_table(others: list[dict], layout: dict) -> str:
             "Rows of zoo eval (evaluates: the checkpoint they measured again), of zoo train, of an earlier grid "
             "with other recipes, or a later row of a cell's recipe: each as recorded, none counted in the "
             "tables above, the seed summary or the plot.\n\n"
-            + tabulate(body, headers=columns, tablefmt="github") + "\n")
+            + markdown_table(body, columns) + "\n")
 
 
 def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, report=None) -> str:
