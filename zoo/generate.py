@@ -38,6 +38,7 @@ from mixers.options import OptionError, build_options, nearest, plain_options
 from .errors import UserError
 from .reevaluate import checkpoint_recipe, load_model
 from .tasks import Task
+from .threads import MAX_THREADS
 from .training import checkpoint as ckpt
 from .training.device import resolve_device
 
@@ -283,8 +284,9 @@ def check_arguments(args) -> None:
              "must be a finite number >= 0 (0: greedy)"),
             ("--top-k", args.top_k, args.top_k >= 0, "must be >= 0 (0: every token)"),
             ("--top-p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
-            ("--threads", args.threads, args.threads >= 0, "must be a positive number of threads (0: torch's "
-                                                           "default)")):
+            ("--threads", args.threads, 0 <= args.threads <= MAX_THREADS,
+             f"must be a number of threads from 1 to {MAX_THREADS} (0: torch's default)"),
+            ("--seed", args.seed, -2 ** 63 <= args.seed < 2 ** 64, "must fit in 64 bits (-2**63 .. 2**64 - 1)")):
         if not ok:
             raise UserError(f"zoo generate: {flag} {value if isinstance(value, int) else format(value, 'g')}: "
                             f"{wanted}")

@@ -7,6 +7,18 @@ import contextlib
 
 import torch
 
+from .errors import UserError
+
+#: the most torch threads a command takes, as for a recipe's ``train.threads``: torch cannot take a count past
+#: 2**63 at all, and thousands of threads on a machine's few cores stall every kernel
+MAX_THREADS = 1024
+
+
+def refuse_thread_count(flag: str, threads: int | None) -> None:
+    """Refuse a command's ``--threads`` over :data:`MAX_THREADS` in one line, before anything runs."""
+    if threads is not None and threads > MAX_THREADS:
+        raise UserError(f"{flag} {threads}: at most {MAX_THREADS} threads; give the number of cores this run may use")
+
 
 @contextlib.contextmanager
 def torch_threads(threads: int | None):

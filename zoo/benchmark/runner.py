@@ -55,7 +55,7 @@ from ..paths import probe_writable
 from ..recipes import resolve
 from ..recipes.loading import load_raw
 from ..recipes.plain import layer_label
-from ..threads import torch_threads
+from ..threads import refuse_thread_count, torch_threads
 from .measure import TIMES, error_text, free, measure, merge_samples
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
                                ("--threads", args.threads, 1), ("--warmup", args.warmup, 0)):
         if value is not None and value < least:
             raise UserError(f"{flag} {value}: must be " + ("a positive integer" if least else "0 or more"))
+    refuse_thread_count("--threads", args.threads)
     recipe = bench_recipe(args)
     labels = _labels(recipe.model.layer_entries())
     if args.baseline is not None and args.baseline not in labels:
