@@ -21,7 +21,7 @@ import yaml
 
 import zoo
 import zoo.paths
-from zoo.cli import main
+from tests.zoo.cli_errors import one_line_error
 from zoo.errors import UserError
 from zoo.paths import MAX_RECIPE_BYTES, probe_writable
 from zoo.recipes import resolve
@@ -30,13 +30,6 @@ TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 HAS_PROC = Path("/proc/self/status").is_file()
 needs_proc = pytest.mark.skipif(not HAS_PROC, reason="no /proc file system here")
 FAST = ["train.steps=2", "train.warmup_steps=0", "--no-progress"]
-
-
-def _one_line_error(capsys, *argv) -> str:
-    assert main([str(a) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("zoo: error: ") and "Traceback" not in err, err
-    return err
 
 
 def _secret(rng: random.Random) -> str:
@@ -97,11 +90,11 @@ def _not_regular_files(tmp_path: Path) -> dict[str, Path]:
 def test_a_recipe_that_is_not_a_regular_file_is_refused_before_it_is_opened(tmp_path, capsys, never_opened, alarm):
     for words, path in _not_regular_files(tmp_path).items():
         never_opened.add(path.absolute())
-        err = _one_line_error(capsys, "check", path)
+        err = one_line_error(capsys, "check", path)
         assert f"{path}: is a {words}" in err, err
         child = tmp_path / f"extends_{path.stem}.yaml"
         child.write_text(f"# a recipe on an existing base\nextends: {path}\n")
-        err = _one_line_error(capsys, "check", child)
+        err = one_line_error(capsys, "check", child)
         assert f"{child}:2: extends: {path}: is a {words}" in err, err
 
 
@@ -118,7 +111,6 @@ def test_a_fifo_as_the_recipe_argument_does_not_block_the_command(tmp_path):
     assert "named pipe" in out.stderr and "Traceback" not in out.stderr
 
 
-
 def test_a_checkpoint_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path, capsys, never_opened, alarm):
     """zoo eval and zoo generate read a checkpoint with torch.load: a pipe would block it, /dev/zero never end it."""
     for words, path in _not_regular_files(tmp_path).items():
@@ -126,7 +118,7 @@ def test_a_checkpoint_that_is_not_a_regular_file_is_refused_before_it_is_read(tm
             continue
         never_opened.add(path.absolute())
         for argv in (["eval", path], ["generate", path, "--prompt", "x"]):
-            err = _one_line_error(capsys, *argv)
+            err = one_line_error(capsys, *argv)
             assert f"{path}: is a {words}" in err and "not a checkpoint" in err, err
 
 def _padded(text: str, size: int) -> bytes:
@@ -155,11 +147,11 @@ def test_a_recipe_over_the_size_limit_is_refused_unread_and_one_at_the_limit_is_
         fh.truncate(rng.randrange(MAX_RECIPE_BYTES + 2, 1 << 34))
     for path in (over, sparse):
         never_opened.add(path.absolute())
-        err = _one_line_error(capsys, "check", path)
+        err = one_line_error(capsys, "check", path)
         assert f"{path}: is {path.stat().st_size:,} bytes, larger than the 1 MiB" in err, err
         child = tmp_path / "child.yaml"
         child.write_text(f"extends: {path.name}\n")
-        assert f"{child}:1: extends: {path}: is {path.stat().st_size:,} bytes" in _one_line_error(capsys, "check", child)
+        assert f"{child}:1: extends: {path}: is {path.stat().st_size:,} bytes" in one_line_error(capsys, "check", child)
 
 
 @needs_proc
@@ -190,7 +182,7 @@ def test_extending_a_password_file_never_prints_its_lines(tmp_path, capsys, rng)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"extends: {shadow}\n" + TINY.read_text())
     for target in (recipe, shadow):
-        err = _one_line_error(capsys, "check", target)
+        err = one_line_error(capsys, "check", target)
         assert f"{shadow}:1: this key is not a recipe section" in err, err
         assert not any(s in err for s in secrets) and not any(line[:8] in err for line in text.splitlines()), err
 
@@ -199,7 +191,7 @@ def test_extending_a_password_file_never_prints_its_lines(tmp_path, capsys, rng)
 def test_extends_etc_shadow_prints_none_of_it(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("extends: /etc/shadow\n")
-    err = _one_line_error(capsys, "check", recipe)
+    err = one_line_error(capsys, "check", recipe)
     lines = [line.rstrip(":") for line in Path("/etc/shadow").read_text().splitlines() if line.strip()]
     assert "/etc/shadow" in err and not any(line in err for line in lines), err
     assert not any(part in err for line in lines for part in line.split(":")[1:] if len(part) > 6), err
@@ -217,19 +209,19 @@ def test_a_yaml_file_of_other_keys_names_the_key_and_line_never_a_value(tmp_path
     base.write_text("\n".join(entries) + "\n")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"extends: {base.name}\n")
-    err = _one_line_error(capsys, "check", recipe)
+    err = one_line_error(capsys, "check", recipe)
     assert f"{base}:{at + 1}: unknown recipe section 'api_token'" in err, err
     assert not any(s in err for s in secrets), err
     key = f"sk-{secrets[0]} token"  # a key that is not a plain name is not repeated either
     base.write_text(f"seed: 1\n{key}: 1\n")
-    err = _one_line_error(capsys, "check", recipe)
+    err = one_line_error(capsys, "check", recipe)
     assert f"{base}:2: this key is not a recipe section" in err and secrets[0] not in err, err
     base.write_text(f"<<: {{api_token: {secrets[1]}}}\nseed: 1\n")  # a key brought in by a merge
-    err = _one_line_error(capsys, "check", recipe)
+    err = one_line_error(capsys, "check", recipe)
     assert f"{base}:1: unknown recipe section 'api_token'" in err and secrets[1] not in err, err
     for text in (f"- {secrets[2]}\n- {secrets[3]}\n", f"{secrets[2]}\n"):  # not a mapping at all
         base.write_text(text)
-        err = _one_line_error(capsys, "check", recipe)
+        err = one_line_error(capsys, "check", recipe)
         assert "must be a mapping of sections" in err and not any(s in err for s in secrets), err
 
 
@@ -237,7 +229,7 @@ def test_a_misspelt_section_still_gets_a_suggestion(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(TINY.read_text().replace("\ntrain:", "\ntrian:"))
     line = recipe.read_text().splitlines().index(next(l for l in recipe.read_text().splitlines() if l.startswith("trian")))
-    err = _one_line_error(capsys, "check", recipe)
+    err = one_line_error(capsys, "check", recipe)
     assert f"{recipe}:{line + 1}: unknown recipe section 'trian'; did you mean 'train'?" in err, err
 
 
@@ -285,7 +277,7 @@ def _every_writer(tmp_path: Path, folder: Path, rng: random.Random) -> list[tupl
 @needs_proc
 def test_output_folders_under_proc_are_refused_before_anything_trains(tmp_path, capsys, nothing_trains, rng):
     for what, argv in _every_writer(tmp_path, Path("/proc"), rng):
-        err = _one_line_error(capsys, *argv)
+        err = one_line_error(capsys, *argv)
         assert f"{what} /proc" in err and "cannot write in /proc" in err, (argv, err)
     with pytest.raises(UserError, match="checkpoint folder /proc/zoo_out: cannot write in /proc"):
         zoo.train(resolve(TINY), progress=False, checkpoint_dir="/proc/zoo_out")  # the Python API too
@@ -325,7 +317,7 @@ def test_a_folder_whose_writes_fail_is_refused_before_anything_trains(tmp_path, 
     writers = _every_writer(tmp_path, folder, rng)
     _FailingWrites(monkeypatch, folder, code)
     for what, argv in writers:
-        err = _one_line_error(capsys, *argv)
+        err = one_line_error(capsys, *argv)
         assert f"{what} {folder}" in err and f"cannot write in {folder} ({os.strerror(code)})" in err, (argv, err)
     assert not any(folder.iterdir()), "the probe left a file behind"
 
@@ -338,7 +330,7 @@ def test_an_ablation_whose_checkpoint_folder_fails_is_refused_before_the_first_c
     _FailingWrites(monkeypatch, checkpoints, errno.ENOSPC)
     recipe = tmp_path / "grid.yaml"
     recipe.write_text(f"extends: {TINY}\ngrid:\n  train.lr: [1.0e-3, 2.0e-3]\n")
-    err = _one_line_error(capsys, "ablate", recipe, "--out", out, "--no-plot", *FAST)
+    err = one_line_error(capsys, "ablate", recipe, "--out", out, "--no-plot", *FAST)
     assert f"checkpoint folder {checkpoints}/" in err and f"cannot write in {checkpoints} (" in err, err
     assert not any(checkpoints.iterdir()) and not (out / "results.jsonl").exists()
 
@@ -350,7 +342,7 @@ def test_a_read_only_folder_is_refused(tmp_path, capsys, nothing_trains, rng):
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
         for what, argv in _every_writer(tmp_path, folder, rng):
-            err = _one_line_error(capsys, *argv)
+            err = one_line_error(capsys, *argv)
             assert f"{what} {folder}" in err and ("cannot write in" in err or "not writable" in err), (argv, err)
     finally:
         folder.chmod(stat.S_IRWXU)
