@@ -363,7 +363,7 @@ def test_generate_names_the_flag_and_the_value_it_refuses(tmp_path, capsys, monk
     run = tmp_path / "run"
     zoo.train(lm_recipe(tmp_path), progress=False, checkpoint_dir=run)
     threads = torch.get_num_threads()
-    for argv, said in ((["--threads", "-1"], "--threads -1: must be a positive number of threads"),
+    for argv, said in ((["--threads", "-1"], "--threads -1: must be a number of threads from 1 to 1024"),
                        (["--max-new-tokens", "0"], "--max-new-tokens 0: must be at least 1"),
                        (["--top-p", "0"], "--top-p 0: must be in (0, 1]"),
                        (["--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
