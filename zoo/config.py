@@ -22,6 +22,8 @@ from typing import Any
 
 from mixers.options import opt
 
+from .threads import MAX_THREADS
+
 
 @dataclass
 class ModelConfig:
@@ -102,7 +104,7 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "global gradient-norm clip (0 disables)", at_least=0.0)
     eval_every: int = opt(0, "evaluate on the test set every N steps (0: only at the end)", at_least=0)
     device: str = opt("auto", "auto (cuda if available), cpu or cuda", choices=("auto", "cpu", "cuda"))
-    threads: int = opt(0, "torch CPU threads (0 keeps torch's default)", at_least=0, at_most=1024)
+    threads: int = opt(0, "torch CPU threads (0 keeps torch's default)", at_least=0, at_most=MAX_THREADS)
     early_stop_acc: float = opt(0.0, "stop once a periodic evaluation reaches this accuracy (0 disables)",
                                 at_least=0.0, at_most=1.0)
     checkpoint_every: int = opt(500, "with a checkpoint folder (zoo train --out, every zoo ablate cell), also "

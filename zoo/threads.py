@@ -9,8 +9,8 @@ import torch
 
 from .errors import UserError
 
-#: the most torch threads a command takes, as for a recipe's ``train.threads``: torch cannot take a count past
-#: 2**63 at all, and thousands of threads on a machine's few cores stall every kernel
+#: the most torch threads a recipe's ``train.threads`` or a command's ``--threads`` takes: torch cannot take a count
+#: past 2**63 at all, and thousands of threads on a machine's few cores stall every kernel
 MAX_THREADS = 1024
 
 
