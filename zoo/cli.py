@@ -166,7 +166,7 @@ def _checkpoint_of(location: str) -> Path:
     path = path_in(location)
     if path.is_dir():  # a folder named like the checkpoint: read again as a run folder, its name would be doubled
         raise UserError(f"zoo eval: {path} is a folder, not a checkpoint; give a checkpoint file or the run folder "
-                        f"holding it (zoo train RECIPE --out DIR writes DIR/{path_in(path).name})")
+                        f"holding it (zoo train RECIPE --out DIR writes DIR/{path.name})")
     refuse_text_file(path, "zoo eval")
     layout = None if path.exists() else read_layout(Path(location))
     if layout is not None:
