@@ -96,22 +96,23 @@ def check_mask(mixer, mask, x, where: str) -> None:
 def state_layout(mixer, batch: int, dtype: torch.dtype | None = None) -> dict[str, tuple]:
     """``{key: shape}`` of ``init_state(batch)``, a dimension of size 0 (a cache length) as None; cached per
     batch size (built on the meta device, so it allocates nothing)."""
-    return {k: shape for k, (shape, _) in _layout(mixer, batch, dtype or torch.float32).items()}
+    return _layout(mixer, batch, dtype or torch.float32)[0]
 
 
 def state_dtypes(mixer, batch: int, dtype: torch.dtype) -> dict[str, torch.dtype]:
     """``{key: dtype}`` of ``init_state(batch, dtype=dtype)`` (what ``prefill`` and ``step`` return for a module in
     ``dtype``)."""
-    return {k: value_dtype for k, (_, value_dtype) in _layout(mixer, batch, dtype).items()}
+    return _layout(mixer, batch, dtype)[1]
 
 
-def _layout(mixer, batch: int, dtype: torch.dtype) -> dict[str, tuple[tuple, torch.dtype]]:
-    """``{key: (shape, dtype)}`` of ``init_state(batch, dtype=dtype)``, cached per batch size and dtype."""
+def _layout(mixer, batch: int, dtype: torch.dtype) -> tuple[dict[str, tuple], dict[str, torch.dtype]]:
+    """``({key: shape}, {key: dtype})`` of ``init_state(batch, dtype=dtype)``, cached per batch size and dtype (read
+    at every decode step)."""
     cache = mixer.__dict__.setdefault("_state_layouts", {})
     if (batch, dtype) not in cache:
         state = mixer.init_state(batch, device="meta", dtype=dtype)
-        cache[(batch, dtype)] = {k: (tuple(None if s == 0 else s for s in v.shape), v.dtype)
-                                 for k, v in state.items()}
+        cache[(batch, dtype)] = ({k: tuple(None if s == 0 else s for s in v.shape) for k, v in state.items()},
+                                 {k: v.dtype for k, v in state.items()})
     return cache[(batch, dtype)]
 
 
