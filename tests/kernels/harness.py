@@ -136,3 +136,19 @@ def attention_backend_refused(attention, q, k, v, backend: str) -> bool:
             attention(q, k, v, backend=backend)
         return True
     return False
+
+
+def ssd_reference_any_A(x, dt, A, B, C, initial_state=None):
+    """:func:`kernels.ssd.ssd_reference` that also takes ``A`` per token, ``(B, T, H)``, as :func:`cancellation`
+    passes it to bound the error of ``dA``, a sum over every token (``compare_backends(..., shared={2: dt.shape})``)."""
+    from kernels.ssd import ssd_reference, ssd_step
+
+    if A.dim() == 1:
+        return ssd_reference(x, dt, A, B, C, initial_state=initial_state)
+    h, ys = initial_state, []
+    if h is None:
+        h = x.new_zeros(x.shape[0], x.shape[2], B.shape[-1], x.shape[-1])
+    for t in range(x.shape[1]):
+        y, h = ssd_step(x[:, t], dt[:, t], A[:, t], B[:, t], C[:, t], h)
+        ys.append(y)
+    return torch.stack(ys, 1), h

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kernels.backend import BackendUnavailable, triton_usable_for
 from kernels.ssd import ssd, ssd_chunked, ssd_reference, ssd_step
-from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton, rel_err
+from tests.kernels.harness import DEVICE, assert_rel_close, compare_backends, needs_triton, rel_err, ssd_reference_any_A
 
 
 def _inputs(b, T, H, P, N, init=False, dtype=torch.float32, device=DEVICE, strong_decay=False):
@@ -196,7 +196,8 @@ def test_triton_largest_state_and_head_dims(dtype):
     """d_state = head dim = 128 (TRITON_MAX_DIM, mamba-ssm's default d_state): the columns of x are split over
     programs (8 blocks of 16 with fp32 inputs, 2 of 64 with fp16 ones), whose shares of dB, dC, ddt and dA
     are summed; every output and gradient against the fp64 token recurrence. fp16: the tolerances of
-    tests/kernels/test_low_precision.py (inputs rounded to fp16 first, so the error is the kernels')."""
+    tests/kernels/test_low_precision.py (inputs rounded to fp16 first, so the error is the kernels'), dA's scaled
+    by how much its terms cancel (see :func:`tests.kernels.harness.cancellation`)."""
     from kernels.ssd import TRITON_MAX_DIM
     from kernels.ssd.triton import column_block
 
@@ -205,7 +206,9 @@ def test_triton_largest_state_and_head_dims(dtype):
     if dtype == torch.float32:
         _compare(_with_state(_triton(), 16), _with_state(ssd_reference), ins, True, tol=1e-5, grad_tol=3e-5)
     else:
-        compare_backends(_with_state(_triton(), 16), _with_state(ssd_reference), ins, tol=5e-3, grad_tol=1e-2)
+        # dA sums 37 * 128 * 128 signed terms: its tolerance is scaled by how much they cancel
+        compare_backends(_with_state(_triton(), 16), _with_state(ssd_reference_any_A), ins, tol=5e-3, grad_tol=1e-2,
+                         shared={2: tuple(ins[1].shape)})
 
 
 @needs_triton

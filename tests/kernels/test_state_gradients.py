@@ -62,7 +62,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.harness import DEVICE, needs_triton, rel_err
+from tests.kernels.harness import DEVICE, needs_triton, rel_err, ssd_reference_any_A
 
 F64 = torch.float64
 FP16_U = 2.0 ** -11
@@ -133,13 +133,9 @@ def _ssd_call(backend, x, c):
 
 
 def _ssd_per_token_A(x, c):
-    """The token loop of :func:`kernels.ssd.reference.ssd_step` with ``A (B, T, H)``: one exponent per token."""
-    from kernels.ssd import ssd_step
-    h, ys = x["h0"], []
-    for t in range(x["x"].shape[1]):
-        y, h = ssd_step(x["x"][:, t], x["dt"][:, t], x["A"][:, t], x["B"][:, t], x["C"][:, t], h)
-        ys.append(y)
-    return torch.stack(ys, 1), [h]
+    """The token loop with ``A (B, T, H)``: one exponent per token."""
+    y, h = ssd_reference_any_A(x["x"], x["dt"], x["A"], x["B"], x["C"], initial_state=x["h0"])
+    return y, [h]
 
 
 # ------------------------------------------------------------------------------------------------------ gla, gka
