@@ -5,6 +5,7 @@ label as often as any other. The validation windows it is scored on (``LanguageM
 are whole window slots of the validation split, split the same way, distinct, and the same for every seed;
 both are checked against the token file read with NumPy."""
 import math
+from collections import Counter
 
 import numpy as np
 import torch
@@ -39,16 +40,20 @@ def test_training_windows_are_consecutive_and_every_start_is_drawn_uniformly(tmp
 
 
 def _check_windows(val: np.ndarray, data, seq_len: int) -> None:
+    """Each row is a whole window slot of ``val``, and no slot is used twice. The text repeats, so two slots can
+    hold the same tokens: rows are distinct slots when no window's tokens appear in more rows than slots."""
     inputs, labels = data.inputs.numpy(), data.labels.numpy()
     assert inputs.shape == labels.shape and inputs.shape[1] == seq_len
-    starts = set()
+    rows, slots = Counter(), {}
     for x, y in zip(inputs, labels):
         window = np.concatenate([x[:1], y])
         assert np.array_equal(x[1:], y[:-1])  # each label is the next input
-        slots = [s for s in range(0, len(val) - seq_len, seq_len + 1) if np.array_equal(val[s:s + seq_len + 1], window)]
-        assert slots, "a validation row that is not a whole window slot of the split"
-        starts.add(slots[0])
-    assert len(starts) == len(inputs)
+        key = window.tobytes()
+        rows[key] += 1
+        slots[key] = sum(np.array_equal(val[s:s + seq_len + 1], window)
+                         for s in range(0, len(val) - seq_len, seq_len + 1))
+        assert slots[key], "a validation row that is not a whole window slot of the split"
+    assert all(rows[key] <= slots[key] for key in rows), "two validation rows are the same window slot"
 
 
 def test_validation_rows_are_next_token_windows_of_the_validation_split(tmp_path):
