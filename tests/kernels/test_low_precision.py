@@ -32,9 +32,9 @@ from kernels.gka import gka
 from kernels.gka.reference import gka_reference
 from kernels.ska import ska_chain, ska_chain_torch
 from kernels.slots import slot_memory
-from kernels.slots.reference import slot_memory_reference
 from kernels.ssd import ssd
 from tests.kernels.harness import compare_backends, ssd_reference_any_A
+from tests.kernels.test_slots import _reference as _slot_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCES = {torch.float16: (5e-3, 1e-2), torch.bfloat16: (2e-2, 4e-2)}
@@ -129,6 +129,9 @@ def test_slot_memory(dtype):
                            for _ in range(2))
     write_w, read_w = torch.rand(B, T, H, K) * 0.98 + 0.01, torch.rand(B, T, H, K)
     v, gamma = torch.randn(B, T, H, dv), torch.rand(H) * 1.5 + 0.25
+    reference = _slot_reference(M)
+    # d gamma sums one signed term per write and can cancel to a small fraction of its terms: its tolerance
+    # is scaled by how much they cancel on the draw (gamma given per token and slot, as the harness expands it)
     _check(lambda ww, rw, v, gamma: slot_memory(write_idx, ww, read_idx, rw, v, gamma, M, backend="triton")[0],
-           lambda ww, rw, v, gamma: slot_memory_reference(write_idx, ww, read_idx, rw, v, gamma, M)[0],
-           _low(dtype, write_w, read_w, v, gamma), dtype)
+           lambda ww, rw, v, gamma: reference(write_idx, ww, read_idx, rw, v, gamma)[0],
+           _low(dtype, write_w, read_w, v, gamma), dtype, shared={3: (B, T, M, H)})

@@ -59,4 +59,33 @@ def test_initial_state_is_read_not_written(kernel, M, dv):
     got = _two_calls(d, M, 3, torch.float32, kernel)
     names = ["output", "S_T", "z_T", "dw", "dr", "dv", "dgamma", "dS_0", "dz_0"]
     for n, a, b in zip(names, got, want):
-        assert_rel_close(a, b, 1e-5 if n in ("output", "S_T", "z_T") else 1e-4, f"{kernel} {n}")
+        tol = 1e-5 if n in ("output", "S_T", "z_T") else 1e-4
+        assert_rel_close(a, b, tol * (_gamma_cancellation(d, M) if n == "dgamma" else 1.0), f"{kernel} {n}")
+
+
+def _gamma_cancellation(d, M):
+    """``||sum |terms||| / ||sum terms||`` (at least 1) of gamma's gradient under :func:`_two_calls`' loss.
+
+    gamma's gradient sums one signed term per write and value channel (and H = 2 heads give a norm over two
+    sums only), so on some draws it cancels to a small fraction of its terms and its relative error has no
+    fixed bound; its error stays bounded relative to the terms' magnitudes. The terms are the gradient of
+    gamma given per token, slot and head (tests/kernels/test_slots.py's dense formula, one call: two chained
+    calls compute the same function), one value channel of one upstream gradient at a time."""
+    from tests.kernels.test_slots import _dense_formula
+
+    B, T, H, dv = d["v"].shape
+    x = {n: d[n].double() for n in ("w", "r", "v", "gamma", "S0", "z0")}
+    gamma = x["gamma"].expand(B, T, M, H).clone().requires_grad_()
+    outs = _dense_formula(d["wi"], x["w"], d["ri"], x["r"], x["v"], gamma, M, x["S0"], x["z0"])
+    gen = torch.Generator(device=DEVICE).manual_seed(7)      # the upstream gradients of _two_calls
+    cot = [torch.randn(t.shape, generator=gen, device=DEVICE, dtype=torch.float64) for t in outs]
+    total = magnitude = 0.0
+    for out, up in zip(outs, cot):
+        channels = up.unsqueeze(-1) if out.dim() == 3 else up      # z has no value channel
+        for j in range(channels.shape[-1]):
+            piece = torch.zeros_like(channels)
+            piece[..., j] = channels[..., j]
+            terms, = torch.autograd.grad(out, gamma, piece.view(out.shape), retain_graph=True)
+            total, magnitude = total + terms, magnitude + terms.abs()
+    sums = [t.sum((0, 1, 2)).norm() for t in (magnitude, total)]
+    return max(1.0, (sums[0] / sums[1].clamp_min(1e-300)).item())

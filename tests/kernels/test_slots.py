@@ -270,8 +270,8 @@ def _dense_formula(wi, ww, ri, rw, v, gamma, M, S0=None, z0=None, eps=1e-6):
     ``(H,)``, or ``(B, T, M, H)``: one exponent per token and slot (a slot not written has w = 0, so its
     exponent does nothing), the form in which each term of gamma's gradient stands alone."""
     B, T, H, dv = v.shape
-    w = torch.zeros(B, T, H, M, dtype=v.dtype).scatter(-1, wi, ww)
-    r = torch.zeros(B, T, H, M, dtype=v.dtype).scatter(-1, ri, rw)
+    w = torch.zeros(B, T, H, M, dtype=v.dtype, device=v.device).scatter(-1, wi, ww)
+    r = torch.zeros(B, T, H, M, dtype=v.dtype, device=v.device).scatter(-1, ri, rw)
     S = v.new_zeros(B, H, M, dv) if S0 is None else S0
     z = v.new_zeros(B, H, M) if z0 is None else z0
     outs = []
