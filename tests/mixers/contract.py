@@ -8,12 +8,14 @@ Each mixer is built with its ``contract_options`` (small, strictly causal).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
 
 from mixers import MIXERS, build_mixer
 from mixers.base import Mixer
+from tests.mixers.gpu_path import ROUNDING_SAMPLES, rounding_copies
 
 D_MODEL = 32
 
@@ -116,14 +118,46 @@ def check_causal(name):
     assert response > CAUSAL_MIN_RESPONSE, f"{name}: output ignores its inputs (moved by {response:.2e}, relative)"
 
 
+#: fp32 paths that disagree (assert_paths_agree) are each held to the fp64 token loop within the tolerance or this
+#: many times the spread of the fp32 token loop under one rounding of the input: on the ill-conditioned draws
+#: measured the parallel form was up to 3.5x that spread from fp64, and the token loop up to 0.8x
+SPREAD_RATIO = 10
+
+
+def assert_paths_agree(m, x, got, y, tol, label):
+    """``got`` (another path's output for ``x``) equals ``y = m(x)`` within ``tol``, relative. In fp32 a draw
+    outside it is looked at again: ``y`` and ``got`` must each be within ``tol`` of the fp64 token loop of the
+    same weights, or within SPREAD_RATIO times what fp32 rounding moves on this draw: the largest distance of the
+    fp32 token loop on ROUNDING_SAMPLES copies of ``x`` perturbed by one rounding from it on ``x``
+    (tests/mixers/gpu_path.py's copies). A spread, not an error against fp64: a path that is off by the same
+    amount on every copy does not widen its own bound. Some draws are ill-conditioned (GKA's regularised solve,
+    kappa up to 51, then a per-head RMSNorm on a token with a small readout; a LayerNorm over a block that lands
+    almost flat), and there every fp32 path is far from fp64: GKA's parallel and recurrent outputs differed by
+    up to 0.61 of its tolerance over 3000 draws (median 0.013)."""
+    err = rel(got, y)
+    if err < tol:
+        return
+    message = f"{label}: rel err {err:.2e} > {tol:.0e}"
+    assert x.dtype == torch.float32, message
+    with torch.no_grad():
+        exact = copy.deepcopy(m).double().forward_recurrent(x.double())[0]
+        loops = [m.forward_recurrent(xs)[0] for xs in rounding_copies(x)]
+    spread = max(rel(loop, loops[0]) for loop in loops[1:])
+    bound = max(tol, SPREAD_RATIO * spread)
+    for what, value in (("the parallel form", y), ("the other path", got)):
+        off = rel(value, exact)
+        assert off < bound, (f"{message}, and {what} is {off:.2e} from the fp64 token loop, more than "
+                             f"{SPREAD_RATIO}x the fp32 token loop's spread {spread:.2e} over {ROUNDING_SAMPLES} "
+                             f"copies of the input perturbed by one rounding")
+
+
 def check_parallel_equals_recurrent(name, dtype):
     m = make(name, dtype)
     x = torch.randn(2, 21, D_MODEL, dtype=dtype)
     with torch.no_grad():
         y = m(x)
         y_rec, _ = m.forward_recurrent(x)
-    tol = tolerance(name, dtype)
-    assert rel(y_rec, y) < tol, f"{name}: parallel vs recurrent rel err {rel(y_rec, y):.2e} > {tol:.0e}"
+    assert_paths_agree(m, x, y_rec, y, tolerance(name, dtype), f"{name}: parallel vs recurrent")
 
 
 def check_prefill_then_decode(name, dtype):

@@ -5,6 +5,8 @@ preset defaults, option validation, beta range, and the Triton backend (interpre
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -119,5 +121,36 @@ def test_triton_backend_matches_torch():
     (y * w).sum().backward()
     (yt * w).sum().backward()
     assert rel(xt.grad, x.grad) < 1e-4
+    cancels = gate_cancellation(m, x, w)
     for (name, p), pt in zip(m.named_parameters(), mt.parameters()):
-        assert rel(pt.grad, p.grad) < 1e-4, name
+        tol = 1e-4 * cancels.get(name, 1.0)
+        assert rel(pt.grad, p.grad) < tol, (name, rel(pt.grad, p.grad), tol)
+
+
+def gate_cancellation(m, x, w):
+    """``{name: ||sum |terms||| / ||sum terms||}`` (at least 1) for the forget gate's per-head parameters, whose
+    gradients are sums over every token: from an fp64 copy of ``m`` with upstream ``w``. Both enter through
+    ``g = -exp(A_log) softplus(a + dt_bias)``, ``a = W_a x`` per token: a token's term of the gradient of
+    ``dt_bias`` is the gradient of ``a``, of ``A_log`` it is ``dL/dg * g``. Where the terms nearly cancel, the
+    fp32 rounding of each term is that many times larger against the sum (the Triton and the PyTorch paths
+    differed by 0.31 of 1e-4 relative on ``dt_bias`` over 300 draws, median 0.0065)."""
+    m64 = copy.deepcopy(m).double()
+    seen, log_gate_from = [], m64._log_gate_from
+
+    def keep(a):
+        g = log_gate_from(a)
+        a.retain_grad()
+        g.retain_grad()
+        seen.append((a, g))
+        return g
+
+    m64._log_gate_from = keep
+    (m64(x.detach().double()) * w.double()).sum().backward()
+    (a, g), = seen
+    grads = dict(m64.named_parameters())
+    cancels = {}
+    for name, terms in (("gate.dt_bias", a.grad), ("gate.A_log", g.grad * g)):
+        terms = terms.flatten(0, -2)
+        assert rel(terms.sum(0), grads[name].grad) < 1e-10, f"the terms of the gradient of {name} miss some"
+        cancels[name] = max(1.0, (terms.abs().sum(0).norm() / terms.sum(0).norm()).item())
+    return cancels

@@ -47,9 +47,10 @@ def test_forward_is_the_documented_composition(norm_eps, state_mixer):
 
 def test_the_embedding_starts_at_the_documented_scale():
     """N(0, 0.02): over 50 x 32 draws the sample std lies within 15 % of 0.02 (the std error of a sample std is
-    1 / sqrt(2 n) = 1.8 %, so 15 % is eight of them), and the head is the same tensor."""
+    1 / sqrt(2 n) = 1.8 %, so 15 % is eight of them), the mean within six standard errors of 0 (a false alarm
+    of 2e-9), and the head is the same tensor."""
     model = build(1e-5, layers=["mamba2"], mixer_options={"mamba2": {"headdim": 16}})
     std = model.embed.weight.std().item()
     assert abs(std - 0.02) < 0.15 * 0.02, std
-    assert abs(model.embed.weight.mean().item()) < 5 * 0.02 / (VOCAB * D) ** 0.5
+    assert abs(model.embed.weight.mean().item()) < 6 * 0.02 / (VOCAB * D) ** 0.5
     assert model.head.weight is model.embed.weight

@@ -125,6 +125,10 @@ MODES = [
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 @pytest.mark.parametrize("mode", MODES, ids=lambda o: "-".join(o.values()))
 def test_every_mode_parallel_equals_recurrent_and_decode(mode, dtype, tol):
+    """The recurrence and prefill + decode give the parallel form's output (contract.assert_paths_agree). A
+    LayerNorm divides by its block's spread (about 0.34 here), and a block of three components lands almost flat
+    on some draws (a spread of 0.017 before the step norm on one): the rounding of every fp32 path grows 20-fold
+    there (the parallel form 2.0e-5 from fp64, the token loop 0.7e-5; 7 draws in 3000 above 5e-6 apart)."""
     mixer = make(12, dtype, block_size=3, n_blocks=3, **mode).eval()
     x = torch.randn(2, 19, 12, dtype=dtype)
     with torch.no_grad():
@@ -135,8 +139,8 @@ def test_every_mode_parallel_equals_recurrent_and_decode(mode, dtype, tol):
         for t in range(11, 19):
             y_t, state = mixer.step(x[:, t], state)
             ys.append(y_t[:, None])
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
-    assert rel(y_rec, y) < tol and rel(torch.cat(ys, 1), y) < tol
+    contract.assert_paths_agree(mixer, x, y_rec, y, tol, "recurrent vs parallel")
+    contract.assert_paths_agree(mixer, x, torch.cat(ys, 1), y, tol, "prefill + decode vs parallel")
     assert y.dtype == dtype
 
 
