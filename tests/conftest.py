@@ -5,7 +5,9 @@ with the fix, where the installed Triton and NumPy cannot interpret them).
 kernel modules are imported, which is why it happens here at collection time.
 """
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,10 +39,13 @@ SEED_VARIABLE = "ZOO_TEST_SEED"
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    """Fresh random inputs every run; a failing test prints its seed, and ZOO_TEST_SEED=<seed> replays it."""
+    """Fresh random inputs every run; a failing test prints its seed, and ZOO_TEST_SEED=<seed> replays it. The
+    seed sets torch's, Python's and NumPy's global generators, so a test drawing from any of them replays."""
     fixed = os.environ.get(SEED_VARIABLE)
     seed = int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # NumPy's legacy seed takes 32 bits
     request.node.zoo_seed = seed
     yield seed
 

@@ -1,4 +1,5 @@
-"""A failing randomized test prints its seed, and ZOO_TEST_SEED replays exactly the same draw."""
+"""A failing randomized test prints its seed, and ZOO_TEST_SEED replays exactly the same draw: torch's, Python's
+and NumPy's global generators alike."""
 import os
 import re
 import shutil
@@ -7,11 +8,14 @@ import sys
 from pathlib import Path
 
 FAILING = '''
+import random
+
+import numpy as np
 import torch
 
 def test_draw():
     value = torch.randn(()).item()
-    print("DRAW", repr(value))
+    print("DRAW", repr((value, random.random(), float(np.random.rand()))).replace(" ", ""))
     assert value > 1e9
 '''
 
