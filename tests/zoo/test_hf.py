@@ -56,6 +56,24 @@ def export(run, to) -> str:
     return str(to)
 
 
+#: two greedy decodes of one model may part where its two most likely tokens are this close: an untrained model's
+#: logits lie within about 0.1 of each other, and the two decodes round them differently (about 1e-7 apart)
+GREEDY_TIE = 1e-5
+
+
+def assert_same_greedy_decode(ours, prompt: list[int], got: list[int], expected: list[int]) -> None:
+    """``got`` (transformers' ``generate``) is ``expected`` (zoo's ``generate_ids``) up to where they part, and
+    they part only at a near-tie of ``ours``'s logits after the shared prefix; past it they continue different
+    prefixes and are not compared."""
+    for t, (a, b) in enumerate(zip(got, expected)):
+        if a != b:
+            with torch.no_grad():
+                logits = ours(torch.tensor([prompt + expected[:t]]))[0, -1]
+            assert float(logits.max() - logits[a]) <= GREEDY_TIE, (t, got, expected)
+            return
+    assert len(got) == len(expected), (got, expected)
+
+
 def recorded_lengths(model) -> list[int]:
     """The input lengths of every forward of ``model`` from now on."""
     lengths = []
@@ -77,10 +95,11 @@ def test_every_mixer_exports_to_the_same_logits_and_greedy_decodes_as_zoo_genera
     expected, _, _ = generate_ids(ours, prompt, max_new_tokens=8, eos_id=EOS)
     lengths = recorded_lengths(theirs)
     out = theirs.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
-    assert out.sequences[0, len(prompt):].tolist() == expected
-    assert lengths == [len(prompt)] + [1] * (len(expected) - 1)  # the prompt once, then one token per step
+    got = out.sequences[0, len(prompt):].tolist()
+    assert_same_greedy_decode(ours, prompt, got, expected)
+    assert lengths == [len(prompt)] + [1] * (len(got) - 1)  # the prompt once, then one token per step
     cache = getattr(out, CACHE_FIELD)
-    assert isinstance(cache, ZooCache) and cache.get_seq_length() == len(prompt) + len(expected) - 1
+    assert isinstance(cache, ZooCache) and cache.get_seq_length() == len(prompt) + len(got) - 1
 
 
 def test_generate_without_a_prompt_starts_from_eos_as_zoo_generate_does(tmp_path):
@@ -89,7 +108,8 @@ def test_generate_without_a_prompt_starts_from_eos_as_zoo_generate_does(tmp_path
     theirs = AutoModelForCausalLM.from_pretrained(export(run, tmp_path / "hf"))
     expected, _, _ = generate_ids(ours, [EOS], max_new_tokens=8, eos_id=EOS)   # zoo generate's empty prompt
     out = theirs.generate(max_new_tokens=8, do_sample=False)
-    assert out[0].tolist() == [EOS] + expected
+    assert out[0, 0] == EOS
+    assert_same_greedy_decode(ours, [EOS], out[0, 1:].tolist(), expected)
 
 
 def test_hidden_states_end_after_the_final_norm_and_the_head_reads_the_last_one(tmp_path):

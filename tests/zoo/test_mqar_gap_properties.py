@@ -1,7 +1,10 @@
 """The MQAR query gaps follow the declared power law: with one key-value pair, the query sits ``2 * g``
 positions after the context with probability proportional to ``(g + 1) ** (power_a - 1)``, ``g`` in
 ``[0, (seq_len - context) // 2)``; the observed frequencies of a large fresh sample are checked against that
-closed form within five standard errors."""
+closed form within six standard errors. Over the 30 bins checked, a correct generator fails about once in 15
+million runs (the exact binomial tails; five standard errors of 20,000 examples failed about once in 55,000); a
+gap offset by one (``power_a < 1``) or a lost last gap fails every time, an exponent off by 0.05 about nine times
+in ten at ``power_a < 1``."""
 import math
 
 import pytest
@@ -10,7 +13,8 @@ import torch
 from mixers.options import build_options
 from zoo.tasks import TASKS
 
-EXAMPLES = 20_000
+EXAMPLES = 50_000
+SIGMAS = 6
 
 
 @pytest.mark.parametrize("power_a", [0.01, 0.3, 1.0])
@@ -31,4 +35,4 @@ def test_query_gaps_follow_the_declared_power_law(power_a):
     for g, count in enumerate(counts.tolist()):
         p = weights[g] / sum(weights)
         spread = math.sqrt(EXAMPLES * p * (1 - p))
-        assert abs(count - EXAMPLES * p) <= 5 * spread, (g, count, EXAMPLES * p)
+        assert abs(count - EXAMPLES * p) <= SIGMAS * spread, (g, count, EXAMPLES * p)
