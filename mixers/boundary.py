@@ -139,18 +139,18 @@ def check_state(mixer, state, x_t) -> dict:
                              f"got {tuple(value.shape)}{other}")
     if want is None:
         return state
-    dtypes = state_dtypes(mixer, B, want)
+    dtypes, convert = state_dtypes(mixer, B, want), False
     for key, dtype in dtypes.items():
         given = state[key].dtype
-        if given != dtype and not (given.is_floating_point and dtype.is_floating_point
-                                   and torch.promote_types(given, dtype) == dtype):
+        if given == dtype:
+            continue
+        convert = True
+        if not (given.is_floating_point and dtype.is_floating_point and torch.promote_types(given, dtype) == dtype):
             raise TypeError(f"{head}[{key!r}] is {given}, which does not convert exactly to the {dtype} a "
                             f"{mixer.name} in {want} keeps it in (as init_state(batch_size) lays it out): a state "
                             f"from the mixer in another dtype? Start from init_state(batch_size) or prefill(x) of "
                             f"this mixer, or convert the state (state[{key!r}].to({dtype}))")
-    if all(state[key].dtype == dtype for key, dtype in dtypes.items()):
-        return state
-    return {key: value.to(dtypes[key]) for key, value in state.items()}
+    return {key: value.to(dtypes[key]) for key, value in state.items()} if convert else state
 
 
 def empty_output(mixer, x: torch.Tensor) -> torch.Tensor:
