@@ -8,15 +8,22 @@ From Python (a notebook, a script)::
     zoo.evaluate(result, ["eval.seq_lens=[64]"])      # metrics under other test settings
 
 - ``zoo.load(path_or_mapping, overrides=())`` reads a recipe (extends -> overrides -> validation) and
-  returns a :class:`zoo.config.Recipe`; it is :func:`zoo.recipes.resolve`.
-- ``zoo.build_model(recipe)`` builds the untrained :class:`zoo.model.HybridLM` (seeded by the recipe).
+  returns a :class:`zoo.config.Recipe` (:func:`zoo.recipes.resolve`). ``overrides``: a list of
+  ``key.path=value`` strings, one such string, or a mapping ``{key.path: value}``; a ``Recipe`` given again
+  takes more overrides. ``extends:`` is read from a recipe file only.
+- ``zoo.build_model(recipe)`` builds the untrained :class:`zoo.model.HybridLM` (``zoo.HybridLM``), seeded by the
+  recipe, leaving the caller's torch random state as it was; ``zoo.build_task(recipe)`` its task. These and
+  ``zoo.train`` take a ``Recipe`` or a recipe file or mapping.
 - ``zoo.train(recipe, progress=True, description="", checkpoint_dir=None)`` trains and evaluates;
-  with ``checkpoint_dir`` it checkpoints there and resumes a checkpoint of the same recipe.
+  with ``checkpoint_dir`` it checkpoints there and resumes a checkpoint of the same recipe. A recipe with a
+  grid trains its base recipe only, with a warning (``zoo ablate`` runs the cells).
 - ``zoo.evaluate(result_or_checkpoint, overrides=())`` evaluates a trained model again (other lengths,
   test-time knobs, test data) without retraining; ``zoo.evaluate_checkpoint`` returns a full results
-  row, ``zoo.load_checkpoint`` the raw checkpoint dict.
+  row, ``zoo.load_checkpoint`` the raw checkpoint dict. A checkpoint is its folder or file (``str`` or ``Path``).
 - ``zoo.UserError``: every mistake a user can fix (a recipe typo, a missing file, a missing extra) is
-  raised as this one error, with a one-line message.
+  raised as this one error, with a one-line message; an argument of the wrong kind (a ``TrainResult`` where a
+  checkpoint path goes, a list of numbers as overrides) is one too, and also a ``TypeError``
+  (:class:`zoo.api.ArgumentError`).
 - Out-of-tree mixers: decorate a :class:`mixers.Mixer` subclass with ``@mixers.register_mixer`` in
   your module and name the module in the recipe's ``imports: [my_pkg.my_mixer]``.
 
@@ -37,12 +44,12 @@ _EXPORTS = {
     "UserError": ("zoo.errors", "UserError"),
     "HybridLM": ("zoo.model", "HybridLM"),
     "resolve": ("zoo.recipes", "resolve"),
-    "load": ("zoo.recipes", "resolve"),
-    "evaluate": ("zoo.reevaluate", "evaluate"),
-    "evaluate_checkpoint": ("zoo.reevaluate", "evaluate_checkpoint"),
+    "load": ("zoo.api", "load"),
+    "evaluate": ("zoo.api", "evaluate"),
+    "evaluate_checkpoint": ("zoo.api", "evaluate_checkpoint"),
     "Task": ("zoo.tasks", "Task"),
     "TrainResult": ("zoo.training.loop", "TrainResult"),
-    "train": ("zoo.training.loop", "train"),
+    "train": ("zoo.api", "train"),
     "build_task": ("zoo.api", "build_task"),
     "build_model": ("zoo.api", "build_model"),
     "load_checkpoint": ("zoo.api", "load_checkpoint"),
@@ -63,4 +70,4 @@ def __dir__():
 
 
 __all__ = ["load", "resolve", "build_model", "build_task", "train", "evaluate", "evaluate_checkpoint",
-           "load_checkpoint", "Recipe", "UserError", "TrainResult"]
+           "load_checkpoint", "Recipe", "UserError", "TrainResult", "HybridLM", "Task"]
