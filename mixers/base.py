@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import nn
 
-from .boundary import checked_forward, checked_prefill, checked_step, wrap_methods
+from .boundary import checked_forward, checked_prefill, checked_state_size, checked_step, wrap_methods
 from .options import OptionError, build_options, describe_options, nearest
 
 State = dict[str, torch.Tensor]
@@ -198,6 +198,7 @@ class Mixer(nn.Module):
 Mixer.forward = checked_forward(Mixer.forward)
 Mixer.prefill = checked_prefill(Mixer.prefill)
 Mixer.step = checked_step(Mixer.step)
+Mixer.active_state_size = checked_state_size(Mixer.active_state_size)
 
 
 class StateMixer(nn.Module):
@@ -224,6 +225,9 @@ class Registry:
     importing any module of a package first imports the package, which imports every module in it."""
     kind: str
     entries: dict[str, type]
+    #: the decorator that registers a class, and the class every entry derives from (named in a miss)
+    decorator: str = ""
+    base: type | None = None
 
     def add(self, cls: type) -> type:
         if not cls.name:
@@ -238,8 +242,27 @@ class Registry:
     def get(self, name: str, path: str = "") -> type:
         if name not in self.entries:
             raise OptionError(path, f"unknown {self.kind} {name!r}{nearest(name, self.entries)} "
-                                    f"(registered: {', '.join(sorted(self.entries))})")
+                                    f"(registered: {', '.join(sorted(self.entries))}){self._unregistered_hint(name)}")
         return self.entries[name]
+
+    def _unregistered_hint(self, name: str) -> str:
+        """What a user who wrote a class of that name most likely left out: the decorator, or the import."""
+        if not self.decorator:
+            return ""
+        found, todo = [], list(self.base.__subclasses__()) if self.base else []
+        while todo:
+            cls = todo.pop()
+            todo.extend(cls.__subclasses__())
+            if getattr(cls, "name", None) == name:
+                found.append(cls)
+        if found:
+            cls = found[0]
+            return (f"; {cls.__module__}.{cls.__qualname__} is named {name!r} but was never registered: decorate it "
+                    f"with @{self.decorator}")
+        if nearest(name, self.entries):   # a typo of a registered name, most likely
+            return ""
+        return (f"; a {self.kind} of your own: decorate its class with @{self.decorator} and name its module in the "
+                f"recipe's imports: [my_pkg.my_module]")
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -265,8 +288,8 @@ class Registry:
         return rows
 
 
-MIXERS = Registry("mixer", {})
-STATE_MIXERS = Registry("state mixer", {})
+MIXERS = Registry("mixer", {}, "register_mixer", Mixer)
+STATE_MIXERS = Registry("state mixer", {}, "register_state_mixer", StateMixer)
 
 
 def register_mixer(cls: type) -> type:

@@ -15,6 +15,10 @@ dtype and the one given, before any projection runs:
   ``init_state`` gives it for the module's dtype or one that converts to it exactly (a state a prefill under
   autocast left in the autocast dtype), which is raised to it; a wider or unrelated dtype (an fp64 state kept
   from before ``mixer.float()``) is refused rather than mixed into the step's matmuls or carried on in fp64;
+- the state ``step`` returns: its keys must be those of ``init_state`` (a mixer's wrong layout is named at the
+  step that made it, not at the next one; the layout is the one the input state was checked against, so this
+  costs one set comparison);
+- ``batch_size`` of ``init_state`` and ``seq_len`` of ``state_size`` / ``active_state_size``: non-negative ints;
 - ``batch = 0`` is refused (every mixer alike); ``T = 0`` returns an empty ``(batch, 0, d_model)`` output
   and, from ``prefill``, the state of ``init_state`` (nothing consumed).
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import numbers
 from typing import Mapping
 
 import torch
@@ -153,6 +158,38 @@ def check_state(mixer, state, x_t) -> dict:
     return {key: value.to(dtypes[key]) for key, value in state.items()} if convert else state
 
 
+def check_returned_state(mixer, result, where: str, batch: int):
+    """``result`` of ``step``: ``(output, state)`` with the state's keys those of ``init_state`` (a wrong layout is
+    named here, at the step that made it, not at the next one that reads it). Keys only, against the layout cached
+    when the input state was checked: a decode step pays one set comparison. (``prefill`` is not checked: its
+    layout would be built inside a training step's forward; the next ``step`` names a wrong one.)"""
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
+        raise TypeError(f"{mixer.name}.{where} must return (output, state) with the state a dict laid out as "
+                        f"init_state(batch_size) returns it, got {type(result).__name__}")
+    layout = state_layout(mixer, batch, module_dtype(mixer))
+    if result[1].keys() != layout.keys():
+        raise ValueError(f"{mixer.name}.{where} returned a state with the keys {sorted(result[1])}, but init_state "
+                         f"lays it out with {sorted(layout)}: return the state in init_state's layout")
+    return result
+
+
+def outermost_checked(mixer, where: str, batch: int, fn, *args, **kwargs):
+    """``fn(mixer, *args, **kwargs)`` with its returned state checked, unless this call runs inside another
+    ``step`` of the same mixer (a subclass that calls ``super().step`` and returns a state of its own layout: its
+    outer call is the one checked)."""
+    depth = mixer.__dict__.get(_DEPTH, 0)
+    mixer.__dict__[_DEPTH] = depth + 1
+    try:
+        result = fn(mixer, *args, **kwargs)
+    finally:
+        mixer.__dict__[_DEPTH] = depth
+    return check_returned_state(mixer, result, where, batch) if depth == 0 else result
+
+
+#: how many checked ``step`` calls of a mixer are running (nested through ``super()``)
+_DEPTH = "_boundary_call_depth"
+
+
 def empty_output(mixer, x: torch.Tensor) -> torch.Tensor:
     return x.new_zeros(x.shape[0], 0, mixer.d_model)
 
@@ -190,7 +227,7 @@ def checked_step(fn):
         if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
             x_t = x_t.to(want)
         with autocast_off(x_t.device.type):
-            return fn(self, x_t, state, *args, **kwargs)
+            return outermost_checked(self, "step", x_t.shape[0], fn, x_t, state, *args, **kwargs)
     setattr(step, WRAPPED, True)
     return step
 
@@ -203,9 +240,22 @@ def module_device(mixer: torch.nn.Module) -> torch.device | None:
     return None
 
 
+def check_count(mixer, value, where: str, arg: str) -> None:
+    """``value`` must be a non-negative integer (a batch size, a sequence length), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{mixer.name}.{where}: {arg} must be a non-negative int, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < 0:
+        raise ValueError(f"{mixer.name}.{where}: {arg} must be a non-negative int, got {value}")
+
+
 def defaulted_init_state(fn):
     @functools.wraps(fn)
     def init_state(self, batch_size, device=None, dtype=None, *args, **kwargs):
+        check_count(self, batch_size, "init_state", "batch_size")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"{type(self).__name__}.init_state: dtype must be a floating torch.dtype (or None for the "
+                            f"mixer's own), got {dtype!r}")
         device = module_device(self) if device is None else device
         dtype = module_dtype(self) if dtype is None else dtype
         return fn(self, batch_size, device, dtype, *args, **kwargs)
@@ -213,12 +263,25 @@ def defaulted_init_state(fn):
     return init_state
 
 
+def checked_state_size(fn):
+    """``state_size`` / ``active_state_size``: ``seq_len`` checked (a negative or fractional length gave a
+    negative or fractional count)."""
+    @functools.wraps(fn)
+    def state_size(self, seq_len, *args, **kwargs):
+        check_count(self, seq_len, fn.__name__, "seq_len")
+        return fn(self, seq_len, *args, **kwargs)
+    setattr(state_size, WRAPPED, True)
+    return state_size
+
+
 WRAPPERS = {"forward": checked_forward, "prefill": checked_prefill, "step": checked_step,
-            "init_state": defaulted_init_state}
+            "init_state": defaulted_init_state, "state_size": checked_state_size,
+            "active_state_size": checked_state_size}
 
 
 def wrap_methods(cls) -> None:
-    """Wrap the ``forward`` / ``prefill`` / ``step`` / ``init_state`` that ``cls`` itself defines (once each)."""
+    """Wrap the ``forward`` / ``prefill`` / ``step`` / ``init_state`` / ``state_size`` / ``active_state_size`` that
+    ``cls`` itself defines (once each)."""
     for name, wrapper in WRAPPERS.items():
         fn = cls.__dict__.get(name)
         if callable(fn) and not getattr(fn, WRAPPED, False):

@@ -11,6 +11,7 @@ command wrote stay. A Ctrl-C ends any command in one line with exit status 130, 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import select
@@ -78,7 +79,18 @@ def _layers(recipe) -> str:
     return "+".join(layer_label(e) for e in recipe.model.layer_entries())
 
 
+def _import_listed(modules: list[str]) -> None:
+    """Import the modules ``zoo list --imports`` names (out-of-tree mixers, state mixers, tasks), each failure in
+    one line."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a user module may fail in any way: report it in one line
+            raise UserError(f"zoo list --imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
+
+
 def cmd_list(args) -> int:
+    _import_listed(args.imports or [])
     sections = {"recipe": RecipeConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
     data = {"mixers": MIXERS.describe(), "state_mixers": STATE_MIXERS.describe(), "tasks": TASKS.describe(),
             "recipe": {name: describe_options(cls) for name, cls in sections.items()}}
@@ -332,6 +344,15 @@ def _claims_parser(sub) -> None:
     p.set_defaults(func=cmd_claims)
 
 
+def _add_list_parser(sub) -> None:
+    p = sub.add_parser("list", help="show the registered mixers, state mixers and tasks")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--options", action="store_true", help="also list every option, with types, defaults and ranges")
+    p.add_argument("--imports", nargs="*", metavar="MODULE",
+                   help="modules to import first, so that their out-of-tree mixers, state mixers and tasks are listed")
+    p.set_defaults(func=cmd_list)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zoo", description="mixer-zoo: compose, train and compare sequence mixers",
@@ -341,10 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                "Many cells: zoo ablate RECIPE --executor ray [--address auto] (pip install -e \".[ray]\").\n"
                "Every option of recipes, mixers, state mixers and tasks, with ranges: zoo list --options.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("list", help="show the registered mixers, state mixers and tasks")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--options", action="store_true", help="also list every option, with types, defaults and ranges")
-    p.set_defaults(func=cmd_list)
+    _add_list_parser(sub)
     p = sub.add_parser("check", help="validate a recipe (and every cell of its grid) without running it")
     _recipe_args(p)
     p.set_defaults(func=cmd_check)

@@ -73,6 +73,11 @@ class HybridLM(nn.Module):
         :meth:`zoo.config.ModelConfig.layer_option_keys`; by default ``model.layers.<i>``)."""
         super().__init__()
         state_mixer = state_mixer or Spec("swiglu", STATE_MIXERS.get("swiglu").Options())
+        for spec in [*layers, state_mixer]:
+            if not isinstance(spec, Spec):
+                raise TypeError(f"HybridLM: layers and state_mixer are Specs (a name and validated options), got "
+                                f"{type(spec).__name__} {spec!r}; build a model from a recipe with "
+                                f"zoo.build_model(zoo.load(path_or_mapping))")
         self.layer_specs = list(layers)
         self.layer_names = [spec.name for spec in layers]
         self.use_mask = use_mask
@@ -115,6 +120,10 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, states):
+        if not isinstance(states, (list, tuple)) or len(states) != len(self.blocks):
+            got = f"{len(states)} states" if isinstance(states, (list, tuple)) else type(states).__name__
+            raise ValueError(f"HybridLM.step: states must be the list of {len(self.blocks)} per-layer states that "
+                             f"prefill or step returned, got {got}")
         x = self.embed(token)
         new_states = []
         for block, state in zip(self.blocks, states):

@@ -83,3 +83,41 @@ def test_a_kv_cache_of_any_length_is_a_valid_state():
 def test_options_that_train_to_nan_are_refused(name, option, value):
     with pytest.raises(OptionError, match=f"{option}: .* out of range: must be > 0"):
         build_mixer(name, D_MODEL, {option: value}, path=f"model.mixer_options.{name}")
+
+
+@pytest.mark.parametrize("method", ["state_size", "active_state_size", "init_state"])
+def test_counts_must_be_non_negative_ints(method):
+    """A batch size or sequence length that is negative, fractional, a string or a bool is refused by name (a
+    negative length gave a negative state size; ``init_state(-1)`` failed inside ``torch.zeros``); any
+    non-negative int gives what the mixer's own formula gives."""
+    m = make("attention")
+    arg = "batch_size" if method == "init_state" else "seq_len"
+    n = int(torch.randint(0, 50, ()))
+    for bad, error in ((-1 - n, ValueError), (n + 0.5, TypeError), (str(n), TypeError), (True, TypeError)):
+        with pytest.raises(error, match=rf"attention\.{method}: {arg} must be a non-negative int"):
+            getattr(m, method)(bad)
+    if method == "init_state":
+        assert all(t.shape[0] == n for t in m.init_state(n).values())
+        with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+            m.init_state(2, dtype=torch.int64)
+    else:   # two KV caches of T rows of d_model, the attention formula
+        assert getattr(m, method)(n) == 2 * n * D_MODEL
+
+
+def test_an_unknown_name_points_to_the_decorator_or_the_import():
+    """A mixer class of that name that was never registered is named with the decorator to add; a name close to a
+    registered one gets the nearest name alone; any other name, the decorator and ``imports:``."""
+    from mixers import MIXERS
+
+    name = f"unregistered_{int(torch.randint(10**6, ()))}"
+    with pytest.raises(OptionError, match=r"a mixer of your own: decorate its class with @register_mixer and name its "
+                                          r"module in the recipe's imports:"):
+        MIXERS.get(name)
+    undecorated = type("Undecorated", (CumulativeMean,), {"name": name})
+    with pytest.raises(OptionError, match=rf"Undecorated is named '{name}' but was never registered: decorate it "
+                                          rf"with @register_mixer"):
+        MIXERS.get(name)
+    with pytest.raises(OptionError) as err:
+        MIXERS.get("atention")
+    assert "did you mean 'attention'?" in str(err.value) and "register_mixer" not in str(err.value)
+    assert undecorated.name == name

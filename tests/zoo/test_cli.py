@@ -121,3 +121,19 @@ def test_the_readme_names_every_task_zoo_list_shows():
     sentence = readme[start:readme.index("\n\n", start)]
     named = set(re.findall(r"`([a-z0-9_]+)`", sentence))
     assert {t["name"] for t in json.loads(zoo("list", "--json").stdout)["tasks"]} <= named, sentence
+
+
+def test_list_imports_modules_first_and_names_a_module_it_cannot_import():
+    """``zoo list --imports`` lists an out-of-tree mixer with its options; a module that fails to import is
+    named in one line."""
+    plain = zoo("list", "--options")
+    listed = zoo("list", "--options", "--imports", "tests.zoo.out_of_tree_mixer")
+    assert plain.returncode == listed.returncode == 0, listed.stderr
+    assert "cumulative_mean" not in plain.stdout
+    assert any(line.startswith("cumulative_mean ") for line in listed.stdout.splitlines())
+    assert "cumulative_mean options:" in listed.stdout and "d_inner" in listed.stdout
+    missing = f"no_such_module_{os.getpid()}"
+    refused = zoo("list", "--imports", missing)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        f"zoo: error: zoo list --imports: cannot import '{missing}': ModuleNotFoundError: No module named '{missing}'"]

@@ -171,3 +171,21 @@ def test_gradient_slots_change_no_gradient_and_drop_the_projections_concatenatio
     # projections: the delta rules', GLA's, GKA's, Mamba-2's, SKA's and the slots' value and gate; convolved q|k|v
     # and normalised q|k: the delta rules', GLA's and GKA's; convolved x|B|C: Mamba-2's
     assert plain["aten::cat"] - slotted["aten::cat"] == 7 + 4 + 4 + 1
+
+
+def test_step_takes_one_state_per_layer_and_the_model_takes_specs():
+    """A state list of the wrong length (a layer's state dropped) is refused instead of skipping layers; a layer
+    list of names instead of Specs is pointed to zoo.build_model."""
+    import pytest
+
+    m = build(d_model=32, layers=["mamba2", "attention", "mamba2"],
+              mixer_options={"mamba2": {"d_state": 8, "headdim": 16}, "attention": {"n_heads": 2}})
+    ids = torch.randint(50, (2, int(torch.randint(2, 9, ()))))
+    _, states = m.prefill(ids)
+    logits, _ = m.step(ids[:, -1], states)
+    assert logits.shape == (2, 50)
+    for bad, got in ((states[:-1], "got 2 states"), (states + states[:1], "got 4 states"), (states[0], "got dict")):
+        with pytest.raises(ValueError, match=f"states must be the list of 3 per-layer states .*{got}"):
+            m.step(ids[:, -1], bad)
+    with pytest.raises(TypeError, match=r"layers and state_mixer are Specs .* zoo.build_model"):
+        HybridLM(["mamba2"], 50, 32)

@@ -107,7 +107,7 @@ class Task(abc.ABC):
         return self.generate(num_examples or self.num_examples(split), seq_len, generator)
 
 
-TASKS = Registry("task", {})
+TASKS = Registry("task", {}, "register_task", Task)
 
 
 def register_task(cls):
