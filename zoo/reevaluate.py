@@ -135,5 +135,8 @@ def evaluate(source, overrides=()) -> dict:
         raise UserError("evaluate: this TrainResult carries no recipe; pass a checkpoint path instead")
     _trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
     device = next(result.model.parameters()).device
-    return test_metrics(result.model, recipe, Task.from_spec(recipe.task), device,
-                        resolve_precision(recipe.train.precision, device))
+    metrics = {"steps": result.metrics["steps"]} if "steps" in result.metrics else {}
+    metrics.update(test_metrics(result.model, recipe, Task.from_spec(recipe.task), device,
+                                resolve_precision(recipe.train.precision, device)))
+    metrics["device"] = str(device)   # the keys and order a checkpoint's evaluation returns
+    return metrics

@@ -112,4 +112,6 @@ def test_a_grid_recipe_trains_its_base_with_a_warning_and_evaluates_from_any_pat
         metrics = zoo.evaluate(location, "eval.seq_lens=[24]")
         assert metrics["test_accuracy@24"] == again["test_accuracy@24"]
         assert metrics["test_accuracy"] == result.metrics["test_accuracy"]
+        assert list(metrics) == list(again), "a TrainResult and its checkpoint evaluate to different keys"
+        assert metrics["steps"] == again["steps"] == 2 and metrics["device"] == again["device"] == "cpu"
     assert zoo.load_checkpoint(str(tmp_path))["recipe_key"] == recipe.key
