@@ -79,6 +79,17 @@ def _layers(recipe) -> str:
     return "+".join(layer_label(e) for e in recipe.model.layer_entries())
 
 
+#: the top-level keys the recipe reader takes before the recipe is validated (so no config field holds them)
+READ_BEFORE_VALIDATION = [
+    {"name": "extends", "type": "str", "default": None, "range": "", "choices": None,
+     "help": "a base recipe file, relative to this one, that this recipe overrides key by key (its grid is not "
+             "inherited)"},
+    {"name": "imports", "type": "list[str]", "default": [], "range": "", "choices": None,
+     "help": "modules to import before the recipe is read, e.g. [my_pkg.my_mixer]: out-of-tree mixers, state mixers "
+             "and tasks (importing runs their code)"},
+]
+
+
 def _import_listed(modules: list[str]) -> None:
     """Import the modules ``zoo list --imports`` names (out-of-tree mixers, state mixers, tasks), each failure in
     one line."""
@@ -94,6 +105,7 @@ def cmd_list(args) -> int:
     sections = {"recipe": RecipeConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
     data = {"mixers": MIXERS.describe(), "state_mixers": STATE_MIXERS.describe(), "tasks": TASKS.describe(),
             "recipe": {name: describe_options(cls) for name, cls in sections.items()}}
+    data["recipe"]["recipe"] += READ_BEFORE_VALIDATION
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mixers import MIXERS
+from zoo.paths import recipe_sections
 from tests.registry import builtin_mixer_names
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
@@ -68,8 +69,10 @@ def test_list_options_shows_top_level_and_eval_keys():
     assert out.returncode == 0, out.stderr
     sections = out.stdout.split("\n\n")
     top = next(s for s in sections if s.startswith("recipe (top level):"))
-    for key in ("seed", "grid", "name"):
+    for key in ("seed", "grid", "name", "extends", "imports"):
         assert any(line.startswith(key + " ") for line in top.splitlines()), top
+    listed = json.loads(zoo("list", "--json").stdout)["recipe"]["recipe"]
+    assert [o["name"] for o in listed] == list(recipe_sections())
     ev = next(s for s in sections if s.startswith("recipe section eval:"))
     for key in ("test_time_sweep", "test_time", "seq_lens"):
         assert any(line.startswith(key + " ") for line in ev.splitlines()), ev

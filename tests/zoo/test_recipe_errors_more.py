@@ -205,3 +205,23 @@ def test_a_check_across_the_task_options_blames_the_override(tmp_path, capsys):
     lm = Path(__file__).parents[2] / "recipes" / "lm" / "python_docs_bytes.yaml"
     line = check_fails(capsys, lm, "task.source=files", f"task.path={tmp_path}")
     assert line.startswith(f"zoo: error: override 'task.path={tmp_path}': task.path '{tmp_path}' is a folder"), line
+
+
+@pytest.mark.parametrize("typo, nearest", [("improts", "imports"), ("extend", "extends"), ("trian", "train")])
+def test_a_misspelt_top_level_key_of_a_mapping_names_every_section(typo, nearest):
+    """A mapping's (or an override's) unknown top-level key is named with the nearest recipe section, the keys the
+    reader takes before validation (``imports``, ``extends``) among them, as a recipe file's is."""
+    with pytest.raises(UserError) as err:
+        resolve({typo: ["x"], "task": {"name": "mqar"}})
+    message = str(err.value)
+    assert message.startswith(f"{typo}: unknown option {typo!r}; did you mean {nearest!r}"), message
+    assert message.endswith("(valid: model, task, train, eval, seed, name, description, grid, seeds, extends, "
+                            "imports)"), message
+
+
+def test_extends_outside_a_file_says_where_it_is_read():
+    """``extends`` in a mapping or an override has no file beside it to find the base: refused, saying so."""
+    base = f"base_{int(torch.randint(10**6, ()))}.yaml"
+    for recipe, overrides in (({"extends": base, "task": {"name": "mqar"}}, []), (TINY, [f"extends={base}"])):
+        with pytest.raises(UserError, match="'extends' is read only at the top of a recipe file"):
+            resolve(recipe, overrides)

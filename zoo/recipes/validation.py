@@ -28,6 +28,7 @@ from mixers.options import WRITE_AS, OptionError, build_options, nearest, plain_
 
 from ..config import Recipe, RecipeConfig, Spec
 from ..errors import UserError
+from ..paths import recipe_sections
 from ..tasks import TASKS, Task
 from ..tasks.text import layer_problem
 from .loading import LAYER_KEYS, Source, layers_given_twice
@@ -225,6 +226,20 @@ def _task(section: dict, fail) -> tuple[type, Spec]:
 
 
 # --------------------------------------------------------------------------------------- the whole recipe
+def _check_top_level_keys(data: dict, fail) -> None:
+    """An unknown top-level key of a mapping or an override fails with the nearest recipe section, ``imports`` and
+    ``extends`` included (a file's keys were checked when it was read); ``extends`` there has no file beside it
+    to resolve the base from."""
+    known = {f.name for f in fields(RecipeConfig) if f.init}
+    for key in data:
+        if key == "extends":
+            fail("extends", "'extends' is read only at the top of a recipe file, whose folder holds the base; "
+                            "write a recipe file that extends the base, or merge the base's keys in yourself")
+        if key not in known:
+            sections = recipe_sections()
+            fail(str(key), f"unknown option {key!r}{nearest(key, sections)} (valid: {', '.join(sections)})")
+
+
 def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[str], bool] | None = None) -> Recipe:
     """The :class:`Recipe` of a merged, overridden mapping (``imports`` and ``grid`` already taken out).
 
@@ -236,6 +251,7 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
     recorded = data["model"].pop("layer_options", None) if isinstance(data.get("model"), dict) else None
     if recorded is not None and own_knob is None:  # a results row's recipe keeps its grid's knobs
         own_knob = lambda path: places.override_at(key_parts(path)) is not None  # noqa: E731
+    _check_top_level_keys(data, fail)
     try:
         config = build_options(RecipeConfig, data)
     except OptionError as err:
