@@ -198,6 +198,9 @@ def test_a_model_with_an_out_of_tree_mixer_loads_once_its_module_is_imported(tmp
     run = write_run(tmp_path, recipe)
     assert "--imports" in one_line_error(capsys, "export", run, "--to", tmp_path / "hf")
     assert zoo_main(["export", run, "--to", str(tmp_path / "hf"), "--imports", module]) == 0
+    hint = capsys.readouterr().out   # how to load it names the module to import first, as the model card does
+    assert f"load it with: import zoo.hf; import {module}; AutoModelForCausalLM.from_pretrained(" in hint, hint
+    assert f"\nimport {module}  #" in (tmp_path / "hf" / "README.md").read_text()
     ours, _ = load_lm(run, imports=[module])
     ids = torch.randint(0, 257, (2, 20))
     with torch.no_grad():

@@ -142,6 +142,7 @@ def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) ->
         f"{model.zoo.num_params():,} parameters (recipe key `{recipe.key}`, step {state.get('step')}).", "",
         "## Use", "", "```python",
         "import zoo.hf  # pip install 'mixer-zoo[hf]': registers the model type mixer_zoo",
+        *(f"import {m}  # defines layers of this model (loading refuses without it)" for m in state.get("imports", [])),
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         f"model, tok = AutoModelForCausalLM.from_pretrained('{name}'), AutoTokenizer.from_pretrained('{name}')",
         "out = model.generate(**tok('The for statement', return_tensors='pt'), max_new_tokens=50)",
@@ -158,7 +159,8 @@ def run(args) -> int:
     """The ``zoo export`` command."""
     path, model = export(args.checkpoint, args.to, args.imports or [], args.test_time or [])
     knobs = ", ".join(f"{k}={v!r}" for k, v in sorted((model.config.test_time or {}).items()))
+    imports = "".join(f"import {m}; " for m in model.config.imports or [])   # out-of-tree modules its layers need
     print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters"
-          f"{f'; test-time knobs {knobs}' if knobs else ''}) to {args.to}; load it with: import zoo.hf; "
+          f"{f'; test-time knobs {knobs}' if knobs else ''}) to {args.to}; load it with: import zoo.hf; {imports}"
           f"AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
     return 0
