@@ -266,6 +266,9 @@ def cmd_table(args) -> int:
     if not folder.exists():
         raise UserError(f"zoo table: {folder}: no such folder; give the folder holding results.jsonl (zoo ablate "
                         f"RECIPE --out DIR writes DIR)")
+    if not (folder / "results.jsonl").is_file():
+        raise UserError(f"zoo table: {folder} holds no results.jsonl; give the folder zoo ablate RECIPE --out DIR "
+                        f"wrote (DIR)")
 
     def report(damage):
         print(f"zoo table: {damage.describe()}; not rendered (zoo ablate on this folder moves it aside and "

@@ -116,6 +116,13 @@ def test_table_of_a_file_or_a_missing_folder_says_which(tmp_path):
                        (tmp_path / "nowhere", "no such folder")):
         out = zoo("table", path)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and said in out.stderr, out.stderr
+    bench = tmp_path / "bench"    # a folder some other command wrote: not taken for an ablation without rows
+    bench.mkdir()
+    (bench / "bench.json").write_text("[]")
+    out = zoo("table", bench)
+    assert out.returncode == 2 and out.stderr == f"zoo: error: zoo table: {bench} holds no results.jsonl; give the " \
+                                                 f"folder zoo ablate RECIPE --out DIR wrote (DIR)\n", out.stderr
+    assert sorted(os.listdir(bench)) == ["bench.json"]
 
 
 def test_the_readme_names_every_task_zoo_list_shows():

@@ -10,6 +10,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from zoo.cli import main
@@ -59,3 +60,29 @@ def test_a_grid_key_a_cell_cannot_set_is_refused(grid, key):
     seeded = _with_grid({"train.lr": [0.001]})
     seeded["seeds"] = [0, 1]
     assert [c.recipe.seed for c in resolve(seeded).cells] == [0, 1]
+
+
+def test_labels_differing_only_by_a_seed_word_must_be_seeds_of_one_cell():
+    """The tables read a ``seed=N`` word in a label as a seed of the cell named by the rest: cells so labelled that
+    differ in more than ``seed`` would be averaged as one cell, and are refused; true seed replicates pass."""
+    from zoo.recipes.grids import expand_grid
+
+    lr = float(torch.empty(()).uniform_(1e-4, 1e-2))
+    with pytest.raises(UserError, match=r"differ in more than their seed.* seed of the cell 'attn'"):
+        expand_grid([{"label": "attn seed=1", "train.lr": lr}, {"label": "attn seed=2", "train.lr": 2 * lr}])
+    cells = expand_grid([{"label": "attn seed=1", "seed": 1, "train.lr": lr},
+                         {"label": "attn seed=2", "seed": 2, "train.lr": lr},
+                         {"label": "gla seed=1", "seed": 1, "train.lr": 2 * lr}])
+    assert [label for label, _ in cells] == ["attn seed=1", "attn seed=2", "gla seed=1"]
+
+
+def test_a_label_of_zero_is_kept_and_an_empty_label_is_refused():
+    """``label: 0`` names its cell "0" (it was replaced by the cell's overrides, as a missing label is); an empty
+    label is refused."""
+    from zoo.recipes.grids import expand_grid
+
+    n = int(torch.randint(2, 5, ()))
+    cells = expand_grid([{"label": i, "train.lr": 0.1 * (i + 1)} for i in range(n)])
+    assert [label for label, _ in cells] == [str(i) for i in range(n)]
+    with pytest.raises(UserError, match="label is empty"):
+        expand_grid([{"label": "", "train.lr": 0.1}])

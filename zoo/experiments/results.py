@@ -21,7 +21,6 @@ import csv
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import matplotlib
@@ -29,6 +28,7 @@ from matplotlib.figure import Figure
 from tabulate import tabulate
 
 from ..errors import UserError
+from ..recipes.grids import cell_of
 from ..recipes.plain import layer_label
 from ..rows import is_eval_row, read_rows
 from ..training.throughput import MIN_WARMUP_STEPS, WARMUP_FRACTION
@@ -146,15 +146,6 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
                   "seed": r["recipe"]["seed"], **m}
         body.append([_fmt(values.get(c, "")) for c in columns])
     return columns, body
-
-
-#: a ``seed=N`` word in a label: older tables named seed replicates "<cell> seed=1" instead of using ``seeds``
-_SEED_WORD = re.compile(r"(?<!\S)seed=\d+(?!\S)")
-
-
-def cell_of(label: str) -> str:
-    """The cell a row belongs to: its label without a ``seed=N`` word (rows of one cell differ by seed)."""
-    return " ".join(_SEED_WORD.sub(" ", str(label)).split())
 
 
 def group_by_cell(rows: list[dict]) -> dict[str, list[dict]]:

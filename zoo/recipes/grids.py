@@ -8,6 +8,7 @@ nearest of those. :func:`cell_paths` gives where each cell's keys are written (f
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import fields
 
 from mixers.options import nearest
@@ -82,13 +83,41 @@ def _listed_cells(grid: list) -> list[tuple[str, dict]]:
             if "." not in key and key not in CELL_KEYS:
                 raise GridError(("grid", i, key), f"unknown key {key!r}{nearest(key, CELL_KEYS)} (a cell's keys are "
                                                   f"label and key paths such as train.lr or model.layers)")
-        label = str(label or " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}")
-        cells.append((label, cell))
+        if label == "":
+            raise GridError(("grid", i, "label"), "the label is empty; give a short name, or leave label out to name "
+                                                  "the cell by its overrides")
+        if label is None:
+            label = " ".join(f"{k}={_short(v)}" for k, v in cell.items()) or f"cell{i}"
+        cells.append((str(label), cell))
     labels = [c[0] for c in cells]
     dupes = {x for x in labels if labels.count(x) > 1}
     if dupes:
         raise GridError(("grid",), f"duplicate cell labels {sorted(dupes)}; give each cell a distinct label")
+    _check_seed_words(cells)
     return cells
+
+
+#: a ``seed=N`` word in a label: older tables named seed replicates "<cell> seed=1" instead of using ``seeds``
+_SEED_WORD = re.compile(r"(?<!\S)seed=\d+(?!\S)")
+
+
+def cell_of(label: str) -> str:
+    """The cell a row belongs to: its label without a ``seed=N`` word (rows of one cell differ by seed)."""
+    return " ".join(_SEED_WORD.sub(" ", str(label)).split())
+
+
+def _check_seed_words(cells: list[tuple[str, dict]]) -> None:
+    """Cells whose labels differ only by a ``seed=N`` word are read by the tables as seeds of one cell: refuse
+    them unless their overrides differ only in ``seed``."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for label, overrides in cells:
+        rest = repr(sorted((k, repr(v)) for k, v in overrides.items() if k != "seed"))
+        groups.setdefault(cell_of(label), []).append((label, rest))
+    for shown, members in groups.items():
+        if len({rest for _, rest in members}) > 1:
+            raise GridError(("grid",), f"cells {[label for label, _ in members]} differ in more than their seed, but "
+                                       f"the tables read a seed=N word in a label as a seed of the cell {shown!r}; "
+                                       f"rename them (or run one cell with seeds: [...] at the top level)")
 
 
 def expand_grid(grid) -> list[tuple[str, dict]]:
