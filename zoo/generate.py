@@ -35,6 +35,7 @@ import yaml
 from mixers import MIXERS, Mixer
 from mixers.options import OptionError, build_options, nearest, plain_options
 
+from .data.prepare import same_tokenizer
 from .errors import UserError
 from .reevaluate import checkpoint_recipe, load_model
 from .tasks import Task
@@ -108,7 +109,7 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
         raise UserError(f"{path}: trained on task {recipe.task.name!r}, not a language model (task: lm); {command} "
                         f"needs an lm checkpoint")
     task = Task.from_spec(recipe.task)
-    if tokenizer and tokenizer != recipe.task.options.tokenizer:
+    if tokenizer and not same_tokenizer(recipe.task.options.tokenizer, tokenizer):
         raise UserError(f"{path}: trained with tokenizer {recipe.task.options.tokenizer!r}, not {tokenizer!r}; "
                         f"generate with the checkpoint's own tokenizer (leave out --tokenizer)")
     rows = state["model"]["embed.weight"].shape[0]
@@ -116,6 +117,7 @@ def read_lm(location, imports: list[str] = (), tokenizer: str = "", command: str
         raise UserError(f"{path}: the model has a vocabulary of {rows} tokens but its tokenizer "
                         f"{recipe.task.options.tokenizer!r} now has {task.vocab_size}; use the tokenizer it was "
                         f"trained with")
+    ckpt.check_same_tokenizer(path, state, task)
     return path, state, recipe, task
 
 
@@ -204,16 +206,16 @@ def apply_test_time(model, values: Mapping[str, Any]) -> None:
 
 
 def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = "", test_time=(),
-            where: str = TEST_TIME_FLAG):
+            where: str = TEST_TIME_FLAG, command: str = "zoo generate"):
     """``(model, task)`` of a language-model checkpoint (a file or its folder), in eval mode, its test-time knobs
     set to the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it
-    (:func:`resolve_test_time`; ``where`` names an override in a refusal)."""
-    model, task, _values = _load_lm(location, device, imports, tokenizer, test_time, where)
+    (:func:`resolve_test_time`; ``where`` names an override in a refusal, ``command`` the caller in the others)."""
+    model, task, _values = _load_lm(location, device, imports, tokenizer, test_time, where, command)
     return model, task
 
 
-def _load_lm(location, device, imports, tokenizer, test_time, where):
-    path, state, recipe, task = read_lm(location, imports, tokenizer)
+def _load_lm(location, device, imports, tokenizer, test_time, where, command="zoo generate"):
+    path, state, recipe, task = read_lm(location, imports, tokenizer, command)
     values = resolve_test_time(recipe, test_time, where)
     model = load_model(state, recipe, torch.device(device), path)
     apply_test_time(model, values)

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from .errors import UserError
 from .generate import generate_ids, load_lm
 
+#: how a refusal of the checkpoint names the harness model that asked for it
+HARNESS_MODEL = "lm_eval --model zoo"
 #: how a ``test_time.KNOB=VALUE`` of ``--model_args`` is named in a refusal
 MODEL_ARGS = "lm_eval --model zoo: --model_args test_time.{}"
 
@@ -53,7 +55,7 @@ class ZooScorer:
                         where: str = "ZooScorer test_time {}") -> "ZooScorer":
         """The scorer of a checkpoint's model under its recipe's ``eval.test_time``, with ``test_time``
         (``{knob: value}`` or ``KNOB=VALUE`` texts) over it; ``where`` names an override in a refusal."""
-        return cls(*load_lm(checkpoint, device, test_time=test_time, where=where))
+        return cls(*load_lm(checkpoint, device, test_time=test_time, where=where, command=HARNESS_MODEL))
 
     @torch.no_grad()
     def _scores(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
@@ -164,7 +166,10 @@ def main(argv: list[str] | None = None) -> None:
         import zoo.hf  # noqa: F401  (registers the exported model type with transformers' Auto classes)
     from lm_eval.__main__ import cli_evaluate
     sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UserError as err:   # a checkpoint or model argument the user can fix: one line, not a traceback
+        raise SystemExit(f"python -m zoo.lm_harness: error: {err}") from None
 
 
 if __name__ == "__main__":

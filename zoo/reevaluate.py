@@ -115,7 +115,8 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     t = recipe.train
     with torch_threads(t.threads):
         device = resolve_device(t.device)
-        model = load_model(state, trained, device, path)
+        model = load_model(state, trained, device, path)   # a tokenizer of another size is named here first
+        ckpt.check_same_tokenizer(path, state, Task.from_spec(trained.task))
         metrics = {"steps": state["step"]}
         metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
                                     resolve_precision(t.precision, device)))

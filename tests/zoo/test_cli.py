@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mixers import MIXERS
-from zoo.paths import recipe_sections
 from tests.registry import builtin_mixer_names
+from zoo.paths import recipe_sections
 
 TINY = Path(__file__).parent / "recipes" / "tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

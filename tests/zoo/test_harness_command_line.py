@@ -64,3 +64,24 @@ def test_the_harness_default_device_scores_on_the_cpu_without_cuda(tmp_path, mon
     assert got == ZooScorer.from_checkpoint(run).loglikelihood(*pair)
     explicit = get_model("zoo").create_from_arg_string(f"checkpoint={run}", {"device": "cpu"})
     assert explicit.scorer.device == torch.device("cpu")
+
+
+def test_a_checkpoint_the_harness_cannot_score_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A checkpoint that is not a language model's, handed to ``python -m zoo.lm_harness --model zoo``, ends the
+    command with one line naming the harness model (a traceback that named ``zoo generate`` before)."""
+    pytest.importorskip("lm_eval")
+    from zoo.lm_harness import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))   # main hands the harness its arguments through sys.argv
+    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
+                       "task": {"name": "mqar", "vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+                       "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
+    run = tmp_path / f"run{int(torch.randint(100, ()))}"
+    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
+                                    "model": zoo.build_model(recipe).state_dict(), "step": 1, "finished": True})
+    with pytest.raises(SystemExit) as ended:
+        main(["--model", "zoo", "--model_args", f"checkpoint={run}", "--tasks", "lambada_openai", "--device", "cpu"])
+    assert str(ended.value) == (f"python -m zoo.lm_harness: error: {run / ckpt.FILENAME}: trained on task 'mqar', "
+                                f"not a language model (task: lm); lm_eval --model zoo needs an lm checkpoint")

@@ -139,20 +139,10 @@ def test_zoo_check_of_a_language_model_recipe_tokenises_its_local_source(tmp_pat
 
 
 def test_a_checkpoint_reads_its_tokenizer_file_again_and_refuses_a_new_vocabulary(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
-
-    def bpe(path: Path, size: int) -> None:
-        model = tokenizers.Tokenizer(tokenizers.models.BPE())
-        model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-        model.decoder = tokenizers.decoders.ByteLevel()
-        text = " ".join(random.choice(WORDS) for _ in range(400))
-        model.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-            vocab_size=size, special_tokens=["<|endoftext|>"],
-            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
-        model.save(str(path))
+    pytest.importorskip("tokenizers")
 
     tok_file = tmp_path / "tok.json"
-    bpe(tok_file, 270)
+    _byte_level_bpe(tok_file, WORDS, 270)
     recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
                        "task": {"name": "lm", "seq_len": 16, "tokenizer": str(tok_file)},
                        "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
@@ -162,6 +152,92 @@ def test_a_checkpoint_reads_its_tokenizer_file_again_and_refuses_a_new_vocabular
     model, task = load_lm(run)
     assert task.tokenizer.name == str(tok_file) and model.embed.weight.shape[0] == task.vocab_size
     vocab = task.vocab_size
-    bpe(tok_file, vocab + 20)
+    _byte_level_bpe(tok_file, WORDS, vocab + 20)
     with pytest.raises(UserError, match=f"vocabulary of {vocab} tokens"):
         load_lm(run)
+
+
+def test_a_tokenizer_file_replaced_by_one_of_the_same_size_is_refused(tmp_path, capsys):
+    """A checkpoint records its tokenizer's contents: a file replaced under the same path by another tokenizer of
+    the same vocabulary size (which the weights would read without complaint, as other tokens) is refused by
+    generation, export, evaluation and a resumed run alike, and the original file put back is taken again."""
+    pytest.importorskip("tokenizers")
+
+    tok_file, size = tmp_path / "tok.json", int(torch.randint(262, 275, ()))
+    _byte_level_bpe(tok_file, WORDS, size)
+    original = tok_file.read_bytes()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(random.choice(WORDS) for _ in range(60)) for _ in range(12)))
+    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
+                       "task": {"name": "lm", "seq_len": 16, "num_test": 2, "tokenizer": str(tok_file),
+                                "source": "files", "path": str(corpus), "doc_separator": "\n\n",
+                                "val_fraction": 0.3, "data_dir": str(tmp_path / "data")},
+                       "train": {"steps": 2, "batch_size": 2, "warmup_steps": 0, "threads": 1},
+                       "eval": {"batch_size": 2}})
+    run = tmp_path / "run"
+    zoo.train(recipe, progress=False, checkpoint_dir=run)
+    assert ckpt.load(ckpt.path_in(run))["tokenizer_fingerprint"]
+    _byte_level_bpe(tok_file, [w[::-1].upper() for w in WORDS], size)      # other merges, the same number of tokens
+    assert tok_file.read_bytes() != original
+    for use in (lambda: load_lm(run), lambda: zoo.evaluate(run)):
+        with pytest.raises(UserError, match="has other contents than the one it was trained with"):
+            use()
+    assert zoo_main(["export", str(run), "--to", str(tmp_path / "hf")]) == 2 and not (tmp_path / "hf").exists()
+    assert "has other contents than the one it was trained with" in capsys.readouterr().err
+    with pytest.raises(UserError, match="has other contents than the one it was trained with"):   # nor resumed
+        zoo.train(recipe, progress=False, checkpoint_dir=run)
+    tok_file.write_bytes(original)
+    model, task = load_lm(run)
+    assert model.embed.weight.shape[0] == task.vocab_size == size
+
+
+def test_a_missing_tokenizer_file_is_named_without_asking_the_hub(tmp_path, monkeypatch):
+    """A tokenizer named by a path that is not there (a relative path run from another folder) is refused as a
+    missing file, naming the folder it was read from; it was looked up on the Hub (retries, then a Hub error)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from zoo.data.tokenize import make_tokenizer
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("a path was looked up on the Hub")
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_pretrained", no_hub)
+    monkeypatch.chdir(tmp_path)
+    for name in (f"tok_{random.randrange(10**6)}.json", "./sub/tokenizer.json", str(tmp_path / "gone.json")):
+        with pytest.raises(UserError, match=rf"no such file \(a relative path is read from the current folder, "
+                                            rf"{re.escape(str(tmp_path))}\)"):
+            make_tokenizer(name)
+
+
+def test_generation_takes_the_checkpoints_tokenizer_file_under_another_spelling(tmp_path, monkeypatch):
+    """``--tokenizer`` naming the checkpoint's own tokenizer file by another path (relative instead of absolute) is
+    the same tokenizer; another file is refused."""
+    pytest.importorskip("tokenizers")
+    from zoo.generate import read_lm
+
+    tok_file = tmp_path / "tok.json"
+    bpe_like = tmp_path / "other.json"
+    _byte_level_bpe(tok_file, WORDS)
+    _byte_level_bpe(bpe_like, [w.upper() for w in WORDS])
+    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
+                       "task": {"name": "lm", "seq_len": 16, "tokenizer": str(tok_file)},
+                       "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
+    run = tmp_path / "run"
+    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
+                                    "model": zoo.build_model(recipe).state_dict(), "step": 1, "finished": True})
+    monkeypatch.chdir(tmp_path)
+    assert read_lm(run, tokenizer="tok.json")[3].tokenizer.name == str(tok_file)
+    with pytest.raises(UserError, match="not 'other.json'; generate with the checkpoint's own tokenizer"):
+        read_lm(run, tokenizer="other.json")
+
+
+def _byte_level_bpe(path: Path, words: list[str], size: int = 266) -> None:
+    """A byte-level BPE tokenizer of ``size`` tokens trained on a text of ``words``, saved at ``path``."""
+    import tokenizers
+
+    model = tokenizers.Tokenizer(tokenizers.models.BPE())
+    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = tokenizers.decoders.ByteLevel()
+    text = " ".join(random.choice(words) for _ in range(400))
+    model.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+        vocab_size=size, special_tokens=["<|endoftext|>"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    model.save(str(path))

@@ -221,7 +221,7 @@ def _prepare_locked(o, tokenizer, out: Path, workers: int, progress: bool) -> Pa
     return out
 
 
-def _same_tokenizer(recorded: str, named: str) -> bool:
+def same_tokenizer(recorded: str, named: str) -> bool:
     """Whether the tokenizer a folder was prepared with is the one a task names: the same name, or two spellings
     of the same ``tokenizer.json`` file (``./tok.json`` and its absolute path share one prepared folder, whose name
     comes from the file's content)."""
@@ -259,7 +259,7 @@ def read_meta(where: Path, o) -> dict:
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise UserError(f"{path}: a vocabulary of {meta['vocab_size']} tokens does not fit {meta['dtype']}; "
                         f"write the tokens as uint32")
-    if not _same_tokenizer(meta["tokenizer"], o.tokenizer):
+    if not same_tokenizer(meta["tokenizer"], o.tokenizer):
         raise UserError(f"{path}: tokenised with {meta['tokenizer']!r} but the task names tokenizer {o.tokenizer!r}; "
                         f"set task.tokenizer: {meta['tokenizer']}")
     for split in SPLITS:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -76,6 +77,9 @@ class HFTokenizer:
             raise UserError(f"tokenizer {name!r} needs the Hugging Face tokenizers library: "
                             f"pip install 'mixer-zoo[lm]' (or use tokenizer: bytes)") from None
         self.name = name
+        if not Path(name).is_file() and (name.endswith(".json") or name.startswith(("/", "./", "../", "~"))):
+            raise UserError(f"tokenizer {name!r}: no such file (a relative path is read from the current folder, "
+                            f"{os.getcwd()}); give the tokenizer.json's path, or a Hub name")
         try:
             if Path(name).is_file():
                 self.tok = tokenizers.Tokenizer.from_file(name)

@@ -86,6 +86,11 @@ class LanguageModeling(TextTask):
     def tokenizer(self):
         return make_tokenizer(self.options.tokenizer)
 
+    def tokenizer_fingerprint(self) -> str | None:
+        """What a checkpoint records of its tokenizer's contents (None for prepared shards, which carry their own
+        ``meta.json``): a tokenizer file replaced under the same path is then refused, not used."""
+        return None if self.options.source == "shards" else self.tokenizer.fingerprint()
+
     @property
     def vocab_size(self) -> int:
         if self.options.source == "shards":

@@ -68,6 +68,23 @@ def check_same_model(path: Path, state: dict, key: str) -> None:
                         f"({key} != {state['recipe_key']}); a default changed since it was written")
 
 
+def tokenizer_record(task) -> dict:
+    """``{"tokenizer_fingerprint": ...}`` for a checkpoint of a task that reads text with a tokenizer (else empty)."""
+    fingerprint = getattr(task, "tokenizer_fingerprint", None)
+    recorded = fingerprint() if callable(fingerprint) else None
+    return {"tokenizer_fingerprint": recorded} if recorded else {}
+
+
+def check_same_tokenizer(path: Path, state: dict, task) -> None:
+    """Refuse a language-model checkpoint whose tokenizer (a file named by its path) now has other contents than
+    when it was trained: the same vocabulary size reads the weights, but with other tokens. A checkpoint that
+    recorded no fingerprint (older ones) is not checked."""
+    recorded = state.get("tokenizer_fingerprint")
+    if recorded and recorded != tokenizer_record(task).get("tokenizer_fingerprint", recorded):
+        raise UserError(f"{path}: its tokenizer {task.options.tokenizer!r} has other contents than the one it was "
+                        f"trained with (a file replaced under the same name?); put the original back at that path")
+
+
 def check_weights_fit(path: Path, weights: dict, model: torch.nn.Module, recipe, fix: str) -> None:
     """Refuse in one line the weights of a checkpoint that the model built from its recipe cannot take (instead
     of ``load_state_dict``'s traceback): a vocabulary that changed since (a tokenizer file edited or replaced under

@@ -155,7 +155,8 @@ class _Run:
         if self.checkpoint_path is not None and self.ctx.is_main:
             ckpt.save(self.checkpoint_path, {"recipe": self.recipe.plain, "recipe_key": self.recipe.key,
                                              "imports": ckpt.imports_for(self.recipe),
-                                             "world_size": self.ctx.world_size, **state.state_dict(), **extra})
+                                             "world_size": self.ctx.world_size, **ckpt.tokenizer_record(self.task),
+                                             **state.state_dict(), **extra})
 
 
 def _saved_state(path: Path | None, main: bool) -> dict | None:
@@ -222,6 +223,7 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
         ckpt.check_same_recipe(saved, recipe, path)
         ckpt.check_weights_fit(path, saved["model"], model, recipe, "resume with the task options (tokenizer) and "
                                "the mixer-zoo version it was trained with, or use another folder")
+        ckpt.check_same_tokenizer(path, saved, run.task)
         state.load_state_dict(saved)
         if ctx.is_main:
             _say(f"resuming from {path} at step {state.step}/{t.steps}" + (" (finished)" if state.finished else ""))
