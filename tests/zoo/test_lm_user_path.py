@@ -143,12 +143,7 @@ def test_a_checkpoint_reads_its_tokenizer_file_again_and_refuses_a_new_vocabular
 
     tok_file = tmp_path / "tok.json"
     _byte_level_bpe(tok_file, WORDS, 270)
-    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
-                       "task": {"name": "lm", "seq_len": 16, "tokenizer": str(tok_file)},
-                       "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
-    run = tmp_path / "run"
-    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
-                                    "model": zoo.build_model(recipe).state_dict(), "step": 1, "finished": True})
+    run = _untrained_run(tmp_path / "run", tok_file)
     model, task = load_lm(run)
     assert task.tokenizer.name == str(tok_file) and model.embed.weight.shape[0] == task.vocab_size
     vocab = task.vocab_size
@@ -218,16 +213,21 @@ def test_generation_takes_the_checkpoints_tokenizer_file_under_another_spelling(
     bpe_like = tmp_path / "other.json"
     _byte_level_bpe(tok_file, WORDS)
     _byte_level_bpe(bpe_like, [w.upper() for w in WORDS])
-    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
-                       "task": {"name": "lm", "seq_len": 16, "tokenizer": str(tok_file)},
-                       "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
-    run = tmp_path / "run"
-    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
-                                    "model": zoo.build_model(recipe).state_dict(), "step": 1, "finished": True})
+    run = _untrained_run(tmp_path / "run", tok_file)
     monkeypatch.chdir(tmp_path)
     assert read_lm(run, tokenizer="tok.json")[3].tokenizer.name == str(tok_file)
     with pytest.raises(UserError, match="not 'other.json'; generate with the checkpoint's own tokenizer"):
         read_lm(run, tokenizer="other.json")
+
+
+def _untrained_run(run: Path, tok_file: Path) -> Path:
+    """A run folder holding the untrained checkpoint of a one-layer language model reading ``tok_file``."""
+    recipe = zoo.load({"model": {"d_model": 16, "layers": ["attention"]},
+                       "task": {"name": "lm", "seq_len": 16, "tokenizer": str(tok_file)},
+                       "train": {"steps": 1, "batch_size": 2, "warmup_steps": 0}})
+    ckpt.save(run / ckpt.FILENAME, {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": [],
+                                    "model": zoo.build_model(recipe).state_dict(), "step": 1, "finished": True})
+    return run
 
 
 def _byte_level_bpe(path: Path, words: list[str], size: int = 266) -> None:
