@@ -254,8 +254,8 @@ def defaulted_init_state(fn):
     def init_state(self, batch_size, device=None, dtype=None, *args, **kwargs):
         check_count(self, batch_size, "init_state", "batch_size")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"{type(self).__name__}.init_state: dtype must be a floating torch.dtype (or None for the "
-                            f"mixer's own), got {dtype!r}")
+            raise TypeError(f"{self.name}.init_state: dtype must be a floating torch.dtype (or None for the mixer's "
+                            f"own), got {dtype!r}")
         device = module_device(self) if device is None else device
         dtype = module_dtype(self) if dtype is None else dtype
         return fn(self, batch_size, device, dtype, *args, **kwargs)

@@ -98,7 +98,7 @@ def test_counts_must_be_non_negative_ints(method):
             getattr(m, method)(bad)
     if method == "init_state":
         assert all(t.shape[0] == n for t in m.init_state(n).values())
-        with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        with pytest.raises(TypeError, match=r"attention\.init_state: dtype must be a floating torch.dtype"):
             m.init_state(2, dtype=torch.int64)
     else:   # two KV caches of T rows of d_model, the attention formula
         assert getattr(m, method)(n) == 2 * n * D_MODEL
