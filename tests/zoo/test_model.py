@@ -189,3 +189,37 @@ def test_step_takes_one_state_per_layer_and_the_model_takes_specs():
             m.step(ids[:, -1], bad)
     with pytest.raises(TypeError, match=r"layers and state_mixer are Specs .* zoo.build_model"):
         HybridLM(["mamba2"], 50, 32)
+
+
+def test_a_constructor_assertion_is_a_one_line_recipe_error():
+    """A mixer whose constructor checks its options with ``assert`` (as research code does) is refused in one line
+    naming the layer's recipe key and the assertion's message, not a traceback."""
+    import pytest
+
+    from mixers import MIXERS
+    from mixers.options import OptionError
+    from tests.mixers.example_mixer import CumulativeMean
+    from zoo.config import Spec
+    from zoo.errors import UserError
+
+    class Asserting(CumulativeMean):
+        name = f"asserting_{int(torch.randint(10**6, ()))}"
+
+        def __init__(self, d_model, options):
+            assert d_model % options.d_inner == 0, f"d_model {d_model} must be a multiple of d_inner {options.d_inner}"
+            super().__init__(d_model, options)
+
+    MIXERS.add(Asserting)
+    try:
+        assert build(d_model=32, layers=["mamba2", {Asserting.name: {"d_inner": 8}}],
+                     mixer_options={"mamba2": {"headdim": 16}}).blocks[1].mixer.options.d_inner == 8
+        said = "an assertion of its constructor failed (d_model 32 must be a multiple of d_inner 5); check the " \
+               "options it asserts on"
+        with pytest.raises(UserError) as err:    # the recipe's validation
+            build(d_model=32, layers=["mamba2", {Asserting.name: {"d_inner": 5}}], mixer_options={"mamba2": {"headdim": 16}})
+        assert str(err.value) == f"model.layers.1 ({Asserting.name}): {said}", str(err.value)
+        with pytest.raises(OptionError) as err:  # a model built from its layers' specs
+            HybridLM([Spec(Asserting.name, Asserting.Options(d_inner=5))], 50, 32)
+        assert str(err.value) == f"model.layers.0: {Asserting.name}: {said}", str(err.value)
+    finally:
+        MIXERS.entries.pop(Asserting.name, None)

@@ -340,9 +340,11 @@ def _check_builds(model, layers: list[Spec], written: str, places: Places) -> No
         at = f"{written}.{i if model.layers is not None else i % len(model.pattern)}"
         try:
             _built(MIXERS.get(spec.name), model.d_model, spec.options)
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, AssertionError) as err:   # research code checks its options with assert
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             message = message.removeprefix(f"{spec.name}: ")
+            if isinstance(err, AssertionError):
+                message = f"an assertion of its constructor failed ({message}); check the options it asserts on"
             where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at,
                                  message=message)
             raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}") \
