@@ -56,11 +56,11 @@ except KeyboardInterrupt:
     raise interrupted_while_starting() from None
 
 
-def _recipe_args(parser: argparse.ArgumentParser) -> None:
+def _recipe_args(parser: argparse.ArgumentParser, examples: str = "train.lr=3e-3 model.layers.1=<mixer> "
+                                                                    "model.layers.1.<mixer>.<option>=value") -> None:
     parser.add_argument("recipe", help="path to a YAML recipe")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
-                        help="override recipe values, e.g. train.lr=3e-3 model.layers.1=<mixer> "
-                             "model.layers.1.<mixer>.<option>=value")
+                        help=f"override recipe values, e.g. {examples}")
 
 
 def _resolve(args):
@@ -336,7 +336,7 @@ def _add_data_parser(sub) -> None:
     p = sub.add_parser("data", help="language-model data: zoo data prepare RECIPE tokenises its source once")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="tokenise the recipe's text source into token files (resumable)")
-    _recipe_args(p)
+    _recipe_args(p, "task.path=notes/*.txt task.tokenizer=tok.json task.data_dir=/data/zoo")
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                    help="tokenising processes (the output does not depend on it; default: the CPUs, at most 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

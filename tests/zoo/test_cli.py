@@ -147,3 +147,11 @@ def test_list_imports_modules_first_and_names_a_module_it_cannot_import():
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.strip().splitlines() == [
         f"zoo: error: zoo list --imports: cannot import '{missing}': ModuleNotFoundError: No module named '{missing}'"]
+
+
+def test_data_prepare_help_gives_examples_of_what_preparation_reads():
+    """``zoo data prepare``'s override examples are task keys (it reads only the task), not training or model keys."""
+    out = zoo("data", "prepare", "--help")
+    assert out.returncode == 0, out.stderr
+    examples = re.findall(r"([a-z_]+(?:\.[a-z_0-9<>]+)+)=", " ".join(out.stdout.split()))
+    assert examples and all(key.startswith("task.") for key in examples), examples
