@@ -41,7 +41,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .experiments.results import read_layout, render_folder
     from .generate import refuse_text_file
     from .paths import probe_writable
-    from .preflight import check_recipe, refuse_dead_layers
+    from .preflight import check_recipe, refuse_dead_layers, refuse_unrunnable
     from .recipes import refuse_overrides_every_cell_replaces, resolve
     from .recipes.overrides import parse_override
     from .recipes.plain import layer_label
@@ -147,6 +147,7 @@ def cmd_train(args) -> int:
     recipe = _resolve(args)
     if args.out:
         refuse_train_into(Path(args.out))
+    refuse_unrunnable([(recipe, args.recipe)])   # before joining the process group: every rank stops in one line
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
     if main:  # the folders the run writes, before anything is printed or built
         probe_folders(recipe, args.out, "--out")

@@ -62,3 +62,43 @@ def test_global_batch_must_divide_by_the_world_size():
     shards = [DistContext(r, 4, r).shard(16) for r in range(4)]
     assert [list(range(16))[s] for s in shards] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert DistContext().all_sum([1.5, 2.0], torch.device("cpu")) == [1.5, 2.0]
+
+
+def _torchrun_each_rank(tmp_path, command: str) -> subprocess.CompletedProcess:
+    """Two gloo processes, each running the shell ``command`` (``$LOCAL_RANK`` is its rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), "--no-python", "sh", "-c", command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ZOO_PY": sys.executable}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+
+
+def test_processes_that_read_different_checkpoint_folders_are_refused(tmp_path):
+    """Ranks that each see their own --out (one holding a checkpoint, the other none) would train on from different
+    weights and rank 0 would write the row of their mixture: every rank refuses, and nothing is written."""
+    steps = int(torch.randint(2, 5, ()))
+    overrides = [f"train.steps={steps}", "train.threads=1"]
+    train(resolve(TINY, overrides), progress=False, checkpoint_dir=tmp_path / "r0")   # rank 0's folder only
+    before = (tmp_path / "r0" / FILENAME).read_bytes()
+    run = _torchrun_each_rank(tmp_path, f'exec "$ZOO_PY" -m zoo train {TINY} --no-progress --out "r$LOCAL_RANK" '
+                                        + " ".join(overrides))
+    assert run.returncode != 0
+    said = [line for line in run.stderr.splitlines() if line.startswith("zoo: error: the 2 processes start from")]
+    assert len(said) == 2, run.stderr[-3000:]
+    assert f"this one from {steps}" in " ".join(said) and "this one from 0" in " ".join(said)
+    assert (tmp_path / "r0" / FILENAME).read_bytes() == before
+    assert not any((tmp_path / f"r{rank}" / "results.jsonl").exists() for rank in (0, 1))
+
+
+def test_a_tracking_package_missing_stops_every_process_in_one_line(tmp_path):
+    """Checked before the processes join their group: each stops with the one-line error (rank 1 waited on rank 0
+    and died in the group's connection instead)."""
+    import importlib.util
+
+    missing = [name for name in ("tensorboard", "wandb") if importlib.util.find_spec(name) is None]
+    if not missing:
+        pytest.skip("both tracking packages are installed here")
+    run = _torchrun_each_rank(tmp_path, f'exec "$ZOO_PY" -m zoo train {TINY} --no-progress --out "r$LOCAL_RANK" '
+                                        f"train.steps=2 train.threads=1 train.tracking={missing[0]}")
+    assert run.returncode != 0
+    said = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:") and missing[0] in line]
+    assert len(said) == 2 and "Connection closed by peer" not in run.stderr, run.stderr[-3000:]

@@ -197,6 +197,19 @@ def _check_eval_lengths(recipe: Recipe, task: Task) -> None:
             raise UserError(f"eval.seq_lens: {err}; drop that length (nothing was trained)") from None
 
 
+def _check_ranks_agree(ctx: distributed.DistContext, step: int, device, checkpoint_dir) -> None:
+    """Every rank starts from the same step: ranks that read the checkpoint folder from different places (a
+    folder each, or one where the others found none) would train on from different weights, and rank 0 would
+    write their mixture's row. The sum of the steps and of their squares tells equal steps from any others."""
+    if not ctx.enabled:
+        return
+    total, squares = ctx.all_sum([float(step), float(step) ** 2], device)
+    if squares * ctx.world_size != total ** 2:
+        raise UserError(f"the {ctx.world_size} processes start from different steps (this one from {step}): they "
+                        f"read the checkpoint folder {checkpoint_dir} from different places; give every process the "
+                        f"same --out, on a file system they all see")
+
+
 def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
     t = recipe.train
@@ -227,6 +240,7 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
         state.load_state_dict(saved)
         if ctx.is_main:
             _say(f"resuming from {path} at step {state.step}/{t.steps}" + (" (finished)" if state.finished else ""))
+    _check_ranks_agree(ctx, state.step, device, checkpoint_dir)
     run.tracker = make_tracker(recipe, checkpoint_dir, resume_step=state.step) if ctx.is_main else None
     return run, state, train_data
 
