@@ -191,3 +191,31 @@ def test_mqar_queries_ask_every_key_once_and_seeds_select_the_data():
         assert sorted(k for _, k, _ in asked) == sorted(binding)
         assert all(t >= 6 and (t - 6) % 2 == 0 and binding[k] == v for t, k, v in asked)
         assert m == [1.0] * 6 + [0.0] * 18
+
+
+def test_gradient_accumulation_hands_the_optimizer_the_full_batch_gradient(monkeypatch):
+    """The gradient AdamW receives at the first step is the whole batch's mean-loss gradient for every
+    ``grad_accum``: AdamW's update sees a constant scale of the gradient (a 1/K) only through its eps, so the
+    gradient itself is compared."""
+    import zoo
+
+    seen: list[dict] = []
+    step = torch.optim.AdamW.step
+
+    def recording(self, *args, **kwargs):
+        params = [p for group in self.param_groups for p in group["params"]]
+        seen.append({i: p.grad.clone() for i, p in enumerate(params) if p.grad is not None})
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+    k = int(torch.randint(2, 5, ()))
+    base = {"seed": int(torch.randint(100, ())), "model": {"d_model": 16, "layers": ["mamba2"],
+                                                           "mixer_options": {"mamba2": {"headdim": 8, "d_state": 4}}},
+            "task": {"name": "mad_recall", "vocab_size": 16, "seq_len": 12, "num_train": 64, "num_test": 8},
+            "train": {"steps": 1, "batch_size": 4 * k, "warmup_steps": 0, "threads": 1, "grad_clip": 0}}
+    zoo.train(resolve(base), progress=False)
+    zoo.train(resolve(base, [f"train.grad_accum={k}"]), progress=False)
+    whole, accumulated = seen
+    assert whole.keys() == accumulated.keys() and whole
+    for i in whole:
+        torch.testing.assert_close(accumulated[i], whole[i], rtol=1e-4, atol=1e-7, msg=f"parameter {i}")
