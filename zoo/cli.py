@@ -147,10 +147,10 @@ def cmd_train(args) -> int:
     recipe = _resolve(args)
     if args.out:
         refuse_train_into(Path(args.out))
+    if distributed.rank_before_joining() == 0:  # the folders the run writes, before anything is printed or built
+        probe_folders(recipe, args.out, "--out")
     refuse_unrunnable([(recipe, args.recipe)])   # before joining the process group: every rank stops in one line
     main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
-    if main:  # the folders the run writes, before anything is printed or built
-        probe_folders(recipe, args.out, "--out")
     refuse_dead_layers(recipe)
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "

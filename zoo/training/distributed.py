@@ -63,6 +63,11 @@ def launched_by_torchrun() -> bool:
     return all(v in os.environ for v in ENV_VARS)
 
 
+def rank_before_joining() -> int:
+    """This process's rank as torchrun set it (0 outside torchrun), read without joining the process group."""
+    return int(os.environ["RANK"]) if launched_by_torchrun() else 0
+
+
 def context() -> DistContext:
     """The current process's place in the job; joins the process group once when under torchrun."""
     if not launched_by_torchrun():
