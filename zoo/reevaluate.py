@@ -116,10 +116,10 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     with torch_threads(t.threads):
         device = resolve_device(t.device)
         model = load_model(state, trained, device, path)   # a tokenizer of another size is named here first
-        ckpt.check_same_tokenizer(path, state, Task.from_spec(trained.task))
+        task = Task.from_spec(recipe.task)
+        ckpt.check_same_tokenizer(path, state, task)
         metrics = {"steps": state["step"]}
-        metrics.update(test_metrics(model, recipe, Task.from_spec(recipe.task), device,
-                                    resolve_precision(t.precision, device)))
+        metrics.update(test_metrics(model, recipe, task, device, resolve_precision(t.precision, device)))
         metrics["device"] = str(device)
         items = _override_items(overrides)
         return make_row(recipe, label or " ".join(["eval"] + [text for _k, _v, text in items]), metrics,
