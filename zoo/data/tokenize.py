@@ -19,6 +19,7 @@ that character's three.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -142,6 +143,10 @@ class HFTokenizer:
                         f"token stands for cannot be counted for bits per byte")
 
     def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:   # hashed once: every checkpoint a run writes records it
         return hashlib.sha256(self.tok.to_str().encode()).hexdigest()[:16]
 
 
