@@ -40,7 +40,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .experiments.executors import make_executor
     from .experiments.results import read_layout, render_folder
     from .generate import refuse_text_file
-    from .paths import probe_writable
+    from .paths import EXTRA_SECTIONS, probe_writable
     from .preflight import check_recipe, refuse_dead_layers, refuse_unrunnable
     from .recipes import refuse_overrides_every_cell_replaces, resolve
     from .recipes.overrides import parse_override
@@ -79,17 +79,6 @@ def _layers(recipe) -> str:
     return "+".join(layer_label(e) for e in recipe.model.layer_entries())
 
 
-#: the top-level keys the recipe reader takes before the recipe is validated (so no config field holds them)
-READ_BEFORE_VALIDATION = [
-    {"name": "extends", "type": "str", "default": None, "range": "", "choices": None,
-     "help": "a base recipe file, relative to this one, that this recipe overrides key by key (its grid is not "
-             "inherited)"},
-    {"name": "imports", "type": "list[str]", "default": [], "range": "", "choices": None,
-     "help": "modules to import before the recipe is read, e.g. [my_pkg.my_mixer]: out-of-tree mixers, state mixers "
-             "and tasks (importing runs their code)"},
-]
-
-
 def _import_listed(modules: list[str]) -> None:
     """Import the modules ``zoo list --imports`` names (out-of-tree mixers, state mixers, tasks), each failure in
     one line."""
@@ -105,7 +94,8 @@ def cmd_list(args) -> int:
     sections = {"recipe": RecipeConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
     data = {"mixers": MIXERS.describe(), "state_mixers": STATE_MIXERS.describe(), "tasks": TASKS.describe(),
             "recipe": {name: describe_options(cls) for name, cls in sections.items()}}
-    data["recipe"]["recipe"] += READ_BEFORE_VALIDATION
+    data["recipe"]["recipe"] += [{"name": name, "type": kind, "default": default, "range": "", "choices": None,
+                                  "help": text} for name, (kind, default, text) in EXTRA_SECTIONS.items()]
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0

@@ -30,8 +30,14 @@ from .errors import UserError
 
 #: the largest recipe file read (a recipe is a few kB; anything near this is the wrong file)
 MAX_RECIPE_BYTES = 1 << 20
-#: top-level keys a recipe file may hold besides the sections of :class:`zoo.config.RecipeConfig`
-EXTRA_SECTIONS = ("extends", "imports")
+#: top-level keys a recipe file may hold besides the sections of :class:`zoo.config.RecipeConfig` (the reader takes
+#: them before validation), with how ``zoo list --options`` describes them
+EXTRA_SECTIONS = {
+    "extends": ("str", None, "a base recipe file, relative to this one, that this recipe overrides key by key (its "
+                             "grid is not inherited)"),
+    "imports": ("list[str]", [], "modules to import before the recipe is read, e.g. [my_pkg.my_mixer]: out-of-tree "
+                                 "mixers, state mixers and tasks (importing runs their code)"),
+}
 #: a key that may be repeated in an error: a short name, not a line of some other file
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
 #: bytes written by the probe: enough that a full disk refuses it
@@ -40,7 +46,7 @@ _PROBE_BYTES = b"\0" * 4096
 
 def recipe_sections() -> tuple[str, ...]:
     """The top-level keys of a recipe file."""
-    return tuple(f.name for f in dataclasses.fields(RecipeConfig)) + EXTRA_SECTIONS
+    return tuple(f.name for f in dataclasses.fields(RecipeConfig)) + tuple(EXTRA_SECTIONS)
 
 
 def not_a_regular_file(st: os.stat_result, what: str, instead: str) -> str | None:
