@@ -158,7 +158,7 @@ def check_state(mixer, state, x_t) -> dict:
     return {key: value.to(dtypes[key]) for key, value in state.items()} if convert else state
 
 
-def check_returned_state(mixer, result, where: str, batch: int):
+def check_returned_state(mixer, result, where: str, batch: int, dtype: torch.dtype | None):
     """``result`` of ``step``: ``(output, state)`` with the state's keys those of ``init_state`` (a wrong layout is
     named here, at the step that made it, not at the next one that reads it). Keys only, against the layout cached
     when the input state was checked: a decode step pays one set comparison. (``prefill`` is not checked: its
@@ -166,15 +166,16 @@ def check_returned_state(mixer, result, where: str, batch: int):
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
         raise TypeError(f"{mixer.name}.{where} must return (output, state) with the state a dict laid out as "
                         f"init_state(batch_size) returns it, got {type(result).__name__}")
-    layout = state_layout(mixer, batch, module_dtype(mixer))
+    layout = state_layout(mixer, batch, dtype)
     if result[1].keys() != layout.keys():
         raise ValueError(f"{mixer.name}.{where} returned a state with the keys {sorted(result[1])}, but init_state "
                          f"lays it out with {sorted(layout)}: return the state in init_state's layout")
     return result
 
 
-def outermost_checked(mixer, where: str, batch: int, fn, *args, **kwargs):
-    """``fn(mixer, *args, **kwargs)`` with its returned state checked, unless this call runs inside another
+def outermost_checked(mixer, where: str, batch: int, dtype: torch.dtype | None, fn, *args, **kwargs):
+    """``fn(mixer, *args, **kwargs)`` with its returned state checked (against the layout for ``batch`` and the
+    module's ``dtype``), unless this call runs inside another
     ``step`` of the same mixer (a subclass that calls ``super().step`` and returns a state of its own layout: its
     outer call is the one checked)."""
     depth = mixer.__dict__.get(_DEPTH, 0)
@@ -183,7 +184,7 @@ def outermost_checked(mixer, where: str, batch: int, fn, *args, **kwargs):
         result = fn(mixer, *args, **kwargs)
     finally:
         mixer.__dict__[_DEPTH] = depth
-    return check_returned_state(mixer, result, where, batch) if depth == 0 else result
+    return check_returned_state(mixer, result, where, batch, dtype) if depth == 0 else result
 
 
 #: how many checked ``step`` calls of a mixer are running (nested through ``super()``)
@@ -227,7 +228,7 @@ def checked_step(fn):
         if want is not None and x_t.dtype != want:   # the autocast dtype, accepted above: raised exactly
             x_t = x_t.to(want)
         with autocast_off(x_t.device.type):
-            return outermost_checked(self, "step", x_t.shape[0], fn, x_t, state, *args, **kwargs)
+            return outermost_checked(self, "step", x_t.shape[0], want, fn, x_t, state, *args, **kwargs)
     setattr(step, WRAPPED, True)
     return step
 
