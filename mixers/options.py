@@ -30,6 +30,12 @@ class OptionError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+def failed_assertion(err: AssertionError) -> str:
+    """How a refusal words a mixer constructor's failed ``assert`` (how research code checks its options)."""
+    said = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"an assertion of its constructor failed{f' ({said})' if said else ''}; check the options it asserts on"
+
+
 def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None,
         at_least: float | None = None, above: float | None = None, at_most: float | None = None,
         below: float | None = None, omit_at_default: bool = False) -> Any:

@@ -18,7 +18,7 @@ from torch import nn
 from kernels.common import autocast_off
 from mixers import MIXERS, STATE_MIXERS
 from mixers.layers import RMSNorm, no_weight_decay
-from mixers.options import OptionError
+from mixers.options import OptionError, failed_assertion
 
 from .config import Recipe, Spec
 
@@ -57,9 +57,7 @@ def _build(registry, spec: Spec, d_model: int, where: str, context: str = ""):
     except (ValueError, TypeError) as err:  # constructor checks that need d_model (divisibility, ...)
         raise OptionError(where, f"{spec.name}{context}: {err}") from None
     except AssertionError as err:  # research code checks its options with assert
-        raise OptionError(where, f"{spec.name}{context}: an assertion of its constructor failed"
-                                 f"{f' ({str(err).splitlines()[0]})' if str(err) else ''}; check the options it "
-                                 f"asserts on") from None
+        raise OptionError(where, f"{spec.name}{context}: {failed_assertion(err)}") from None
     except (ArithmeticError, RuntimeError, MemoryError) as err:  # sizes no constructor checks (e.g. 10**18)
         raise OptionError(where, f"{spec.name}{context}: cannot be built with these options ({type(err).__name__}: "
                                  f"{str(err).splitlines()[0] if str(err) else ''}); check its sizes") from None

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from mixers import MIXERS, STATE_MIXERS
-from mixers.options import WRITE_AS, OptionError, build_options, nearest, plain_options
+from mixers.options import WRITE_AS, OptionError, build_options, failed_assertion, nearest, plain_options
 
 from ..config import Recipe, RecipeConfig, Spec
 from ..errors import UserError
@@ -342,9 +342,7 @@ def _check_builds(model, layers: list[Spec], written: str, places: Places) -> No
             _built(MIXERS.get(spec.name), model.d_model, spec.options)
         except (ValueError, TypeError, AssertionError) as err:   # research code checks its options with assert
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            message = message.removeprefix(f"{spec.name}: ")
-            if isinstance(err, AssertionError):
-                message = f"an assertion of its constructor failed ({message}); check the options it asserts on"
+            message = failed_assertion(err) if isinstance(err, AssertionError) else message.removeprefix(f"{spec.name}: ")
             where = places.blame(["model.d_model", at, f"model.mixer_options.{spec.name}"], fallback=at,
                                  message=message)
             raise UserError(f"{where}: {at} ({spec.name}): {message}" if where else f"{at} ({spec.name}): {message}") \
