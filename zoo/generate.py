@@ -22,7 +22,6 @@ recipe's ``eval.test_time`` is. The same values reach every other consumer of a 
 """
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from mixers.options import OptionError, build_options, nearest, plain_options
 
 from .data.prepare import same_tokenizer
 from .errors import UserError
+from .host_memory import peak_rss_mib
 from .reevaluate import checkpoint_recipe, load_model
 from .tasks import Task
 from .threads import MAX_THREADS
@@ -261,20 +261,29 @@ def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: flo
     return out, prefilled - start, time.perf_counter() - prefilled
 
 
+def continuation_text(tok, prompt: list[int], new: list[int]) -> str:
+    """The text the ids ``new`` (EOS left out) add after the ids ``prompt``: decoded after the prompt, since a token
+    decoded alone can lose what it stands for after other text (a sentencepiece ``▁word`` its space)."""
+    kept = [i for i in new if i != tok.eos_id]
+    head, whole = tok.decode(prompt), tok.decode([*prompt, *kept])
+    tail = whole[len(head):] if whole.startswith(head) else tok.decode(kept)
+    return tail.decode("utf-8", errors="replace")
+
+
 def generate_text(model, task, prompt: str, max_new_tokens: int = 200, temperature: float = 0.0, top_k: int = 0,
                   top_p: float = 1.0, seed: int = 0) -> Generation:
+    """``prompt`` continued: ``text`` is what the new ids add after it (``prompt + text`` is the whole text)."""
     tok = task.tokenizer
     ids = tok.encode(prompt) or [tok.eos_id]
     new, prefill_s, decode_s = generate_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, tok.eos_id)
-    text = tok.decode([i for i in new if i != tok.eos_id]).decode("utf-8", errors="replace")
-    return Generation(len(ids), new, text, prefill_s, decode_s)
+    return Generation(len(ids), new, continuation_text(tok, ids, new), prefill_s, decode_s)
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: allocated on a CUDA device, else the resident set size."""
+    """Peak memory of this process in MiB: allocated on a CUDA device, else the resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
 
 
 def check_arguments(args) -> None:

@@ -14,16 +14,20 @@ kernels, the same weights (``model.safetensors``, the tied embedding stored once
 
 ``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding, so a mask
 with a zero before a one (left padding), or any zero with a cache, is refused; right padding is harmless
-when scoring (every layer is causal). With ``labels`` the loss is the mean over the supervised next tokens, or
-their sum divided by ``num_items_in_batch`` where it is given: the Trainer passes it under gradient accumulation
-to any ``forward`` taking ``**kwargs``, and then leaves the loss unscaled. Loading runs no code named by a file:
+when scoring (every layer is causal). An empty prompt where a cache starts is refused too (it gives no logits to
+draw the first token from; ``generate()`` without ``input_ids`` starts from EOS, as ``zoo generate`` does), and
+so is assisted decoding (``_is_stateful``: the states cannot be rolled back to a draft's start). With ``labels``
+the loss is the mean over the supervised next tokens, or their sum divided by ``num_items_in_batch`` where it is
+given: the Trainer passes it under gradient accumulation to any ``forward`` taking ``**kwargs``, and then leaves
+the loss unscaled. Loading runs no code named by a file:
 the modules that define out-of-tree components (``config.imports``) must be imported first.
 
 The test-time knobs of the config (``config.test_time``: the recipe's ``eval.test_time`` unless ``zoo export
 --test-time`` changed it) are set on every layer when the model is made, as :func:`zoo.generate.load_lm` sets
-them, so in eval mode (``from_pretrained`` returns it so) every form above computes with them and the logits
-are the zoo model's under ``model.test_time(recipe.eval.test_time)``; in train mode the layers use their
-options, as the zoo's training does. A knob no layer declares, or a value its option refuses, is refused.
+them, and again by the next ``forward`` after ``config.test_time`` is edited (the values ``save_pretrained``
+writes), so in eval mode (``from_pretrained`` returns it so) every form above computes with them and the logits
+are the zoo model's under ``model.test_time(recipe.eval.test_time)``; in train mode the layers use their options,
+as the zoo's training does. A knob no layer declares, or a value its option refuses, is refused.
 """
 from __future__ import annotations
 
@@ -60,17 +64,21 @@ def build_hybrid(config: ZooConfig) -> HybridLM:
     return HybridLM.from_recipe(recipe, config.vocab_size)
 
 
-def set_test_time(hybrid: HybridLM, config: ZooConfig) -> None:
-    """Set the config's test-time knob values on every layer of ``hybrid``, checked as a recipe's
-    ``eval.test_time`` is (a ``ValueError`` naming the knob and the layers that declare knobs)."""
-    values = config.test_time_values()
+def set_test_time(hybrid: HybridLM, config: ZooConfig) -> dict:
+    """Set the config's test-time knob values on every layer of ``hybrid`` in place of any it had, checked as a
+    recipe's ``eval.test_time`` is (a ``ValueError`` naming the knob and the layers that declare knobs, which
+    changes no layer); returns the config's values it set."""
+    given = values = config.test_time_values()
     if config.test_time is None:  # the recipe's eval.test_time, where a grid's knob may reach a layer without it
         values = {k: v for k, v in values.items() if k in hybrid.test_time_knobs()}
     try:
         values = check_test_time(hybrid, parse_test_time(values, "config.test_time.{}"))
     except UserError as err:
         raise ValueError(str(err)) from None
+    for block in hybrid.blocks:  # a knob left out of an edited config.test_time computes with its option again
+        block.mixer.restore_test_time({})
     apply_test_time(hybrid, values)
+    return given
 
 
 def check_padding(attention_mask: torch.Tensor | None, decoding: bool) -> None:
@@ -83,6 +91,14 @@ def check_padding(attention_mask: torch.Tensor | None, decoding: bool) -> None:
                          "a time or of equal length (right padding is fine when scoring without a cache)")
 
 
+def check_prompt_length(length: int, cache: ZooCache) -> None:
+    """Refuse an empty prompt where a cache starts: it leaves no position whose logits give the first new token."""
+    if length == 0 and cache.seen == 0:
+        raise ValueError("an empty prompt (0 tokens) gives no logits to draw the first new token from: start from "
+                         "the EOS token (input_ids=[[tokenizer.eos_token_id]], as zoo generate starts an empty "
+                         "prompt), or call generate() without input_ids")
+
+
 class ZooForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = ZooConfig
     base_model_prefix = "zoo"
@@ -90,12 +106,19 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"zoo.head.weight": "zoo.embed.weight"}
     _no_split_modules = ["Block"]
     supports_gradient_checkpointing = False
+    _is_stateful = True  # a recurrent state cannot be rolled back: generate refuses assisted decoding up front
 
     def __init__(self, config: ZooConfig, hybrid: HybridLM | None = None):
         super().__init__(config)
         self.zoo = hybrid if hybrid is not None else build_hybrid(config)
-        set_test_time(self.zoo, config)
+        self._test_time_set = set_test_time(self.zoo, config)
         self.post_init()
+
+    def _follow_config_test_time(self) -> None:
+        """Set ``config.test_time`` again where it was edited since it was set: ``save_pretrained`` writes the
+        edited values, so the model computes with what a reload of it computes with."""
+        if self.config.test_time_values() != self._test_time_set:
+            self._test_time_set = set_test_time(self.zoo, self.config)
 
     def _init_weights(self, module):
         """Nothing: the zoo's constructors initialise every weight, and a loaded model takes the checkpoint's."""
@@ -119,6 +142,7 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None, labels=None,
                 use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0, past_key_values=None,
                 **kwargs):
+        self._follow_config_test_time()
         cache = cache if cache is not None else past_key_values
         use_cache = cache is not None if use_cache is None else use_cache
         if use_cache and not isinstance(cache, ZooCache):
@@ -127,6 +151,8 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
             cache = ZooCache()
         check_padding(attention_mask, use_cache)
         x = self.zoo.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache:
+            check_prompt_length(x.shape[1], cache)
         hidden = [x]
         if not use_cache:
             for block in self.zoo.blocks:
