@@ -321,3 +321,21 @@ def test_an_export_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(zoo.UserError, match="No space left"):
         exporter.export(run, tmp_path / "empty")
     assert sorted(os.listdir(tmp_path)) == ["empty", "run"] and not os.listdir(tmp_path / "empty")
+
+
+def test_export_of_an_unfinished_run_says_so_on_stderr(tmp_path, capsys):
+    """An interrupted run's checkpoint exports (it is a model), with a line saying it is partly trained, as zoo eval
+    says of it; a finished run's export says nothing of the kind."""
+    steps = int(torch.randint(3, 9, ()))
+    recipe = lm_recipe(["gla"])
+    recipe = zoo.load({**recipe.plain, "train": {**recipe.plain["train"], "steps": steps}})
+    model = zoo.build_model(recipe)
+    state = {"recipe": recipe.plain, "recipe_key": recipe.key, "imports": ckpt.imports_for(recipe),
+             "model": model.state_dict(), "step": steps - 1, "finished": False}
+    ckpt.save(tmp_path / "cut" / ckpt.FILENAME, state)
+    export(str(tmp_path / "cut"), tmp_path / "hf_cut")
+    err = capsys.readouterr().err
+    assert f"is the checkpoint of an unfinished run (step {steps - 1} of {steps})" in err, err
+    ckpt.save(tmp_path / "done" / ckpt.FILENAME, {**state, "step": steps, "finished": True})
+    export(str(tmp_path / "done"), tmp_path / "hf_done")
+    assert "unfinished" not in capsys.readouterr().err

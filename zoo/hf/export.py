@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -55,9 +56,10 @@ def _quiet():
 TEST_TIME_FLAG = "zoo export: --test-time {}"
 
 
-def export(checkpoint, to, imports: list[str] = (), test_time=()) -> tuple[Path, ZooForCausalLM]:
+def export(checkpoint, to, imports: list[str] = (), test_time=()) -> tuple[Path, ZooForCausalLM, dict]:
     """Write the language model of ``checkpoint`` (a file or its folder) to the new folder ``to``, computing with
-    the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it."""
+    the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it; returns
+    the checkpoint's path, the exported model and the checkpoint's ``step`` and ``finished``."""
     to = Path(to)
     check_target(to)
     path, state, recipe, task = read_lm(checkpoint, list(imports), command="zoo export")
@@ -83,7 +85,8 @@ def export(checkpoint, to, imports: list[str] = (), test_time=()) -> tuple[Path,
                         f"written") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return path, model
+    return path, model, {"step": state.get("step"), "finished": state.get("finished"),
+                         "steps": recipe.train.steps}
 
 
 def _check_reloads(model: ZooForCausalLM, folder: Path) -> None:
@@ -157,10 +160,14 @@ def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) ->
 
 def run(args) -> int:
     """The ``zoo export`` command."""
-    path, model = export(args.checkpoint, args.to, args.imports or [], args.test_time or [])
+    path, model, progress = export(args.checkpoint, args.to, args.imports or [], args.test_time or [])
     knobs = ", ".join(f"{k}={v!r}" for k, v in sorted((model.config.test_time or {}).items()))
     imports = "".join(f"import {m}; " for m in model.config.imports or [])   # out-of-tree modules its layers need
     print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters"
           f"{f'; test-time knobs {knobs}' if knobs else ''}) to {args.to}; load it with: import zoo.hf; {imports}"
           f"AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
+    if progress["finished"] is False:
+        print(f"zoo export: {path} is the checkpoint of an unfinished run (step {progress['step']} of "
+              f"{progress['steps']}): the export holds a partly trained model; run the command that trained it again "
+              f"to finish it, then export again", file=sys.stderr)
     return 0
