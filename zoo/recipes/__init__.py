@@ -54,8 +54,7 @@ def _overridden(data: dict, overrides) -> dict:
     replace_layers(data, set().union(*(given_layer_keys(path, value) for path, value, _ in items)))
     override_paths = {}
     for path, value, label in items:
-        apply_override(data, path, copy.deepcopy(value), label)
-        override_paths[tuple(path)] = label
+        override_paths[tuple(apply_override(data, path, copy.deepcopy(value), label))] = label
     return override_paths
 
 
@@ -78,7 +77,7 @@ def _cell(data: dict, places: Places, label: str, cell_overrides: dict, at: dict
     for key, value in cell_overrides.items():
         path = key_path(key)
         where = _cell_place(places, at.get(key, ("seeds",) if key == "seed" else ("grid",)), label, key, value)
-        apply_override(cell_data, path, copy.deepcopy(value), where)
+        path = apply_override(cell_data, path, copy.deepcopy(value), where)
         cell_paths[tuple(path)] = where
         own.append(tuple(path))
     cell_places = Places(places.source, cell_paths)
@@ -123,7 +122,7 @@ def resolve(recipe: str | Path | Mapping, overrides=()) -> Recipe:
     cell_places = {}
     if grid is not None or base.config.seeds is not None:
         cell_places = _add_cells(base, data, places, grid, name)
-    _refuse_identical_cells(base.cells)
+    _refuse_identical_cells(base.cells, grid, places)
     _refuse_unused_options(base, overrides, places, cell_places)
     if grid is not None:
         _refuse_undeclared_knobs(base, places)
@@ -261,14 +260,19 @@ def _computed(recipe: Recipe) -> str:
     return json.dumps(content, sort_keys=True)
 
 
-def _refuse_identical_cells(cells: list[Cell]) -> None:
+def _refuse_identical_cells(cells: list[Cell], grid, places: Places) -> None:
     """Two grid cells that build the same model and train it the same way would train the same thing twice under
-    two labels, even where they write it differently (e.g. an option of ``model.mixer_options`` no layer takes)."""
+    two labels, even where they write it differently (e.g. an option of ``model.mixer_options`` no layer takes). A
+    mapping ``grid`` makes every combination of its values, so its cells are left out by listing the others. The
+    refusal names where the grid is written."""
+    fix = ("a mapping grid runs every combination of its values: list the cells to run instead (grid: [{label: ..., "
+           "key.path: value}, ...])" if isinstance(grid, dict) else "remove one of them or make them differ")
     seen: dict[str, Cell] = {}
     for cell in cells:
         twin = seen.setdefault(_computed(cell.recipe), cell)
         if twin is not cell:
             written = recipe_differences(twin.recipe.plain, cell.recipe.plain)
             how = f"; they differ only in {'; '.join(written)}" if written else ""
-            raise UserError(f"grid cells {twin.label!r} and {cell.label!r} resolve to the same recipe "
-                            f"(seed {cell.recipe.seed}{how}); remove one of them or make them differ")
+            where = places.at(("grid",))
+            raise UserError(f"{where + ': ' if where else ''}grid cells {twin.label!r} and {cell.label!r} resolve to "
+                            f"the same recipe (seed {cell.recipe.seed}{how}); {fix}")

@@ -1,6 +1,8 @@
 """Ablation grids: a recipe's ``grid`` expanded into labelled cells of overrides, and ``seeds`` crossed with them.
 
-A grid is a mapping ``{key.path: [values]}`` (every combination is a cell, labelled by its values) or a list of
+A grid is a mapping ``{key.path: [values]}`` (every combination is a cell, labelled ``name=value`` by its values,
+each key named by its last segment, or by as many last segments as tell it from the grid's other keys and name more
+than a list index: ``lr``, ``layers.1``, ``attention.n_heads``) or a list of
 override mappings (one cell each, labelled by its ``label`` or its overrides). Cell labels must differ. A key of
 a listed cell without a dot is ``label`` or a top-level recipe key (``seed``, ``name``...): a typo names the
 nearest of those. :func:`cell_paths` gives where each cell's keys are written (for errors that name the cell).
@@ -59,11 +61,47 @@ def _product_cells(grid: dict) -> list[tuple[str, dict]]:
                 if key == "seeds" else "a grid of its own; a recipe has one grid: write these cells into it"))
         if not isinstance(grid[key], list) or not grid[key]:
             raise GridError(("grid", key), "expected a non-empty list of values to try")
-    cells = []
+    cells, names = [], _label_names(keys)
     for values in itertools.product(*(grid[k] for k in keys)):
         overrides = dict(zip(keys, values))
-        cells.append((" ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in overrides.items()), overrides))
+        cells.append((" ".join(f"{name}={_short(v)}" for name, v in zip(names, values)), overrides))
     return cells
+
+
+def _tail(parts: list[str], n: int) -> str:
+    """The last ``n`` segments of a key path, more while the first of them is a list index."""
+    n = min(n, len(parts))
+    while n < len(parts) and parts[-n].lstrip("-").isdigit():
+        n += 1
+    return ".".join(parts[-n:])
+
+
+def _label_names(keys: list[str]) -> list[str]:
+    """Each grid key as a product cell's label names it: its last segment (``train.lr`` -> ``lr``), or as many last
+    segments as tell it from the grid's other keys, never starting at a list index (``model.layers.1`` ->
+    ``layers.1``; ``attention.n_heads`` and ``gka.n_heads`` for two mixers' ``n_heads``)."""
+    parts = [key.split(".") for key in keys]
+    lengths = [1] * len(keys)
+    while True:
+        names = [_tail(p, n) for p, n in zip(parts, lengths)]
+        clashing = [i for i, name in enumerate(names) if names.count(name) > 1 and len(name.split(".")) < len(parts[i])]
+        if not clashing:
+            return names
+        for i in clashing:
+            lengths[i] = len(names[i].split(".")) + 1
+
+
+def _check_label(label, i: int) -> None:
+    """A listed cell's label is a name as written: YAML reads ``yes``/``no``/``on``/``off`` as booleans and ``0.10``
+    as the number 0.1, which would label the cell ``True`` or ``0.1``; those are refused with how to quote them
+    (an integer label keeps its digits, e.g. ``label: 0``)."""
+    if label is None or isinstance(label, str) or (isinstance(label, int) and not isinstance(label, bool)):
+        return
+    if isinstance(label, (bool, float)):
+        example = "'yes'" if isinstance(label, bool) else "'0.10'"
+        raise GridError(("grid", i, "label"), f"YAML reads this label as the {type(label).__name__} {label!r}, not "
+                                              f"the name written; quote it as written, e.g. label: {example}")
+    raise GridError(("grid", i, "label"), f"expected a short name, got {label!r}")
 
 
 def _listed_cells(grid: list) -> list[tuple[str, dict]]:
@@ -76,8 +114,7 @@ def _listed_cells(grid: list) -> list[tuple[str, dict]]:
             raise GridError(("grid", i), "expected a mapping of key.path: value overrides")
         cell = dict(cell)
         label = cell.pop("label", None)
-        if label is not None and not isinstance(label, (str, int, float)):
-            raise GridError(("grid", i, "label"), f"expected a short name, got {label!r}")
+        _check_label(label, i)
         for key in cell:
             _check_grid_key(key, ("grid", i, key))
             if "." not in key and key not in CELL_KEYS:

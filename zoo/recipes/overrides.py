@@ -98,16 +98,28 @@ def _other_mixer(label: str, path: list, at: int, entry: Any, value: Any) -> Non
                     f"or replace the layer with {here}={flow_yaml(replacement)}")
 
 
-def apply_override(data: dict, path: list, value: Any, label: str) -> None:
-    """Set ``path`` in ``data`` (creating mappings as needed); ``label`` names the override in errors."""
+def _index(label: str, here: str, node: list, part) -> int:
+    """The list index ``part`` names in ``node`` (a negative one counts from the end), or a refusal."""
+    if not isinstance(part, int):
+        items = f"a list of {len(node)} items, indexed 0 to {len(node) - 1}" if node else "an empty list"
+        raise UserError(f"{label}: {here}: {part!r} is not an index; {here.rpartition('.')[0]} is {items}")
+    if not -len(node) <= part < len(node):
+        raise UserError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+    return part % len(node)
+
+
+def apply_override(data: dict, path: list, value: Any, label: str) -> list:
+    """Set ``path`` in ``data`` (creating mappings as needed); ``label`` names the override in errors. Returns the
+    key path it set, a negative list index as the index it names (``model.layers.-1`` -> ``model.layers.5``), so
+    that errors about that key blame this override."""
     if path[:2] == ["model", "layers"] and len(path) > 2:
         _expand_pattern(data, label)
+    path = list(path)
     node = data
     for i, part in enumerate(path[:-1]):
         here = ".".join(map(str, path[: i + 1]))
         if isinstance(node, list):
-            if not isinstance(part, int) or not -len(node) <= part < len(node):
-                raise UserError(f"{label}: {here}: index out of range (the list has {len(node)} items)")
+            part = path[i] = _index(label, here, node, part)
             if i == 2 and path[:2] in (["model", "layers"], ["model", "pattern"]):  # a layer: <mixer>.<option>
                 _other_mixer(label, path, i, node[part], value)
             if isinstance(node[part], str) and path[i + 1] == node[part]:
@@ -120,13 +132,11 @@ def apply_override(data: dict, path: list, value: Any, label: str) -> None:
         else:  # the value at the path so far, not the key that would be looked up in it
             raise UserError(f"{label}: {'.'.join(map(str, path[:i]))} is a {type(node).__name__}, not a mapping or "
                             f"list, so it has no key {part!r}")
-    last = path[-1]
     if isinstance(node, list):
-        if not isinstance(last, int) or not -len(node) <= last < len(node):
-            where = ".".join(map(str, path))
-            raise UserError(f"{label}: {where}: index out of range (the list has {len(node)} items)")
-        node[last] = value
+        path[-1] = _index(label, ".".join(map(str, path)), node, path[-1])
+        node[path[-1]] = value
     elif isinstance(node, dict):
-        node[last] = value
+        node[path[-1]] = value
     else:
         raise UserError(f"{label}: {'.'.join(map(str, path[:-1]))} is not a mapping or list")
+    return path

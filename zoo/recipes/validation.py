@@ -208,9 +208,22 @@ def _layers(model, fail) -> tuple[list[Spec], str]:
     return layers, written
 
 
-def _state_mixer(model, fail) -> Spec:
-    cls = _registered(STATE_MIXERS, model.state_mixer, "model.state_mixer", fail)
-    return Spec(model.state_mixer, _options(cls, model.state_mixer_options, "model.state_mixer_options", fail))
+def _state_mixer(model, places: Places) -> Spec:
+    """The state mixer's spec. An option it has nothing like (one of another state mixer: a grid cell or an override
+    that sets ``model.state_mixer: none`` under the recipe's SwiGLU options) names the state mixer and is blamed on
+    whatever set either key; a misspelt one names the nearest options."""
+    cls = _registered(STATE_MIXERS, model.state_mixer, "model.state_mixer", places.fail)
+    own = [f.name for f in fields(cls.Options)]
+    for key in model.state_mixer_options:
+        if isinstance(key, str) and key not in own and not nearest(key, own):
+            at = f"model.state_mixer_options.{key}"
+            valid = f"valid: {', '.join(own)}" if own else "it takes no options"
+            message = (f"{at}: {model.state_mixer} has no option {key!r} ({valid}); model.state_mixer_options holds "
+                       f"the options of model.state_mixer: drop {key} (model.state_mixer_options: {{}} drops them "
+                       f"all)")
+            where = places.blame(["model.state_mixer", "model.state_mixer_options"], fallback=at, message=message)
+            raise UserError(f"{where}: {message}" if where else message)
+    return Spec(model.state_mixer, _options(cls, model.state_mixer_options, "model.state_mixer_options", places.fail))
 
 
 def _task(section: dict, fail) -> tuple[type, Spec]:
@@ -260,7 +273,7 @@ def validate(data: dict, places: Places, source_name: str, own_knob: Callable[[s
         section = data.get(err.path) if err.path else data
         fail(err.path, err.message, section if isinstance(section, dict) else None)
     layers, written = _layers(config.model, fail)
-    state_mixer = _state_mixer(config.model, fail)
+    state_mixer = _state_mixer(config.model, places)
     _check_builds(config.model, layers, written, places)
     task_cls, task = _task(config.task, fail)
     _check_test_time(config.eval, layers, fail, own_knob or (lambda path: True))
@@ -286,6 +299,8 @@ def _named_keys(section: str, message: str, given: dict) -> list[str]:
     ``section``) sets to something other than null, in order, once each."""
     named = []
     for token in _KEY.findall(message.split(";")[0]):
+        if section and "." not in token and _given(given, token):  # a section's own check (a task's) names options bare
+            token = f"{section}.{token}"
         inside = token[len(section) + 1:] if section and token.startswith(f"{section}.") else None if section else token
         if inside and _given(given, inside) and token not in named:
             named.append(token)
