@@ -1,12 +1,14 @@
-"""Learning curves of language-model rows: validation bits per byte against the tokens trained on.
+"""Learning curves of an ablation's rows against the tokens trained on: validation bits per byte for language
+models, test accuracy for every other task (MQAR and the other synthetic tasks).
 
-A row's ``history`` holds its periodic evaluations (``train.eval_every``): the step and ``test_loss``, the
-mean loss in nats per token over the validation windows of the training length. Those windows are the
-same at every evaluation and at the end of training, where the row also has ``val_bpb`` on them; so the
-row's ratio ``val_bpb / test_loss`` (1/ln 2 times the tokens per byte of those windows) turns every
-periodic loss into bits per byte. The curve starts at the untrained model (the row's ``step0_metrics``,
-evaluated in fp32) and ends at the final evaluation. Tokens = step x ``train.batch_size`` x
-``task.seq_len``.
+A row's ``history`` holds its periodic evaluations (``train.eval_every``): the step, ``test_loss`` and
+``test_accuracy`` on the test split at the training length, the same data as the row's final evaluation. A
+language model's ``test_loss`` is the mean loss in nats per token over its validation windows, where the row also
+has ``val_bpb``; so the row's ratio ``val_bpb / test_loss`` (1/ln 2 times the tokens per byte of those windows)
+turns every periodic loss into bits per byte. The curve starts at the untrained model (the row's
+``step0_metrics``, evaluated in fp32) and ends at the final evaluation. Tokens = step x ``train.batch_size`` x
+``task.seq_len``. A folder with a language-model row draws bits per byte (its other rows have no curve), any
+other folder test accuracy (:func:`zoo.experiments.results.plotted_metric`).
 
     python -m zoo.experiments.curves DIR     # DIR/results.jsonl -> DIR/curves.png (and curves.csv)
 
@@ -27,60 +29,70 @@ import matplotlib
 
 from ..errors import UserError
 from ..rows import read_rows
-from .results import figure, group_by_cell, read_layout, split_rows
+from .results import figure, group_by_cell, plotted_metric, read_layout, split_rows
+
+#: the y axis of a curve of each metric
+AXIS = {"val_bpb": "validation bits per byte (training length)",
+        "test_accuracy": "test accuracy (training length)"}
 
 
-def curve(row: dict) -> list[tuple[int, float]]:
-    """``[(tokens, validation bits per byte)]`` of a language-model row, its final evaluation last; empty for
-    a row without ``val_bpb``."""
+def curve(row: dict, metric: str = "val_bpb") -> list[tuple[int, float]]:
+    """``[(tokens, value)]`` of a row's ``metric`` (``val_bpb`` or ``test_accuracy``), its final evaluation last;
+    empty for a row without that metric."""
     m = row["metrics"]
-    if not isinstance(m.get("val_bpb"), (int, float)) or not m.get("test_loss"):
+    if not isinstance(m.get(metric), (int, float)) or (metric == "val_bpb" and not m.get("test_loss")):
         return []
-    per_nat = m["val_bpb"] / m["test_loss"]
     tokens_per_step = row["recipe"]["train"]["batch_size"] * row["recipe"]["task"]["seq_len"]
-    start = (row.get("step0_metrics") or {}).get("val_bpb")
+    start = (row.get("step0_metrics") or {}).get(metric)
     points = [(0, start)] if isinstance(start, (int, float)) else []
-    points += [(h["step"] * tokens_per_step, h["test_loss"] * per_nat) for h in row.get("history") or []
-               if math.isfinite(h.get("test_loss", math.nan))]
-    return points + [(m["steps"] * tokens_per_step, m["val_bpb"])]
+    if metric == "val_bpb":  # the periodic losses in nats per token, as bits per byte
+        per_nat = m["val_bpb"] / m["test_loss"]
+        periodic = [(h["step"], h.get("test_loss", math.nan) * per_nat) for h in row.get("history") or []]
+    else:
+        periodic = [(h["step"], h.get(metric, math.nan)) for h in row.get("history") or []]
+    points += [(step * tokens_per_step, value) for step, value in periodic if math.isfinite(value)]
+    return points + [(m["steps"] * tokens_per_step, m[metric])]
 
 
-def mean_curve(rows: list[dict]) -> list[tuple[int, float]]:
+def mean_curve(rows: list[dict], metric: str = "val_bpb") -> list[tuple[int, float]]:
     """The mean curve of one cell's rows (one per seed), at the token counts every row has."""
-    curves = [dict(curve(r)) for r in rows]
+    curves = [dict(curve(r, metric)) for r in rows]
     shared = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     return [(t, sum(c[t] for c in curves) / len(curves)) for t in shared]
 
 
-def plot_curves(rows: list[dict], path: Path, title: str = "") -> dict[str, list[tuple[int, float]]]:
-    """Draw every cell's learning curve into ``path`` (PNG); returns the curves drawn, by cell."""
-    cells = {label: mean_curve(group) for label, group in group_by_cell(rows).items()}
+def plot_curves(rows: list[dict], path: Path, title: str = "",
+                metric: str = "val_bpb") -> dict[str, list[tuple[int, float]]]:
+    """Draw every cell's learning curve of ``metric`` into ``path`` (PNG); returns the curves drawn, by cell."""
+    cells = {label: mean_curve(group, metric) for label, group in group_by_cell(rows).items()}
     cells = {label: points for label, points in cells.items() if points}
     if not cells:
-        raise UserError("no language-model rows with val_bpb to draw (a task: lm table, evaluated with eval_every)")
+        raise UserError(f"no finished rows with {metric} to draw learning curves of; run the grid first (zoo ablate)")
     with figure(path, size=(9.5, 4.5), title=title) as (fig, ax):
         if len(cells) > 10:  # the default cycle repeats after 10 colours
             ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
         for label, points in cells.items():
             ax.plot([t / 1e6 for t, _ in points], [b for _, b in points], marker="o", markersize=3, label=label)
         ax.set_xlabel("training tokens (millions)")
-        ax.set_ylabel("validation bits per byte (training length)")
+        ax.set_ylabel(AXIS[metric])
         fig.legend(*ax.get_legend_handles_labels(), loc="center right", fontsize=7)
     return cells
 
 
 def write_curves(out_dir: Path, title: str = "") -> Path:
-    """``out_dir/curves.png`` and ``curves.csv`` (cell, tokens, val_bpb) from ``out_dir/results.jsonl``."""
+    """``out_dir/curves.png`` and ``curves.csv`` (cell, tokens, and ``val_bpb`` or ``test_accuracy``) from
+    ``out_dir/results.jsonl``."""
     rows = read_rows(out_dir / "results.jsonl")
     name = rows[-1]["recipe"].get("name", "") if rows else ""
     layout = read_layout(out_dir)
     if layout is not None:  # the grid's own cells, as in its tables
         rows = split_rows(rows, layout)[0]
         name = layout["title"] or name
-    cells = plot_curves(rows, out_dir / "curves.png", title or name)
+    metric = plotted_metric(rows)
+    cells = plot_curves(rows, out_dir / "curves.png", title or name, metric)
     with open(out_dir / "curves.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["cell", "tokens", "val_bpb"])
+        writer.writerow(["cell", "tokens", metric])
         writer.writerows([label, t, f"{b:.6f}"] for label, points in cells.items() for t, b in points)
     return out_dir / "curves.png"
 

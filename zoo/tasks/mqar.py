@@ -85,7 +85,10 @@ class MQAR(Task):
                 raise ValueError(f"num_kv_pairs * (4{gap}) must be <= seq_len (got {self.num_kv_pairs} pairs for "
                                  f"seq_len {self.seq_len}); lower num_kv_pairs or raise seq_len")
             if self.num_kv_pairs >= self.vocab_size // 2:
-                raise ValueError("vocab_size // 2 must exceed num_kv_pairs so keys can be distinct")
+                raise ValueError(f"vocab_size {self.vocab_size} holds {max(self.vocab_size // 2 - 1, 0)} key ids "
+                                 f"([1, vocab_size // 2)), fewer than the num_kv_pairs ({self.num_kv_pairs}) distinct "
+                                 f"keys a sequence needs; raise vocab_size to at least {2 * self.num_kv_pairs + 2} or "
+                                 f"lower num_kv_pairs")
 
     @property
     def vocab_size(self) -> int:

@@ -88,8 +88,10 @@ class TransferOptions:
                              f"lower min_kv_pairs or set it to 0 for a fixed count")
         vocab = Vocab(self.vocab_size)
         if self.keys_needed() > vocab.keys[1] - vocab.keys[0]:
+            least = max(32, NUM_SPECIAL + -(-8 * self.keys_needed() // 3))  # the smallest V with 3 (V - 4) // 8 keys
             raise ValueError(f"vocab_size {self.vocab_size} has {vocab.keys[1] - vocab.keys[0]} key ids but "
-                             f"{self.keys_needed()} distinct keys are needed; raise vocab_size or lower num_kv_pairs")
+                             f"{self.keys_needed()} distinct keys are needed ({self.keys_for()}); raise vocab_size to "
+                             f"at least {least} or lower {self.key_knobs()}")
         if self.values_needed() > vocab.values[1] - vocab.values[0]:
             raise ValueError(f"vocab_size {self.vocab_size} has {vocab.values[1] - vocab.values[0]} value ids but "
                              f"{self.values_needed()} distinct values are needed; raise vocab_size or lower "
@@ -105,6 +107,14 @@ class TransferOptions:
     # per task: distinct ids and tokens that the most facts need
     def keys_needed(self) -> int:
         return self.num_kv_pairs
+
+    def keys_for(self) -> str:
+        """What the keys are needed for, in the options that set their number (a refusal names it)."""
+        return f"num_kv_pairs {self.num_kv_pairs}"
+
+    def key_knobs(self) -> str:
+        """The options that set how many keys are needed."""
+        return "num_kv_pairs"
 
     def values_needed(self) -> int:
         return self.num_kv_pairs

@@ -64,6 +64,12 @@ class ToolTrace(OneLayoutTask):
         def keys_needed(self) -> int:
             return self.num_kv_pairs + self.num_agents
 
+        def keys_for(self) -> str:
+            return f"num_kv_pairs {self.num_kv_pairs} tools + num_agents {self.num_agents} agents"
+
+        def key_knobs(self) -> str:
+            return "num_kv_pairs or num_agents"
+
         def min_seq_len(self) -> int:
             return 3 * self.num_kv_pairs + 4 * self.queries(self.num_kv_pairs)
 
@@ -119,6 +125,12 @@ class MultiHop(OneLayoutTask):
 
         def keys_needed(self) -> int:
             return self.num_kv_pairs * self.hops
+
+        def keys_for(self) -> str:
+            return f"num_kv_pairs {self.num_kv_pairs} chains x hops {self.hops}"
+
+        def key_knobs(self) -> str:
+            return "num_kv_pairs or hops"
 
         def min_seq_len(self) -> int:
             return 2 * self.hops * self.num_kv_pairs + 3 * self.queries(self.num_kv_pairs)
