@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +151,22 @@ def check_layout(op: str, sizes: dict[str, int] | None = None, **tensors) -> dic
                 raise ValueError(f"{op}: {name} of shape {tuple(t.shape)} must be ({', '.join(dims)}) with {dim} = "
                                  f"{sizes[dim]}, as the tensors before it have")
     return sizes
+
+
+def check_chunk_size(op: str, chunk_size) -> None:
+    """Refuse, in one line naming ``op``, a ``chunk_size`` that is not a positive integer. The chunked paths
+    divide and reshape by it (a zero or a negative one failed there in a ``ZeroDivisionError`` or a shape error),
+    while the reference and some Triton paths never read it: checked once, before a backend is chosen, every
+    backend refuses what one refuses."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be a positive integer, got {chunk_size!r}")
+
+
+def no_decay(v: torch.Tensor) -> torch.Tensor:
+    """The zero log decays ``(B, T, H)`` of a gated op's ``g`` given as None (no forget gate), for values
+    ``v (B, T, H, d_v)`` (of another rank: none, for the op's layout check to name), in :func:`compute_dtype`
+    of ``v``."""
+    return torch.zeros(v.shape[:3], dtype=compute_dtype(v), device=v.device) if v.dim() == 4 else None
 
 
 def causal_mask(size: int, device=None) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import package_importable, resolve_backend, triton_fp64_unsupported
-from ..common import check_layout
+from ..common import autocast_dtype, check_layout
 from .reference import attention_reference
 
 __all__ = ["BACKENDS", "attention", "attention_reference", "flash_attn_available"]
@@ -97,6 +97,11 @@ def attention(q, k, v, causal: bool = True, scale: float | None = None, backend:
     # than k) where the Triton kernel refused them; v's head dim may differ from q's and k's. k and v share one
     # head count, which divides q's (the only broadcast of heads: grouped-query attention)
     check_layout("attention", q=(q, "B T H D"), k=(k, "B S Hk D"), v=(v, "B S Hv E"))
+    if not q.dtype == k.dtype == v.dtype and autocast_dtype(q.device.type) is None:
+        # every backend refused it, the reference in a matmul's words (inside autocast, SDPA and the reference's
+        # matmuls cast them to one dtype)
+        raise ValueError(f"attention: q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}; cast "
+                         f"k and v to q's (k.to(q.dtype))")
     H, Hkv = q.shape[2], k.shape[2]
     if v.shape[2] != Hkv or Hkv > H or (H % Hkv if Hkv else H):
         raise ValueError(f"attention: k of shape {tuple(k.shape)} and v of shape {tuple(v.shape)} must have one number "

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import fla_unsupported, resolve_backend, triton_fp64_unsupported
-from ..common import check_layout, full_precision
+from ..backend import NO_FP64, fla_unsupported, resolve_backend, triton_fp64_unsupported
+from ..common import check_chunk_size, check_layout, full_precision
 from .chunked import delta_product_chunked
 from .reference import delta_product_reference, delta_product_step, householder_transition
 
@@ -75,11 +75,14 @@ def delta_product(
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
     _check_layout(q, k, v, beta, g, initial_state, num_householder)
+    check_chunk_size("delta_product", chunk_size)
     unsupported = {}
     if max(q.shape[-1], v.shape[-1]) > TRITON_MAX_HEAD_DIM:
         unsupported["triton"] = f"head dims above {TRITON_MAX_HEAD_DIM}"
     unsupported.update(triton_fp64_unsupported(q))
     unsupported.update(fla_unsupported(q, fla_runs_gated(q.dtype, g is not None)))
+    if q.dtype == torch.float64:  # fla keeps its gates and states in fp32: an fp64 call would be rounded to them
+        unsupported["fla"] = NO_FP64
     which = resolve_backend(backend, q, op="delta_product", available=BACKENDS, unsupported=unsupported)
     args = (q, k, v, beta, g, num_householder, scale, initial_state)
     if which == "reference":

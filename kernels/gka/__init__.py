@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import NO_FP64, BackendUnavailable, resolve_backend
-from ..common import check_layout, full_precision
+from ..common import check_chunk_size, check_layout, full_precision, no_decay
 from .chebyshev import GRAD_MODES, SOLVERS, cg_iterate, chebyshev_iterate, iterative_solve
 from .chunked import gka_chunked
 from .reference import gka_reference, gka_step
@@ -40,10 +40,10 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         solver: str = "chebyshev", grad: str = "implicit", scale: float | None = None, chunk_size: int = 64,
         initial_state=None, backend: str = "auto"):
     """GKA core. ``q, k (B, T, H, d_k)``, ``v (B, T, H, d_v)``, ``g, alpha (B, T, H)`` (alpha may be None:
-    ``q~ = x``). Returns ``(o (B, T, H, d_v), (H_T (B, H, d_k, d_k), U_T (B, H, d_v, d_k)))``: ``o`` in ``q``'s
-    dtype, ``H_T`` and ``U_T`` in :func:`kernels.common.state_dtype` of it, ``torch.promote_types(q.dtype,
-    torch.float32)`` (fp32 for 16-bit inputs, on every backend), so that a state passed to the next call is not
-    rounded to 16 bits; an fp32 ``initial_state`` is read as it is."""
+    ``q~ = x``; g may be None: no decay). Returns ``(o (B, T, H, d_v), (H_T (B, H, d_k, d_k), U_T (B, H, d_v,
+    d_k)))``: ``o`` in ``q``'s dtype, ``H_T`` and ``U_T`` in :func:`kernels.common.state_dtype` of it,
+    ``torch.promote_types(q.dtype, torch.float32)`` (fp32 for 16-bit inputs, on every backend), so that a state
+    passed to the next call is not rounded to 16 bits; an fp32 ``initial_state`` is read as it is."""
     if solver not in ALL_SOLVERS:
         raise ValueError(f"gka: unknown solver {solver!r}; choose one of {ALL_SOLVERS}")
     if grad not in GRAD_MODES:
@@ -52,7 +52,9 @@ def gka(q, k, v, g, alpha=None, *, ridge_a: float = 0.02, ridge_eps: float = 1e-
         raise ValueError("gka: grad='reverse_chebyshev' needs solver='chebyshev'")
     if num_iter < 0:
         raise ValueError(f"gka: num_iter must be >= 0, got {num_iter}")
+    g = no_decay(v) if g is None else g
     _check_layout(q, k, v, g, alpha, initial_state)
+    check_chunk_size("gka", chunk_size)
     kw = dict(ridge_a=ridge_a, ridge_eps=ridge_eps, num_iter=num_iter, solver=solver, grad=grad, scale=scale,
               initial_state=initial_state)
     chosen = resolve_backend(backend, q, op="gka", available=BACKENDS)

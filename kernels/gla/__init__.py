@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import NO_FP64, BackendUnavailable, fla_unsupported, resolve_backend
-from ..common import check_layout, full_precision
+from ..common import check_chunk_size, check_layout, full_precision, no_decay
 from .chunked import gla_chunked
 from .reference import gla_reference, gla_step
 
@@ -32,14 +32,16 @@ def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_st
     """Returns ``(o (B, T, H, d_v), U_T (B, H, d_v, d_k))``: ``o`` in ``q``'s dtype, ``U_T`` in
     :func:`kernels.common.state_dtype` of it, ``torch.promote_types(q.dtype, torch.float32)`` (fp32 for 16-bit
     inputs, on every backend), so that a state passed to the next call is not rounded to 16 bits; an fp32
-    ``initial_state`` is read as it is."""
+    ``initial_state`` is read as it is. ``g`` None is no decay (as fla's ``chunk_simple_gla`` takes it): causal
+    linear attention."""
+    g = no_decay(v) if g is None else g
     sizes = check_layout("gla", q=(q, "B T Hqk K"), k=(k, "B T Hqk K"), v=(v, "B T H V"), g=(g, "B T H"),
                          initial_state=(initial_state, "B H V K"))
     if sizes["Hqk"] not in (1, sizes["H"]):
         raise ValueError(f"gla: q and k must have one head per value head ({sizes['H']}) or one head shared by all "
                          f"of them, got {sizes['Hqk']}")
-    chosen = resolve_backend(backend, q, op="gla", available=BACKENDS,
-                             unsupported=fla_unsupported(q, fla_runs_gated(q.dtype, True)))
+    check_chunk_size("gla", chunk_size)
+    chosen = resolve_backend(backend, q, op="gla", available=BACKENDS, unsupported=_fla_refuses(q, sizes))
     if chosen == "reference":
         return gla_reference(q, k, v, g, scale=scale, initial_state=initial_state)
     if chosen == "triton":
@@ -53,6 +55,18 @@ def gla(q, k, v, g, scale: float | None = None, chunk_size: int = 64, initial_st
         from .outside import gla_fla
         return gla_fla(q, k, v, g, scale=scale, initial_state=initial_state)
     return gla_chunked(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state)
+
+
+def _fla_refuses(q, sizes) -> dict:
+    """``{"fla": why}`` where fla's ``chunk_simple_gla`` cannot take these inputs, else ``{}``. Its state pass
+    reads the head count of ``k`` as every tensor's, so one query/key head shared by all value heads would read
+    ``v``, ``g`` and the state at the wrong strides; and it keeps its gates and states in fp32."""
+    if sizes["Hqk"] != sizes["H"]:
+        return {"fla": f"needs q and k with one head per value head (pass q.expand(-1, -1, {sizes['H']}, -1) and k "
+                       f"alike)"}
+    if q.dtype == torch.float64:
+        return {"fla": NO_FP64}
+    return fla_unsupported(q, fla_runs_gated(q.dtype, True))
 
 
 def triton_chunk_size_problem(chunk_size: int) -> str | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend, triton_fp64_unsupported
-from ..common import check_layout, full_precision
+from ..common import check_chunk_size, check_layout, full_precision
 from .chunked import ska_chunked, ska_final_state
 from .operator import ska_chain_torch, solve_operator, whitened_operator
 from .reference import ska_init_state, ska_readout, ska_recurrent, ska_reference, ska_step, ska_update
@@ -57,14 +57,15 @@ def ska(q, k, v, w=None, *, ridge: float = 1e-3, power: int = 2, gamma=1.0, gamm
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"ska: unknown normalisation {normalisation!r}; choose seq_max or running_max")
     _check_layout(q, k, v, w, gamma)
+    check_chunk_size("ska", chunk_size)
     kw = dict(ridge=ridge, power=power, gamma=gamma, gamma_max=gamma_max, normalisation=normalisation,
               power_iters=power_iters)
     chosen = resolve_backend(backend, q, op="ska", available=RECURRENT_BACKENDS if mode == "recurrent" else BACKENDS,
                              unsupported=triton_fp64_unsupported(q))
     if q.shape[1] == 0:  # an empty sequence: an empty output (every backend's reductions over T refused it)
         return v[:, :0].to(q.dtype).clone()
-    if chosen == "reference":
-        return ska_reference(q, k, v, w, mode=mode, chunk_size=chunk_size, **kw)
+    if chosen == "reference":  # it computes in q's dtype; the other backends promote k and v to their compute dtype
+        return ska_reference(q, k.to(q.dtype), v.to(q.dtype), w, mode=mode, chunk_size=chunk_size, **kw)
     if mode == "recurrent":
         return ska_recurrent(q, k, v, w, **kw)
     if chosen == "triton":

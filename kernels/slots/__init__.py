@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
-from ..common import full_precision
+from ..common import check_chunk_size, full_precision
 from ..launch import kernels_run
 from .addressing import ADDRESS_BACKENDS, kronecker_dense, kronecker_topk
 from .chunked import slot_memory_chunked
@@ -100,6 +100,7 @@ def slot_memory(write_idx, write_w, read_idx, read_w, v, gamma, num_slots: int, 
     ``layout`` selects the torch path (ignored by the other backends).
     """
     _check(write_idx, write_w, read_idx, read_w, v, gamma, num_slots)
+    check_chunk_size("slot_memory", chunk_size)
     if layout not in LAYOUTS:
         raise ValueError(f"slot_memory: unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     chosen = resolve_backend(backend, v, op="slot_memory", available=BACKENDS)

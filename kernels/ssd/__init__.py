@@ -7,8 +7,10 @@ the GLA chunked path), ``triton`` (chunked Triton kernels), ``mamba_ssm`` (the m
 """
 from __future__ import annotations
 
-from ..backend import resolve_backend, triton_fp64_unsupported
-from ..common import check_layout, full_precision
+import torch
+
+from ..backend import NO_FP64, resolve_backend
+from ..common import check_chunk_size, check_layout, full_precision
 from .chunked import ssd_chunked
 from .reference import skip, ssd_reference, ssd_step
 
@@ -29,8 +31,12 @@ def ssd(x, dt, A, B, C, chunk_size: int = 64, initial_state=None, backend: str =
     (fp32 for 16-bit inputs, on every backend), so that a state passed to the next call is not rounded to 16
     bits; an fp32 ``initial_state`` is read as it is."""
     _check_layout(x, dt, A, B, C, D, initial_state)
-    wide = max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM
-    unsupported = {"triton": f"d_state or head dim above {TRITON_MAX_DIM}"} if wide else triton_fp64_unsupported(x)
+    check_chunk_size("ssd", chunk_size)
+    unsupported = {}
+    if x.dtype == torch.float64:  # mamba-ssm keeps A and its states in fp32: an fp64 call would be rounded to them
+        unsupported = {"triton": NO_FP64, "mamba_ssm": NO_FP64}
+    if max(B.shape[-1], x.shape[-1]) > TRITON_MAX_DIM:
+        unsupported["triton"] = f"d_state or head dim above {TRITON_MAX_DIM}"
     chosen = resolve_backend(backend, x, op="ssd", available=BACKENDS, unsupported=unsupported)
     if chosen == "triton" and x.shape[1] == 0:  # an empty sequence: the chunked path's empty output and state
         chosen = "torch"
