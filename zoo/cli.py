@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import select
+import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -50,7 +51,9 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .tasks import TASKS
     from .training import distributed
     from .training.checkpoint import path_in
+    from .training.device import resolve_device
     from .training.loop import probe_folders, train
+    from .training.stopping import Terminated
     from .training.throughput import describe as describe_throughput
 except KeyboardInterrupt:
     raise interrupted_while_starting() from None
@@ -140,7 +143,8 @@ def cmd_train(args) -> int:
     if distributed.rank_before_joining() == 0:  # the folders the run writes, before anything is printed or built
         probe_folders(recipe, args.out, "--out")
     refuse_unrunnable([(recipe, args.recipe)])   # before joining the process group: every rank stops in one line
-    main = distributed.context().is_main  # under torchrun, rank 0 alone prints and writes
+    # under torchrun, rank 0 alone prints and writes; the process group's backend follows train.device
+    main = distributed.context(resolve_device(recipe.train.device)).is_main
     refuse_dead_layers(recipe)
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
@@ -503,11 +507,12 @@ def _main(argv: list[str] | None) -> int:
     except (UserError, OptionError, BackendUnavailable) as err:
         print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # a Ctrl-C, or a scheduler's SIGTERM during a run (zoo.training.stopping)
         again = ("; run the same command again to resume (finished cells and checkpoints are kept)"
                  if getattr(args, "command", None) in ("ablate", "train") else "")
-        print(f"zoo: interrupted{again}", file=sys.stderr)
-        return INTERRUPTED
+        terminated = isinstance(stop, Terminated)
+        print(f"zoo: {'stopped by SIGTERM' if terminated else 'interrupted'}{again}", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -102,3 +102,22 @@ def test_a_tracking_package_missing_stops_every_process_in_one_line(tmp_path):
     assert run.returncode != 0
     said = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:") and missing[0] in line]
     assert len(said) == 2 and "Connection closed by peer" not in run.stderr, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "gloo"), ("cuda", "nccl")])
+def test_the_process_group_backend_follows_the_training_device_not_the_machine(monkeypatch, device, backend):
+    """On a machine with GPUs, a run with train.device=cpu joins gloo: NCCL cannot all-reduce CPU tensors."""
+    from zoo.training import distributed
+    joined, pinned = [], []
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.append(backend))
+    monkeypatch.setattr(distributed.atexit, "register", lambda fn: None)
+    ctx = distributed.context(torch.device(device))
+    assert (ctx.rank, ctx.world_size, ctx.local_rank) == (1, 2, 1)
+    assert joined == [backend]
+    assert pinned == ([1] if backend == "nccl" else [])

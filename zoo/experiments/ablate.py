@@ -40,6 +40,7 @@ from ..preflight import refuse_unrunnable
 from ..recipes.plain import recipe_differences
 from ..rows import append_row, is_eval_row, read_rows, repair_rows
 from ..training.loop import probe_folders
+from ..training.stopping import terminate_as_interrupt
 from .executors import Executor, SequentialExecutor
 from .results import LAYOUT_NAME, render_folder, write_layout
 
@@ -198,6 +199,17 @@ def _headline(metrics: dict) -> str:
     return shown + (f"({seconds:.0f}s" if isinstance(seconds, (int, float)) else "(")
 
 
+def _append(results_path: Path, row: dict, cell: str) -> None:
+    """Append a finished cell's row; a write that fails (a full disk) is refused in one line: the cell's finished
+    checkpoint keeps its trained model, so the same command evaluates it again without training it again."""
+    try:
+        append_row(results_path, row)
+    except OSError as err:
+        raise UserError(f"{results_path}: cannot append the row of cell {cell!r} "
+                        f"({err.strerror or err}); make room or fix the folder, then run the same command again (its "
+                        f"checkpoint keeps the trained model: it is evaluated again, not trained again)") from None
+
+
 def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool = True, plot: bool = True,
                  echo=print, executor: Executor | None = None) -> list[dict]:
     """Run (or resume) every cell of ``recipe`` on ``executor`` (default: sequential, in this process).
@@ -210,7 +222,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
     results_path = out_dir / "results.jsonl"
     where = {cell.recipe.key: f"[{i + 1}/{len(cells)}] {cell_name(cell, cells)}" for i, cell in enumerate(cells)}
     executor = executor or SequentialExecutor(progress=progress, echo=echo)
-    with exclusive(out_dir):
+    with exclusive(out_dir), terminate_as_interrupt():  # a scheduler's SIGTERM stops the run as a Ctrl-C does
         done = completed_rows(read_rows(results_path), cells)  # read only: a refused run writes nothing
         for cell in cells:  # every folder a cell writes, before the first one trains
             if cell.recipe.key not in done:
@@ -249,7 +261,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
                     echo(f"{here}: FAILED after {outcome.attempts} attempt{'s' * (outcome.attempts != 1)}: "
                          f"{outcome.error}")
                     continue
-                append_row(results_path, outcome.row)
+                _append(results_path, outcome.row, cell_name(outcome.cell, cells))
                 done[outcome.cell.recipe.key] = outcome.row
                 echo(f"{here}: {_headline(outcome.row['metrics'])}{retried})")
         rows = [done[cell.recipe.key] for cell in cells if cell.recipe.key in done]

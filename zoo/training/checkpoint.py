@@ -16,7 +16,8 @@ with ``torch.load(..., weights_only=True)``: loading never runs code from the fi
 Writes are atomic: the dict goes to a temporary file in the same folder, is fsynced, then replaces
 the old checkpoint with ``os.replace``, so a kill at any moment leaves the previous checkpoint or the
 new one, never a torn file (a temporary file a killed writer leaves is removed by the next run:
-:func:`remove_orphans`).
+:func:`remove_orphans`). A write that fails (a full disk) is refused in one line naming the file and the operating
+system's reason, and leaves the checkpoint before it as it was.
 
 Integrity: the state is serialised once more inside the file, next to its SHA-256 (format 2), so a flipped
 byte anywhere in it is found at load instead of giving silently different numbers. A checkpoint that does
@@ -39,7 +40,7 @@ import torch
 
 from mixers import MIXERS, STATE_MIXERS
 
-from ..errors import UserError
+from ..errors import UserError, error_summary
 from ..paths import not_a_regular_file
 from ..recipes.plain import recipe_differences
 from ..tasks import TASKS
@@ -108,21 +109,40 @@ def check_weights_fit(path: Path, weights: dict, model: torch.nn.Module, recipe,
 
 
 def save(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` to ``path`` atomically; a write that fails (a full disk, a folder gone read-only) is refused
+    in one line naming the file and the reason, and leaves the checkpoint there before it as it was."""
     inner = io.BytesIO()
     torch.save(state, inner)
     payload = inner.getvalue()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save({"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
                         "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        stop = _cause(err, KeyboardInterrupt)
+        if stop is not None:  # a Ctrl-C or a SIGTERM while torch's writer was writing: a stop, not a failed write
+            raise stop from None
+        failed = _cause(err, OSError)
+        reason = failed.strerror if failed is not None and failed.strerror else error_summary(failed or err)
+        raise UserError(f"{path}: cannot write the checkpoint of step {state.get('step')} ({reason}); "
+                        f"make room or fix the folder") from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _cause(err: BaseException, kind: type) -> BaseException | None:
+    """The exception of type ``kind`` behind ``err``, itself or one it was raised while handling: torch's zip
+    writer reports whatever its file's ``write`` raised (an OSError of a full disk, the KeyboardInterrupt of a
+    Ctrl-C) as a RuntimeError of its own, with that exception as its context."""
+    while err is not None and not isinstance(err, kind):
+        err = err.__context__
+    return err
 
 
 def _unreadable(err: Exception) -> str:

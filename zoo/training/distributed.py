@@ -1,9 +1,9 @@
 """Data-parallel training under ``torchrun``: detection, process group, batch shards, reductions.
 
 ``torchrun --nproc_per_node N -m zoo train RECIPE`` starts N processes with ``RANK``, ``WORLD_SIZE``
-and ``LOCAL_RANK`` in their environment; :func:`context` reads them and joins the process group (gloo
-on a CPU, NCCL on CUDA, one GPU per local rank). Every rank builds the same data and the same batch
-order from the recipe seed and trains on its contiguous shard of each global batch
+and ``LOCAL_RANK`` in their environment; :func:`context` reads them and joins the process group (gloo when
+the run trains on the CPU, NCCL when it trains on CUDA, one GPU per local rank). Every rank builds the same
+data and the same batch order from the recipe seed and trains on its contiguous shard of each global batch
 (``train.batch_size`` is the global batch and must divide by the world size). Rank 0 alone writes
 logs, checkpoints and results.
 
@@ -68,13 +68,16 @@ def rank_before_joining() -> int:
     return int(os.environ["RANK"]) if launched_by_torchrun() else 0
 
 
-def context() -> DistContext:
-    """The current process's place in the job; joins the process group once when under torchrun."""
+def context(device: torch.device | None = None) -> DistContext:
+    """The current process's place in the job; joins the process group once when under torchrun, with the
+    backend of the ``device`` the run trains on (a CPU run on a machine with GPUs takes gloo: NCCL cannot
+    reduce CPU tensors). Without a device: CUDA when available."""
     if not launched_by_torchrun():
         return DistContext()
     rank, world, local = (int(os.environ[v]) for v in ENV_VARS)
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        on_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
+        backend = "nccl" if on_cuda else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local)
         dist.init_process_group(backend=backend)

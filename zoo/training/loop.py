@@ -15,8 +15,11 @@ step at once, on every core (:mod:`kernels.ahead`), instead of one after another
 
 With a checkpoint folder (``train(..., checkpoint_dir=DIR)``, ``zoo train RECIPE --out DIR``) the run
 saves a checkpoint (:mod:`zoo.training.checkpoint`: the recipe plus a :class:`TrainState`) every
-``train.checkpoint_every`` steps and at the end, and a run that finds a checkpoint of the same recipe
-there resumes from it, ending with exactly the numbers of an uninterrupted run on a CPU.
+``train.checkpoint_every`` steps and at the end (before the final evaluation, so that a run stopped during it
+keeps its whole training, and again with the metrics), and a run that finds a checkpoint of the same recipe
+there resumes from it, ending with exactly the numbers of an uninterrupted run on a CPU. A Ctrl-C or a SIGTERM
+(:mod:`zoo.training.stopping`) stops the run with a line saying at which step, and what the checkpoint folder holds
+to resume from.
 
 Under ``torchrun`` (see :mod:`zoo.training.distributed`) the model is wrapped in
 DistributedDataParallel and each rank trains on its shard of the global batch; rank 0 alone prints,
@@ -52,7 +55,7 @@ from ..tasks import Task, TaskData
 from ..tasks.text import training_data
 from ..threads import torch_threads
 from . import checkpoint as ckpt
-from . import distributed
+from . import distributed, stopping
 from .captured import StepPasses
 from .device import autocast, resolve_device, resolve_precision
 from .evaluation import evaluate_data, forward_loss, test_metrics
@@ -150,13 +153,28 @@ class _Run:
     tracker: Tracker | None = None
     peak: TrainingPeak | None = None  # the device's training peak memory, where it has a counter
     kernels_compiled: bool = False  # this process's Triton kernels were compiled ahead of its first step
+    saved_step: int | None = None  # the step the checkpoint in the folder holds (read, or written by this process)
 
     def checkpoint(self, state: TrainState, **extra) -> None:
         if self.checkpoint_path is not None and self.ctx.is_main:
-            ckpt.save(self.checkpoint_path, {"recipe": self.recipe.plain, "recipe_key": self.recipe.key,
-                                             "imports": ckpt.imports_for(self.recipe),
-                                             "world_size": self.ctx.world_size, **ckpt.tokenizer_record(self.task),
-                                             **state.state_dict(), **extra})
+            try:
+                ckpt.save(self.checkpoint_path, {"recipe": self.recipe.plain, "recipe_key": self.recipe.key,
+                                                 "imports": ckpt.imports_for(self.recipe),
+                                                 "world_size": self.ctx.world_size,
+                                                 **ckpt.tokenizer_record(self.task), **state.state_dict(), **extra})
+            except UserError as err:
+                raise UserError(f"{err}; {self.saved()}") from None
+            self.saved_step = state.step
+
+    def saved(self) -> str:
+        """What the checkpoint folder holds for a run of this recipe to resume from."""
+        if self.checkpoint_path is None:
+            return "nothing saved (no checkpoint folder: zoo train --out DIR checkpoints a run)"
+        if self.saved_step is None:
+            every = self.recipe.train.checkpoint_every
+            first = f"the first checkpoint comes at step {every}" if every else "train.checkpoint_every=0: only at the end"
+            return f"nothing saved yet ({first}): the same command starts over"
+        return f"{self.checkpoint_path} holds step {self.saved_step}, where the same command resumes"
 
 
 def _saved_state(path: Path | None, main: bool) -> dict | None:
@@ -213,7 +231,7 @@ def _check_ranks_agree(ctx: distributed.DistContext, step: int, device, checkpoi
 def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     """Device, data, model and optimizer of a run; resumed from a checkpoint of the same recipe."""
     t = recipe.train
-    ctx = distributed.context()
+    ctx = distributed.context(resolve_device(t.device))
     if ctx.is_main:
         probe_folders(recipe, checkpoint_dir)
     device = distributed.device_for(ctx, resolve_device(t.device))
@@ -238,6 +256,7 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
                                "the mixer-zoo version it was trained with, or use another folder")
         ckpt.check_same_tokenizer(path, saved, run.task)
         state.load_state_dict(saved)
+        run.saved_step = state.step
         if ctx.is_main:
             _say(f"resuming from {path} at step {state.step}/{t.steps}" + (" (finished)" if state.finished else ""))
     _check_ranks_agree(ctx, state.step, device, checkpoint_dir)
@@ -386,13 +405,25 @@ def train(recipe: Recipe, progress: bool = True, description: str = "",
     """Train ``recipe`` and evaluate it; with ``checkpoint_dir``, checkpoint there and resume from
     a checkpoint of the same recipe found there (a different recipe's checkpoint is refused). The run uses
     ``train.threads`` torch threads where set; the caller's count is restored after it."""
-    with torch_threads(recipe.train.threads):
+    with torch_threads(recipe.train.threads), stopping.terminate_as_interrupt():
         return _train(recipe, progress, description, checkpoint_dir)
 
 
 def _train(recipe: Recipe, progress: bool, description: str, checkpoint_dir: str | Path | None) -> TrainResult:
-    t = recipe.train
     run, state, train_data = _start(recipe, checkpoint_dir)
+    try:
+        return _train_started(run, state, train_data, progress, description)
+    except KeyboardInterrupt as stop:  # a Ctrl-C, or a SIGTERM (zoo.training.stopping): say where the run stopped
+        if run.ctx.is_main:
+            where = (f"during the final evaluation, after step {state.step}" if state.finished
+                     else f"at step {state.step}")
+            _say(f"{description or 'train'}: stopped by {stopping.describe(stop)} {where}/{recipe.train.steps}; "
+                 f"{run.saved()}")
+        raise
+
+
+def _train_started(run: _Run, state: TrainState, train_data, progress: bool, description: str) -> TrainResult:
+    recipe, t = run.recipe, run.recipe.train
     process_start = time.perf_counter()
     counter = peak_counter(run.device)
     run.peak = TrainingPeak(counter) if counter is not None else None
@@ -403,7 +434,8 @@ def _train(recipe: Recipe, progress: bool, description: str, checkpoint_dir: str
     test_data = run.task.make("test", recipe.seed)
     shown = _Progress(run, state, progress and run.ctx.is_main, description)
     state.model.train()
-    if not state.finished:  # a finished checkpoint read again trains nothing: no clock runs
+    trains = not state.finished  # a finished checkpoint read again trains nothing: no clock runs
+    if trains:
         state.throughput.start(run.device, warmup_steps(t.steps))
 
     def finish(queued: _Queued) -> None:  # a step's numbers, then what follows it
@@ -431,6 +463,8 @@ def _train(recipe: Recipe, progress: bool, description: str, checkpoint_dir: str
         shown.bar.close()
         passes.close()  # a captured step's graph and gradients are not needed by the evaluation
     state.stop_clock()
+    if trains:  # the whole training is kept, should the final evaluation be stopped
+        run.checkpoint(state)
     metrics = state.summary(t.batch_size * run.task.seq_len)
     if run.peak is not None:  # the training peak of this process, before the final evaluation
         metrics["peak_memory_mib"] = run.peak.mib()
