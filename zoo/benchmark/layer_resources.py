@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     p.add_argument("--T", type=int, default=16384, help="the layer's length (the kernels' tiles do not depend on it)")
     p.add_argument("--markdown", metavar="FILE", help="write the table into FILE's layer-resources block")
     args = p.parse_args(argv)
+    unknown = [m for m in args.mixers if m not in mixer_names()[0]]
+    if unknown:
+        p.error(f"unknown mixers {unknown}; choose from {', '.join(mixer_names()[0])}")
     if interpreting_refused("layer_resources"):
         return 2
     mixers = args.mixers or mixer_names()[1]

@@ -20,8 +20,9 @@
   device, and the number that decides whether training at length ``T`` fits;
 - ``decode_ms``: after ``mixer.prefill`` of a context of length ``T``, the median time of one
   ``mixer.step`` for the next token;
-- ``state_bytes``: ``sum(numel * element_size)`` over the state dict returned by the prefill, next to the
-  mixer's own ``state_size(T)`` (elements) and ``active_state_size(T)`` as cross-checks.
+- ``state_bytes``: ``sum(numel * element_size)`` over the state dict returned by the prefill (the whole
+  batch), next to the mixer's own ``state_size(T)`` and ``active_state_size(T)`` (elements per sequence) as
+  cross-checks.
 
 Timing uses CUDA events (with a synchronize) on a GPU and ``time.perf_counter`` on a CPU, after warm-up.
 Each group of measurements fails on its own: an error in the backward still keeps the forward time.

@@ -10,9 +10,9 @@ its mixer options. Times are also given as a ratio to the ``--baseline`` entry (
 For every entry and every ``T`` it records the numbers of :func:`zoo.benchmark.measure.measure`. A mixer that
 raises or runs out of memory at some ``T`` gets its error recorded in that row and the sweep goes on;
 ``--time-limit`` (default 60 s) skips lengths whose forward+backward is predicted to take longer than a
-limit (from the previous length's time, on a CPU the lesser of its wall and CPU time, quadratic for mixers
-whose state grows with T, linear otherwise), saying so in the row: attention stops there while the
-linear-state mixers go on to long contexts (262144 tokens and beyond, as far as memory allows).
+limit (from the time at the last length that timed one, on a CPU the lesser of its wall and CPU time,
+quadratic for mixers whose state grows with T, linear otherwise), saying so in the row: attention stops there
+while the linear-state mixers go on to long contexts (262144 tokens and beyond, as far as memory allows).
 
 Every timing also records its user and system CPU time per call, every row the peak memory of one
 forward+backward and of one prefill, and ``bench.json`` the run's total wall, user and system time. On a
@@ -70,6 +70,9 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:  # two rows at one length: a growth "(T x1)" and a ratio to the baseline's other row
+        raise argparse.ArgumentTypeError(f"{', '.join(map(str, twice))} listed twice in {text!r}; give each length once")
     return values
 
 
@@ -157,13 +160,7 @@ def run(args: argparse.Namespace) -> int:
     labels = _labels(recipe.model.layer_entries())
     if args.baseline is not None and args.baseline not in labels:
         raise UserError(f"--baseline {args.baseline!r} is not one of the entries: {', '.join(labels)}")
-    try:
-        device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                              else ("cpu" if args.device == "auto" else args.device))
-    except RuntimeError:
-        raise UserError(f"--device {args.device}: not a device; use auto, cpu or cuda[:i]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available")
+    device = _device(args.device)
     if args.time_limit is not None and not args.time_limit >= 0:
         raise UserError(f"--time-limit {args.time_limit:g}: must be >= 0 seconds (0: no limit)")
     tune_allocator()
@@ -171,11 +168,31 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, device, recipe, labels)
 
 
+def _device(name: str) -> torch.device:
+    """The device ``--device`` names: auto (CUDA when available), a CPU or a CUDA device this machine has (on
+    ``meta`` tensors nothing is computed, so their times and memory would only look measured)."""
+    try:
+        device = torch.device("cuda" if name == "auto" and torch.cuda.is_available()
+                              else ("cpu" if name == "auto" else name))
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device; use auto, cpu or cuda[:i]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: zoo bench times on a CPU or a CUDA device; use auto, cpu or cuda[:i]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA device is available")
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.index is not None and device.type == "cuda" and device.index >= count:
+        there = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+        raise UserError(f"--device {name}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+                        f"({there}); use one of those")
+    return device
+
+
 def _predicted_seconds(row: dict, T: int, grows: bool) -> float | None:
-    """fwd+bwd seconds at ``T`` from the row at the previous length: on a CPU from the lesser of its wall time
-    and its CPU time per call (user + system; on a machine shared with other work the wall time also counts
-    the waits for a core, and with several torch threads the CPU time counts every thread's), else from its
-    wall time."""
+    """fwd+bwd seconds at ``T`` from the row of the last length whose fwd+bwd was timed: on a CPU from the
+    lesser of its wall time and its CPU time per call (user + system; on a machine shared with other work the
+    wall time also counts the waits for a core, and with several torch threads the CPU time counts every
+    thread's), else from its wall time."""
     if not row.get("fwd_bwd_ms"):
         return None
     ms = row["fwd_bwd_ms"]
@@ -218,7 +235,7 @@ class _Sweep:
         self.args, self.device, self.recipe = args, device, recipe
         self.dtype_name, self.dtype = dtype_name, DTYPES[dtype_name]
         self.built: dict[int, object] = {}
-        self.last: dict[int, dict] = {}  # each entry's row at its previous length
+        self.last: dict[int, dict] = {}  # each entry's last row with a fwd+bwd time
         self.rows: dict[tuple[int, int], dict] = {}
 
     def _build(self, i: int, name: str):
@@ -241,15 +258,19 @@ class _Sweep:
             torch.manual_seed(a.seed + T)
             row.update(measure(mixer, T, a.batch, self.device, self.dtype, a.warmup, a.repeats, not a.no_decode))
             row["rounds"] = 1
-            self.last[i] = row
+            if row.get("fwd_bwd_ms"):  # the next length is predicted from the last one that timed a fwd+bwd
+                self.last[i] = row
         except Exception as err:  # noqa: BLE001 - building failed: record it, go on
             row["error"] = f"build: {error_text(err)}"
             free(self.device)
 
     def first(self, i: int, label: str, T: int) -> dict:
         """The row of entry ``i`` at ``T`` from its first round."""
-        row = {"mixer": self.recipe.layers[i].name, "label": label, "T": T, "batch": self.args.batch,
-               "d_model": self.recipe.model.d_model, "dtype": self.dtype_name, "device": str(self.device)}
+        name = self.recipe.layers[i].name
+        row = {"mixer": name, "label": label, "T": T, "batch": self.args.batch,
+               "d_model": self.recipe.model.d_model, "dtype": self.dtype_name, "device": str(self.device),
+               # for reports read where the mixer is not registered (an out-of-tree one): python -m ...scaling
+               "state_grows_with_seq_len": MIXERS.get(name).state_grows_with_seq_len}
         t0 = time.perf_counter()
         self._measure(row, i, T)
         row["wall_s"] = time.perf_counter() - t0

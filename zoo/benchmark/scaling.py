@@ -14,8 +14,9 @@ one markdown row per mixer, read from the rows of one run:
 
 then the run's system share of its whole CPU time and of its timed calls. Every length of a mixer must have
 been measured (``lengths``: a row without its forward+backward time, failed or skipped at ``--time-limit``,
-misses it, and so does a run of one length). Mixers whose state grows with ``T`` (attention) are listed
-without targets. Exit status 0 when every target holds, 1 otherwise.
+misses it, and so does a run of one length). Mixers whose state grows with ``T`` (attention; each row says so,
+``state_grows_with_seq_len``, so a mixer of one's own needs no import here) are listed without targets. Exit
+status 0 when every target holds, 1 otherwise, 2 for a file that is not a ``zoo bench`` result.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 import sys
 
 from mixers import MIXERS
+from mixers.options import OptionError
 
 
 def _cpu(row: dict, name: str = "fwd_bwd") -> float | None:
@@ -70,6 +72,14 @@ def mixer_scaling(rows: list[dict], growth: float, tok_ratio: float, sys_share: 
     return out
 
 
+def state_grows(row: dict) -> bool:
+    """Whether the state of ``row``'s mixer grows with T: as the row records it (``zoo bench`` does, so that a
+    mixer registered by a module this process does not import is judged too), else as the registry says."""
+    if "state_grows_with_seq_len" in row:
+        return bool(row["state_grows_with_seq_len"])
+    return MIXERS.get(row["mixer"]).state_grows_with_seq_len
+
+
 def report(result: dict, growth: float = 4.6, tok_ratio: float = 0.8, sys_share: float = 0.15,
            memory_slack: float = 0.15) -> tuple[str, bool]:
     """Markdown table of every mixer's scaling and whether every linear-state mixer meets every target."""
@@ -81,7 +91,7 @@ def report(result: dict, growth: float = 4.6, tok_ratio: float = 0.8, sys_share:
     for label in labels:
         rows = [r for r in result["rows"] if r["label"] == label]
         s = mixer_scaling(rows, growth, tok_ratio, sys_share, memory_slack)
-        grows = MIXERS.get(rows[0]["mixer"]).state_grows_with_seq_len
+        grows = state_grows(rows[0])
         failed = [k for k, v in s["checks"].items() if not v]
         verdict = "n/a (state grows with T)" if grows else ("all met" if not failed else "missed: " + ", ".join(failed))
         all_ok = all_ok and (grows or not failed)
@@ -107,6 +117,29 @@ def _run_shares(result: dict) -> str:
     return text + ".\n"
 
 
+def _refuse(parser: argparse.ArgumentParser, message: str) -> None:
+    """End with ``message`` on one line of standard error, exit status 2."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _read_result(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The ``zoo bench`` result in ``path``, or a usage error naming what is wrong with the file."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except FileNotFoundError:
+        _refuse(parser, f"{path}: no such file; give the bench.json a zoo bench --out folder holds")
+    except (OSError, UnicodeDecodeError) as err:
+        _refuse(parser, f"{path}: cannot be read ({err.__class__.__name__}: {err})")
+    except json.JSONDecodeError as err:
+        _refuse(parser, f"{path}: not JSON ({err}); give the bench.json a zoo bench --out folder holds")
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"label", "mixer", "T"} <= r.keys() for r in rows):
+        _refuse(parser, f"{path}: not a zoo bench result (no rows of mixers and lengths); give the bench.json a "
+                        f"zoo bench --out folder holds")
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.benchmark.scaling", description=__doc__.splitlines()[0])
     parser.add_argument("bench_json")
@@ -116,8 +149,14 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-slack", type=float, default=0.15,
                         help="largest excess of peak memory per token over the shortest length's")
     args = parser.parse_args(argv)
-    with open(args.bench_json) as f:
-        text, ok = report(json.load(f), args.growth, args.tok_ratio, args.sys_share, args.memory_slack)
+    result = _read_result(parser, args.bench_json)
+    try:
+        text, ok = report(result, args.growth, args.tok_ratio, args.sys_share, args.memory_slack)
+    except OptionError:  # an older result's mixer that no module imported here registers
+        unknown = sorted({r["mixer"] for r in result["rows"]} - set(MIXERS.names()))
+        _refuse(parser, f"{args.bench_json}: {', '.join(map(repr, unknown))} is not registered here and its rows "
+                        f"do not say whether its state grows with T (an older zoo bench wrote them): run zoo bench "
+                        f"again")
     print(text)
     return 0 if ok else 1
 
