@@ -7,6 +7,8 @@
   fp64), while the output keeps the input dtype. The state accumulates in fp32 inside the kernels anyway; handed
   back so, a state passed from one call to the next (chunked prefill, streaming) is never rounded to 16 bits at
   a boundary.
+- :func:`segment_log_decays`: the log of the causal decay mask of a chunk, each entry summed over its own
+  segment of per-step log decays (accurate where strong and weak decays share a chunk, and in its gradient).
 - :func:`causal_decay_mask`: ``exp(G_t - G_s)`` for ``s <= t`` within a chunk, from inclusive cumulative
   log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
   strong decays over long chunks do not overflow.
@@ -172,6 +174,23 @@ def no_decay(v: torch.Tensor) -> torch.Tensor:
 def causal_mask(size: int, device=None) -> torch.Tensor:
     """Lower-triangular boolean ``(size, size)`` mask, ``True`` where ``s <= t``."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+def segment_log_decays(g: torch.Tensor) -> torch.Tensor:
+    """``S[..., t, s] = sum_{s<r<=t} g_r`` for ``s <= t`` (0 on the diagonal), ``-inf`` above it, from the
+    per-step log decays ``g (..., C)`` of a chunk; ``S.exp()`` is the causal decay mask, ``S[..., -1, :]`` the
+    log decay from each step to the chunk's end.
+
+    Each sum adds the steps of its own segment (a masked cumulative sum, as Mamba-2's ``segsum``): its rounding
+    is relative to the segment, and its gradient reaches ``g_r`` from the segments that hold ``r`` alone. As
+    ``G_t - G_s`` of the cumulative sums, a step of -0.02 after one of -30 in the chunk kept only ~3 digits
+    (``G`` ~ -1000 rounds to 6e-5), and the gradient of a step of -50 (``e^{-50}``-sized) was the difference of
+    O(1) sums, i.e. rounding noise, in fp64 as in fp32.
+    """
+    C = g.shape[-1]
+    later = causal_mask(C, g.device).tril(-1)                           # [r, s]: r > s
+    steps = g.unsqueeze(-1).expand(*g.shape, C).masked_fill(~later, 0.0)  # [r, s] = g_r where r > s
+    return steps.cumsum(-2).masked_fill(~causal_mask(C, g.device), float("-inf"))
 
 
 def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:

@@ -23,6 +23,10 @@ and then
     O      = diag(e^G) Q S0 + ((Q K^T) * M) D,        M_ri = e^{G_r - G_i} for i <= r, else 0
     S_next = e^{G_C} S0 + (diag(e^{G_C - G}) K)^T D.
 
+The segment sums ``G_r - G_i`` (and ``G_C - G_i``) add the steps of their own segment
+(:func:`kernels.common.segment_log_decays`), never the difference of the cumulative sums: that lost a weak
+decay after a strong one in the chunk and left the gradient of a saturated gate as rounding noise.
+
 Everything is computed in fp32 at least (fp64 stays fp64) and differentiated by autograd. A sequence
 longer than :data:`kernels.common.SEGMENT` positions runs in segments of whole chunks with the state
 carried (:func:`kernels.common.in_segments`), so no intermediate grows with the length.
@@ -35,12 +39,12 @@ import torch.nn.functional as F
 from ..common import (
     as_state,
     at_least_fp32,
-    causal_decay_mask,
     causal_mask,
     compute_dtype,
     in_segments,
     pad_time,
     segment_length,
+    segment_log_decays,
 )
 from .reference import flatten_substeps
 
@@ -215,8 +219,9 @@ def _delta_rule_segment(q, k, v, beta, gamma, initial_state, C, query_stride, dt
     k_, v_ = chunks_first(k), chunks_first(v)                             # (N, B, H, C, D)
     b_ = chunks_first(beta)                                               # (N, B, H, C)
     if gamma is not None:
-        G = chunks_first(pad_time(gamma.to(dt), C)).cumsum(-1)
-        M = causal_decay_mask(G, dim=-1)                                  # e^{G_r - G_i}, i <= r
+        gamma = chunks_first(pad_time(gamma.to(dt), C))
+        G, seg = gamma.cumsum(-1), segment_log_decays(gamma)              # seg[r, i] = G_r - G_i, i <= r
+        M = seg.exp()
         eG = G.exp()
     else:
         G = None
@@ -239,7 +244,7 @@ def _delta_rule_segment(q, k, v, beta, gamma, initial_state, C, query_stride, dt
         Qg, Kd, gC = q_, k_, torch.ones(N, B, H, dtype=dt, device=k.device)
     else:
         Qg = eG_q.unsqueeze(-1) * q_
-        Kd = torch.exp(G[..., -1:] - G).unsqueeze(-1) * k_                # e^{G_C - G_i} k_i
+        Kd = seg[..., -1, :].exp().unsqueeze(-1) * k_                     # e^{G_C - G_i} k_i
         gC = eG[..., -1]                                                  # (N, B, H)
 
     def flat(x):  # (N, B, H, ...) -> (N, B*H, ...)

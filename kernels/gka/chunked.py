@@ -31,22 +31,32 @@ from __future__ import annotations
 
 import torch
 
-from ..common import as_state, compute_dtype, heads_first, in_segments, pad_time, segment_length, time_first
+from ..common import (
+    as_state,
+    compute_dtype,
+    heads_first,
+    in_segments,
+    pad_time,
+    segment_length,
+    segment_log_decays,
+    time_first,
+)
 from ..gla.chunked import gla_chunk_readout
 from ..scan import chunk_scan
 from .chebyshev import ChunkOp, decay_mask, iterative_solve
 from .reference import mix_query, ridge
 
 
-def chunk_states(K, V, G, H_init, U_init):
+def chunk_states(K, V, G, H_init, U_init, seg=None):
     """Chunk-start states ``(H0 (b, h, n, dk, dk), U0 (b, h, n, dv, dk))`` and the final ``(H, U)``.
 
-    ``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``. ``H`` and ``U`` share the decay,
-    so they are passed across chunks together as one ``(dk + dv, dk)`` state per head by
-    :func:`kernels.scan.chunk_scan`.
+    ``K (b, h, n, C, dk)``, ``V (b, h, n, C, dv)``, ``G (b, h, n, C)``; ``seg`` the segment log decays
+    (:func:`kernels.common.segment_log_decays`) where the caller has them, for the decays to the chunk's
+    end. ``H`` and ``U`` share the decay, so they are passed across chunks together as one ``(dk + dv, dk)``
+    state per head by :func:`kernels.scan.chunk_scan`.
     """
     dk = K.shape[-1]
-    to_end = (G[..., -1:] - G).exp().unsqueeze(-1)                       # e^{G_C - G_s}
+    to_end = (G[..., -1:] - G if seg is None else seg[..., -1, :]).exp().unsqueeze(-1)   # e^{G_C - G_s}
     HUc = (torch.cat([K, V], dim=-1) * to_end).transpose(-1, -2) @ K      # (b, h, n, dk + dv, dk)
     starts, fin = chunk_scan(G[..., -1].exp(), HUc, torch.cat([H_init, U_init], dim=-2))
     dv = HUc.shape[-2] - dk
@@ -110,10 +120,11 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
     q, k, v, g = (pad_time(t.to(cd), C) for t in (q, k, v, g))
     # contiguous once: the ~2 r matvecs of the solve would otherwise each copy the strided views
     Q, K, V = (heads_first(t, C).contiguous() for t in (q, k, v))
-    G = heads_first(g, C).cumsum(-1)                                      # (b, h, n, C)
-    H0, U0, H_fin, U_fin = chunk_states(K, V, G, H_init, U_init)
+    g = heads_first(g, C)                                                 # (b, h, n, C)
+    G, seg = g.cumsum(-1), segment_log_decays(g)                          # seg: G_t - G_s, summed per segment
+    H0, U0, H_fin, U_fin = chunk_states(K, V, G, H_init, U_init, seg)
     H0 = H0.contiguous()
-    M = decay_mask(G)
+    M = seg.exp()
     if num_iter == 0:
         X = Q
     else:
@@ -127,5 +138,5 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
             X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
-    o = gla_chunk_readout(Qt * scale, K, V, G, U0, M)
+    o = gla_chunk_readout(Qt * scale, K, V, G, U0, M, seg=seg)
     return time_first(o)[:, :T], (H_fin, U_fin)
