@@ -113,7 +113,6 @@ class Mamba2(Mixer):
                    chunk_size=chunk_size_for(x, "ssd", self.options.chunk_size))
         # the decode state as init_state lays it out for the model's dtype: the convolution buffer in it (under
         # autocast xBC_raw comes in the autocast dtype), the SSM state, which every step adds to, in fp32
-        # (the kernels return it in x's dtype)
         dtype = self.D.dtype
         return self._finish(y, z), {"conv": self.conv.final_state(xBC_raw).to(dtype),
                                     "ssm": h.to(compute_dtype(dtype))}

@@ -102,7 +102,9 @@ class SKA(Mixer):
         normalisation: str = opt("seq_max", "key scale: seq_max (paper, non-causal) or running_max (causal)",
                                  choices=("seq_max", "running_max"))
         gamma_max: float = opt(1.5, "upper clamp of the learnable spectral gain gamma (lower clamp 1)", at_least=1.0)
-        power_iters: int = opt(6, "power-iteration steps for the spectral normalisation", at_least=1)
+        power_iters: int = opt(6, "power-iteration steps for the spectral normalisation (the whitened operator's "
+                               "spectral norm is at most 1, so the normalisation by max(sigma, 1) changes it only "
+                               "through rounding)", at_least=1)
         eta_init: float = opt(1.5, "initial value of the learnable output scale eta (its sign is W_o's)", above=0.0)
         backend: str = backend_opt(BACKENDS)
         key_lift: str = opt("none", "feature map of keys and queries before the kernel: none, cg_invariant "
