@@ -10,8 +10,9 @@
 - :func:`segment_log_decays`: the log of the causal decay mask of a chunk, each entry summed over its own
   segment of per-step log decays (accurate where strong and weak decays share a chunk, and in its gradient).
 - :func:`causal_decay_mask`: ``exp(G_t - G_s)`` for ``s <= t`` within a chunk, from inclusive cumulative
-  log decays. The segment sums ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so
-  strong decays over long chunks do not overflow.
+  log decays, for a caller that holds only those (the references of the Triton stages, which form the decays
+  so). The differences ``G_t - G_s`` are formed directly, never as ``e^{G_t} / e^{G_s}``, so strong decays over
+  long chunks do not overflow; but they keep only ``G``'s rounding, which :func:`segment_log_decays` avoids.
 - :func:`pad_time` / :func:`chunk_count`: pad the time axis (dim 1) to a multiple of the chunk length.
 - :func:`in_segments` / :data:`SEGMENT`: on the CPU plan (:mod:`kernels.device`), run a chunked path over a
   long sequence in segments of whole chunks with the recurrent state carried from one to the next, so that
@@ -198,7 +199,8 @@ def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:
 
     ``G`` holds inclusive cumulative log decays along ``dim`` (the within-chunk time axis); the result
     has that axis replaced by two, ``t`` then ``s``: ``G (b, n, C, h)`` with ``dim=2`` gives
-    ``(b, n, C, C, h)``.
+    ``(b, n, C, C, h)``. A caller with the per-step decays takes ``segment_log_decays(g).exp()`` instead:
+    accurate where strong and weak decays share a chunk, and in its gradient.
     """
     dim = dim % G.ndim
     seg = G.unsqueeze(dim + 1) - G.unsqueeze(dim)  # [..., t, s, ...] = G_t - G_s

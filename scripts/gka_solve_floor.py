@@ -59,7 +59,7 @@ def solve_as_implemented(op, params, q, mu, L):
 
 def solve_matmuls_only(op, params, q, mu, L):
     blocks = op.blocks(params, q, mu, L) or [(op, params, q, mu, L, None)]
-    for _, (H0, K, _G, _lam), qb, *_ in blocks:
+    for _, (H0, K, *_params), qb, *_ in blocks:
         K, H0, qb = (t.reshape(-1, *t.shape[-2:]) for t in (K, H0, qb))
         Kt, H0t = K.transpose(-1, -2).contiguous(), H0.transpose(-1, -2).contiguous()
         xi, res = qb.clone(), torch.empty_like(qb)

@@ -61,6 +61,12 @@ by side in a row of its projections: the kernels then address position ``s`` as 
 to ``(B, L, H, D)`` would copy both.
 Intermediates are ``(B*H, Lp, D)`` with ``Lp`` a multiple of ``BT``. Head dims are powers of two >= 16 (the
 wrapper pads others with zero columns).
+
+Decays within a chunk are ``exp(G_r - G_i)`` of cumulative sums, as in flash-linear-attention's kernels. Measured
+in fp32 against fp64 (interpreter, T 128, chunk 64, d 16): with log decays of -20..-40 among -0.05..0 in one chunk
+the output and gradients are 6e-6..3e-5 off and a strong step's gate gradient 1e3 times its size; at -40..-60
+the gate gradient is lost (relative error 0.5..1.7). The chunked PyTorch path sums each segment instead
+(:func:`kernels.common.segment_log_decays`): ~1e-7 on both.
 """
 from __future__ import annotations
 

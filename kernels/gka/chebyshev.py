@@ -10,7 +10,10 @@ exist:
 - :class:`ChunkOp` — GKA's within-chunk operator (Gated KalmaNet, Sec. 4.2): every token ``t``
   of a chunk solves with ``A_t = e^{G_t} H_0 + sum_{s<=t} e^{G_t-G_s} k_s k_s^T + lam_t I`` through the
   matvec ``e^{G_t} H_0 xi_t + ((xi K^T) * causal decay mask) K + lam_t xi_t``, never forming a
-  per-token ``d x d`` matrix.
+  per-token ``d x d`` matrix. The chunked path hands it the mask's log ``S`` summed per segment
+  (:func:`kernels.common.segment_log_decays`) and takes the mask's gradient back as ``dS``: as
+  ``G_t - G_s``, the gradient of a saturated gate (``g = -50``) was the difference of O(1) sums, rounding
+  noise (relative error 0.2..1 in fp64 as in fp32).
 
 ``operator.vjp(params, xi, u)`` returns the gradient of ``<u, A(params) xi>`` with respect to the
 parameters. Because ``dA = -z x^T`` (implicit function theorem) and every Chebyshev step contributes
@@ -133,24 +136,28 @@ DenseOp = DenseOperator()
 
 
 def decay_mask(G: torch.Tensor) -> torch.Tensor:
-    """``M[..., t, s] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, h, n, C)``."""
+    """``M[..., t, s] = exp(G_t - G_s)`` for ``s <= t`` else 0, from ``G (b, h, n, C)``: for a caller that holds
+    only the cumulative sums (a caller with the per-step decays takes ``segment_log_decays(g).exp()``)."""
     return causal_decay_mask(G, dim=-1)
 
 
 class ChunkOp(Operator):
-    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)``, heads-first layout:
+    """GKA's within-chunk operator. Parameters ``(H0, K, G, lam)`` or ``(H0, K, G, lam, S)``, heads-first layout:
 
     ``H0 (b, h, n, d, d)`` chunk-start state, ``K (b, h, n, C, d)`` keys, ``G (b, h, n, C)`` inclusive
-    cumulative log decay from the chunk start, ``lam (b, h, n, C)`` ridge. Vectors ``(b, h, n, C, d)``.
+    cumulative log decay from the chunk start, ``lam (b, h, n, C)`` ridge, ``S (b, h, n, C, C)`` the log of the
+    mask (:func:`kernels.common.segment_log_decays`). Vectors ``(b, h, n, C, d)``.
     ``(A_t xi_t) = e^{G_t} H0 xi_t + sum_{s<=t} e^{G_t-G_s} (k_s . xi_t) k_s + lam_t xi_t``: per chunk,
     ``((Xi K^T) * M) K + diag(e^G) Xi H0^T + diag(lam) Xi`` (batched matmuls).
 
-    One instance per solve: it holds the causal decay mask ``M`` of that solve's ``G`` (computed once),
-    which every one of the ~2 r matvecs of the solve reuses. :meth:`vjp`'s ``dG`` includes the mask's
-    dependence on ``G``; with ``grad="autograd"`` (unrolled) the mask must carry its graph
-    (``ChunkOp(decay_mask(G))``). ``decay`` (``e^G`` unsqueezed) is likewise computed once per solve, and
-    ``kh`` (``[K^T | H0^T]``, given, or built at the first :meth:`matvec` when ``fuse``) once per operator:
-    the rearranged Chebyshev loop (:meth:`chebyshev`) and :meth:`vjp` never read it.
+    One instance per solve: it holds the causal decay mask ``M`` of that solve (``e^S``, computed once), which
+    every one of the ~2 r matvecs of the solve reuses. With ``S`` among the parameters, :meth:`vjp` hands back
+    the mask's gradient as ``dS = dM * M`` (autograd through ``S`` takes it to each step's decay from the
+    segments that hold it) and ``dG`` is that of ``e^{G_t}`` alone; without ``S``, ``dG`` includes the mask's
+    dependence on ``G`` as ``G_t - G_s``. With ``grad="autograd"`` (unrolled) the mask must carry its graph
+    (``ChunkOp(decay_mask(G))``, or ``ChunkOp(S.exp())``). ``decay`` (``e^G`` unsqueezed) is likewise computed
+    once per solve, and ``kh`` (``[K^T | H0^T]``, given, or built at the first :meth:`matvec` when ``fuse``) once
+    per operator: the rearranged Chebyshev loop (:meth:`chebyshev`) and :meth:`vjp` never read it.
     :meth:`for_params` builds a detached operator.
     """
 
@@ -174,7 +181,7 @@ class ChunkOp(Operator):
         else a list of ``(op, params, q, mu, L, rows)`` with every tensor flattened to ``(b*h*n, ...)`` and
         ``rows`` the block's slice of that axis.
         """
-        H0, K, G, lam = params
+        H0, K, G, lam = params[:4]                       # a forward solve: S is only read by vjp
         if plan_for(K).one_pass:
             return None
         C, d = K.shape[-2], K.shape[-1]
@@ -201,7 +208,7 @@ class ChunkOp(Operator):
         with the residual ``res_i = q - lam xi_i - e^G (xi_i H0^T) - ((xi_i K^T) * M) K`` built in place
         (the last term by one ``baddbmm``). Same iteration as :func:`chebyshev_iterate` up to rounding.
         """
-        H0, K, G, lam = params
+        H0, K, G, lam = params[:4]
         s = (2.0 / (L + mu)).unsqueeze(-1)
         rho = (L - mu) / (L + mu)
         neg_decay = -self._decay(G)
@@ -242,7 +249,7 @@ class ChunkOp(Operator):
         return G.exp().unsqueeze(-1) if self.decay is None else self.decay
 
     def matvec(self, params, xi):
-        H0, K, G, lam = params
+        H0, K, G, lam = params[:4]
         if self.kh is None and self.fuse:
             self.kh = torch.cat([K.transpose(-1, -2), H0.transpose(-1, -2)], dim=-1)
         if self.kh is None:
@@ -255,7 +262,7 @@ class ChunkOp(Operator):
         return torch.addcmul(y, lam.unsqueeze(-1), xi)
 
     def vjp(self, params, xi, u):
-        H0, K, G, lam = params
+        H0, K, G, lam, *S = params
         M = self.mask
         eG = self._decay(G).squeeze(-1)
         Kt = K.transpose(-1, -2)
@@ -265,11 +272,12 @@ class ChunkOp(Operator):
         uk = u @ Kt                                                           # (u_t . k_s)
         A = xk * M
         B = uk * M
-        W = A * uk                                                            # M_ts (xi_t.k_s)(u_t.k_s)
-        dG = dG + W.sum(-1) - W.sum(-2)
+        W = A * uk                                     # M_ts (xi_t.k_s)(u_t.k_s): the gradient of log M_ts
         dK = B.transpose(-1, -2) @ xi + A.transpose(-1, -2) @ u
         dlam = (u * xi).sum(-1)
-        return dH0, dK, dG, dlam
+        if S:
+            return dH0, dK, dG, dlam, W
+        return dH0, dK, dG + W.sum(-1) - W.sum(-2), dlam
 
 
 # --------------------------------------------------------------------------------------------------

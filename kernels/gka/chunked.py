@@ -12,10 +12,16 @@ Per chunk ``c`` of length ``C`` (``G_t`` = inclusive cumulative log decay from t
     o_t = scale * (e^{G_t} U_0 q~_t + sum_s M_ts (k_s . q~_t) v_s)
     H_next = e^{G_C} H_0 + sum_s e^{G_C - G_s} k_s k_s^T   (gated chunk-state pass; U likewise)
 
+The mask ``M`` and the decays to the chunk's end are formed from sums over each segment of the per-step decays
+(:func:`kernels.common.segment_log_decays`), and every stage hands the mask's gradient back through them (the
+solve's as ``dM * M``, :class:`kernels.gka.chebyshev.ChunkOp`): a weak decay after a strong one keeps fp32
+accuracy, and a saturated gate's gradient is its own.
+
 Every token of a chunk solves its own system in parallel with the matvec above; the closed-form
 Frobenius norm gives ``lambda_t = a ||H_t||_F + eps`` and the Chebyshev bounds without any per-token
-``d x d`` matrix. The solve is the only custom-autograd piece (:mod:`kernels.gka.chebyshev`); the
-chunk-state pass, the norm and the readout are differentiated by autograd. ``solver="exact"`` is the
+``d x d`` matrix. The solve (:mod:`kernels.gka.chebyshev`) and the readout
+(:func:`kernels.gla.chunked.gla_chunk_readout`) have hand-written backwards; the chunk-state pass and the norm
+are differentiated by autograd. ``solver="exact"`` is the
 exception: it materialises every ``H_t`` (``O(T d^2)`` memory) and calls ``torch.linalg.solve``.
 
 Layout inside: heads first, ``(b, h, n, C, d)``, so every product is a batched matmul. The ~2 r
@@ -134,8 +140,8 @@ def _gka_segment(q, k, v, g, alpha, state, *, ridge_a, ridge_eps, num_iter, solv
             eye = torch.eye(dk, dtype=cd, device=q.device)
             X = torch.linalg.solve(Ht + lam[..., None, None] * eye, Q.unsqueeze(-1)).squeeze(-1)
         else:
-            op = ChunkOp(M, G.exp().unsqueeze(-1), fuse=True)
-            X = iterative_solve(op, (H0, K, G, lam), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
+            op = ChunkOp(M, G.exp().unsqueeze(-1), fuse=True)   # seg: the mask's gradient reaches each step
+            X = iterative_solve(op, (H0, K, G, lam, seg), Q, mu, L, num_iter=num_iter, solver=solver, grad=grad)
     A = None if alpha is None else heads_first(pad_time(alpha.to(cd), C), C)
     Qt = mix_query(Q, X, A, num_iter)
     o = gla_chunk_readout(Qt * scale, K, V, G, U0, M, seg=seg)

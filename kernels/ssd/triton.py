@@ -54,6 +54,12 @@ Stages. The host side is six functions, one launch each (the chunk gradients two
 
 Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
 ``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
+
+Decays within a chunk are ``exp(a_t - a_s)`` of cumulative sums, as in mamba-ssm's and flash-linear-attention's
+kernels. Measured in fp32 against fp64 (interpreter, T 128, fp32 chunk 32, N = P = 16): with ``dt A`` of -20..-40
+among -0.05..0 in one chunk the output and gradients are 5e-6..1e-5 off and ``dA`` 1e-4..4e-3; at -40..-60
+``dA`` is lost (relative error 0.3..4.4). The chunked PyTorch path sums each segment instead
+(:func:`kernels.common.segment_log_decays`): ~1e-7 on both.
 """
 from __future__ import annotations
 
