@@ -8,8 +8,10 @@ commit that does not descend from the rule's commit. Rows are read from the whol
 not only from the rows present now: a cell re-run after its rule was written still had numbers before it, and
 the rule could have been chosen knowing them. A verdict that judges a cell with such a row is marked
 **post hoc**. A rule not committed yet, a row without a recorded commit or with a commit unknown to this
-history cannot show pre-registration either. Outside a git checkout nothing can be checked, and the ledger
-says so.
+history cannot show pre-registration either. A rule whose cells have no row yet, now or in the table's history,
+is not post hoc, committed or not (the ledger regenerated and committed with the rule reads the same before and
+after that commit); its rows will show whether it was committed first. Outside a git checkout nothing can be
+checked, and the ledger says so.
 """
 from __future__ import annotations
 
@@ -135,6 +137,11 @@ def _early_past_rows(root: Path, rule: str, table: str, cells: set[str]) -> list
             and (not r.code or not _after(root, rule, r.code) or not _after(root, rule, r.commit))]
 
 
+#: the registration of a rule whose cells have no row, now or in the table's history: nothing can have informed
+#: it, and the text does not name the rule's commit, so that a ledger committed with its rule is not stale there
+NO_ROW_YET = "no row yet (a rule committed before its cells run is pre-registered)"
+
+
 @dataclass
 class Registration:
     """Whether a claim's rule was committed before every row it judges."""
@@ -158,6 +165,9 @@ def registration(root: Path, spec: dict, rows: list[dict], table: str | None = N
     ``labels`` (default: the cells of ``rows``)."""
     if not in_git_checkout(root):
         return Registration(False, False, "not checked: not a git checkout")
+    cells = {cell_of(str(label)) for label in labels} or {cell_of(str(r.get("label", ""))) for r in rows}
+    if not rows and not (table and any(r.cell in cells for r in table_history(str(root), table, head(root)))):
+        return Registration(True, False, NO_ROW_YET)  # the same before and after the commit of the rule
     commit = rule_commit(root, spec)
     if commit is None:
         return Registration(True, True, "post hoc: the rule's current form is not committed")
@@ -166,12 +176,11 @@ def registration(root: Path, spec: dict, rows: list[dict], table: str | None = N
     if early:
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, after the code of rows "
                                         f"computed at {', '.join(early)}")
-    cells = {cell_of(str(label)) for label in labels} or {cell_of(str(r.get("label", ""))) for r in rows}
     past = _early_past_rows(root, commit, table, cells) if table else []
     if past:
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}; before it the table already "
                                         f"held rows of cells it judges (since replaced or not): {_past_text(past)}")
-    if not row_commits:
+    if not row_commits:  # rows of its cells came and went after the rule
         return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}; no row yet")
     return Registration(True, False, f"pre-registered: rule committed in {commit[:7]}, before every row it judges "
                                      f"({', '.join(row_commits)})")

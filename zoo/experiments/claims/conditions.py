@@ -9,6 +9,9 @@ A condition written ``per seed: <condition>`` is read on every seed's value inst
 means (both sides' cells must have the same seeds) and holds when it holds for every seed, e.g.
 ``per seed: attn.test_accuracy@4096 <= attn.test_accuracy - 0.2`` (every seed of attn falls by 0.2).
 
+Every condition reads a cell, and an accuracy (a metric whose name ends in ``accuracy``, before any ``@``) is a
+fraction: a number it is compared with lies in [0, 1] and an offset added to it in [-1, 1] (0.9, not 90).
+
 A condition is **inconclusive** when it reads a cell that the verdict's learned guard found at its no-learning
 level on some seed (:mod:`.verdicts`): its numbers say nothing about the claim.
 """
@@ -38,6 +41,20 @@ _PER_SEED = re.compile(r"^\s*per seed:\s*", re.I)
 #: an offset is set off from the metric by whitespace: a metric name may hold a '-' (``val_loss@pos0-511``)
 _TERM = re.compile(r"^(?:(?P<alias>[A-Za-z_][\w]*)\.(?P<metric>\S+)(?:\s+(?P<sign>[+-])\s*(?P<offset>\S+))?"
                    r"|(?P<number>\S+))$")
+
+
+def is_fraction(metric: str) -> bool:
+    """Whether ``metric`` is a fraction in [0, 1] (``test_accuracy``, ``test_sequence_accuracy@512``, ...)."""
+    return metric.split("@", 1)[0].endswith("accuracy")
+
+
+def check_fraction(metric: str, value: float, where: str, what: str) -> None:
+    """Refuse ``value`` (a threshold, level or offset of ``metric``) outside [-1, 1] or [0, 1] when the metric is
+    a fraction: an accuracy written in percent would silently never (or always) be met."""
+    low = -1.0 if what == "offset" else 0.0
+    if is_fraction(metric) and not low <= value <= 1.0:
+        raise ClaimsError(f"{where}: {metric} is a fraction, but its {what} is {value:g}; write accuracies as "
+                          f"fractions ({value / 100:g} for {value:g}%)")
 
 
 @dataclass
@@ -89,9 +106,21 @@ class Condition:
         if cond.per_seed and any(t.metric and t.metric.endswith("@all") for t in (cond.left, cond.right)):
             raise ClaimsError(f"{where}: {text!r}: a per-seed condition reads one length per side; write one "
                               f"condition per length instead of @all")
-        if cond.per_seed and not cond.aliases():
-            raise ClaimsError(f"{where}: {text!r}: a per-seed condition must read a cell")
+        if not cond.aliases():
+            raise ClaimsError(f"{where}: {text!r} reads no cell, so it says nothing about the table; write "
+                              f"<cell>.<metric> on at least one side")
+        cond.check_scale(where)
         return cond
+
+    def check_scale(self, where: str) -> None:
+        """An accuracy compared with a number or shifted by an offset on the scale of a fraction."""
+        for term, other in ((self.left, self.right), (self.right, self.left)):
+            if term.alias is None:
+                continue
+            metric = term.metric.removesuffix("@all")
+            check_fraction(metric, term.offset, where, "offset")
+            if other.number is not None and other.number == other.number:  # nan asks for a diverged cell
+                check_fraction(metric, other.number, where, "threshold")
 
     def aliases(self) -> list[str]:
         return [t.alias for t in (self.left, self.right) if t.alias is not None]

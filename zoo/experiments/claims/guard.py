@@ -105,6 +105,11 @@ def check_learning(claim, levels: dict, where: str) -> list[Unlearned]:
             if not cell.rows:
                 continue
             level = float(declared[metric])
-            out += [Unlearned(alias, seed, metric, value, level) for seed, value in zip(cell.seeds, cell.values(metric))
+            try:
+                values = cell.values(metric)
+            except ClaimsError as err:
+                raise ClaimsError(f"{where}: tables.{cell.table}.no_learning (or learned) reads {alias}.{metric}: "
+                                  f"{err}") from None
+            out += [Unlearned(alias, seed, metric, value, level) for seed, value in zip(cell.seeds, values)
                     if not learned(value, level, metric)]
     return out

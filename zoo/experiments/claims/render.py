@@ -108,7 +108,8 @@ def our_number(claim: Claim) -> str:
     for name in claim.spec.get("show") or []:
         t = parse_term(name, "show")
         cell = claim.cells[t.alias]
-        parts.append(f"{t.alias} {t.metric}: {cell.summary(t.metric) if cell.rows else 'no rows (0 seeds)'}")
+        for metric in term_metrics(t, cell) if cell.rows else [t.metric]:  # @all: one entry per length
+            parts.append(f"{t.alias} {metric}: {cell.summary(metric) if cell.rows else 'no rows (0 seeds)'}")
     return "; ".join(parts)
 
 

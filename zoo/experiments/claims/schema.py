@@ -22,7 +22,7 @@ from ..freshness import Staleness
 from ..preregistration import Registration
 from ..results import cell_of
 from .cells import CellStats
-from .conditions import Condition, ConditionResult, expand, parse_term
+from .conditions import Condition, ConditionResult, Term, check_fraction, expand, parse_term
 from .errors import ClaimsError
 
 #: a rule's lists of conditions: the two that bear the verdict, and exploration (other cells or settings than
@@ -77,6 +77,9 @@ def _check_levels(name: str, levels) -> None:
                           f"level}}}}, the score of a model that learned nothing (chance, or an answer that "
                           f"ignores the binding); every table needs one, so that every verdict can check per seed "
                           f"that its cells learned")
+    for label, metrics in levels.items():
+        for metric, level in metrics.items():
+            check_fraction(metric, float(level), f"claims.yaml: tables.{name}.no_learning.{label}", "level")
 
 
 def check_tables(data: dict) -> None:
@@ -187,15 +190,27 @@ def parse_rule(claim: Claim, where: str) -> None:
     if unknown:
         raise ClaimsError(f"{where}: rule has unknown keys {sorted(unknown)}; use {', '.join(RULE_KINDS)}")
     _parse_conditions(claim, rule, where)
-    for name in claim.spec.get("show") or []:
-        cond = parse_term(name, f"{where}: show")
-        if cond.alias not in claim.cells:
-            raise ClaimsError(f"{where}: show names cell {cond.alias!r}, which is not in cells")
-    for conds in claim.rule.values():  # every metric a rule names must exist (checked below 3 seeds too)
-        for c in conds:
+    for j, name in enumerate(claim.spec.get("show") or []):
+        term = parse_term(name, f"{where}: show")
+        if term.alias not in claim.cells:
+            raise ClaimsError(f"{where}: show names cell {term.alias!r}, which is not in cells")
+        if term.offset:
+            raise ClaimsError(f"{where}: show.{j}: {name!r} adds an offset; show lists <cell>.<metric> terms as "
+                              f"measured")
+        _check_metric(claim, term, f"{where}: show.{j}")
+    for kind, conds in claim.rule.items():  # every metric a rule names must exist (checked below 3 seeds too)
+        for j, c in enumerate(conds):
             for t in (c.left, c.right):
-                if t.alias is not None and claim.cells[t.alias].rows:
-                    expand(t, claim.cells)
+                _check_metric(claim, t, f"{where}: rule.{kind}.{j}")
+
+
+def _check_metric(claim: Claim, term: Term, where: str) -> None:
+    """The metric a cell term reads exists in every row of its cell (a cell without rows is not checked)."""
+    if term.alias is not None and claim.cells[term.alias].rows:
+        try:
+            expand(term, claim.cells)
+        except ClaimsError as err:
+            raise ClaimsError(f"{where}: {err}") from None
 
 
 def vouched(table_spec: dict, where: str) -> dict:

@@ -120,10 +120,13 @@ def _judge_by_table(claim: Claim, where: str, root: Path, tables: _Tables) -> No
     check_change(claim, VERDICT_KINDS, where)
     claim.guarded = guarded(claim.spec, _condition_aliases(claim), claim.cells, where)
     claim.unlearned = check_learning(claim, spec.get("no_learning") or {}, where)
-    verdict = _judge(claim)
+    try:  # a condition the cells cannot answer (per seed on other seeds, @all on other lengths)
+        verdict = _judge(claim)
+        _check_step0(claim, tables.untrained(table), where)
+    except ClaimsError as err:
+        raise ClaimsError(str(err) if str(err).startswith(where) else f"{where}: {err}") from None
     if spec.get("awaiting_rows") and not any(cell.rows for cell in claim.cells.values()):
         verdict = f"not tested (no rows yet: {' '.join(str(spec['awaiting_rows']).split())})"
-    _check_step0(claim, tables.untrained(table), where)
     judged = _judged_aliases(claim)
     claim.registration = _disclosed(claim.spec, registration(
         root, claim.spec, [r for a in judged for r in claim.cells[a].rows], table,
