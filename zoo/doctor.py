@@ -1,4 +1,5 @@
-"""``zoo doctor``: what this machine will run — device, extras, launch tables, and the backend every mixer's
+"""``zoo doctor``: what this machine will run — device, extras (the optional features' packages, each with the
+extra of pyproject.toml that installs it, and the GPU libraries), launch tables, and the backend every mixer's
 ``auto`` picks.
 
 A mixer's kernel families are found from the ``kernels.<family>`` functions its module imports; each
@@ -9,6 +10,7 @@ is for the inputs a mixer gets in training on this device: bf16 on CUDA, fp32 on
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -66,6 +68,30 @@ def extras() -> list[tuple[str, bool, str]]:
     rows = [("triton", triton_importable(), "pip install triton")]
     rows += [(pip, package_importable(module), f"pip install {pip}") for module, pip in OUTSIDE_BACKENDS.values()]
     return rows
+
+
+#: the packages the optional features import, by the extra of pyproject.toml that installs them: (module, distribution)
+FEATURE_PACKAGES = {
+    "lm": (("tokenizers", "tokenizers"), ("datasets", "datasets"), ("lm_eval", "lm-eval")),
+    "hf": (("transformers", "transformers"), ("safetensors", "safetensors")),
+    "ray": (("ray", "ray"),),
+    "tracking": (("tensorboard", "tensorboard"), ("wandb", "wandb")),
+}
+
+
+def module_found(module: str) -> bool:
+    """True when ``module`` is installed, found without importing it (ray, transformers and lm_eval take seconds)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken parent package, or a module without a spec
+        return False
+
+
+def feature_extras() -> list[tuple[str, bool, str]]:
+    """(what, installed, how to install) for every package of the optional features (``zoo data``, ``zoo export``,
+    ``--executor ray``, ``train.tracking``, the lm-evaluation-harness adapter)."""
+    return [(dist, module_found(module), f'pip install -e ".[{extra}]"')
+            for extra, packages in FEATURE_PACKAGES.items() for module, dist in packages]
 
 
 def cuda_fla_problem() -> str | None:
@@ -130,7 +156,8 @@ def report() -> str:
     device = torch.cuda.get_device_name(0) if cuda else "CPU (no CUDA device)"
     lines = [f"device: {device}; torch {torch.__version__}; inputs assumed {'bf16' if cuda else 'fp32'}", "",
              "extras:"]
-    lines += [f"  {what:24} {'installed' if ok else 'missing  (' + how + ')'}" for what, ok, how in extras()]
+    lines += [f"  {what:24} {'installed' if ok else 'missing  (' + how + ')'}"
+              for what, ok, how in feature_extras() + extras()]
     if not cuda:
         lines.append("  (outside backends run CUDA kernels only; on a CPU auto never picks them)")
         if triton_importable():

@@ -9,7 +9,7 @@
 - ``generate_until(context, until, max_gen_toks)``: greedy decoding (``prefill`` then ``step``) until one
   of the ``until`` strings appears, which is cut off.
 
-:func:`register` (``lm_eval`` imported only then; ``pip install 'mixer-zoo[lm]' lm-eval``) registers the
+:func:`register` (``lm_eval`` imported only then; ``pip install -e ".[lm]"``) registers the
 model under the name ``zoo``. From a shell, on a machine with network for the benchmark data::
 
     python -m zoo.lm_harness --model zoo --model_args checkpoint=runs/lm --tasks lambada_openai
@@ -128,9 +128,13 @@ def register():
     process: the registry refuses a name given twice). The harness's own models (``hf`` among them) are
     registered first: its registry loads them only while it is empty, so a registry holding ``zoo`` alone would
     answer ``--model hf`` with "no model for this name"."""
-    import lm_eval.models  # noqa: F401  (the harness's own models, registered by name)
-    from lm_eval.api.model import LM
-    from lm_eval.api.registry import register_model
+    try:
+        import lm_eval.models  # noqa: F401  (the harness's own models, registered by name)
+        from lm_eval.api.model import LM
+        from lm_eval.api.registry import register_model
+    except ImportError as err:
+        raise UserError(f"the lm-evaluation-harness adapter needs {err.name or 'lm_eval'}, which is not installed: "
+                        f'pip install -e ".[lm]"') from None
 
     @register_model("zoo")
     class ZooHarnessLM(LM):
@@ -161,12 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m zoo.lm_harness ...``: register the model, then run the harness's command line. With the hf
     extra installed, a ``zoo export`` folder also loads as the harness's own ``hf`` model (``--model hf
     --model_args pretrained=DIR``)."""
-    register()
-    with contextlib.suppress(UserError):
-        import zoo.hf  # noqa: F401  (registers the exported model type with transformers' Auto classes)
-    from lm_eval.__main__ import cli_evaluate
     sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
     try:
+        register()
+        with contextlib.suppress(UserError):
+            import zoo.hf  # noqa: F401  (registers the exported model type with transformers' Auto classes)
+        from lm_eval.__main__ import cli_evaluate
         cli_evaluate()
     except UserError as err:   # a checkpoint or model argument the user can fix: one line, not a traceback
         raise SystemExit(f"python -m zoo.lm_harness: error: {err}") from None

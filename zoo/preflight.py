@@ -2,7 +2,8 @@
 ``zoo ablate`` before the first one starts): what option ranges cannot see.
 
 - the model builds (sizes that divide, heads that fit) and the task generates at every length;
-- the device exists here (``train.device=cuda`` on a machine without CUDA is one line, not a traceback);
+- the device exists here (``train.device=cuda`` on a machine without CUDA is one line, not a traceback), and so
+  does the package ``train.tracking`` logs with (``pip install 'mixer-zoo[tracking]'``);
 - every layer's kernel backend can run on that device: one forward pass of a few tokens, where a backend
   that cannot run (Triton on a CPU without the interpreter, a CUDA-only outside library) says so in one
   line;
@@ -19,6 +20,7 @@ the cells before it trained, and fail again at every re-run.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import torch
@@ -57,6 +59,9 @@ def build_checked(recipe: Recipe, where: str = "", cell_keys: dict | None = None
     ``cell_keys`` (the keys of the grid cell ``recipe`` is, if it is one) are how a refusal names it."""
     where = where or recipe.source or "recipe"
     device = resolve_device(recipe.train.device)
+    problem = _tracking_problem(recipe.train.tracking)
+    if problem:  # zoo train and zoo ablate refuse it before training: so does the check
+        raise UserError(f"{where}: {problem}")
     try:
         task = Task.from_spec(recipe.task)
         model = HybridLM.from_recipe(recipe, task.vocab_size).to(device)
@@ -73,11 +78,35 @@ def build_checked(recipe: Recipe, where: str = "", cell_keys: dict | None = None
     ids = sample.inputs[:, :TRIAL_TOKENS].to(device)
     mask = None if sample.mask is None else sample.mask[:, :TRIAL_TOKENS].to(device)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _outputs_checked(model, where, layer_names(recipe.model)):
             model(ids, mask=mask)
     except BackendUnavailable as err:
         raise UserError(f"{where}: {err}") from None
     return model, task
+
+
+@contextlib.contextmanager
+def _outputs_checked(model: HybridLM, where: str, names: list[str]):
+    """Within the block, a layer's mixer or state mixer whose output is not the shape of its input (an out-of-tree
+    one of the wrong width) is refused naming the layer, before the residual sum fails in a shape error."""
+    def check(i: int, part: str, name: str):
+        def hook(module, args, output):
+            y = output[0] if isinstance(output, tuple) else output
+            if isinstance(y, torch.Tensor) and y.shape != args[0].shape:
+                raise UserError(f"{where}: layer {i} ({name}): its {part} {type(module).__name__} returned shape "
+                                f"{tuple(y.shape)} for an input of shape {tuple(args[0].shape)}; a {part} maps "
+                                f"(batch, T, d_model) to the same shape")
+        return hook
+    handles = []
+    for i, block in enumerate(model.blocks):
+        handles.append(block.mixer.register_forward_hook(check(i, "mixer", names[i])))
+        if block.state_mixer is not None:
+            handles.append(block.state_mixer.register_forward_hook(check(i, "state mixer", block.state_mixer.name)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def layer_names(model: ModelConfig) -> list[str]:

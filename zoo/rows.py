@@ -40,9 +40,11 @@ def is_eval_row(row: dict) -> bool:
 
 
 def make_row(recipe, label: str, metrics: dict, overrides: dict | None = None, device=None, **extra) -> dict:
-    """The results row of a run of ``recipe``; ``extra`` adds fields (history, checkpoint, host, ...)."""
+    """The results row of a run of ``recipe``; ``extra`` adds fields (history, checkpoint, host, ...). A recipe that
+    imports out-of-tree modules (``imports:``) records them, so that its recipe can be run again from the row."""
+    imports = {"imports": sorted(recipe.imports)} if recipe.imports else {}
     return {"recipe_key": recipe.key, "label": label, "overrides": dict(overrides or {}), "recipe": recipe.plain,
-            "seed": recipe.seed, "metrics": metrics, **extra, **environment(device)}
+            "seed": recipe.seed, "metrics": metrics, **imports, **extra, **environment(device)}
 
 
 @dataclass

@@ -181,7 +181,8 @@ class RayExecutor(Executor):
             try:
                 self.ray.init(include_dashboard=False, logging_level="warning", log_to_driver=True, **kwargs)
             except (ConnectionError, RuntimeError, ValueError, ImportError) as err:
-                hint = ('; ray:// addresses need pip install "ray[client]"' if isinstance(err, ImportError)
+                client_missing = isinstance(err, ImportError) or "ray[client]" in str(err)  # Ray raises ValueError
+                hint = ('; ray:// addresses need the Ray client: pip install -e ".[ray]"' if client_missing
                         else " (start one with `ray start --head`)")
                 raise UserError(f"--address {self.address}: cannot connect to a Ray cluster: "
                                   f"{error_summary(err)}{hint}") from None

@@ -2,7 +2,8 @@
 memory tasks and the transfer-retrieval tasks.
 
 Importing this package imports every module in it, so a task is registered by writing its module here
-with a ``@register_task`` class; no list of modules to edit.
+with a ``@register_task`` class; no list of modules to edit. A task in a package of your own is registered the
+same way and named in a recipe's ``imports:`` (CONTRIBUTING.md, "Adding a task").
 """
 import importlib
 import pkgutil
