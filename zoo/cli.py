@@ -505,7 +505,9 @@ def _main(argv: list[str] | None) -> int:
         _refuse_empty_folders(args)
         return args.func(args) or 0
     except (UserError, OptionError, BackendUnavailable) as err:
-        print(f"zoo: error: {one_line(str(err))}", file=sys.stderr)
+        # one write: print's two (the text, then the newline) interleave with another process's on a shared
+        # stderr (every torchrun rank refusing at once)
+        sys.stderr.write(f"zoo: error: {one_line(str(err))}\n")
         return 2
     except KeyboardInterrupt as stop:  # a Ctrl-C, or a scheduler's SIGTERM during a run (zoo.training.stopping)
         again = ("; run the same command again to resume (finished cells and checkpoints are kept)"
