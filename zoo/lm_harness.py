@@ -27,6 +27,7 @@ from a model scores it as it is.
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import functools
 import sys
@@ -93,11 +94,14 @@ class ZooScorer:
         prompt = self.tok.encode(context) or [self.tok.eos_id]
         stops = [stop for stop in until if stop]
 
-        def text_of(ids):
-            return self.tok.decode([i for i in ids if i != self.tok.eos_id]).decode("utf-8", errors="replace")
+        def text_of(ids, final=True):
+            # while decoding, a character whose bytes are not all there yet is left out (not a replacement
+            # character that a stop string could match before the character is complete)
+            data = self.tok.decode([i for i in ids if i != self.tok.eos_id])
+            return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=final)
 
         new, _, _ = generate_ids(self.model, prompt, max_gen_toks, eos_id=self.tok.eos_id,
-                                 stop=(lambda ids: any(s in text_of(ids) for s in stops)) if stops else None)
+                                 stop=(lambda ids: any(s in text_of(ids, final=False) for s in stops)) if stops else None)
         text = text_of(new)
         cuts = [text.find(stop) for stop in stops if stop in text]
         return text[:min(cuts)] if cuts else text
