@@ -194,6 +194,21 @@ def segment_log_decays(g: torch.Tensor) -> torch.Tensor:
     return steps.cumsum(-2).masked_fill(~causal_mask(C, g.device), float("-inf"))
 
 
+def cumulative_log_mask(G: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``L[..., t, s, ...] = G_t - G_s`` for ``s <= t``, else ``-inf``: the log of :func:`causal_decay_mask`.
+
+    ``G`` holds inclusive cumulative log decays along ``dim`` (the within-chunk time axis); the result has that
+    axis replaced by two, ``t`` then ``s``. It is :func:`segment_log_decays` for a caller that holds only ``G``.
+    """
+    dim = dim % G.ndim
+    seg = G.unsqueeze(dim + 1) - G.unsqueeze(dim)  # [..., t, s, ...] = G_t - G_s
+    C = G.shape[dim]
+    shape = [1] * seg.ndim
+    shape[dim], shape[dim + 1] = C, C
+    anti_causal = ~causal_mask(C, G.device).reshape(shape)
+    return seg.masked_fill_(anti_causal, float("-inf"))
+
+
 def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:
     """``M[..., t, s, ...] = exp(G_t - G_s)`` for ``s <= t``, else 0.
 
@@ -202,13 +217,7 @@ def causal_decay_mask(G: torch.Tensor, dim: int = 2) -> torch.Tensor:
     ``(b, n, C, C, h)``. A caller with the per-step decays takes ``segment_log_decays(g).exp()`` instead:
     accurate where strong and weak decays share a chunk, and in its gradient.
     """
-    dim = dim % G.ndim
-    seg = G.unsqueeze(dim + 1) - G.unsqueeze(dim)  # [..., t, s, ...] = G_t - G_s
-    C = G.shape[dim]
-    shape = [1] * seg.ndim
-    shape[dim], shape[dim + 1] = C, C
-    anti_causal = ~causal_mask(C, G.device).reshape(shape)
-    return seg.masked_fill_(anti_causal, float("-inf")).exp_()
+    return cumulative_log_mask(G, dim).exp_()
 
 
 def pad_time(x: torch.Tensor, multiple: int, value: float = 0.0) -> torch.Tensor:

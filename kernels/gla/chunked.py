@@ -22,8 +22,8 @@ import torch
 
 from ..common import (
     as_state,
-    causal_mask,
     compute_dtype,
+    cumulative_log_mask,
     heads_first,
     in_segments,
     pad_time,
@@ -32,13 +32,6 @@ from ..common import (
     time_first,
 )
 from ..scan import chunk_scan
-
-
-def _cumulative_log_mask(G: torch.Tensor) -> torch.Tensor:
-    """:func:`segment_log_decays` from the inclusive cumulative log decays ``G (..., C)`` as ``G_t - G_s``: for a
-    caller that holds only ``G`` (the Triton stages' references)."""
-    C = G.shape[-1]
-    return (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal_mask(C, G.device), float("-inf"))
 
 
 def gla_chunk_states(K, V, G, initial_state=None, seg=None):
@@ -109,9 +102,9 @@ def gla_chunk_readout(Q, K, V, G, U0, M=None, seg=None):
     ``(b, h, n, C, C)``), else formed from ``G``; ``M`` the mask if already computed (it is recomputed inside
     when gradients are needed)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (Q, K, V, G, U0, seg)):
-        return _ChunkReadout.apply(Q, K, V, G, _cumulative_log_mask(G) if seg is None else seg, U0)
+        return _ChunkReadout.apply(Q, K, V, G, cumulative_log_mask(G) if seg is None else seg, U0)
     if M is None:
-        M = (_cumulative_log_mask(G) if seg is None else seg).exp()
+        M = (cumulative_log_mask(G) if seg is None else seg).exp()
     return torch.addcmul(((Q @ K.transpose(-1, -2)) * M) @ V, G.exp().unsqueeze(-1), Q @ U0.transpose(-1, -2))
 
 
