@@ -92,11 +92,17 @@ def table_columns(rows: list[dict]) -> list[str]:
         memory = ["peak_memory_mib"] if any("peak_memory_mib" in r["metrics"] for r in rows) else []
         accuracy = _accuracy_columns(accuracy_rows) if accuracy_rows else []
         return ["cell", "layers", "val_bpb", *bpb, "val_ppl", *accuracy, "params", "state_size",
-                *_steady_columns(rows), "train_tokens_per_second", *memory, "steps", "train_seconds", "seed"]
+                *_steady_columns(rows), "train_tokens_per_second", *memory, "steps", *_diverged_column(rows),
+                "train_seconds", "seed"]
     active = ["active_state_size"] if any(r["metrics"].get("active_state_size", r["metrics"].get("state_size"))
                                           != r["metrics"].get("state_size") for r in rows) else []
-    return ["cell", "layers", *_accuracy_columns(rows), "params", "state_size", *active, "steps", "train_seconds",
-            "seed"]
+    return ["cell", "layers", *_accuracy_columns(rows), "params", "state_size", *active, "steps",
+            *_diverged_column(rows), "train_seconds", "seed"]
+
+
+def _diverged_column(rows: list[dict]) -> list[str]:
+    """``diverged_at_step`` where a run stopped early because its weights were no longer finite."""
+    return ["diverged_at_step"] if any("diverged_at_step" in r["metrics"] for r in rows) else []
 
 
 def _accuracy_columns(rows: list[dict]) -> list[str]:

@@ -29,12 +29,17 @@ A step is queued without waiting for the device, and its loss and accuracy are r
 queued (at once where an evaluation, a checkpoint, the warm-up clock's end or the run's end follows it), so a
 GPU always has work while the host waits for the numbers, books the step and prepares the next batch.
 
+A run whose weights are no longer finite after a step (a NaN or infinite training loss, then NaN weights) stops
+there with a line saying so: no later step can bring the weights back. The final evaluation reads the diverged
+model (its test loss is NaN) and the metrics record ``diverged_at_step``.
+
 When stderr is not a terminal, progress is a plain line (step, loss, accuracy, elapsed) at least every
 ``PLAIN_PROGRESS_SECONDS`` and at every periodic evaluation, so piped runs never sit silent.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 import warnings
@@ -349,6 +354,23 @@ def _read_at_once(run: _Run, state: TrainState) -> bool:
             or state.throughput.done_here + 1 == state.throughput.warmup)
 
 
+def _weights_nonfinite(model: torch.nn.Module) -> bool:
+    return any(not torch.isfinite(p).all() for p in model.parameters())
+
+
+def _diverged(run: _Run, state: TrainState, loss: float, description: str) -> None:
+    """A non-finite loss with non-finite weights: no later step can bring the weights back, so training stops
+    (the steps left would only cost time), the final evaluation reads the diverged model and the metrics say
+    where (``diverged_at_step``). A non-finite loss with finite weights (an fp16 overflow the gradient scaler
+    skips) trains on."""
+    state.diverged_at = state.step
+    if run.ctx.is_main:
+        _say(f"{description or 'train'}: diverged at step {state.step}/{run.recipe.train.steps}: the training "
+             f"loss is {loss} and the weights are no longer finite, so training stops here and the metrics "
+             f"record diverged_at_step={state.step}; a lower train.lr, a train.warmup_steps or a train.grad_clip "
+             f"(now {run.recipe.train.grad_clip:g}) may let it train")
+
+
 def _compile_kernels_ahead(run: _Run, state: TrainState, micro_batch) -> None:
     """On CUDA, compile every Triton kernel of a training step at once, on every core, before the first step
     launches them one after another (:mod:`kernels.ahead`: a forward and backward that keeps no gradient and
@@ -441,6 +463,8 @@ def _train_started(run: _Run, state: TrainState, train_data, progress: bool, des
     def finish(queued: _Queued) -> None:  # a step's numbers, then what follows it
         loss, accuracy = _read(run, queued)
         state.record(loss, accuracy)
+        if not math.isfinite(loss) and state.diverged_at is None and _weights_nonfinite(state.model):
+            _diverged(run, state, loss, description)
         evaluated = _periodic_eval(run, state, test_data)
         shown.update(run, state, loss, accuracy, queued.lr, evaluated)
         if t.checkpoint_every and state.step % t.checkpoint_every == 0 and state.step < t.steps \
@@ -450,7 +474,7 @@ def _train_started(run: _Run, state: TrainState, train_data, progress: bool, des
 
     pending = None  # a queued step not recorded yet (see _read_at_once)
     try:
-        while state.step + (pending is not None) < t.steps and not state.finished:
+        while state.step + (pending is not None) < t.steps and not state.finished and state.diverged_at is None:
             queued = _step(run, state, passes, train_data)
             if pending is not None:
                 finish(pending)
@@ -458,6 +482,8 @@ def _train_started(run: _Run, state: TrainState, train_data, progress: bool, des
             if _read_at_once(run, state):
                 finish(pending)
                 pending = None
+        if pending is not None:  # queued before its predecessor's numbers showed the divergence
+            finish(pending)
         state.finished = True
     finally:
         shown.bar.close()

@@ -7,7 +7,7 @@ the optimizer, the schedule position, the gradient scaler (fp16), the data order
 cursor and the order generator's state, which also draws a streaming task's windows), every RNG state,
 the step, the history of periodic evaluations, the running averages shown as ``train_loss`` /
 ``train_accuracy``, elapsed training time, the throughput clocks (:mod:`zoo.training.throughput`) and
-whether the run finished. So on a CPU a resumed run ends
+whether the run finished or diverged. So on a CPU a resumed run ends
 with exactly the numbers of an uninterrupted one.
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ class TrainState:
     cursor: int = 0
     step: int = 0
     finished: bool = False
+    diverged_at: int | None = None  # the step whose loss first read non-finite with non-finite weights
     history: list = field(default_factory=list)
     loss_ema: float | None = None
     acc_ema: float | None = None
@@ -96,7 +97,8 @@ class TrainState:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "order": {"perm": self.perm, "cursor": self.cursor, "generator": self.order.get_state()},
-                "rng": ckpt.rng_state(), "step": self.step, "finished": self.finished, "history": self.history,
+                "rng": ckpt.rng_state(), "step": self.step, "finished": self.finished, "diverged_at": self.diverged_at,
+                "history": self.history,
                 "loss_ema": self.loss_ema, "acc_ema": self.acc_ema, "elapsed": self.elapsed,
                 "throughput": self.throughput.state_dict()}
 
@@ -110,6 +112,7 @@ class TrainState:
         self.order.set_state(state["order"]["generator"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.finished, self.history = state["step"], state["finished"], state["history"]
+        self.diverged_at = state.get("diverged_at")  # absent from checkpoints written before it was recorded
         self.loss_ema, self.acc_ema = state["loss_ema"], state["acc_ema"]
         # a finished run trains no more: its clock stays stopped, so reading it again adds no seconds
         self.elapsed_before = state["elapsed"]
@@ -120,10 +123,13 @@ class TrainState:
         """The training part of a run's metrics: with ``tokens_per_step``, ``steady_tokens_per_second``
         (after the warm-up, evaluation excluded) and ``train_tokens_per_second`` (the overall rate: every
         step over ``train_seconds``, warm-up and periodic evaluation included, as in every committed row);
-        ``warmup_seconds`` and ``steady_steps`` beside them (:mod:`zoo.training.throughput`)."""
+        ``warmup_seconds`` and ``steady_steps`` beside them (:mod:`zoo.training.throughput`); ``diverged_at_step``
+        where training stopped because the weights were no longer finite."""
         out = {"steps": self.step, "train_loss": self.loss_ema, "train_accuracy": self.acc_ema,
                "train_seconds": self.elapsed}
         if tokens_per_step:
             out["train_tokens_per_second"] = self.step * tokens_per_step / max(self.elapsed, 1e-9)
         out.update(self.throughput.metrics(tokens_per_step))
+        if self.diverged_at is not None:
+            out["diverged_at_step"] = self.diverged_at
         return out
