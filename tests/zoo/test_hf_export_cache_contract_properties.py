@@ -79,3 +79,18 @@ def test_padding_before_a_token_is_refused_without_a_cache(hole):
         model(ids, attention_mask=mask)
     with pytest.raises(ValueError, match="recurrent state"):
         model(ids, attention_mask=mask, use_cache=False)
+
+
+def test_a_consumed_cache_is_continued_with_use_cache_false():
+    """``use_cache=False`` beside a cache that has consumed a prompt still continues that prompt (the logits of the
+    whole text's last positions, as transformers' own models read their past) and advances the cache; it only
+    leaves the cache out of the output."""
+    model = tiny_model()
+    T, n = int(torch.randint(2, 7, ())), int(torch.randint(1, 4, ()))
+    prompt, nxt = torch.randint(0, 256, (2, T)), torch.randint(0, 256, (2, n))
+    cache = filled_cache(model, prompt)
+    with torch.no_grad():
+        out = model(nxt, use_cache=False, **{CACHE_FIELD: cache})
+        full = model(torch.cat([prompt, nxt], dim=1), use_cache=False).logits[:, -n:]
+    torch.testing.assert_close(out.logits, full, rtol=0, atol=1e-5)
+    assert getattr(out, CACHE_FIELD) is None and cache.get_seq_length() == T + n

@@ -10,7 +10,8 @@ kernels, the same weights (``model.safetensors``, the tied embedding stored once
 - an empty :class:`zoo.hf.cache.ZooCache` (``use_cache=True``, the prompt in ``generate``): every layer's
   ``prefill``, which also returns its decode state into the cache;
 - a cache that has consumed tokens (each new token in ``generate``): every layer's ``step`` from its state,
-  one position after another, so a linear-state layer costs the same per token at any context length.
+  one position after another, so a linear-state layer costs the same per token at any context length. Such a
+  cache is continued (and advanced) with ``use_cache=False`` too, which only leaves it out of the output.
 
 ``attention_mask`` is not an input of the zoo's mixers: a recurrent state would read padding, so a mask
 with a zero before a one (left padding), or any zero with a cache, is refused; right padding is harmless
@@ -144,7 +145,10 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
                 **kwargs):
         self._follow_config_test_time()
         cache = cache if cache is not None else past_key_values
-        use_cache = cache is not None if use_cache is None else use_cache
+        returns_cache = cache is not None if use_cache is None else use_cache
+        # a cache that has consumed tokens is continued whatever use_cache says, as transformers' own models read
+        # their past: the parallel form would start the input at position 0, the logits of another text
+        use_cache = returns_cache or _consumed(cache) > 0
         if use_cache and not isinstance(cache, ZooCache):
             if cache is not None and cache.get_seq_length() > 0:
                 raise ValueError(f"a zoo model decodes from a ZooCache, not a {type(cache).__name__}")
@@ -185,7 +189,7 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
                 loss = loss / (items.to(loss.device) if torch.is_tensor(items) else items)
         hidden = tuple(hidden) if output_hidden_states else None
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
-                                     **{CACHE_FIELD: cache if use_cache else None})
+                                     **{CACHE_FIELD: cache if returns_cache else None})
         return out.to_tuple() if return_dict is False else out
 
     def _steps(self, x: torch.Tensor, cache: ZooCache) -> list[torch.Tensor]:
@@ -199,3 +203,10 @@ class ZooForCausalLM(PreTrainedModel, GenerationMixin):
                 outs.append(h)
             per_position.append(outs)
         return [torch.stack(layer, dim=1) for layer in zip(*per_position)]
+
+
+def _consumed(cache) -> int:
+    """The tokens a cache given to ``forward`` has consumed (0 for none)."""
+    if cache is None:
+        return 0
+    return cache.seen if isinstance(cache, ZooCache) else cache.get_seq_length()
