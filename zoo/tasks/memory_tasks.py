@@ -109,16 +109,12 @@ class Dyck1Next(Task):
         seq_len: int = opt(20, "training sequence length L (even: the words are balanced)", at_least=1, at_most=1 << 22)
         num_train: int = opt(20_000, "training examples", at_least=1, at_most=10_000_000)
         num_test: int = opt(1_000, "test examples", at_least=1, at_most=10_000_000)
-        p_open: float = opt(0.5, "probability of '(' when both brackets are legal", at_least=0.0, at_most=1.0)
+        p_open: float = opt(0.5, "probability of '(' when both brackets are legal", above=0.0, below=1.0)
         max_depth: int = opt(16, "the depth never exceeds this", at_least=1)
 
         def __post_init__(self):
             if self.seq_len < 2 or self.seq_len % 2:
                 raise ValueError(f"dyck1_next: seq_len must be even and >= 2 (balanced words), got {self.seq_len}")
-            if not 0.0 < self.p_open < 1.0:
-                raise ValueError(f"p_open must be in (0, 1), got {self.p_open}")
-            if self.max_depth < 1:
-                raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
 
     @property
     def vocab_size(self) -> int:
