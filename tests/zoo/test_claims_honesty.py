@@ -368,6 +368,27 @@ def test_a_table_whose_mixer_code_changed_after_its_rows_is_stale_by_code(tmp_pa
     assert _claim(root).stale == [] and _claim(root).verdict == "reproduced"
 
 
+@pytest.mark.parametrize("outcome", ["keeps", "differs: test_loss 0.5 -> 0.6"])
+def test_a_probe_vouches_for_the_changes_up_to_its_commit_only_when_the_numbers_kept(tmp_path, outcome):
+    """A recorded probe of a row's commit against a later one covers the code changes in between only when
+    re-running there kept the numbers; any other outcome leaves the cell stale by those changes."""
+    from zoo.experiments.freshness import cell_staleness
+    root, code = _code_repo(tmp_path)
+    source = root / "mixers" / "attention.py"
+    source.write_text(source.read_text() + "\nSCALE_FIX = 2.0\n")
+    change = _commit(root, "a change of code")
+    full = {c: _git(root, "rev-parse", c).strip() for c in (code, change)}
+    rows = [json.loads(line) for line in (root / "tables" / "t" / "results.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["label"].startswith("a")]
+    probed = {"a": {full[code]: {"until": full[change], "outcome": outcome}}}
+    staleness = cell_staleness(root, "a", rows, {}, probed)
+    assert cell_staleness(root, "a", rows, {}, None).stale  # unprobed, the change stales the cell
+    if outcome == "keeps":
+        assert not staleness.stale
+    else:
+        assert staleness.stale and change[:7] in staleness.text()
+
+
 def test_a_vouched_commit_written_without_quotes_that_yaml_reads_as_a_number_is_refused(tmp_path):
     import random
     root, _ = _code_repo(tmp_path)
