@@ -18,13 +18,18 @@ from zoo.training.state import ORDER_SEED_OFFSET
 from .test_train import TINY
 
 
-def _first_step_by_hand(recipe):
+def initial_model_and_first_batch(recipe):
+    """The model a run of ``recipe`` starts from (built from its seed) and the first batch its data order draws."""
     task = Task.from_spec(recipe.task)
     data = task.make("train", recipe.seed)
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, task.vocab_size)
     order = torch.Generator().manual_seed(recipe.seed + ORDER_SEED_OFFSET)
-    batch = data.batch(torch.randperm(len(data), generator=order)[:recipe.train.batch_size])
+    return model, data.batch(torch.randperm(len(data), generator=order)[:recipe.train.batch_size])
+
+
+def _first_step_by_hand(recipe):
+    model, batch = initial_model_and_first_batch(recipe)
     with torch.no_grad():
         logits = model(batch.inputs, mask=batch.mask).double()
     supervised = batch.labels != -100

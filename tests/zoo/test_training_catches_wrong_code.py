@@ -16,13 +16,15 @@ from zoo import train
 from zoo.errors import UserError
 from zoo.model import HybridLM
 from zoo.recipes import resolve
-from zoo.tasks import Task, TaskData
+from zoo.tasks import TaskData
 from zoo.training import checkpoint as ckpt
 from zoo.training import loop, throughput
 from zoo.training.evaluation import text_metrics
 from zoo.training.state import ORDER_SEED_OFFSET, TrainState
 from zoo.training.throughput import Throughput
 
+from .test_metric_computations import TokenLogits
+from .test_reported_training_numbers_properties import initial_model_and_first_batch
 from .test_train import TINY
 
 CPU = torch.device("cpu")
@@ -33,12 +35,7 @@ SMALL = ["model.d_model=16", "model.layers=[attention]", "model.mixer_options={a
 def _first_batch_gradient(recipe) -> dict:
     """By hand: the gradient of the mean cross-entropy over the supervised positions of the first batch, for the
     model the recipe's seed builds and the batch the order generator draws first."""
-    task = Task.from_spec(recipe.task)
-    data = task.make("train", recipe.seed)
-    torch.manual_seed(recipe.seed)
-    model = HybridLM.from_recipe(recipe, task.vocab_size)
-    order = torch.Generator().manual_seed(recipe.seed + ORDER_SEED_OFFSET)
-    batch = data.batch(torch.randperm(len(data), generator=order)[:recipe.train.batch_size])
+    model, batch = initial_model_and_first_batch(recipe)
     supervised = batch.labels != -100
     assert 0 < supervised.sum() < supervised.numel()  # unsupervised positions that must not count
     logits = model(batch.inputs, mask=batch.mask)
@@ -81,17 +78,6 @@ def test_only_fp16_training_scales_its_gradients(precision):
     state = TrainState.fresh(recipe, HybridLM.from_recipe(recipe, vocab_size=32), 16, precision, CPU)
     assert state.scaler.is_enabled() == (precision == "fp16")
     assert bool(state.state_dict()["scaler"]) == (precision == "fp16")
-
-
-class TokenLogits(torch.nn.Module):
-    """A stand-in model: the logits at a position are row ``ids[t]`` of a fixed ``(V, V)`` table."""
-
-    def __init__(self, table):
-        super().__init__()
-        self.table = table
-
-    def forward(self, ids, mask=None):
-        return self.table[ids]
 
 
 def test_the_loss_of_each_position_bucket_is_the_mean_over_its_own_positions_when_buckets_differ_in_size():
