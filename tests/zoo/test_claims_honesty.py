@@ -323,10 +323,11 @@ def test_an_ablation_row_records_the_untrained_models_metrics(tmp_path):
 ATTENTION = Path(__file__).resolve().parents[2] / "mixers" / "attention.py"
 
 
-def _code_repo(tmp_path) -> tuple[Path, str]:
-    """A repository whose table rows ran the attention mixer of its own ``mixers/attention.py``."""
+def _code_repo(tmp_path, cells: dict | None = None, **claim) -> tuple[Path, str]:
+    """A repository whose table rows ran the attention mixer of its own ``mixers/attention.py``: cells a and b
+    (0.95 and 0.1 accurate) or ``cells``, with ``claim`` (``rule=``, ``claim=``) as :func:`_synthetic_root` takes."""
     from zoo.recipes import resolve
-    root = _synthetic_root(tmp_path, {"a": _values(3, 0.95), "b": _values(3, 0.1)})
+    root = _synthetic_root(tmp_path, cells or {"a": _values(3, 0.95), "b": _values(3, 0.1)}, **claim)
     (root / "mixers").mkdir()
     (root / "mixers" / "attention.py").write_text(ATTENTION.read_text())
     _git(root, "init", "-q")
