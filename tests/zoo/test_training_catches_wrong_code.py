@@ -23,6 +23,7 @@ from zoo.training.evaluation import text_metrics
 from zoo.training.state import ORDER_SEED_OFFSET, TrainState
 from zoo.training.throughput import Throughput
 
+from .test_interrupted_run_path import _interrupt_at_step
 from .test_metric_computations import TokenLogits
 from .test_reported_training_numbers_properties import initial_model_and_first_batch
 from .test_train import TINY
@@ -122,28 +123,16 @@ def test_a_temporary_checkpoint_file_of_another_users_live_process_is_kept(tmp_p
     assert ckpt.remove_orphans(tmp_path) == [tmp] and not tmp.exists()
 
 
-def _stop_at_step_call(monkeypatch, at: int) -> None:
-    """A Ctrl-C while the ``at``-th step of this process is queued."""
-    real, calls = loop._step, []
-
-    def step(*args):
-        calls.append(1)
-        if len(calls) == at:
-            raise KeyboardInterrupt
-        return real(*args)
-    monkeypatch.setattr(loop, "_step", step)
-
-
 def test_a_resumed_run_stopped_before_its_next_checkpoint_names_the_step_the_folder_holds(tmp_path, monkeypatch,
                                                                                           capsys):
     every = int(torch.randint(2, 4, ()))
     recipe = resolve(TINY, [*SMALL, "train.steps=12", f"train.checkpoint_every={every}", "train.batch_size=8"])
-    _stop_at_step_call(monkeypatch, every + 2)
+    _interrupt_at_step(monkeypatch, every + 2)
     with pytest.raises(KeyboardInterrupt):
         train(recipe, progress=False, checkpoint_dir=tmp_path)
     capsys.readouterr()
     assert ckpt.load(tmp_path / ckpt.FILENAME)["step"] == every
-    _stop_at_step_call(monkeypatch, 1)  # the resumed process stops before writing anything
+    _interrupt_at_step(monkeypatch, 1)  # the resumed process stops before writing anything
     with pytest.raises(KeyboardInterrupt):
         train(recipe, progress=False, checkpoint_dir=tmp_path)
     said = capsys.readouterr().err
