@@ -2,8 +2,9 @@
 read it through ``forward`` and ``prefill`` (and ``use_mask: false`` drops it), the state counts are the elements
 of the decode states a prefill returns, every block owns its state mixer, the test-time context sets and restores
 every layer's knobs, decoding stops where ``stop`` says, the transformers export's cache reports its batch, its
-past and its size, and the shared building blocks (the decay gate's equation and step-size cap, the short convolution's decode
-state, the weight-decay split) are what their docstrings say. Tiny models made here; nothing downloads."""
+past and its size, and the shared building blocks (the decay gate's equation and step-size cap, the short
+convolution's decode state, the weight-decay split) are what their docstrings say. Tiny models made
+here; nothing downloads."""
 from __future__ import annotations
 
 import dataclasses
