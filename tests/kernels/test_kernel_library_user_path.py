@@ -204,7 +204,11 @@ def test_ska_reference_takes_keys_and_values_of_another_dtype_as_its_other_backe
     for backend in ("reference", "torch"):
         y = ska(q, k, v, ridge=SKA_RIDGE, chunk_size=chunk, backend=backend)
         assert y.dtype == q.dtype
-        assert_rel_close(y, expected, 2e-5, backend)
+        # computed in q's dtype: the very numbers of the call with k and v cast to it first
+        assert torch.equal(y, ska(q, k.to(q.dtype), v.to(q.dtype), ridge=SKA_RIDGE, chunk_size=chunk, backend=backend))
+        # and fp32's rounding of the fp64 result: the readout C L^-T A^2 L^-1 q is ~1e-3 of its inputs on these
+        # short draws, so its cancellation costs up to ~2e-4 (median 6e-7) over 6000 draws
+        assert_rel_close(y, expected, 1e-3, backend)
 
 
 # ------------------------------------------------------------------------------------------------ no forget gate
