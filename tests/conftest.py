@@ -14,6 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# ``pytest -n N`` (pytest-xdist) runs N worker processes: each takes its share of the cores instead of all of
+# them, as N processes of torch's default thread count on few cores stall one another at every thread barrier
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped cleanly without one)")
