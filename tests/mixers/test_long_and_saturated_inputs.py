@@ -11,8 +11,6 @@ loop itself shows on the same inputs (~1e-7).
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +19,7 @@ from kernels.delta import delta_rule
 from kernels.gla import gla
 from kernels.ssd import ssd
 from mixers import build_mixer
-from tests.kernels.harness import assert_rel_close
+from tests.kernels.harness import assert_rel_close, rel_err
 from tests.mixers.contract import unzero
 
 # fp32 rounding through a 64-step chunk and a few chunks' states: the fp32 token loop reaches 1e-7..3e-7 here
@@ -95,18 +93,24 @@ def test_the_gradient_of_a_saturated_gate_is_its_own_and_not_rounding_noise(op):
 
 @pytest.mark.parametrize("name", ["mamba2", "gated_deltanet"])
 def test_decay_parameter_gradients_of_a_layer_on_inputs_with_outliers(name):
-    """A whole layer, fp32 against its fp64 copy, on inputs where 32 tokens are 1000x the others (their gates
-    saturate): the gradients of the decay's parameters ``A_log`` and ``dt_bias`` were 1e-4..2e-2 off; now within
-    3e-5 (measured: <= 6e-6; the layer's fp32 rounding elsewhere is ~1e-6)."""
+    """A whole layer on inputs where 32 tokens are 1000x the others (their gates saturate), its chunked fp32 path
+    against the fp64 reference: the gradients of the decay's parameters ``A_log`` and ``dt_bias`` were 1e-4..2e-2
+    off. These sums cancel, so fp32 itself costs up to ~1.6e-4 on some draws (the fp32 token loop's error, median
+    ~1e-6): the chunked path is held to ``2 x`` that error ``+ 6e-5`` (measured over 200 draws each: at most
+    ``2 x + 4e-6`` for Mamba-2, ``2 x + 3e-5`` for Gated DeltaNet)."""
     T, d = 512, 32
     layer = unzero(build_mixer(name, d, {"backend": "torch"}))
-    layer64 = copy.deepcopy(layer).double()
     x = torch.randn(1, T, d)
     x[0, torch.randint(0, T, (32,))] *= 1000
     w = torch.randn(1, T, d, dtype=torch.float64)
     grads = {}
-    for module, dtype in ((layer, torch.float32), (layer64, torch.float64)):
+    for backend, dtype in (("torch", torch.float32), ("reference", torch.float32), ("reference", torch.float64)):
+        module = build_mixer(name, d, {"backend": backend})
+        module.load_state_dict(layer.state_dict())
+        module = module.to(dtype)
         (module(x.to(dtype)).double() * w).sum().backward()
-        grads[dtype] = dict(module.named_parameters())
+        grads[backend, dtype] = dict(module.named_parameters())
     for param in ("gate.A_log", "gate.dt_bias"):
-        assert_rel_close(grads[torch.float32][param].grad, grads[torch.float64][param].grad, 3e-5, f"{name} {param}")
+        truth = grads["reference", torch.float64][param].grad
+        token_loop_error = rel_err(grads["reference", torch.float32][param].grad, truth)
+        assert_rel_close(grads["torch", torch.float32][param].grad, truth, 2 * token_loop_error + 6e-5, f"{name} {param}")
