@@ -36,7 +36,7 @@ from kernels.ska.reference import ska_reference
 from kernels.slots import slot_memory
 from kernels.slots.reference import slot_memory_reference
 from kernels.ssd import ssd, ssd_reference
-from tests.kernels.harness import DEVICE, assert_rel_close, needs_triton
+from tests.kernels.harness import DEVICE, assert_rel_close, needs_triton, rel_err
 
 BACKENDS = ["reference", "torch", pytest.param("triton", marks=needs_triton)]
 B, H, K, V = 2, 2, 16, 16
@@ -98,8 +98,13 @@ def test_every_positive_chunk_size_gives_the_reference(op):
     x64 = {name: t.double() for name, t in x.items() if torch.is_tensor(t)}
     x64["slots"] = tuple(t.double() if torch.is_tensor(t) and t.is_floating_point() else t for t in x["slots"])
     for chunk in (1, 3, T + 5):
-        x64["chunk"] = chunk
-        assert_rel_close(call(x, chunk, "torch"), oracle(x64), 2e-5, f"{op} chunk_size={chunk}")
+        x64["chunk"] = x["chunk"] = chunk
+        truth = oracle(x64)
+        # SKA's readout C L^-T A^2 L^-1 q is ~1e-3 of its inputs on these short draws, so fp32 alone (its reference
+        # in fp32) costs up to ~1e-4 on 1% of them: its chunked path is held to twice that error (measured over 3000
+        # draws: within 2x + 7e-6); every other op to a fixed tolerance
+        tol = 2e-5 + (2 * rel_err(oracle(x), truth) if op == "ska" else 0)
+        assert_rel_close(call(x, chunk, "torch"), truth, tol, f"{op} chunk_size={chunk}")
 
 
 # ----------------------------------------------------------------------------- outside backends on CUDA, faked
