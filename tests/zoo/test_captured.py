@@ -181,7 +181,8 @@ def test_agreement_measures_the_gap_between_two_steps():
     same = agreement(StepPasses(passes(1.0), params, cpu), StepPasses(passes(1.0), params, cpu), {"x": x})
     assert same == {"outputs": 0.0, "grads": 0.0}
     off = agreement(StepPasses(passes(1.0), params, cpu), StepPasses(passes(1.25), params, cpu), {"x": x})
-    assert off["outputs"] == pytest.approx(0.25) and off["grads"] == pytest.approx(0.25)
+    # fp32: the loss and gradients scaled by 1.25 and their norms round to ~1e-6 of the gap
+    assert off["outputs"] == pytest.approx(0.25, rel=1e-5) and off["grads"] == pytest.approx(0.25, rel=1e-5)
 
 
 def _tiny_lm(name: str, seed: int):

@@ -220,9 +220,12 @@ def test_sampling_on_the_state_draws_what_sampling_without_a_cache_draws(tmp_pat
         draws.append(model.generate(prompt, do_sample=True, temperature=1.5, top_k=100, max_new_tokens=10,
                                     use_cache=use_cache))
     assert torch.equal(draws[0], draws[1])
-    first = model.generate(prompt, max_new_tokens=4, return_dict_in_generate=True, **{CACHE_FIELD: ZooCache()})
-    resumed = model.generate(first.sequences, max_new_tokens=5, **{CACHE_FIELD: getattr(first, CACHE_FIELD)})
-    assert torch.equal(resumed, model.generate(prompt, max_new_tokens=9))
+    # EOS suppressed: a greedy EOS among the first 4 tokens would end the 9-token call there and not the resumed one
+    no_eos = dict(suppress_tokens=[EOS])
+    first = model.generate(prompt, max_new_tokens=4, return_dict_in_generate=True, **no_eos, **{CACHE_FIELD: ZooCache()})
+    resumed = model.generate(first.sequences, max_new_tokens=5, **no_eos, **{CACHE_FIELD: getattr(first, CACHE_FIELD)})
+    assert resumed.shape[1] == prompt.shape[1] + 9
+    assert torch.equal(resumed, model.generate(prompt, max_new_tokens=9, **no_eos))
     ids = torch.randint(0, 256, (2, 6))
     right = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     with torch.no_grad():  # right padding is harmless when scoring: every layer is causal
