@@ -22,12 +22,7 @@ from zoo.experiments.freshness import Staleness
 from zoo.recipes import resolve
 
 from .test_claims import TINY, _synthetic_root
-
-
-def _cell(label: str, per_seed: dict[int, dict], order: list[int] | None = None) -> CellStats:
-    """A cell of table t from ``{seed: metrics}``, its rows written in ``order`` of seeds."""
-    seeds = order if order is not None else list(per_seed)
-    return CellStats("t", label, [{"seed": s, "recipe": {"seed": s}, "metrics": dict(per_seed[s])} for s in seeds])
+from .test_ledger_arithmetic import _cell
 
 
 def _unsorted(seeds: list[int]) -> list[int]:

@@ -40,6 +40,7 @@ from zoo.training import checkpoint as ckpt
 from zoo.training import evaluation
 
 from .test_claims import TINY, _synthetic_root
+from .test_ledger_arithmetic import _cell as ledger_cell
 
 CPU = torch.device("cpu")
 
@@ -150,9 +151,7 @@ def test_a_checkpoint_of_a_tokenizer_with_other_contents_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------- ledger conditions
 def _cell(label: str, per_seed: dict[int, dict], keys: dict[int, str] | None = None) -> CellStats:
     """A cell of table t from ``{seed: metrics}`` (rows written in a shuffled order), with recipe keys."""
-    seeds = random.sample(list(per_seed), len(per_seed))
-    return CellStats("t", label, [{"seed": s, "label": label, "recipe_key": (keys or {}).get(s, f"{label}-{s}"),
-                                   "recipe": {"seed": s}, "metrics": dict(per_seed[s])} for s in seeds])
+    return ledger_cell(label, per_seed, random.sample(list(per_seed), len(per_seed)), keys or {})
 
 
 def test_accuracies_are_fractions_thresholds_and_levels_in_0_1_and_offsets_in_minus_1_1():

@@ -21,9 +21,15 @@ from zoo.experiments.results import seed_table
 from .test_claims import _synthetic_root, _values
 
 
-def _cell(label, per_seed: dict[int, dict]):
-    """A cell of table t: ``{seed: metrics}``."""
-    rows = [{"seed": s, "recipe": {"seed": s}, "metrics": dict(m)} for s, m in per_seed.items()]
+def _cell(label, per_seed: dict[int, dict], order: list[int] | None = None, keys: dict[int, str] | None = None):
+    """A cell of table t: ``{seed: metrics}``, its rows written in ``order`` of seeds (default: as given); with
+    ``keys`` (``{seed: recipe key}``, a missing seed keyed ``<label>-<seed>``) each row names its label and key."""
+    rows = []
+    for s in order if order is not None else per_seed:
+        row = {"seed": s, "recipe": {"seed": s}, "metrics": dict(per_seed[s])}
+        if keys is not None:
+            row.update(label=label, recipe_key=keys.get(s, f"{label}-{s}"))
+        rows.append(row)
     return CellStats("t", label, rows)
 
 
