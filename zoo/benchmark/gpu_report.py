@@ -14,6 +14,7 @@ from tabulate import tabulate
 
 from ..errors import UserError
 from . import gpu_targets as targets
+from . import lm_budget
 from .gpu_targets import BASELINE, STAGES
 from .runner import write_json
 
@@ -197,6 +198,44 @@ def _layer_table(layers: dict | None, plan: dict) -> tuple[str, list, list]:
     return about, columns, body
 
 
+def _cut(row: lm_budget.MixerBudget) -> str:
+    if row.fits:
+        return "fits"
+    return "no mixer fits" if row.budget_ms <= 0 else f"{row.cut:.0%}"
+
+
+def _budget_section(lm: dict | None, plan: dict, linear: list[str]) -> tuple[str, list, list] | None:
+    """The report's budget section (:mod:`zoo.benchmark.lm_budget`): its text, columns and rows; None where no
+    length has a profiled attention step to split."""
+    lengths = sorted(plan["lm_lengths"])
+    limits = {lengths[0]: targets.LIMITS.lm_short, lengths[-1]: targets.LIMITS.lm_long}
+    found = {T: lm_budget.length_budget(_rows(lm), T, limits[T], BASELINE, linear) for T in lengths}
+    split = [b for b in found.values() if not isinstance(b, str)]
+    if not split:
+        return None
+    about = ("From each model's profiled step (device ms; `zoo.benchmark.lm_budget`): `shared` is attention's step "
+             "less its attention kernels (SDPA's, the rotary embedding's), the work every model here shares; the "
+             "`ceiling` is attention's step over it, the ratio a model whose mixers cost nothing beyond attention's "
+             "projections would reach; a model's `mixer ms` is its step less `shared`, its `budget ms` what its "
+             "mixers may cost to meet the target (attention's step over the target, less `shared`), and `cut` the "
+             "share of its mixers' time above the budget. At each length: "
+             + "; ".join(f"T {b.T}: attention's step {b.attention_ms:.3g} ms, its attention kernels "
+                         f"{b.attention_own_ms:.3g} ms, shared {b.shared_ms:.3g} ms, ceiling {b.ceiling:.3g}x "
+                         f"(target {b.target:g}x{'' if b.ceiling >= b.target else ', above the ceiling'})"
+                         for b in split)
+             + "".join(f"; T {T}: {why}" for T, why in found.items() if isinstance(why, str)) + ".")
+    columns = ["mixer"] + [f"T {b.T}: {col}" for b in split for col in ("mixer ms", "budget ms", "cut")]
+    body = []
+    for name in linear:
+        cells = []
+        for b in split:
+            row = next((m for m in b.mixers if m.mixer == name), None)
+            cells += ["", "", ""] if row is None else [f"{row.mixer_ms:.3g}", f"{row.budget_ms:.3g}",
+                                                      _cut(row)]
+        body.append([name, *cells])
+    return about, columns, body
+
+
 def render(folder: Path, results: list, status: int, seconds: float | None) -> str:
     """``summary.md``: the verdicts, then every stage's numbers."""
     stage = {name: read_json(folder / f"{name}.json") or {} for name in ("env", *STAGES)}
@@ -257,6 +296,9 @@ def render(folder: Path, results: list, status: int, seconds: float | None) -> s
                 ["mixer", "T", "device ms", "longest kernels: calls x, ms"],
                 [[r["mixer"], r["T"], _fmt(r.get("step_device_ms")), longest_kernels({"kernels": r["step_kernels"]})]
                  for r in step_rows])
+    budget = _budget_section(stage["lm"], plan, env["linear"])
+    if budget is not None:
+        section("What the language-model targets leave a mixer", *budget)
     section("First call", f"T {plan['first_call_length']}: a fresh process per mixer with an empty Triton cache, the "
             f"first forward+backward, compilation included.", ["mixer", "backend", "seconds", "note"],
             [[name, r.get("backend", ""), _fmt(r.get("seconds")), r.get("error", "")]
