@@ -37,6 +37,7 @@ from mixers.options import OptionError, build_options, nearest, plain_options
 from .data.prepare import same_tokenizer
 from .errors import UserError
 from .host_memory import peak_rss_mib
+from .recipes.loading import misread_value
 from .reevaluate import checkpoint_recipe, load_model
 from .tasks import Task
 from .threads import MAX_THREADS
@@ -142,6 +143,9 @@ def parse_test_time(given, where: str = TEST_TIME_FLAG) -> list[tuple[str, Any, 
             value = yaml.safe_load(value_text) if value_text.strip() else None
         except (yaml.YAMLError, RecursionError, ValueError):
             raise UserError(f"{where.format(text)}: the value {value_text!r} is not valid YAML") from None
+        why = misread_value(value_text)
+        if why is not None:
+            raise UserError(f"{where.format(text)}: {why}")
         items.append((knob, value, where.format(text)))
     return items
 

@@ -3,6 +3,8 @@
 - YAML is read with ``yaml.safe_load`` (no code runs from a recipe; python object tags are refused),
   and aliases may not expand past a size limit (:data:`MAX_VALUES`) or refer to themselves.
 - A key written twice in one mapping is refused (YAML would keep the last one silently).
+- A number YAML 1.1 reads in another base than the one it seems written in is refused with how to write it:
+  a leading zero makes ``010`` the octal 8 and a colon makes ``1:30`` the base-60 90 (:func:`misread_number`).
 - A value written once and repeated through a YAML alias (``layers: [&m {<mixer>: {...}}, *m]``) becomes
   independent copies (:func:`unshared`): an override of one place (``model.layers.0.<mixer>.<option>=...``)
   never changes the others.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,52 @@ class Source:
         return self.places.get((), "")
 
 
+#: plain scalars YAML 1.1 reads as numbers in another base: a leading zero (octal) or colons (base 60)
+_OTHER_BASE = re.compile(r"[-+]?(?:0[0-9_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def misread_number(node) -> str | None:
+    """Why a plain scalar node's number is not what it seems written as (``010`` is read as 8, ``1:30`` as 90),
+    with how to write it; None for every other node."""
+    if not isinstance(node, yaml.ScalarNode) or node.style or node.tag not in _NUMBER_TAGS:
+        return None
+    text = node.value
+    if not _OTHER_BASE.fullmatch(text):
+        return None
+    value = yaml.safe_load(text)
+    if ":" in text:
+        return (f"YAML reads {text} as the base-60 number {value}; write the number meant, or quote it ('{text}') "
+                f"where it is a name")
+    decimal = re.sub(r"^([-+]?)[0_]+(?=[0-9])", r"\1", text)
+    return (f"YAML reads {text} as the octal number {value}; write {decimal} (no leading zero) for the decimal "
+            f"number, or quote it ('{text}') where it is a name")
+
+
+def misread_value(text: str) -> str | None:
+    """:func:`misread_number` of a value written alone (an override's ``VALUE``): its first number written in
+    another base, if any."""
+    try:
+        stack = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return None
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            stack.extend(v for _, v in reversed(node.value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+        elif (why := misread_number(node)) is not None:
+            return why
+    return None
+
+
 def _marks(node, prefix: tuple, filename: str, out: dict, depth: int = 0) -> None:
     if depth > 100:
         return
+    why = misread_number(node)
+    if why is not None:
+        raise UserError(f"{filename}:{node.start_mark.line + 1}: {why}")
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for key_node, value_node in node.value:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
-from .loading import check_size, layer_keys_given
+from .loading import check_size, layer_keys_given, misread_value
 from .plain import layer_label
 
 
@@ -45,6 +45,9 @@ def parse_override(text: str) -> tuple[list, Any]:
     except ValueError as err:  # e.g. an integer with more digits than Python converts
         raise UserError(f"override {text[:60]!r}...: unreadable value: {str(err).splitlines()[0]}") from None
     check_size(value, f"override {text!r}")
+    why = misread_value(value_text)
+    if why is not None:
+        raise UserError(f"override {text!r}: {why}")
     return key_path(key), value
 
 
