@@ -163,7 +163,7 @@ class DeltaProduct(Mixer):
             q, k, v, beta = self._heads(*qkv.split(sizes, dim=-1), parts[0])
         g = self._log_gate_from(parts[2]) if self.gate is not None else None
         # k, v as (B, T, n_h, H, D): the Triton kernels read the sub-steps in place (others flatten them)
-        o, S = delta_product(q, k, v, beta.flatten(1, 2), g, n,
+        o, S = delta_product(q, k, v, beta.flatten(1, 2), g=g, num_householder=n,
                              chunk_size=chunk_size_for(x, "delta", self.options.chunk_size), backend=self.options.backend)
         z = parts[1].unflatten(-1, (H, K))
         y = self.o_proj(self.norm(keep_autocast_dtype(o, x), z).flatten(-2))

@@ -57,7 +57,7 @@ def _ours(n, gate):
     from kernels.delta import delta_product
 
     def run(q, k, v, beta, g):
-        return delta_product(q, k, v, beta, g if gate else None, n, backend="triton")
+        return delta_product(q, k, v, beta, g=g if gate else None, num_householder=n, backend="triton")
     return run
 
 
@@ -80,7 +80,7 @@ def _stand_in(gate):
     from kernels.delta import delta_product
 
     def run(q, k, v, beta, g):
-        return delta_product(q, k, v, beta, g if gate else None, 1, backend="torch")
+        return delta_product(q, k, v, beta, g=g if gate else None, backend="torch")
     return run
 
 

@@ -9,7 +9,9 @@ Gated DeltaNet, arXiv:2412.06464).
 Layout (as flash-linear-attention's ``naive_recurrent_gated_delta_product``): ``q`` ``(B, T, H, K)``;
 ``k`` ``(B, T*n_h, H, K)``; ``v`` ``(B, T*n_h, H, V)``; ``beta`` ``(B, T*n_h, H)`` with sub-step ``j`` of
 token ``t`` at ``t*n_h + j`` (``(B, T, n_h, H, ...)`` is accepted too); ``g`` ``(B, T, H)`` or None;
-``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``.
+``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``. The arguments
+after ``beta`` are taken by name only: flash-linear-attention's gated functions take ``(q, k, v, g, beta)``, and a
+positional call in the other order would swap the two ``(B, T, H)`` tensors silently.
 
 Backends: ``reference`` (token loop, :mod:`.reference`), ``torch`` (chunked UT transform,
 :mod:`.chunked`), ``triton`` (chunk kernels with a Triton backward, :mod:`.triton`; bf16 / fp16 inputs on tensor cores with
@@ -58,12 +60,23 @@ def _check_layout(q, k, v, beta, g, initial_state, n: int) -> None:
     count(sizes, f"v {tuple(v.shape)} and beta {tuple(beta.shape)}")
 
 
+def _refuse_positional_gate(op: str, extra: tuple) -> None:
+    """``g`` and what follows it are taken by name: flash-linear-attention's gated functions take ``(q, k, v, g,
+    beta)`` and these take ``beta`` fourth, so a call written in either order by position would swap the two
+    ``(B, T, H)`` tensors without a word."""
+    if extra:
+        raise TypeError(f"{op}: takes q, k, v, beta by position and the rest by name; pass the gate as g=... (the "
+                        f"order differs from flash-linear-attention's (q, k, v, g, beta)), e.g. {op}(q, k, v, beta, "
+                        f"g=g{', num_householder=n' if op == 'delta_product' else ''})")
+
+
 @full_precision
 def delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
+    *positional,
     g: torch.Tensor | None = None,
     num_householder: int = 1,
     scale: float | None = None,
@@ -71,7 +84,9 @@ def delta_product(
     chunk_size: int = 64,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``."""
+    """Gated delta product; see the module docstring for shapes. ``scale`` defaults to ``K ** -0.5``. Everything after
+    ``beta`` is taken by name (``g=``, ``num_householder=``, ...: :func:`_refuse_positional_gate`)."""
+    _refuse_positional_gate("delta_product", positional)
     if num_householder < 1:
         raise ValueError(f"delta_product: num_householder must be >= 1, got {num_householder}")
     _check_layout(q, k, v, beta, g, initial_state, num_householder)
@@ -98,6 +113,10 @@ def delta_product(
     return delta_product_triton(*args, chunk_size=chunk_size)
 
 
-def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, chunk_size: int = 64, backend: str = "auto"):
-    """(Gated) DeltaNet: :func:`delta_product` with one Householder step per token (``k`` ``(B, T, H, K)``)."""
-    return delta_product(q, k, v, beta, g, 1, scale, initial_state, chunk_size, backend)
+def delta_rule(q, k, v, beta, *positional, g=None, scale=None, initial_state=None, chunk_size: int = 64,
+               backend: str = "auto"):
+    """(Gated) DeltaNet: :func:`delta_product` with one Householder step per token (``k`` ``(B, T, H, K)``); the
+    gate and everything after ``beta`` by name, as there."""
+    _refuse_positional_gate("delta_rule", positional)
+    return delta_product(q, k, v, beta, g=g, num_householder=1, scale=scale, initial_state=initial_state,
+                         chunk_size=chunk_size, backend=backend)

@@ -45,14 +45,16 @@ needs_triton = pytest.mark.skipif(
 @pytest.mark.parametrize("gate", [False, True])
 def test_chunked_matches_reference(n, gate):
     inputs = make_inputs(2, 37, 2, 12, 10, n, gate)
-    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=16, backend="torch")
+    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0,
+                                                chunk_size=16, backend="torch")
     compare_backends(fn, ref_fn(n), inputs, tol=2e-5, grad_tol=5e-5)
 
 
 def test_chunked_fp64_is_exact():
     n = 2
     inputs = make_inputs(1, 29, 2, 8, 8, n, True, dtype=torch.float64)
-    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=8, backend="torch")
+    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0,
+                                                chunk_size=8, backend="torch")
     compare_backends(fn, ref_fn(n), inputs, tol=1e-12, grad_tol=1e-11)
 
 
@@ -61,7 +63,8 @@ def test_chunked_fp64_is_exact():
 @pytest.mark.parametrize("gate", [False, True])
 def test_triton_matches_reference(n, gate):
     inputs = make_inputs(1, 19, 2, 16, 16, n, gate)
-    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=16, backend="triton")
+    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0,
+                                                chunk_size=16, backend="triton")
     compare_backends(fn, ref_fn(n), inputs, tol=2e-5, grad_tol=5e-5)
 
 
@@ -73,7 +76,8 @@ def test_triton_padded_dims_and_v_blocks(monkeypatch):
     monkeypatch.setattr(kt, "BLOCK_V_MAX", 16)
     n = 2
     inputs = make_inputs(2, 11, 1, 12, 20, n, True, h0=False)
-    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=16, backend="triton")
+    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0,
+                                                chunk_size=16, backend="triton")
     compare_backends(fn, ref_fn(n), inputs, tol=2e-5, grad_tol=5e-5)
 
 
@@ -153,7 +157,8 @@ def test_triton_gradients_of_one_output_alone(use):
     q, k, v, beta, g, s0 = make_inputs(1, 21, 2, 16, 16, n, True)
     leaves = [x.detach().requires_grad_() for x in (q, k, v, beta, g, s0)]
     exact = [x.detach().double().requires_grad_() for x in (q, k, v, beta, g, s0)]
-    o, S = delta_product(*leaves[:5], n, initial_state=leaves[5], chunk_size=16, backend="triton")
+    o, S = delta_product(*leaves[:4], g=leaves[4], num_householder=n, initial_state=leaves[5], chunk_size=16,
+                         backend="triton")
     o_ref, S_ref = ref_fn(n)(*exact)
     picked, picked_ref = (o, o_ref) if use == "output" else (S, S_ref)
     w = torch.randn_like(picked_ref)
@@ -178,7 +183,8 @@ def test_against_fla_naive_delta_product(n, gate):
     o_fla, s_fla = naive.naive_recurrent_gated_delta_product(
         q, k, v, g, beta, scale, initial_state=s0.clone(), output_final_state=True, num_householder=n)
     for backend in _backends():
-        o, s = delta_product(q, k, v, beta, g, n, scale=scale, initial_state=s0, chunk_size=16, backend=backend)
+        o, s = delta_product(q, k, v, beta, g=g, num_householder=n, scale=scale, initial_state=s0, chunk_size=16,
+                             backend=backend)
         assert_rel_close(o, o_fla, 2e-5, f"{backend} output vs fla")
         assert_rel_close(s, s_fla, 2e-5, f"{backend} state vs fla")
 
@@ -191,7 +197,7 @@ def test_against_fla_naive_gated_delta_rule(gate):
     o_fla, s_fla = naive.naive_recurrent_gated_delta_rule(
         q, k, v, beta, g_fla, initial_state=s0.clone(), output_final_state=True)
     for backend in _backends():
-        o, s = delta_rule(q, k, v, beta, g, initial_state=s0, chunk_size=16, backend=backend)
+        o, s = delta_rule(q, k, v, beta, g=g, initial_state=s0, chunk_size=16, backend=backend)
         assert_rel_close(o, o_fla, 2e-5, f"{backend} output vs fla")
         assert_rel_close(s, s_fla, 2e-5, f"{backend} state vs fla")
 
@@ -218,7 +224,7 @@ def test_kernel_applies_householder_transition(backend):
     """With v = 0 and no gate one token maps S0 to prod_j (I - beta_j k_j k_j^T) S0 exactly."""
     n, K, V = 3, 8, 5
     q, k, v, beta, _, s0 = make_inputs(1, 1, 1, K, V, n, False, dtype=torch.float64)
-    _, s = delta_product(q, k, torch.zeros_like(v), beta, None, n, initial_state=s0, backend=backend)
+    _, s = delta_product(q, k, torch.zeros_like(v), beta, num_householder=n, initial_state=s0, backend=backend)
     A = householder_transition(k[0, :, 0], beta[0, :, 0])          # (K, K)
     torch.testing.assert_close(s[0, 0], A @ s0[0, 0], rtol=0, atol=1e-12)
 
@@ -239,19 +245,19 @@ def test_step_matches_reference(n):
 def test_chunk_size_invariance_and_5d_layout():
     n = 2
     q, k, v, beta, g, s0 = make_inputs(1, 21, 2, 8, 8, n, True, dtype=torch.float64)
-    o8, s8 = delta_product(q, k, v, beta, g, n, initial_state=s0, chunk_size=8, backend="torch")
-    o64, s64 = delta_product(q, k, v, beta, g, n, initial_state=s0, chunk_size=64, backend="torch")
+    o8, s8 = delta_product(q, k, v, beta, g=g, num_householder=n, initial_state=s0, chunk_size=8, backend="torch")
+    o64, s64 = delta_product(q, k, v, beta, g=g, num_householder=n, initial_state=s0, chunk_size=64, backend="torch")
     assert rel_err(o8, o64) < 1e-12 and rel_err(s8, s64) < 1e-12
     k5, v5, b5 = k.view(1, 21, n, 2, 8), v.view(1, 21, n, 2, 8), beta.view(1, 21, n, 2)
-    o5, _ = delta_product(q, k5, v5, b5, g, n, initial_state=s0, chunk_size=8, backend="torch")
+    o5, _ = delta_product(q, k5, v5, b5, g=g, num_householder=n, initial_state=s0, chunk_size=8, backend="torch")
     assert rel_err(o5, o8) < 1e-14
     with pytest.raises(ValueError, match="T\\*n_h"):
-        delta_product(q, k[:, :-1], v, beta, g, n, backend="torch")
+        delta_product(q, k[:, :-1], v, beta, g=g, num_householder=n, backend="torch")
 
 
 def test_beta_zero_is_pure_decay():
     q, k, v, beta, g, s0 = make_inputs(1, 6, 1, 8, 4, 2, True, dtype=torch.float64)
-    _, s = delta_product(q, k, v, torch.zeros_like(beta), g, 2, initial_state=s0, backend="torch")
+    _, s = delta_product(q, k, v, torch.zeros_like(beta), g=g, num_householder=2, initial_state=s0, backend="torch")
     torch.testing.assert_close(s, s0 * g.sum(1).exp()[..., None, None], rtol=1e-12, atol=1e-12)
 
 
@@ -263,8 +269,8 @@ def test_triton_gpu_bf16(n):
     dev = "cuda"
     q, k, v, beta, g, s0 = (x.to(dev) if x is not None else None for x in make_inputs(2, 1000, 4, 128, 128, n, True))
     q, k, v, beta = (x.bfloat16() for x in (q, k, v, beta))
-    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, backend="triton")
-    ref = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, n, initial_state=s0, backend="torch")
+    fn = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0, backend="triton")
+    ref = lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0, backend="torch")
     compare_backends(fn, ref, [q, k, v, beta, g, s0], tol=1e-2, grad_tol=2e-2, ref_dtype=torch.float32)
 
 
@@ -279,10 +285,10 @@ def test_parity_needs_negative_eigenvalues(backend):
     k = e1.expand(1, T, 1, 2)
     v = torch.zeros(1, T, 1, 2, dtype=torch.float64)
     s0 = torch.eye(2, dtype=torch.float64).expand(1, 1, 2, 2)
-    o, _ = delta_product(q, k, v, 2 * bits[..., None], None, 1, scale=1.0, initial_state=s0, backend=backend)
+    o, _ = delta_product(q, k, v, 2 * bits[..., None], scale=1.0, initial_state=s0, backend=backend)
     parity = bits.cumsum(1) % 2
     torch.testing.assert_close(o[0, :, 0, 0], 1 - 2 * parity[0], rtol=0, atol=1e-12)
-    o01, _ = delta_product(q, k, v, torch.rand(1, T, 1, dtype=torch.float64), None, 1, scale=1.0,
+    o01, _ = delta_product(q, k, v, torch.rand(1, T, 1, dtype=torch.float64), scale=1.0,
                            initial_state=s0, backend=backend)
     assert (o01[0, :, 0, 0] >= -1e-12).all()       # (rounding of the chunked form around 0)
 
@@ -327,7 +333,7 @@ def test_n_minus_1_householders_track_symmetric_group(group, n_h, backend):
     q = torch.randn(B, T, 1, n, dtype=torch.float64)
     v = torch.zeros(B, T, n_h, 1, n, dtype=torch.float64)
     s0 = torch.eye(n, dtype=torch.float64).expand(B, 1, n, n)
-    _, S = delta_product(q, k, v, beta, None, n_h, initial_state=s0, chunk_size=8, backend=backend)
+    _, S = delta_product(q, k, v, beta, num_householder=n_h, initial_state=s0, chunk_size=8, backend=backend)
     for b in range(B):
         p = elems[y[b, -1]]
         M = torch.zeros(n, n, dtype=torch.float64)

@@ -37,7 +37,7 @@ def test_fp64_initial_state_with_fp32_inputs_gives_an_fp32_state(backend, n):
     beta = torch.rand(B, T * n, H, device=DEVICE)
     g = -torch.rand(B, T, H, device=DEVICE)
     S0 = torch.randn(B, H, K, V, device=DEVICE, dtype=torch.float64, requires_grad=True)
-    o, S = delta_product(q, k, v, beta, g, n, initial_state=S0, chunk_size=16, backend=backend)
+    o, S = delta_product(q, k, v, beta, g=g, num_householder=n, initial_state=S0, chunk_size=16, backend=backend)
     assert o.dtype == torch.float32 and S.dtype == torch.float32
     o_ref, S_ref = _explicit(q, k, v, beta, g, S0, n)
     assert_rel_close(o, o_ref, 1e-5, "output")

@@ -54,7 +54,7 @@ def _run(n, gate, dtype, B, T, H, D, chunk, device="cpu"):
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
 
     def fn(q, k, v, b, g, s0):
-        return delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=chunk, backend="triton")
+        return delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0, chunk_size=chunk, backend="triton")
 
     def ref(q, k, v, b, g, s0):
         return delta_product_reference(q, k, v, b, g, n, initial_state=s0)
@@ -137,7 +137,7 @@ def test_bf16_gpu_against_fla(n, gate):
         pytest.skip(fla_gated_problem(inputs[0]))
 
     def fla(q, k, v, b, g, s0):
-        return delta_product(q, k, v, b, g, n, initial_state=s0, backend="fla")
+        return delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0, backend="fla")
 
     results = {}
     for name, f, dt in (("ours", fn, None), ("fla", fla, None), ("ref", ref, torch.float64)):

@@ -58,7 +58,7 @@ def test_delta_rule_takes_an_explicit_scale(backend):
     scale = float(torch.rand(()) * 2 + 0.5)                # away from the default K ** -0.5 = 0.25
 
     def run(q, k, v, beta, g, S0):
-        return delta_rule(q, k, v, beta, g, scale=scale, initial_state=S0, chunk_size=16, backend=backend)
+        return delta_rule(q, k, v, beta, g=g, scale=scale, initial_state=S0, chunk_size=16, backend=backend)
 
     check_against_loop(run, draw(2, int(torch.randint(5, 30, ())), 2, 16, 8), scale)
 

@@ -118,7 +118,7 @@ def test_every_op_takes_an_empty_sequence(backend, with_initial):
     same(Hs, H0, (B, H, K, K))
     same(U, U0, (B, H, V, K))
     S0 = None if U0 is None else U0.transpose(-1, -2).contiguous()
-    o, S = delta_rule(q, q, v, torch.rand(B, 0, H), g, initial_state=S0, chunk_size=16, backend=backend)
+    o, S = delta_rule(q, q, v, torch.rand(B, 0, H), g=g, initial_state=S0, chunk_size=16, backend=backend)
     assert o.shape == (B, 0, H, V)
     same(S, S0, (B, H, K, V))
     h0 = None if U0 is None else U0.transpose(-1, -2).contiguous()

@@ -113,7 +113,7 @@ def _ssd(q, k, v, A, g, C, backend):
 
 def _delta(q, k, v, gate, g, C, backend):
     beta = torch.sigmoid(v[..., 0]) * 2                                    # beta over (0, 2)
-    return delta_rule(q, F.normalize(k, dim=-1), v, beta, gate, chunk_size=C, backend=backend)[0]
+    return delta_rule(q, F.normalize(k, dim=-1), v, beta, g=gate, chunk_size=C, backend=backend)[0]
 
 
 def _gka(q, k, v, gate, g, C, backend):

@@ -61,7 +61,7 @@ def _slot_args(x, M=8, Kw=2):
 
 #: op -> (call(x, chunk_size, backend), its fp64 oracle on the same inputs); each returns the output
 CHUNKED = {
-    "delta_product": (lambda x, c, be: delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], chunk_size=c, backend=be)[0],
+    "delta_product": (lambda x, c, be: delta_rule(x["q"], x["k"], x["v"], x["beta"], g=x["g"], chunk_size=c, backend=be)[0],
                       lambda x: delta_product_reference(x["q"], x["k"], x["v"], x["beta"], x["g"], 1)[0]),
     "gla": (lambda x, c, be: gla(x["q"], x["k"], x["v"], x["g"], chunk_size=c, backend=be)[0],
             lambda x: gla_reference(x["q"], x["k"], x["v"], x["g"])[0]),
@@ -144,7 +144,7 @@ def test_gla_with_one_query_key_head_for_every_value_head_is_not_given_to_fla(cu
 
 #: fp64 op -> (call(x, backend), its reference, the outside backend that rounds fp64)
 FP64 = {
-    "delta_rule": (lambda x, be: delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=x["S0"],
+    "delta_rule": (lambda x, be: delta_rule(x["q"], x["k"], x["v"], x["beta"], g=x["g"], initial_state=x["S0"],
                                             backend=be),
                    lambda x: delta_product_reference(x["q"], x["k"], x["v"], x["beta"], x["g"], 1,
                                                      initial_state=x["S0"]), "fla"),

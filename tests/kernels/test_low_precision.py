@@ -69,7 +69,7 @@ def test_delta_product(dtype):
     k = F.normalize(torch.randn(B, T * n, H, D), dim=-1)
     v, beta = torch.randn(B, T * n, H, D), torch.rand(B, T * n, H) * 2
     g, s0 = F.logsigmoid(torch.randn(B, T, H) + 2), torch.randn(B, H, D, D)
-    _check(lambda *a: delta_product(*a[:5], n, initial_state=a[5], chunk_size=16, backend="triton"),
+    _check(lambda *a: delta_product(*a[:4], g=a[4], num_householder=n, initial_state=a[5], chunk_size=16, backend="triton"),
            lambda *a: delta_product_reference(*a[:5], n, initial_state=a[5]), _low(dtype, q, k, v, beta, g, s0), dtype)
 
 

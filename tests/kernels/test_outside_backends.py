@@ -91,7 +91,7 @@ def test_delta_fla_matches_reference(dtype, n, gate):
     s0 = torch.randn(b, H, K, V, device="cuda")
     ins = [t.to(dtype) for t in (q, k, v, beta)] + [g, s0]
     compare_backends(
-        lambda q, k, v, beta, g, s0: delta_product(q, k, v, beta, g, n, initial_state=s0, backend="fla"),
+        lambda q, k, v, beta, g, s0: delta_product(q, k, v, beta, g=g, num_householder=n, initial_state=s0, backend="fla"),
         lambda q, k, v, beta, g, s0: delta_product_reference(q, k, v, beta, g, n, initial_state=s0),
         ins, tol=tol, grad_tol=gtol)
 

@@ -64,7 +64,7 @@ def test_delta_product_in_segments_matches_reference(tiny_segment, n, gate):
     inputs = make_inputs(2, 13, 2, 6, 5, n, gate, dtype=F64)
 
     def fn(q, k, v, b, g, s0):
-        return delta_product(q, k, v, b, g, n, initial_state=s0, chunk_size=4, backend="torch")
+        return delta_product(q, k, v, b, g=g, num_householder=n, initial_state=s0, chunk_size=4, backend="torch")
 
     compare_backends(fn, ref_fn(n), inputs, tol=1e-10, grad_tol=1e-9)
 
@@ -149,9 +149,11 @@ def _family_runs():
     def grad(*xs):
         return [x.requires_grad_() if x.is_floating_point() else x for x in xs]
 
+    def _delta_product_of(xs):   # q, k, v, beta, g of two sub-steps a token
+        return delta_product(*xs[:4], g=xs[4], num_householder=2, chunk_size=4, backend="torch")
+
     return {
-        "deltaproduct": lambda T: delta_product(*grad(*delta_inputs(1, T, 2, 4, 4, 2, True)[:5]), 2, chunk_size=4,
-                                                backend="torch"),
+        "deltaproduct": lambda T: _delta_product_of(grad(*delta_inputs(1, T, 2, 4, 4, 2, True)[:5])),
         "gka": lambda T: gka(*grad(*gka_inputs(1, T, 2, 4, dtype=torch.float32)), num_iter=4, chunk_size=4,
                              backend="torch"),
         "gla": lambda T: gla(*grad(torch.randn(1, T, 2, 4), torch.randn(1, T, 2, 4), torch.randn(1, T, 2, 4),

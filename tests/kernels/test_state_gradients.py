@@ -112,8 +112,8 @@ def _delta(n):
 
     def call(backend, x, c):
         from kernels.delta import delta_product
-        o, S = delta_product(x["q"], x["k"], x["v"], x["beta"], x["g"], n, initial_state=x["h0"], chunk_size=16,
-                             backend=backend)
+        o, S = delta_product(x["q"], x["k"], x["v"], x["beta"], g=x["g"], num_householder=n, initial_state=x["h0"],
+                             chunk_size=16, backend=backend)
         return o, [S]
     return make, call
 

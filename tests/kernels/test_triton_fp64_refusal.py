@@ -21,7 +21,7 @@ def _inputs():
 
 
 CASES = {
-    "delta_rule": (lambda q, k, v, b, backend: delta_rule(q, k, v, b, -b, backend=backend)[0],
+    "delta_rule": (lambda q, k, v, b, backend: delta_rule(q, k, v, b, g=-b, backend=backend)[0],
                    lambda q, k, v, b: delta_product_reference(q, k, v, b, -b, 1)[0]),
     "ska": (lambda q, k, v, b, backend: ska(q, k, v, chunk_size=4, backend=backend),
             lambda q, k, v, b: ska_reference(q, k, v, chunk_size=4)),

@@ -23,7 +23,7 @@ def test_delta_triton_one_token_heads_first_view():
     beta = torch.rand(B, 1, H)
     g = F.logsigmoid(torch.randn(B, 1, H) + 2)
     s0 = torch.randn(B, H, K, V)
-    compare_backends(lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g, initial_state=s0, backend="triton"),
+    compare_backends(lambda q, k, v, b, g, s0: delta_product(q, k, v, b, g=g, initial_state=s0, backend="triton"),
                      lambda q, k, v, b, g, s0: delta_product_reference(q, k, v, b, g, initial_state=s0),
                      [q, k, v, beta, g, s0], tol=2e-5, grad_tol=5e-5)
 

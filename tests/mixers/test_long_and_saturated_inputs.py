@@ -48,7 +48,7 @@ def _gla_shared_head(q, k, v, g, backend):
 
 def _delta(q, k, v, g, backend):
     beta = torch.sigmoid(v[..., 0]).to(q.dtype) * 2                       # beta over (0, 2): negative eigenvalues
-    return delta_rule(q, F.normalize(k, dim=-1), v, beta, g, chunk_size=64, backend=backend)[0]
+    return delta_rule(q, F.normalize(k, dim=-1), v, beta, g=g, chunk_size=64, backend=backend)[0]
 
 
 def _ssd(q, k, v, g, backend):

@@ -116,7 +116,7 @@ class _Problem:
     def forward_backward(self) -> list:
         for t in self.leaves:
             t.grad = None
-        o = delta_product(*self.leaves, num_householder=self.n_h, backend="triton")[0]
+        o = delta_product(*self.leaves[:4], g=self.leaves[4], num_householder=self.n_h, backend="triton")[0]
         o.backward(self.grad)
         return [o.detach()] + [t.grad for t in self.leaves]
 

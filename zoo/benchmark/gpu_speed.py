@@ -308,7 +308,7 @@ def time_delta(plan: Plan, row: dict, save) -> None:
         inputs = delta_inputs(plan, T, n_h, row["gated"], device, dtype)
 
         def call(*xs):
-            return delta_product(*xs, num_householder=n_h, backend=row["backend"])[0]
+            return delta_product(*xs[:4], g=xs[4], num_householder=n_h, backend=row["backend"])[0]
 
         def fwd():
             with torch.no_grad():
