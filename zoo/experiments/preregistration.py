@@ -52,33 +52,35 @@ def head(root: Path) -> str:
     return (git(root, "rev-parse", "HEAD") or "").strip()
 
 
+def _forms(text: str | None) -> dict[str, str] | None:
+    """``{claim id: rule form}`` of a claims.yaml text; None when it is not YAML (a commit with conflict markers)."""
+    try:
+        data = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError:
+        return None
+    claims = data.get("claims") if isinstance(data, dict) else None
+    return {c["id"]: rule_form(c) for c in claims if isinstance(c, dict) and c.get("id")} \
+        if isinstance(claims, list) else {}
+
+
 @lru_cache(maxsize=8)
 def _history(root: str, at: str) -> tuple[tuple[str, dict], ...]:
     """``(commit, {claim id: rule form})`` for every commit that changed claims.yaml up to ``at``, newest
-    first."""
+    first. A commit whose claims.yaml is not YAML (a merge's conflict markers, which hold two versions of a rule)
+    gives no claim a rule: a rule takes its form after it, never across it."""
     log = git(Path(root), "log", "--format=%H", at, "--", "claims.yaml") or ""
-    out = []
-    for commit in log.split():
-        text = git(Path(root), "show", f"{commit}:claims.yaml")
-        try:
-            data = yaml.safe_load(text or "") or {}
-        except yaml.YAMLError:
-            continue
-        claims = data.get("claims") if isinstance(data, dict) else None
-        forms = {c["id"]: rule_form(c) for c in claims or [] if isinstance(c, dict) and c.get("id")}
-        out.append((commit, forms))
-    return tuple(out)
+    return tuple((commit, _forms(git(Path(root), "show", f"{commit}:claims.yaml")) or {}) for commit in log.split())
 
 
 def rule_commit(root: Path, spec: dict) -> str | None:
-    """The commit where the claim's rule took its current form; None when the current form is not committed."""
+    """The commit where the claim's rule took its current form; None when the current form is not committed
+    (HEAD's claims.yaml, even one that is not YAML or not a mapping, does not give the claim this form)."""
     form = rule_form(spec)
     history = _history(str(root), head(root))
     committed = git(root, "show", "HEAD:claims.yaml")
     if not history or committed is None:
         return None
-    head_claims = (yaml.safe_load(committed) or {}).get("claims") or []
-    if form not in {rule_form(c) for c in head_claims if isinstance(c, dict) and c.get("id") == spec["id"]}:
+    if (_forms(committed) or {}).get(spec["id"]) != form:
         return None  # edited since the last commit
     found = None
     for commit, forms in history:
@@ -172,10 +174,17 @@ def registration(root: Path, spec: dict, rows: list[dict], table: str | None = N
     if commit is None:
         return Registration(True, True, "post hoc: the rule's current form is not committed")
     row_commits = sorted({(r.get("versions") or {}).get("git") or "" for r in rows})
-    early = [c or "unrecorded" for c in row_commits if not c or _is_ancestor(str(root), commit, c) is not True]
-    if early:
-        return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, after the code of rows "
-                                        f"computed at {', '.join(early)}")
+    after = {c: _is_ancestor(str(root), commit, c) if c else None for c in row_commits}
+    early = [c for c, known in after.items() if known is False]
+    unknown = [c or "unrecorded" for c, known in after.items() if known is None]
+    if early or unknown:
+        why = [f"after the code of rows computed at {', '.join(early)}"] if early else []
+        if unknown:  # not known to be earlier, but a row of an unknown or unrecorded commit cannot show it is later
+            why.append(f"rows computed at {', '.join(unknown)} (a commit this history does not have, or none "
+                       f"recorded) cannot show they came after it")
+            if (git(root, "rev-parse", "--is-shallow-repository") or "").strip() == "true":
+                why.append("this is a shallow clone, whose history stops short: git fetch --unshallow reads all of it")
+        return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, {'; '.join(why)}")
     past = _early_past_rows(root, commit, table, cells) if table else []
     if past:
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}; before it the table already "

@@ -9,6 +9,7 @@ functions make of the untrained model on the first test sequences. It uses only 
 since recipes were resolved from mappings has (``zoo.recipes.resolve``, ``zoo.model.HybridLM``) and looks the
 others up in both layouts.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -69,7 +70,7 @@ def probe(plain: dict) -> dict:
     grads = {name: float(p.grad.norm()) if p.grad is not None else 0.0 for name, p in model.named_parameters()}
     return {"data": digest, "loss": float(loss.detach()), "grads": grads, "decayed": _decayed(model, recipe),
             "schedule": _schedule(recipe), "evaluation": _evaluation(model, recipe, task),
-            "metrics": _metrics(model, task, test.batch(torch.arange(min(8, len(test)))))}
+            "metrics": _metrics(model, recipe, task, test.batch(torch.arange(min(8, len(test)))))}
 
 
 def _digest(*batches) -> str:
@@ -93,8 +94,10 @@ def _loss(model, batch) -> torch.Tensor:
 def _evaluation(model, recipe, task) -> dict:
     """What the end-of-run evaluation reads beyond the training length and task: per ``eval.seq_lens`` length and
     per ``eval.tasks`` entry (at the training length and at each of those lengths), a hash of the first test
-    sequences and the untrained model's loss on the first two of them. A commit that cannot compute an entry (an
-    older layout) records why, and that entry is not compared."""
+    sequences and the untrained model's loss on the first two of them; and per value of an ``eval.test_time_sweep``
+    knob some layer declares (``<knob>=<value>``), the loss on the first two test sequences in eval mode under
+    that value, as the end-of-run evaluation reads them. A commit that cannot compute an entry (an older layout)
+    records why, and that entry is not compared."""
     from zoo.tasks import Task
     entries = [(f"@{L}", task, L) for L in recipe.eval.seq_lens]
     for label, spec in getattr(recipe, "eval_tasks", []):
@@ -110,19 +113,34 @@ def _evaluation(model, recipe, task) -> dict:
                 out[label] = {"data": _digest(first), "loss": float(_loss(model, first))}
             except Exception as err:  # noqa: BLE001 - an older commit without this API: not compared
                 out[label] = {"error": f"{type(err).__name__}: {err}"[:200]}
+        for knob, values in (getattr(recipe.eval, "test_time_sweep", None) or {}).items():
+            for value in values:
+                try:
+                    if knob not in model.test_time_knobs():
+                        continue  # the end-of-run evaluation skips a knob no layer declares
+                    data = task.make("test", recipe.seed)
+                    first = data.batch(torch.arange(min(2, len(data))))
+                    model.eval()
+                    with model.test_time({**(recipe.eval.test_time or {}), knob: value}):
+                        out[f"{knob}={value}"] = {"data": _digest(first), "loss": float(_loss(model, first))}
+                except Exception as err:  # noqa: BLE001 - an older commit without test-time knobs: not compared
+                    out[f"{knob}={value}"] = {"error": f"{type(err).__name__}: {err}"[:200]}
+                finally:
+                    model.train()
     return out
 
 
-def _metrics(model, task, first) -> dict:
+def _metrics(model, recipe, task, first) -> dict:
     """The end-of-run metric functions of the commit on the untrained model and the first test sequences (in
-    batches of 4, so that pooling across batches is exercised): loss, accuracy and sequence accuracy, and for a
-    text task bits per byte, perplexity and the loss by position; with the numbers of supervised positions and
-    of rows with one, which bound how far a near-tie in an argmax can move an accuracy. A commit without these
-    functions records why, and they are not compared."""
+    batches of 4, so that pooling across batches is exercised; under ``eval.test_time``, as at the end of a run):
+    loss, accuracy and sequence accuracy, and for a text task bits per byte, perplexity and the loss by position;
+    with the numbers of supervised positions and of rows with one, which bound how far a near-tie in an argmax
+    can move an accuracy. A commit without these functions records why, and they are not compared."""
     try:
         from zoo.training.evaluation import evaluate_data
         cpu = torch.device("cpu")
-        with torch.no_grad():
+        knobs = getattr(recipe.eval, "test_time", None) or {}
+        with torch.no_grad(), (model.test_time(knobs) if hasattr(model, "test_time") else contextlib.nullcontext()):
             out = dict(evaluate_data(model, first, 4, cpu))
             supervised = first.labels != -100
             out["positions"], out["rows"] = int(supervised.sum()), int(supervised.any(1).sum())

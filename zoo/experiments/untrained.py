@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import Recipe
+from ..errors import UserError
 from ..model import HybridLM
 from ..recipes import resolve
 from ..recipes.plain import recipe_mapping
@@ -25,6 +26,7 @@ from ..rows import read_rows
 from ..tasks import Task
 from ..training.device import resolve_device
 from ..training.evaluation import test_metrics
+from .claims.errors import ClaimsError
 from .preregistration import git
 from .results import group_by_cell
 
@@ -54,9 +56,7 @@ def path_of(root: Path, table: str) -> Path:
 def load(root: Path, table: str) -> dict[str, dict[int, dict]]:
     """``{label: {seed: metrics}}`` of a table's step-0 evaluation: what its rows recorded, else what
     ``untrained.json`` holds for the older rows (empty when neither has any)."""
-    path = path_of(root, table)
-    cells = json.loads(path.read_text()).get("cells") or {} if path.is_file() else {}
-    out = {label: {int(seed): m for seed, m in seeds.items()} for label, seeds in cells.items()}
+    out = _read_file(path_of(root, table), table)
     rows = root / "tables" / table / "results.jsonl"
     for label, cell_rows in (group_by_cell(read_rows(rows)) if rows.is_file() else {}).items():
         for row in cell_rows:
@@ -65,12 +65,36 @@ def load(root: Path, table: str) -> dict[str, dict[int, dict]]:
     return out
 
 
+def _read_file(path: Path, table: str) -> dict[str, dict[int, dict]]:
+    """``{label: {seed: metrics}}`` of an ``untrained.json`` (empty when there is none); one that is not such a file
+    (a merge left conflict markers in it, a hand edit) is refused naming it, never read as no evaluation."""
+    if not path.is_file():
+        return {}
+    fix = f"repair it or delete it and run zoo claims --untrained {table}"
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ClaimsError(f"{path}: not JSON ({err}); {fix}") from None
+    cells = data.get("cells") or {} if isinstance(data, dict) else None
+    if not isinstance(cells, dict) or not all(isinstance(seeds, dict) for seeds in cells.values()):
+        raise ClaimsError(f"{path}: not {{\"commit\": ..., \"cells\": {{label: {{seed: metrics}}}}}}; {fix}")
+    try:
+        return {label: {int(seed): m for seed, m in seeds.items()} for label, seeds in cells.items()}
+    except ValueError as err:
+        raise ClaimsError(f"{path}: a seed that is not a whole number ({err}); {fix}") from None
+
+
 def write(root: Path, table: str, labels: set[str] | None = None, threads: int = 1) -> Path:
     """Evaluate the untrained model of every row of ``table`` (of the cells ``labels``, if given) and write
-    ``untrained.json``; cells already evaluated are kept."""
+    ``untrained.json``; cells already evaluated are kept. A table without rows (``results.jsonl``) is refused:
+    there is nothing to evaluate, and rows made since record their step-0 metrics themselves."""
+    rows_path = root / "tables" / table / "results.jsonl"
+    if not rows_path.is_file():
+        raise UserError(f"zoo claims --untrained {table}: {rows_path} does not exist, so there is no row to evaluate "
+                        f"(rows zoo ablate writes record their untrained models' metrics themselves)")
     torch.set_num_threads(threads)
     found = load(root, table)
-    for label, rows in group_by_cell(read_rows(root / "tables" / table / "results.jsonl")).items():
+    for label, rows in group_by_cell(read_rows(rows_path)).items():
         if labels is not None and label not in labels:
             continue
         for row in rows:

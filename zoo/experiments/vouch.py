@@ -6,7 +6,8 @@ The code changes in between keep the cell's numbers when both generate the same 
 decay the same parameters, follow the same learning-rate schedule, and give the untrained model the same
 loss (within :data:`LOSS_RTOL`) and the same gradient norm for every parameter (within :data:`GRAD_RTOL`) on
 that data, and the same data and untrained loss for what the end-of-run evaluation reads beyond it (every
-``eval.seq_lens`` length, every ``eval.tasks`` entry; compared where both commits can compute it), and the same
+``eval.seq_lens`` length, every ``eval.tasks`` entry, every ``eval.test_time_sweep`` value; compared where both
+commits can compute it), and the same
 end-of-run metrics of the untrained model on the first test sequences (:func:`_compare_metrics`): they are then
 refactors up to fp32 rounding. Rounding differences can still move a training run a
 little, so a re-run may differ from the committed row in its last digits; no bit-equality is claimed.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..rows import read_rows
+from .claims.errors import ClaimsError
 from .freshness import CODE_PATHS, cell_staleness
 from .preregistration import git
 from .results import group_by_cell
@@ -44,9 +46,22 @@ def path_of(root: Path, table: str) -> Path:
     return root / "tables" / table / FILENAME
 
 
-def load(root: Path, table: str) -> dict[str, dict[str, str]]:
+def load(root: Path, table: str) -> dict[str, dict[str, dict]]:
+    """The table's recorded probes (empty when there are none); a file that is not such a record (a merge left
+    conflict markers in it, a hand edit) is refused naming it, never read as no record."""
     path = path_of(root, table)
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    fix = f"repair it, or delete it and run zoo claims --vouch {table} again"
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ClaimsError(f"{path}: not JSON ({err}); {fix}") from None
+    if not isinstance(data, dict) or not all(isinstance(by_commit, dict) and all(isinstance(r, dict) for r in
+                                                                                  by_commit.values())
+                                             for by_commit in data.values()):
+        raise ClaimsError(f"{path}: not {{cell label: {{row commit: {{\"until\": ..., \"outcome\": ...}}}}}}; {fix}")
+    return data
 
 
 def _run_probe(checkout: Path, recipes: list[dict]) -> list[dict]:
@@ -65,7 +80,7 @@ def _close(a: float, b: float, rtol: float) -> bool:
 
 def compare(before: dict, after: dict) -> str:
     """``"keeps"``, or the first difference between two probes of one cell."""
-    for name, probe in (("parent", before), ("commit", after)):
+    for name, probe in (("at the rows' commit", before), ("now", after)):
         if "error" in probe:
             return f"not comparable ({name}: {probe['error']})"
     if before["data"] != after["data"]:
@@ -135,7 +150,8 @@ def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, d
 
 def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
     """Probe every stale cell of ``tables`` at its rows' commit and at the checkout, record the outcomes in
-    each table's ``code_changes.json`` and return ``{table: {label: outcome}}``."""
+    each table's ``code_changes.json`` and return ``{table: {label: outcome}}`` (a cell whose rows ran at several
+    commits that probe differently: the outcome of each, ``rows at <commit>: <outcome>``, joined by ``; ``)."""
     head = (git(root, "rev-parse", "HEAD") or "").strip()
     if not head:
         raise UserError("zoo claims --vouch: needs a git checkout with at least one commit")
@@ -143,7 +159,7 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
         raise UserError("zoo claims --vouch: the code has uncommitted changes; commit them first, so that what is "
                         "vouched for is a commit")
     work = Path(tempfile.mkdtemp(prefix="zoo-vouch-"))
-    found: dict[str, dict[str, str]] = {}
+    found: dict[tuple[str, str], dict[str, str]] = {}   # (table, label) -> {row commit: outcome}
     try:
         records = {t: load(root, t) for t in tables}
         todo = {t: _stale_rows(root, t, records[t]) for t in tables}
@@ -158,10 +174,11 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
             if full and git(root, "worktree", "add", "--detach", "--quiet", str(checkout), full) is not None:
                 before = _run_probe(checkout, [row["recipe"] for *_, row in mine])
             else:
-                before, full = [{"error": f"commit {commit} is not in this history"}] * len(mine), commit
+                why = f"commit {commit} is not in this history" if commit else "the rows record no commit (versions.git)"
+                before, full = [{"error": why}] * len(mine), commit
             for (table, label, _), b in zip(mine, before):
                 outcome = compare(b, after[(commit, table, label)])
-                found.setdefault(table, {})[label] = outcome
+                found.setdefault((table, label), {})[commit] = outcome
                 prior = records[table].setdefault(label, {}).get(full) or {}
                 if outcome != KEEPS and prior.get("outcome") == KEEPS:   # the changes it vouched for stay vouched
                     records[table][label][full] = {**prior, "failed_at": head, "failed": outcome}
@@ -169,7 +186,12 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
                     records[table][label][full] = {"until": head, "outcome": outcome}
             for table in {t for t, *_ in mine}:  # written after each commit, so an interrupted run keeps its probes
                 path_of(root, table).write_text(json.dumps(records[table], indent=1, sort_keys=True) + "\n")
-        return found
+        out: dict[str, dict[str, str]] = {}
+        for (table, label), by_commit in found.items():
+            outcomes = set(by_commit.values())
+            out.setdefault(table, {})[label] = outcomes.pop() if len(outcomes) == 1 else "; ".join(
+                f"rows at {c or 'no recorded commit'}: {o}" for c, o in sorted(by_commit.items()))
+        return out
     finally:
         for checkout in work.iterdir():
             git(root, "worktree", "remove", "--force", str(checkout))
