@@ -272,15 +272,30 @@ def cmd_table(args) -> int:
     return 0
 
 
+def refuse_shallow_history(root: Path) -> None:
+    """The ledger dates rows and rules by git history: in a shallow clone the rows' commits are missing, every cell
+    would read as stale and every rule as post hoc, so ``zoo claims`` refuses to start there."""
+    from .experiments.preregistration import git
+    if (git(root, "rev-parse", "--is-shallow-repository") or "").strip() == "true":
+        raise UserError("zoo claims: this is a shallow clone (git clone --depth): the commits the rows were computed "
+                        "at are not in its history, so every cell would read as stale; run git fetch --unshallow "
+                        "first")
+
+
 def cmd_claims(args) -> int:
     notes: list[str] = []
     try:
+        refuse_shallow_history(Path(args.root))
         for table in (args.vouch or []) + (args.untrained or []):
             claimed_cells(args.root, table)  # a table claims.yaml does not list is refused, never skipped
         if args.vouch:
-            for table, outcomes in vouch.vouch(Path(args.root), args.vouch).items():
-                for label, outcome in outcomes.items():
+            vouched = vouch.vouch(Path(args.root), args.vouch)
+            for table in args.vouch:
+                for label, outcome in vouched.get(table, {}).items():
                     print(f"tables/{table} {label!r}: {outcome}")
+                if not vouched.get(table):
+                    print(f"tables/{table}: no cell to vouch for (every row's code is the checkout's, or vouched for "
+                          f"already)")
         for table in args.untrained or []:
             labels = claimed_cells(args.root, table)
             print(f"step 0 of tables/{table} ({len(labels)} cells the ledger reads) ...")

@@ -252,3 +252,31 @@ def test_in_a_shallow_clone_the_registration_says_the_history_stops_short(tmp_pa
     assert not registration(origin, SPEC, rows).post_hoc
     found = registration(shallow, SPEC, rows)
     assert found.post_hoc and "shallow clone" in found.text and "git fetch --unshallow" in found.text
+
+
+def test_vouching_a_table_with_nothing_to_vouch_for_says_so(tmp_path, monkeypatch, capsys):
+    """``--vouch`` printed nothing for a table none of whose cells was stale: the researcher could not tell it
+    from a table it skipped."""
+    root = _repo(tmp_path)
+    monkeypatch.setattr(vouch, "vouch", lambda root, tables: {})
+    assert main(["claims", "--root", str(root), "--vouch", "t"]) == 0
+    assert "tables/t: no cell to vouch for" in capsys.readouterr().out
+
+
+def test_the_ledger_refuses_a_shallow_clone_in_one_line(tmp_path, capsys):
+    """In a shallow clone the rows' commits are missing: ``--check`` failed as if CLAIMS.md had been edited and a
+    plain ``zoo claims`` rewrote it with every cell stale; both now stop before reading anything, saying how to
+    fetch the history, and write nothing."""
+    root = _repo(tmp_path)
+    assert main(["claims", "--root", str(root)]) == 0
+    _commit(root, "the ledger, so that a clone of depth 1 leaves the first commit out")
+    clone = tmp_path / "shallow"
+    _git(tmp_path, "clone", "-q", "--depth", "1", f"file://{root}", str(clone))
+    before = (clone / "CLAIMS.md").read_text()
+    for args in (["--check"], []):
+        assert main(["claims", "--root", str(clone), *args]) == 2
+        err = _one_line_error(capsys)
+        assert "shallow clone" in err and "git fetch --unshallow" in err
+    assert (clone / "CLAIMS.md").read_text() == before
+    _git(clone, "fetch", "-q", "--unshallow")
+    assert main(["claims", "--root", str(clone), "--check"]) == 0
