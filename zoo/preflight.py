@@ -58,7 +58,10 @@ def build_checked(recipe: Recipe, where: str = "", cell_keys: dict | None = None
     """The untrained model and the task of ``recipe`` on its device, after a trial forward pass; ``where`` and
     ``cell_keys`` (the keys of the grid cell ``recipe`` is, if it is one) are how a refusal names it."""
     where = where or recipe.source or "recipe"
-    device = resolve_device(recipe.train.device)
+    try:
+        device = resolve_device(recipe.train.device)
+    except UserError as err:  # a grid cell's own train.device: the refusal names the cell
+        raise UserError(f"{where}: {err}") from None
     problem = _tracking_problem(recipe.train.tracking)
     if problem:  # zoo train and zoo ablate refuse it before training: so does the check
         raise UserError(f"{where}: {problem}")

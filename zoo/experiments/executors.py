@@ -13,7 +13,10 @@ on a cluster with GPUs; else 0). Ray does not hide a node's GPUs from a task tha
 cell that trains on a GPU must ask for one, or cells would share GPUs behind the scheduler's back.
 A task whose worker process dies (killed, out of memory, node
 lost) is resubmitted by Ray up to ``retries`` times (``max_retries``); a task that raises is
-resubmitted by the executor up to ``retries`` times; a cell that still fails comes back as an error.
+resubmitted by the executor up to ``retries`` times; a cell that still fails comes back as an error. Without an
+``address`` a new local Ray is started, whatever cluster ``RAY_ADDRESS`` or a running ``ray start`` names.
+
+No executor is made under torchrun with several processes: each would run the whole grid into the same folder.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import abc
 import importlib
 import os
 import platform
+import signal
+import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +35,8 @@ from ..config import Cell
 from ..errors import UserError, error_summary
 from ..rows import make_row
 from ..threads import torch_threads
-from ..training import loop
+from ..training import distributed, loop
+from ..training.stopping import Terminated
 from .untrained import untrained_metrics
 
 RAY_MISSING = 'the Ray executor needs Ray, an optional extra: pip install -e ".[ray]"'
@@ -74,6 +80,13 @@ class Executor(abc.ABC):
     def __init__(self, retries: int = 0):
         if retries < 0:
             raise UserError(f"--retries {retries}: must be >= 0")
+        processes = distributed.world_size_before_joining()
+        if processes > 1:  # every process would run the whole grid into one folder, and its cells would wait on
+            # each other's process group
+            raise UserError(f"zoo ablate runs under torchrun here ({processes} processes), and each would run the "
+                            f"whole grid into the same folder; run zoo ablate without torchrun (--executor ray trains "
+                            f"cells side by side), or train one recipe on several processes with torchrun ... -m zoo "
+                            f"train RECIPE --out DIR")
         self.retries = retries
         self.on_start = None  # called with a cell as it starts, where the executor knows (in-process)
         self.checkpoint_root = None  # set by the driver: cells checkpoint in <root>/<recipe key>
@@ -142,13 +155,19 @@ def _import_ray():
 
 
 def _ray_task(cell: Cell, imports: tuple, progress: bool, checkpoint_root: str | None = None) -> dict:
-    """The body of a cell's Ray task: import the recipe's modules first (registrations, hooks)."""
+    """The body of a cell's Ray task: import the recipe's modules first (registrations, hooks). Any error reaches
+    the driver as a RuntimeError (picklable, whatever the original type) whose first line is the reason, followed
+    by the worker's traceback."""
     for name in imports:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a user module may fail in any way
+            raise RuntimeError(f"cannot import {name!r} (the recipe's imports) on the Ray worker on {platform.node()}: "
+                               f"{error_summary(err)}; it must be importable on every Ray node\n"
+                               f"{traceback.format_exc()}") from None
     try:
         return run_cell(cell, progress=progress, checkpoint_root=checkpoint_root)
     except Exception as err:  # noqa: BLE001 - re-raised: any error of a cell reaches the driver
-        # the driver gets a picklable error with the worker's traceback, whatever the original type
         raise RuntimeError(f"{error_summary(err)}\n{traceback.format_exc()}") from None
 
 
@@ -171,16 +190,27 @@ class RayExecutor(Executor):
         self.started_here = False
         self.remote = None
         self.pending: dict = {}  # ObjectRef -> Outcome
+        self.terminated = False  # a SIGTERM came while Ray ran here
 
     def _connect(self) -> None:
         """Start (or join) Ray on first use, so a run with nothing left to do never starts it."""
         if self.remote is not None:
             return
         if not self.ray.is_initialized():
-            kwargs = {"address": self.address} if self.address else {"num_cpus": self.num_cpus or os.cpu_count() or 1}
+            # without --address, a new local Ray: Ray alone would join a cluster that RAY_ADDRESS or a running
+            # `ray start` names, and refuse the num_cpus given for the local one
+            kwargs = ({"address": self.address} if self.address else
+                      {"address": "local", "num_cpus": self.num_cpus or os.cpu_count() or 1})
+            answer = signal.getsignal(signal.SIGTERM)
             try:
                 self.ray.init(include_dashboard=False, logging_level="warning", log_to_driver=True, **kwargs)
+                if callable(answer) and threading.current_thread() is threading.main_thread():
+                    # Ray replaces the process's SIGTERM answer with one that aborts it: the driver's own
+                    # (zoo.training.stopping: stop as a Ctrl-C does, saying what is kept) comes back
+                    signal.signal(signal.SIGTERM, self._on_sigterm(answer))
             except (ConnectionError, RuntimeError, ValueError, ImportError) as err:
+                if not self.address:
+                    raise UserError(f"--executor ray: cannot start a local Ray: {error_summary(err)}") from None
                 client_missing = isinstance(err, ImportError) or "ray[client]" in str(err)  # Ray raises ValueError
                 hint = ('; ray:// addresses need the Ray client: pip install -e ".[ray]"' if client_missing
                         else " (start one with `ray start --head`)")
@@ -188,6 +218,12 @@ class RayExecutor(Executor):
                                   f"{error_summary(err)}{hint}") from None
             self.started_here = True
         self.remote = self.ray.remote(_ray_task)
+
+    def _on_sigterm(self, answer):
+        def on_sigterm(signum, frame):
+            self.terminated = True
+            answer(signum, frame)
+        return on_sigterm
 
     def describe(self) -> str:
         self._connect()
@@ -228,7 +264,12 @@ class RayExecutor(Executor):
     def finished(self) -> Iterator[Outcome]:
         ray = self.ray
         while self.pending:
-            done, _ = ray.wait(list(self.pending), num_returns=1)
+            try:
+                done, _ = ray.wait(list(self.pending), num_returns=1)
+            except KeyboardInterrupt:
+                if self.terminated:  # Ray answers any exception of a signal handler with a plain KeyboardInterrupt
+                    raise Terminated() from None
+                raise
             ref = done[0]
             outcome = self.pending.pop(ref)
             try:

@@ -2,7 +2,8 @@
 
 ``torchrun --nproc_per_node N -m zoo train RECIPE`` starts N processes with ``RANK``, ``WORLD_SIZE``
 and ``LOCAL_RANK`` in their environment; :func:`context` reads them and joins the process group (gloo when
-the run trains on the CPU, NCCL when it trains on CUDA, one GPU per local rank). Every rank builds the same
+the run trains on the CPU, NCCL when it trains on CUDA, one GPU per local rank: a local rank past the machine's
+GPUs is refused in one line before joining). Every rank builds the same
 data and the same batch order from the recipe seed and trains on its contiguous shard of each global batch
 (``train.batch_size`` is the global batch and must divide by the world size). Rank 0 alone writes
 logs, checkpoints and results.
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..errors import UserError
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -68,6 +71,11 @@ def rank_before_joining() -> int:
     return int(os.environ["RANK"]) if launched_by_torchrun() else 0
 
 
+def world_size_before_joining() -> int:
+    """The number of processes torchrun started (1 outside torchrun), read without joining the process group."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+
+
 def context(device: torch.device | None = None) -> DistContext:
     """The current process's place in the job; joins the process group once when under torchrun, with the
     backend of the ``device`` the run trains on (a CPU run on a machine with GPUs takes gloo: NCCL cannot
@@ -79,10 +87,24 @@ def context(device: torch.device | None = None) -> DistContext:
         on_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
         backend = "nccl" if on_cuda else "gloo"
         if backend == "nccl":
-            torch.cuda.set_device(local)
+            _pin_gpu(local)
         dist.init_process_group(backend=backend)
         atexit.register(shutdown)
     return DistContext(rank, world, local)
+
+
+def _pin_gpu(local_rank: int) -> None:
+    """Make GPU ``local_rank`` this process's device; more processes on a machine than it has GPUs is refused in one
+    line, before the process group is joined."""
+    try:
+        torch.cuda.set_device(local_rank)
+    except RuntimeError:  # CUDA's "invalid device ordinal"
+        count = torch.cuda.device_count()
+        if local_rank < count:
+            raise
+        raise UserError(f"LOCAL_RANK={local_rank}: this machine has {count} CUDA device{'s' * (count != 1)}, one per "
+                        f"process under torchrun; start at most {count} here (torchrun --nproc_per_node {count}), or "
+                        f"train on the CPU with train.device=cpu") from None
 
 
 def shutdown() -> None:
