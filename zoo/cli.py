@@ -145,7 +145,7 @@ def cmd_train(args) -> int:
     refuse_unrunnable([(recipe, args.recipe)])   # before joining the process group: every rank stops in one line
     # under torchrun, rank 0 alone prints and writes; the process group's backend follows train.device
     main = distributed.context(resolve_device(recipe.train.device)).is_main
-    refuse_dead_layers(recipe)
+    refuse_dead_layers(recipe, trains="base")
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "
               f"(run every cell with: zoo ablate {args.recipe})", file=sys.stderr)
@@ -230,7 +230,7 @@ def cmd_ablate(args) -> int:
     if seed and recipe.config.seeds is not None:  # every cell runs once per seed of the list, never with this one
         raise UserError(f"override {seed[-1]!r}: {args.recipe} runs every cell with seeds: {recipe.config.seeds}, so "
                         f"no cell would run with it; give the seeds instead (e.g. seeds=[{recipe.seed}])")
-    refuse_dead_layers(recipe)
+    refuse_dead_layers(recipe, trains="cells")
     refuse_overrides_every_cell_replaces(recipe, args.overrides)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem

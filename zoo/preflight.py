@@ -151,11 +151,13 @@ def _meta_mixers(recipe: Recipe) -> list | None:
         return None
 
 
-def refuse_dead_layers(recipe: Recipe) -> None:
-    """The dead-layer part of :func:`check_recipe` alone (no model, no trial pass), for ``zoo train`` and
-    ``zoo ablate`` before anything trains."""
+def refuse_dead_layers(recipe: Recipe, trains: str) -> None:
+    """The dead-layer part of :func:`check_recipe` alone (no model, no trial pass), before anything trains, for
+    what the command trains (``trains``): ``"base"`` (``zoo train``: a grid's cells are not trained) or ``"cells"``
+    (``zoo ablate``: the grid's cells, or the recipe itself without a grid; a grid's base is not trained)."""
     source = recipe.source or "recipe"
-    for each, where in [(c.recipe, f"{source}: grid cell {c.label!r}") for c in recipe.cells] + [(recipe, source)]:
+    cells = [(c.recipe, f"{source}: grid cell {c.label!r}") for c in recipe.cells]
+    for each, where in (cells if trains == "cells" and cells else [(recipe, source)]):
         mixers = _meta_mixers(each)
         if mixers is not None:
             check_alive(mixers, [Task.from_spec(each.task).seq_len, *each.eval.seq_lens], where,
