@@ -3,6 +3,7 @@ is made), a local Ray started whatever cluster the environment names, a recipe m
 (named in the cell's error), more torchrun processes than GPUs and ``zoo check`` of a grid cell whose device is
 missing (each one line naming the cause and what to do)."""
 import json
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -125,3 +126,23 @@ def test_check_names_the_grid_cell_whose_device_is_missing(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"grid cell {labels[on_cuda]!r}: train.device=cuda but no CUDA device" in err[0], err
+
+
+def test_a_ray_cell_no_node_can_hold_is_refused_before_the_folder_changes(tmp_path, capsys):
+    """A cell asking for more CPUs than the local Ray has was refused at its own submission: the cells before it
+    were launched (then cancelled) and the folder had its layout written, though a refused run changes nothing."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("a Ray is running in this process already")
+    grid = _grid(tmp_path, ["{label: a, train.lr: 0.001}", "{label: b, train.lr: 0.002}"])
+    out = tmp_path / "out"
+    cpus = int(torch.randint(3, 200, ()))   # above the local Ray's CPUs, started with this machine's count
+    if cpus <= (os.cpu_count() or 1):
+        cpus = (os.cpu_count() or 1) + 1
+    code = main(["ablate", str(grid), "--out", str(out), "--executor", "ray", "--cpus-per-cell", str(cpus),
+                 "--no-progress", "--no-plot"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and f"cell 'a' asks for {cpus} CPUs and 0 GPUs, more than any Ray node has" in err[-1], err
+    assert not ray.is_initialized()
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")) == [], \
+        list(out.rglob("*"))

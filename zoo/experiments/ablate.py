@@ -241,6 +241,7 @@ def run_ablation(recipe: Recipe, out_dir: Path, title: str = "", progress: bool 
         with executor:
             # joined before the folder changes: a Ray cluster it cannot reach is refused like any other check
             running_on = executor.describe() if todo else ""
+            executor.refuse_unplaceable([cell for _, cell in todo])   # a cell no node can hold: before any launch
             _rows, damaged = repair_rows(results_path)  # every check passed: the folder is this run's now
             for damage in damaged:
                 echo(f"{damage.describe()}: moved to {damage.path.with_name('results.damaged.jsonl')}; "

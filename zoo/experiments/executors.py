@@ -94,6 +94,9 @@ class Executor(abc.ABC):
     def describe(self) -> str:
         return self.name
 
+    def refuse_unplaceable(self, cells: list[Cell]) -> None:  # noqa: B027 - only a scheduler can refuse a cell
+        """Refuse, before the run changes its folder, a cell this executor could never start."""
+
     @abc.abstractmethod
     def submit(self, index: int, cell: Cell) -> None:
         """Queue ``cell`` (``index`` is its place in the grid)."""
@@ -191,6 +194,7 @@ class RayExecutor(Executor):
         self.remote = None
         self.pending: dict = {}  # ObjectRef -> Outcome
         self.terminated = False  # a SIGTERM came while Ray ran here
+        self.placed: set = set()  # keys of the cells whose resources were checked against the nodes
 
     def _connect(self) -> None:
         """Start (or join) Ray on first use, so a run with nothing left to do never starts it."""
@@ -232,15 +236,28 @@ class RayExecutor(Executor):
         return (f"ray ({nodes} node{'s' * (nodes != 1)}, {resources.get('CPU', 0):g} CPUs, "
                 f"{resources.get('GPU', 0):g} GPUs)")
 
-    def _launch(self, outcome: Outcome) -> None:
-        self._connect()
-        cell = outcome.cell
+    def _resources(self, cell: Cell) -> tuple[float, float]:
+        """The CPUs and GPUs the cell's task asks Ray for."""
         cpus = self.cpus_per_cell if self.cpus_per_cell is not None else max(1, cell.recipe.train.threads)
         gpus = self.gpus_per_cell
         if gpus is None:
             device = cell.recipe.train.device
             gpus = float(device == "cuda" or (device == "auto" and self.ray.cluster_resources().get("GPU", 0) > 0))
-        self._check_feasible(cell, cpus, gpus)
+        return cpus, gpus
+
+    def refuse_unplaceable(self, cells: list[Cell]) -> None:
+        """Every cell no node can hold, refused (a local Ray) or warned of (a cluster) before any is launched."""
+        self._connect()
+        for cell in cells:
+            self._check_feasible(cell, *self._resources(cell))
+            self.placed.add(cell.recipe.key)
+
+    def _launch(self, outcome: Outcome) -> None:
+        self._connect()
+        cell = outcome.cell
+        cpus, gpus = self._resources(cell)
+        if cell.recipe.key not in self.placed:   # checked already when the run began
+            self._check_feasible(cell, cpus, gpus)
         ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=self.retries,
                                   retry_exceptions=False, name=f"zoo cell {cell.label}").remote(
             cell, tuple(cell.recipe.imports), self.progress, self.checkpoint_root)
