@@ -142,9 +142,11 @@ def cmd_train(args) -> int:
         refuse_train_into(Path(args.out))
     if distributed.rank_before_joining() == 0:  # the folders the run writes, before anything is printed or built
         probe_folders(recipe, args.out, "--out")
+    device = resolve_device(recipe.train.device)
+    distributed.pin_local_gpu(device)            # the trial pass below runs on this rank's GPU
     refuse_unrunnable([(recipe, args.recipe)])   # before joining the process group: every rank stops in one line
     # under torchrun, rank 0 alone prints and writes; the process group's backend follows train.device
-    main = distributed.context(resolve_device(recipe.train.device)).is_main
+    main = distributed.context(device).is_main
     refuse_dead_layers(recipe, trains="base")
     if recipe.cells and main:
         print(f"zoo train: {args.recipe} has a grid of {len(recipe.cells)} cells; training the base recipe only "

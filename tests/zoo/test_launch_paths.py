@@ -146,3 +146,24 @@ def test_a_ray_cell_no_node_can_hold_is_refused_before_the_folder_changes(tmp_pa
     assert not ray.is_initialized()
     assert sorted(p.name for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")) == [], \
         list(out.rglob("*"))
+
+
+def test_a_torchrun_rank_runs_its_trial_pass_on_its_own_gpu(tmp_path, monkeypatch):
+    """The recipe's trial pass ran before the process group pinned each rank's GPU, so every rank ran it on GPU 0
+    (a CUDA context each there): the rank's GPU is now current before the trial."""
+    count = int(torch.randint(2, 9, ()))
+    local = int(torch.randint(1, count, ()))   # GPU 0 would pass without the pinning
+    _torchrun_env(monkeypatch, count, rank=local)
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: current.__setitem__(0, index))
+    seen = []
+
+    def trial(cells):   # stands in for the trial pass: where would it run, then stop the command
+        seen.append(current[0])
+        raise UserError("stopped after the trial")
+
+    monkeypatch.setattr("zoo.cli.refuse_unrunnable", trial)
+    assert main(["train", str(TINY), "train.device=cuda", "--out", str(tmp_path / "o")]) == 2
+    assert seen == [local]

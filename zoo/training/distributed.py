@@ -93,6 +93,14 @@ def context(device: torch.device | None = None) -> DistContext:
     return DistContext(rank, world, local)
 
 
+def pin_local_gpu(device: torch.device) -> None:
+    """Under torchrun with several processes training on CUDA, make GPU ``LOCAL_RANK`` this process's device now,
+    so that what runs before the process group is joined (the recipe's trial pass) runs there and not on GPU 0,
+    where every rank would leave a CUDA context."""
+    if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and device.type == "cuda":
+        _pin_gpu(int(os.environ["LOCAL_RANK"]))
+
+
 def _pin_gpu(local_rank: int) -> None:
     """Make GPU ``local_rank`` this process's device; more processes on a machine than it has GPUs is refused in one
     line, before the process group is joined."""
