@@ -89,11 +89,13 @@ def test_a_broken_code_changes_json_is_named_not_a_traceback(tmp_path, capsys, t
 
 def _fake_vouch(monkeypatch, root: Path, probes: dict[str, dict]):
     """Every cell stale, and the probe at the checkout of a row commit (a worktree named by it) returning
-    ``probes[commit]``, at ``root`` (now) ``probes["now"]``."""
+    ``probes[commit]``, at HEAD's (``now``) ``probes["now"]``; the files each probe saw in ``probes["seen"]``."""
     monkeypatch.setattr(vouch, "cell_staleness", lambda root, label, rows, *_: Staleness(label, {"x": ["p"]}, []))
+    seen = probes.setdefault("seen", {})
 
     def run_probe(checkout: Path, recipes: list[dict]) -> list[dict]:
-        return [probes["now" if checkout == root else checkout.name]] * len(recipes)
+        seen[checkout.name] = {p.name: p.read_text() for p in checkout.glob("*.txt")}
+        return [probes[checkout.name]] * len(recipes)
     monkeypatch.setattr(vouch, "_run_probe", run_probe)
 
 
@@ -280,3 +282,21 @@ def test_the_ledger_refuses_a_shallow_clone_in_one_line(tmp_path, capsys):
     assert (clone / "CLAIMS.md").read_text() == before
     _git(clone, "fetch", "-q", "--unshallow")
     assert main(["claims", "--root", str(clone), "--check"]) == 0
+
+
+def test_vouching_probes_the_committed_code_not_the_working_tree(tmp_path, monkeypatch):
+    """The record says the code up to HEAD keeps a cell's numbers; the probe of "now" ran on the working tree, which
+    may differ from HEAD outside the code paths whose changes are refused (the training loop, the recipes)."""
+    root = _repo(tmp_path)
+    (root / "notes.txt").write_text("code at which the table ran\n")
+    first = _commit(root, "code at which the table ran")
+    _stamp(root, {"a": first[:7], "b": first[:7]})
+    (root / "notes.txt").write_text("committed code\n")
+    head = _commit(root, "rows and a change")
+    (root / "notes.txt").write_text("uncommitted code\n")   # not under the code paths: vouching goes ahead
+    probes = {first[:7]: PROBE, "now": PROBE}
+    _fake_vouch(monkeypatch, root, probes)
+    assert vouch.vouch(root, ["t"])["t"] == {"a": "keeps", "b": "keeps"}
+    assert probes["seen"]["now"] == {"notes.txt": "committed code\n"}
+    assert probes["seen"][first[:7]] == {"notes.txt": "code at which the table ran\n"}
+    assert {r["until"] for r in vouch.load(root, "t")["a"].values()} == {head}

@@ -149,7 +149,7 @@ def _stale_rows(root: Path, table: str, recorded: dict) -> dict[str, dict[str, d
 
 
 def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
-    """Probe every stale cell of ``tables`` at its rows' commit and at the checkout, record the outcomes in
+    """Probe every stale cell of ``tables`` at its rows' commit and at HEAD, record the outcomes in
     each table's ``code_changes.json`` and return ``{table: {label: outcome}}`` (a cell whose rows ran at several
     commits that probe differently: the outcome of each, ``rows at <commit>: <outcome>``, joined by ``; ``)."""
     head = (git(root, "rev-parse", "HEAD") or "").strip()
@@ -165,7 +165,11 @@ def vouch(root: Path, tables: list[str]) -> dict[str, dict[str, str]]:
         todo = {t: _stale_rows(root, t, records[t]) for t in tables}
         jobs = [(commit, t, label, row) for t, by_commit in todo.items() for commit, rows in by_commit.items()
                 for label, row in rows.items()]
-        now = iter(_run_probe(root, [row["recipe"] for *_, row in jobs]))  # the checkout, once for every cell
+        now_tree = work / "now"   # HEAD, what the record says it vouches for, not the working tree (which may
+        # hold changes outside the code paths refused above, e.g. to the training loop or the recipes' resolver)
+        if jobs and git(root, "worktree", "add", "--detach", "--quiet", str(now_tree), head) is None:
+            raise UserError(f"zoo claims --vouch: could not check out HEAD into {now_tree} (git worktree add)")
+        now = iter(_run_probe(now_tree, [row["recipe"] for *_, row in jobs]) if jobs else [])  # once for every cell
         after = {(commit, t, label): next(now) for commit, t, label, _ in jobs}
         for commit in sorted({c for c, *_ in jobs}):
             mine = [(t, label, row) for c, t, label, row in jobs if c == commit]
