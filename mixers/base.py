@@ -24,24 +24,35 @@ recurrence with an explicit, fixed-layout state (a ``dict`` of tensors). The con
 the model; mixers that do not declare ``uses_mask`` ignore it.
 
 Every subclass's ``forward``, ``prefill`` and ``step`` check their inputs at this boundary (shape, dtype,
-mask, state layout; ``T = 0`` gives an empty output, ``batch = 0`` is refused) through
-:mod:`mixers.boundary`, applied here once; ``step`` runs with autocast off. From its options a mixer also
+mask, state layout; ``T = 0`` gives an empty output, ``batch = 0`` is refused) and the shape of what they return
+through :mod:`mixers.boundary`, applied here once; ``step`` runs with autocast off. From its options a mixer also
 says whether it is causal (``non_causal_reason``) and whether it can contribute at all at a sequence
 length (``dead_at``), so a recipe with a layer that never reads anything is refused before training.
 
 Register a mixer with ``@register_mixer`` and it is picked up by the CLI, the recipes and the
-parametrised contract tests (``tests/mixers/test_contract.py``), which read the declarations.
+parametrised contract tests (``tests/mixers/test_contract.py``), which read the declarations. Registration refuses,
+in one line, a class that cannot work whatever its weights (:meth:`Registry.add`, :func:`mixer_class_problem`): not a
+:class:`Mixer`, no ``name`` or one another class holds, ``Options`` that are not a dataclass or whose defaults their
+own declarations refuse, ``test_time_knobs`` that name no option, a method the zoo cannot call with its arguments.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping
+import inspect
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from torch import nn
 
-from .boundary import checked_forward, checked_prefill, checked_state_size, checked_step, wrap_methods
-from .options import OptionError, build_options, describe_options, nearest
+from .boundary import (
+    MixerContractError,
+    checked_forward,
+    checked_prefill,
+    checked_state_size,
+    checked_step,
+    wrap_methods,
+)
+from .options import OptionError, build_options, default_problem, describe_options, nearest
 
 State = dict[str, torch.Tensor]
 
@@ -168,8 +179,10 @@ class Mixer(nn.Module):
     def knob(self, name: str):
         """The value of test-time knob ``name``: the evaluation override when one is set and the module
         is not training, else the option."""
-        if name not in self.test_time_knobs:
-            raise KeyError(f"{self.name}: {name!r} is not a declared test-time knob ({self.test_time_knobs})")
+        if name not in self.test_time_knobs:  # a one-line refusal: an author's knob() of an undeclared option
+            raise MixerContractError(f"{self.name}: {name!r} is not a declared test-time knob "
+                                     f"(test_time_knobs = {self.test_time_knobs!r}): add it to the class's "
+                                     f"test_time_knobs, or read self.options.{name}")
         if not self.training and name in self._test_time:
             return self._test_time[name]
         return getattr(self.options, name)
@@ -228,14 +241,34 @@ class Registry:
     #: the decorator that registers a class, and the class every entry derives from (named in a miss)
     decorator: str = ""
     base: type | None = None
+    #: what else a class of this kind must satisfy: ``check(cls)`` is None, or the problem and its fix
+    check: Callable[[type], str | None] | None = None
 
     def add(self, cls: type) -> type:
+        """Register ``cls`` under ``cls.name``; a class that cannot work is refused in one line (a ValueError
+        naming it, the problem and the fix) when its module is imported, not when a recipe first uses it."""
+        where = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else repr(cls)
+        if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise ValueError(f"{where} is not a {self.base.__name__} subclass: derive it from "
+                             f"{self.base.__module__.split('.')[0]}.{self.base.__name__} to register it with "
+                             f"@{self.decorator or 'the registry'}")
         if not cls.name:
-            raise ValueError(f"{cls.__name__} has no registry name")
-        if cls.name in self.entries and self.entries[cls.name] is not cls:
-            raise ValueError(f"{self.kind} {cls.name!r} registered twice")
-        if not dataclasses.is_dataclass(getattr(cls, "Options", None)):
-            raise ValueError(f"{cls.__name__}.Options must be a dataclass")
+            raise ValueError(f"{where} has no registry name: set name = '<name>' on the class (the name recipes and "
+                             f"zoo list use)")
+        known = self.entries.get(cls.name)
+        if known is not None and known is not cls:
+            known_at = f"{known.__module__}.{known.__qualname__}"
+            again = (" (the same class defined again: a module imported under two names, a reloaded module or a "
+                     "re-run notebook cell? import it once, or restart the interpreter)" if known_at == where else "")
+            raise ValueError(f"{self.kind} {cls.name!r} registered twice: {known_at} has that name already, and "
+                             f"{where} asks for it{again}; give one of them another name")
+        options = getattr(cls, "Options", None)
+        if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+            raise ValueError(f"{self.kind} {cls.name!r} ({where}): its Options must be a dataclass: decorate the class "
+                             f"Options with @dataclass (an empty one when the {self.kind} has no options)")
+        problem = default_problem(options) or (self.check(cls) if self.check else None)
+        if problem:
+            raise ValueError(f"{self.kind} {cls.name!r} ({where}): {problem}")
         self.entries[cls.name] = cls
         return cls
 
@@ -288,7 +321,41 @@ class Registry:
         return rows
 
 
-MIXERS = Registry("mixer", {}, "register_mixer", Mixer)
+#: what the boundary passes each method of a mixer (positionally, after ``self``), as its definition should read
+MIXER_CALLS = {"prefill": "x, mask=None", "forward": "x, mask=None", "step": "x_t, state",
+               "init_state": "batch_size, device=None, dtype=None", "state_size": "seq_len",
+               "active_state_size": "seq_len", "dead_at": "seq_len"}
+
+
+def mixer_class_problem(cls: type) -> str | None:
+    """What keeps a registered mixer class from working, found from the class alone, or None: a method the zoo
+    cannot call with its arguments (``prefill(self, x)`` without ``mask``), or ``test_time_knobs`` naming no option.
+    (The missing methods and the rest of the contract are the contract suite's, ``tests/mixers/test_contract.py``.)"""
+    for method, params in MIXER_CALLS.items():
+        fn = getattr(cls, method)
+        if fn is getattr(Mixer, method):
+            continue
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # not introspectable (a builtin): taken as it is
+            continue
+        try:
+            signature.bind(cls, *[None] * (params.count(",") + 1))
+        except TypeError:
+            return (f"{method}{signature} cannot be called as {method}(self, {params.replace('=None', '')}), as the "
+                    f"zoo calls it; define it as def {method}(self, {params})")
+    knobs = cls.test_time_knobs
+    if not isinstance(knobs, (tuple, list)) or not all(isinstance(k, str) for k in knobs):
+        return f"test_time_knobs must be a tuple of option names, such as ('num_iter',), got {knobs!r}"
+    fields = [f.name for f in dataclasses.fields(cls.Options)]
+    for knob in knobs:
+        if knob not in fields:
+            return (f"test-time knob {knob!r} is not one of its options ({', '.join(fields) or 'none'}): list only "
+                    f"options in test_time_knobs{nearest(knob, fields)}")
+    return None
+
+
+MIXERS = Registry("mixer", {}, "register_mixer", Mixer, mixer_class_problem)
 STATE_MIXERS = Registry("state mixer", {}, "register_state_mixer", StateMixer)
 
 

@@ -18,7 +18,13 @@ dtype and the one given, before any projection runs:
 - the state ``step`` returns: its keys must be those of ``init_state`` (a mixer's wrong layout is named at the
   step that made it, not at the next one; the layout is the one the input state was checked against, so this
   costs one set comparison);
-- ``batch_size`` of ``init_state`` and ``seq_len`` of ``state_size`` / ``active_state_size``: non-negative ints;
+- what the methods return: ``forward`` an output of the input's shape, ``prefill`` ``(y, state)`` with ``y`` of the
+  input's shape (``forward`` is ``prefill(x)[0]``: a bare ``y`` would give the first sequence's output), ``step``
+  ``(y_t, state)`` with ``y_t`` of shape ``(batch, d_model)``, ``init_state`` a non-empty dict of tensors, each
+  floating one in the dtype it was asked for (or a wider one). These refusals are :class:`MixerContractError`, an
+  option error the command line reports in one line (``zoo check`` meets them in its trial forward pass);
+- ``batch_size`` of ``init_state`` and ``seq_len`` of ``state_size`` / ``active_state_size``: non-negative ints, and
+  so is what ``state_size`` / ``active_state_size`` return;
 - ``batch = 0`` is refused (every mixer alike); ``T = 0`` returns an empty ``(batch, 0, d_model)`` output
   and, from ``prefill``, the state of ``init_state`` (nothing consumed).
 
@@ -42,6 +48,19 @@ from typing import Mapping
 import torch
 
 from kernels.common import autocast_dtype, autocast_off
+
+from .options import OptionError
+
+
+class MixerContractError(OptionError, TypeError):
+    """A mixer's method returned what the contract refuses (an output of another shape, a state not laid out as
+    ``init_state`` lays it out, found when it returns or at the ``step`` that reads it): where the zoo passes the
+    mixer its own state (``zoo generate``), the fix is in the mixer's code. An :class:`~mixers.options.OptionError`
+    (so a ``ValueError``, which the command line reports in one line, as it does a bad option) and a ``TypeError``."""
+
+    def __init__(self, message: str):
+        super().__init__("", message)
+
 
 #: attribute set on a wrapped method, so that inherited or re-assigned methods are wrapped once
 WRAPPED = "_mixer_boundary_checked"
@@ -133,15 +152,17 @@ def check_state(mixer, state, x_t) -> dict:
     B, want = x_t.shape[0], module_dtype(mixer)
     layout = state_layout(mixer, B, want)
     if set(state) != set(layout):
-        raise ValueError(f"{head} must have the keys {sorted(layout)} (as init_state returns), got {sorted(state)}")
+        raise MixerContractError(f"{head} must have the keys {sorted(layout)} (as init_state returns), got "
+                                 f"{sorted(state)}")
     for key, shape in layout.items():
         value = state[key]
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{head}[{key!r}] must be a tensor of shape {_shape(shape)}, got {type(value).__name__}")
+            raise MixerContractError(f"{head}[{key!r}] must be a tensor of shape {_shape(shape)}, got "
+                                     f"{type(value).__name__}")
         if value.ndim != len(shape) or any(s is not None and s != g for s, g in zip(shape, value.shape)):
             other = " (a state from another batch size?)" if value.ndim == len(shape) and value.shape[0] != B else ""
-            raise ValueError(f"{head}[{key!r}] must have shape {_shape(shape)} for x_t of batch {B}, "
-                             f"got {tuple(value.shape)}{other}")
+            raise MixerContractError(f"{head}[{key!r}] must have shape {_shape(shape)} for x_t of batch {B}, "
+                                     f"got {tuple(value.shape)}{other}")
     if want is None:
         return state
     dtypes, convert = state_dtypes(mixer, B, want), False
@@ -150,11 +171,18 @@ def check_state(mixer, state, x_t) -> dict:
         if given == dtype:
             continue
         convert = True
+        if dtype.is_floating_point and torch.promote_types(dtype, want) != dtype:  # narrower than the module's
+            raise MixerContractError(f"{head}[{key!r}] is {given}, but init_state(batch_size, dtype={want}) of "
+                                     f"this {want} {mixer.name} lays it out in {dtype}: init_state must create each "
+                                     f"floating state tensor in the dtype it is given (torch.zeros(..., "
+                                     f"device=device, dtype=dtype))")
         if not (given.is_floating_point and dtype.is_floating_point and torch.promote_types(given, dtype) == dtype):
-            raise TypeError(f"{head}[{key!r}] is {given}, which does not convert exactly to the {dtype} a "
-                            f"{mixer.name} in {want} keeps it in (as init_state(batch_size) lays it out): a state "
-                            f"from the mixer in another dtype? Start from init_state(batch_size) or prefill(x) of "
-                            f"this mixer, or convert the state (state[{key!r}].to({dtype}))")
+            raise MixerContractError(f"{head}[{key!r}] is {given}, which does not convert exactly to the {dtype} "
+                                     f"a {mixer.name} in {want} keeps it in (as init_state(batch_size) lays it out): "
+                                     f"a state kept from the mixer in another dtype, or a prefill or step of this "
+                                     f"mixer that returns it in another dtype than init_state's? Return each state "
+                                     f"tensor in init_state's dtype, start again from init_state(batch_size) or "
+                                     f"prefill(x), or convert the state (state[{key!r}].to({dtype}))")
     return {key: value.to(dtypes[key]) for key, value in state.items()} if convert else state
 
 
@@ -164,12 +192,14 @@ def check_returned_state(mixer, result, where: str, batch: int, dtype: torch.dty
     when the input state was checked: a decode step pays one set comparison. (``prefill`` is not checked: its
     layout would be built inside a training step's forward; the next ``step`` names a wrong one.)"""
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
-        raise TypeError(f"{mixer.name}.{where} must return (output, state) with the state a dict laid out as "
-                        f"init_state(batch_size) returns it, got {type(result).__name__}")
+        raise MixerContractError(f"{mixer.name}.{where} must return (output, state) with the state a dict laid out "
+                                 f"as init_state(batch_size) returns it, got {type(result).__name__}")
+    check_output(mixer, result[0], where, (batch, mixer.d_model), "(batch, d_model)")
     layout = state_layout(mixer, batch, dtype)
     if result[1].keys() != layout.keys():
-        raise ValueError(f"{mixer.name}.{where} returned a state with the keys {sorted(result[1])}, but init_state "
-                         f"lays it out with {sorted(layout)}: return the state in init_state's layout")
+        raise MixerContractError(f"{mixer.name}.{where} returned a state with the keys {sorted(result[1])}, but "
+                                 f"init_state lays it out with {sorted(layout)}: return the state in init_state's "
+                                 f"layout")
     return result
 
 
@@ -195,6 +225,19 @@ def empty_output(mixer, x: torch.Tensor) -> torch.Tensor:
     return x.new_zeros(x.shape[0], 0, mixer.d_model)
 
 
+def check_output(mixer, y, where: str, shape: tuple, named: str) -> None:
+    """The output of ``forward`` / ``prefill`` / ``step`` must be a tensor of the input's ``shape`` (``named`` says
+    which dims): a wrong width fails here, naming the method, rather than in the residual sum, or broadcasting
+    there silently (a ``(batch, T, 1)`` output, a ``(batch, 1, d_model)`` step)."""
+    if not isinstance(y, torch.Tensor):
+        raise MixerContractError(f"{mixer.name}.{where} must return its output as a tensor of shape {named} = "
+                                 f"{shape}, got {type(y).__name__}")
+    if tuple(y.shape) != tuple(shape):
+        fix = "; project it back to d_model" if y.ndim and y.shape[-1] != mixer.d_model else ""
+        raise MixerContractError(f"{mixer.name}.{where} returned an output of shape {tuple(y.shape)} for an input "
+                                 f"of shape {tuple(shape)}: a mixer maps {named} to the same shape{fix}")
+
+
 def checked_forward(fn):
     @functools.wraps(fn)
     def forward(self, x, mask=None, *args, **kwargs):
@@ -202,7 +245,9 @@ def checked_forward(fn):
         check_mask(self, mask, x, "forward")
         if x.shape[1] == 0:
             return empty_output(self, x)
-        return fn(self, x, mask, *args, **kwargs)
+        y = fn(self, x, mask, *args, **kwargs)
+        check_output(self, y, "forward", tuple(x.shape), "(batch, T, d_model)")
+        return y
     setattr(forward, WRAPPED, True)
     return forward
 
@@ -214,7 +259,13 @@ def checked_prefill(fn):
         check_mask(self, mask, x, "prefill")
         if x.shape[1] == 0:
             return empty_output(self, x), self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
-        return fn(self, x, mask, *args, **kwargs)
+        result = fn(self, x, mask, *args, **kwargs)
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
+            # forward takes prefill(x)[0]: a bare output would give the first sequence's output for every sequence
+            raise MixerContractError(f"{self.name}.prefill must return (y, state), the state a dict laid out as "
+                                     f"init_state(batch_size) returns it, got {type(result).__name__}")
+        check_output(self, result[0], "prefill", tuple(x.shape), "(batch, T, d_model)")
+        return result
     setattr(prefill, WRAPPED, True)
     return prefill
 
@@ -259,25 +310,45 @@ def defaulted_init_state(fn):
                             f"own), got {dtype!r}")
         device = module_device(self) if device is None else device
         dtype = module_dtype(self) if dtype is None else dtype
-        return fn(self, batch_size, device, dtype, *args, **kwargs)
+        state = fn(self, batch_size, device, dtype, *args, **kwargs)
+        if not (isinstance(state, Mapping) and state and all(isinstance(v, torch.Tensor) for v in state.values())):
+            raise MixerContractError(f"{self.name}.init_state must return the state as a non-empty dict of "
+                                     f"tensors, such as {{'s': torch.zeros(batch_size, ..., device=device, "
+                                     f"dtype=dtype)}}, got {_described(state)}")
+        return state
     setattr(init_state, WRAPPED, True)
     return init_state
 
 
-def checked_state_size(fn):
-    """``state_size`` / ``active_state_size``: ``seq_len`` checked (a negative or fractional length gave a
-    negative or fractional count)."""
+def _described(value) -> str:
+    """``value``'s type, and for a mapping the types of its values: what a refusal of a returned state shows."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k!r}: {type(v).__name__}" for k, v in value.items()) + "}"
+    return type(value).__name__
+
+
+def checked_state_size(fn, method: str = ""):
+    """``state_size`` / ``active_state_size`` (``method``: which, by default ``fn``'s name): ``seq_len`` checked (a
+    negative or fractional length gave a negative or fractional count), and so is the count returned."""
+    method = method or fn.__name__  # the name it is called by (a lambda's __name__ is "<lambda>")
+
     @functools.wraps(fn)
     def state_size(self, seq_len, *args, **kwargs):
-        check_count(self, seq_len, fn.__name__, "seq_len")
-        return fn(self, seq_len, *args, **kwargs)
+        check_count(self, seq_len, method, "seq_len")
+        size = fn(self, seq_len, *args, **kwargs)
+        # a count goes into zoo check's line and every results row: a tensor there ends a finished run unrecorded
+        if isinstance(size, bool) or not isinstance(size, (numbers.Integral, torch.SymInt)) or size < 0:
+            raise MixerContractError(f"{self.name}.{method}({seq_len}) must return a non-negative int, the "
+                                     f"state's elements per sequence, got {type(size).__name__} {size!r}; return "
+                                     f"a Python int (int(...) of a tensor or a float)")
+        return size
     setattr(state_size, WRAPPED, True)
     return state_size
 
 
 WRAPPERS = {"forward": checked_forward, "prefill": checked_prefill, "step": checked_step,
-            "init_state": defaulted_init_state, "state_size": checked_state_size,
-            "active_state_size": checked_state_size}
+            "init_state": defaulted_init_state, "state_size": functools.partial(checked_state_size, method="state_size"),
+            "active_state_size": functools.partial(checked_state_size, method="active_state_size")}
 
 
 def wrap_methods(cls) -> None:

@@ -30,10 +30,11 @@ class OptionError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
-def failed_assertion(err: AssertionError) -> str:
-    """How a refusal words a mixer constructor's failed ``assert`` (how research code checks its options)."""
+def failed_assertion(err: AssertionError, where: str = "its constructor") -> str:
+    """How a refusal words a failed ``assert`` of a mixer's constructor (or of ``where``, its options'
+    ``__post_init__``): how research code checks its options."""
     said = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"an assertion of its constructor failed{f' ({said})' if said else ''}; check the options it asserts on"
+    return f"an assertion of {where} failed{f' ({said})' if said else ''}; check the options it asserts on"
 
 
 def opt(default: Any, help: str, choices: tuple | None = None, default_factory=None,
@@ -419,6 +420,43 @@ def build_options(cls, values: Mapping[str, Any] | None, path: str = ""):
         return cls(**kwargs)
     except (ValueError, TypeError) as err:  # __post_init__ checks
         raise OptionError(path, str(err)) from None
+    except AssertionError as err:  # a __post_init__ that asserts, as research code does
+        raise OptionError(path, failed_assertion(err, f"{cls.__qualname__}.__post_init__")) from None
+
+
+def default_problem(cls) -> str | None:
+    """What is wrong with the option dataclass ``cls`` itself, or None: a type annotation that does not resolve
+    (a name its module never imports), a default its own field refuses (a wrong type, a value outside its
+    ``choices`` or its declared range), or defaults its ``__post_init__`` refuses together. Each would pass unseen
+    until a recipe leaves the options at their defaults (or sets one, for the annotation), so a registry refuses
+    such a class when it is registered."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception as err:  # noqa: BLE001 - NameError, TypeError, SyntaxError of a string annotation alike
+        return (f"a field's type annotation cannot be resolved ({type(err).__name__}: {err}); import the names it "
+                f"uses at the top of the module that defines it")
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    for f in fields:
+        default = _default(f)
+        if default is _NOTHING:
+            continue
+        if default is None and not _accepts(None, hints[f.name]):
+            return (f"option {f.name!r} defaults to None but is annotated {_type_name(hints[f.name])}; annotate it "
+                    f"{_type_name(hints[f.name])} | None")
+        try:
+            value = check_type(default, hints[f.name], f.name)
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise OptionError(f.name, f"{value!r} is not one of {', '.join(map(repr, choices))}")
+            check_range(value, f.metadata.get("range"), f.name)
+        except OptionError as err:
+            return f"the default of option {f.name!r} is refused by its own declaration ({err.message}); fix the default"
+    if all(_default(f) is not _NOTHING or f.default_factory is not dataclasses.MISSING for f in fields):
+        try:
+            build_options(cls, {})
+        except OptionError as err:
+            return f"its Options refuse their own defaults ({err}); make the defaults agree"
+    return None
 
 
 def _default(field: dataclasses.Field) -> Any:
