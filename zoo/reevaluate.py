@@ -7,8 +7,10 @@ trained model as it is:
   (``eval.test_time={knob: v}``, ``eval.test_time_sweep``), other tasks with the same vocabulary
   (``eval.tasks``), the evaluation batch size;
 - ``task.<option>`` for options that keep the task's vocabulary (e.g. ``task.num_test``,
-  ``task.seq_len``, ``task.num_kv_pairs``), never ``task.name``;
-- ``seed`` (it selects the test data here), ``train.device``, ``train.threads``,
+  ``task.seq_len``, ``task.num_kv_pairs``), never ``task.name``, and ``task.tokenizer`` only naming the
+  tokenizer the model was trained with;
+- ``seed`` (it selects the generated test data of a synthetic task; a language model's validation windows
+  are fixed, so it changes none of its numbers), ``train.device``, ``train.threads``,
   ``train.precision``, ``name``, ``description``, ``imports``.
 
 Every other override (``model.*``, the rest of ``train.*``) describes how the checkpoint was trained,
@@ -22,8 +24,9 @@ folder's lock while it evaluates and appends, names the evaluated cell in the ro
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .config import Recipe
 from .errors import UserError
@@ -53,15 +56,38 @@ def _override_items(overrides) -> list[tuple[str, object, str]]:
     return items
 
 
+def relative_paths(plain: dict) -> list[str]:
+    """``task.<option>=<value>`` of each file path in a stored recipe's task that is relative (read from the folder
+    the command runs in): ``path`` (globs, ``;`` between several), ``data_dir``, a tokenizer file."""
+    task = plain.get("task") if isinstance(plain.get("task"), dict) else {}
+    found = []
+    for option in ("path", "data_dir", "tokenizer"):
+        value = task.get(option)
+        if not isinstance(value, str) or not value:
+            continue
+        parts = [part for part in value.split(";") if part] if option == "path" else [value]
+        if option == "tokenizer":  # else a name: bytes, or a Hub tokenizer
+            parts = [part for part in parts if part.endswith(".json") or "/" in part or os.sep in part]
+        if any(not os.path.isabs(os.path.expanduser(part)) for part in parts):
+            found.append(f"task.{option}={value}")
+    return found
+
+
 def checkpoint_recipe(path, plain: dict, imports: list[str] = ()) -> Recipe:
     """The resolved recipe a checkpoint at ``path`` stores as ``plain``; a recipe this version of mixer-zoo no longer
     accepts (an option renamed or removed since it was written) is refused naming the checkpoint, not as if the
-    user had written it."""
+    user had written it. One that names files by relative paths (a corpus, a tokenizer), read here from another
+    folder than the one it was trained in, is refused saying so."""
     try:
         return resolve(recipe_mapping(plain, imports))
     except UserError as err:
         if str(err).startswith("imports"):  # a module the user named that does not import: theirs to fix
             raise
+        relative = relative_paths(plain)
+        if relative:
+            raise UserError(f"{path}: the recipe stored in this checkpoint does not resolve here: {err}; it names "
+                            f"{', '.join(relative)} relative to the folder it was trained in, and this command reads "
+                            f"them from {os.getcwd()}: run it from the folder the run was trained in") from None
         raise UserError(f"{path}: the recipe stored in this checkpoint does not resolve here: {err} (a checkpoint "
                         f"written by another mixer-zoo version needs that version)") from None
 
@@ -96,10 +122,43 @@ def load_model(state: dict, recipe: Recipe, device, path: str | Path = "checkpoi
     return model.to(device).eval()
 
 
+def refuse_another_tokenizer(trained: Recipe, recipe: Recipe, task: Task, recorded: Callable[[], str | None]) -> None:
+    """Refuse a ``task.tokenizer`` override naming a tokenizer other than the one the model was trained with (whose
+    contents fingerprint ``recorded()`` gives): one of the same size reads the weights but gives other ids for the same
+    text. The same tokenizer under another path passes; without a record (prepared shards, older checkpoints) nothing
+    is checked."""
+    old, new = getattr(trained.task.options, "tokenizer", None), getattr(recipe.task.options, "tokenizer", None)
+    if old == new:
+        return
+    fingerprint = recorded()
+    if fingerprint is None or ckpt.tokenizer_record(task).get("tokenizer_fingerprint") == fingerprint:
+        return
+    raise UserError(f"zoo eval: override task.tokenizer={new}: the model was trained on the ids of tokenizer {old!r}, "
+                    f"and this one has other contents; drop the override; {WHY}")
+
+
+def refuse_ablation_folder(given: Path) -> None:
+    """Refuse an ablation's folder (or its ``checkpoints`` folder) given for a checkpoint, naming its cells'
+    checkpoints: it holds one per cell, none at its top."""
+    from .experiments.results import read_layout  # matplotlib with it: only for a path that holds no checkpoint
+    folder = given.parent if given.name == "checkpoints" else given
+    layout = read_layout(folder) if given.is_dir() else None
+    if layout is None:
+        return
+    cells = [f"{folder / 'checkpoints' / c['key']} ({c['label']})" for c in layout["cells"]
+             if (folder / "checkpoints" / c["key"] / ckpt.FILENAME).exists()]
+    where = f"{given} is the checkpoints folder of an ablation" if folder != given else f"{given} is an ablation's folder"
+    raise UserError(f"{where}, with a checkpoint per cell under {folder / 'checkpoints'}/<recipe key>: "
+                    + (f"give one of {', '.join(cells)}" if cells else
+                       "none of its cells has one yet (run its zoo ablate command to train them)"))
+
+
 def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> dict:
     """Evaluate the checkpoint at ``location`` (a file or its folder); returns a results row
     (``recipe_key``, ``label``, ``recipe``, ``metrics``, environment, ...)."""
     path = ckpt.path_in(location)
+    if not path.exists():
+        refuse_ablation_folder(path.parent)
     state = ckpt.load(path)
     named = [v for k, v, _t in _override_items(overrides) if k == "imports"]
     for value in named:  # a string would be read as its letters, each imported as a module
@@ -117,8 +176,11 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
         device = resolve_device(t.device)
         model = load_model(state, trained, device, path)   # a tokenizer of another size is named here first
         task = Task.from_spec(recipe.task)
+        refuse_another_tokenizer(trained, recipe, task, lambda: state.get("tokenizer_fingerprint"))
         ckpt.check_same_tokenizer(path, state, task)
         metrics = {"steps": state["step"]}
+        if state.get("diverged_at") is not None:  # as the run's own metrics say why its numbers are not numbers
+            metrics["diverged_at_step"] = state["diverged_at"]
         metrics.update(test_metrics(model, recipe, task, device, resolve_precision(t.precision, device)))
         metrics["device"] = str(device)
         items = _override_items(overrides)
@@ -134,10 +196,14 @@ def evaluate(source, overrides=()) -> dict:
     result = source
     if result.recipe is None:
         raise UserError("evaluate: this TrainResult carries no recipe; pass a checkpoint path instead")
-    _trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
+    trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
+    task = Task.from_spec(recipe.task)
+    refuse_another_tokenizer(trained, recipe, task,
+                             lambda: ckpt.tokenizer_record(Task.from_spec(trained.task)).get("tokenizer_fingerprint"))
     device = next(result.model.parameters()).device
     metrics = {"steps": result.metrics["steps"]} if "steps" in result.metrics else {}
-    metrics.update(test_metrics(result.model, recipe, Task.from_spec(recipe.task), device,
-                                resolve_precision(recipe.train.precision, device)))
+    with torch_threads(recipe.train.threads):  # as a checkpoint's evaluation and the run's own
+        metrics.update(test_metrics(result.model, recipe, task, device,
+                                    resolve_precision(recipe.train.precision, device)))
     metrics["device"] = str(device)   # the keys and order a checkpoint's evaluation returns
     return metrics
