@@ -25,11 +25,9 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
-
 from ..errors import UserError
 from ..rows import read_rows
-from .results import figure, group_by_cell, plotted_metric, read_layout, split_rows
+from .results import cell_styles, figure, group_by_cell, legend_columns, plotted_metric, read_layout, split_rows
 
 #: the y axis of a curve of each metric
 AXIS = {"val_bpb": "validation bits per byte (training length)",
@@ -68,26 +66,28 @@ def plot_curves(rows: list[dict], path: Path, title: str = "",
     cells = {label: points for label, points in cells.items() if points}
     if not cells:
         raise UserError(f"no finished rows with {metric} to draw learning curves of; run the grid first (zoo ablate)")
+    styles = cell_styles(list(cells))
     with figure(path, size=(9.5, 4.5), title=title) as (fig, ax):
-        if len(cells) > 10:  # the default cycle repeats after 10 colours
-            ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
         for label, points in cells.items():
-            ax.plot([t / 1e6 for t, _ in points], [b for _, b in points], marker="o", markersize=3, label=label)
+            ax.plot([t / 1e6 for t, _ in points], [b for _, b in points], markersize=3, label=label, **styles[label])
         ax.set_xlabel("training tokens (millions)")
         ax.set_ylabel(AXIS[metric])
-        fig.legend(*ax.get_legend_handles_labels(), loc="center right", fontsize=7)
+        fig.legend(*ax.get_legend_handles_labels(), loc="center right", fontsize=7, ncol=legend_columns(len(cells)))
     return cells
 
 
-def write_curves(out_dir: Path, title: str = "") -> Path:
+def write_curves(out_dir: Path, title: str = "", report=None) -> Path:
     """``out_dir/curves.png`` and ``curves.csv`` (cell, tokens, and ``val_bpb`` or ``test_accuracy``) from
-    ``out_dir/results.jsonl``."""
-    rows = read_rows(out_dir / "results.jsonl")
+    ``out_dir/results.jsonl``; a damaged line of it (a seed the curves leave out) goes to ``report``."""
+    if not (out_dir / "results.jsonl").is_file():
+        what = "is a file, not a results folder" if out_dir.is_file() else "holds no results.jsonl"
+        raise UserError(f"{out_dir} {what}; give the folder zoo ablate RECIPE --out DIR wrote (DIR)")
+    rows = read_rows(out_dir / "results.jsonl", report)
     name = rows[-1]["recipe"].get("name", "") if rows else ""
     layout = read_layout(out_dir)
     if layout is not None:  # the grid's own cells, as in its tables
         rows = split_rows(rows, layout)[0]
-        name = layout["title"] or name
+        name = layout.get("title") or name
     metric = plotted_metric(rows)
     cells = plot_curves(rows, out_dir / "curves.png", title or name, metric)
     with open(out_dir / "curves.csv", "w", newline="") as fh:
@@ -102,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", help="an ablation folder holding results.jsonl")
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
+
+    def report(damage):
+        print(f"zoo: {damage.describe()}; not drawn (zoo ablate on this folder moves it aside and recomputes its "
+              f"cell)", file=sys.stderr)
     try:
-        print(f"wrote {write_curves(Path(args.dir), args.title)}")
+        print(f"wrote {write_curves(Path(args.dir), args.title, report)}")
     except UserError as err:
         print(f"zoo: error: {err}", file=sys.stderr)
         return 2

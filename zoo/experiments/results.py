@@ -43,18 +43,29 @@ def _fmt(value):
     return value
 
 
+#: characters markdown would read as formatting inside a table cell (a backslash first: it escapes the others)
+_MARKDOWN_SPECIAL = ("\\", "|", "*", "`", "<", "~")
+
+#: columns of names, never numbers: tabulate would otherwise rewrite a label such as ``1e-3`` or ``0.10``
+TEXT_COLUMNS = ("cell", "layers", "seeds", "recipe_key", "evaluates")
+
+
 def _markdown_cell(value):
     """A table cell as GitHub markdown reads it: a ``|`` in a label or an override escaped (it would end the
-    cell), line breaks written as escapes (they would end the row)."""
+    cell), as are ``*``, backticks, ``<``, ``~`` and backslashes (emphasis, code, HTML or strikethrough would hide
+    them), and line breaks written as escapes (they would end the row)."""
     if not isinstance(value, str):
         return value
-    return value.replace("|", "\\|").replace("\r", "\\r").replace("\n", "\\n")
+    for char in _MARKDOWN_SPECIAL:
+        value = value.replace(char, "\\" + char)
+    return value.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def markdown_table(body: list[list], columns: list[str]) -> str:
     """``body`` under ``columns`` as a GitHub markdown table, whatever characters its labels hold."""
     return tabulate([[_markdown_cell(v) for v in line] for line in body],
-                    headers=[_markdown_cell(c) for c in columns], tablefmt="github")
+                    headers=[_markdown_cell(c) for c in columns], tablefmt="github",
+                    disable_numparse=[i for i, c in enumerate(columns) if c in TEXT_COLUMNS] if body else False)
 
 
 def write_table(out_dir: Path, stem: str, columns: list[str], body: list[list], head: str = "",
@@ -130,11 +141,16 @@ def _steady_columns(rows: list[dict]) -> list[str]:
 
 
 def _knob_order(key: str):
-    name, _, value = key.split("@", 1)[1].partition("=")
+    """Knob columns by knob and value (numbers by size), a zero-shot task's columns by task, then by length:
+    ``test_accuracy@task=niah``, ``@task=niah@512``, ``@task=niah@1024``."""
+    setting = key.split("@", 1)[1]
+    head, at, length = setting.rpartition("@")
+    setting, length = (head, int(length)) if at and length.isdigit() else (setting, 0)
+    name, _, value = setting.partition("=")
     try:
-        return (name, float(value), value)
+        return (name, float(value), value, length)
     except ValueError:
-        return (name, float("inf"), value)
+        return (name, float("inf"), value, length)
 
 
 def _differs_from_token_accuracy(metrics: dict) -> bool:
@@ -238,9 +254,33 @@ def write_layout(out_dir: Path, title: str, cells: list) -> None:
 
 
 def read_layout(out_dir: Path) -> dict | None:
-    """The grid layout ``zoo ablate`` recorded in ``out_dir/cells.json``, or None in a folder without one."""
+    """The grid layout ``zoo ablate`` recorded in ``out_dir/cells.json``, or None in a folder without one; a file
+    that is not such a layout (edited by hand, cut short) is refused in one line naming it and the way out."""
     path = Path(out_dir) / LAYOUT_NAME
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        layout = json.loads(path.read_bytes())
+        why = _layout_problem(layout)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        why = f"not JSON: {str(err).splitlines()[0]}"
+    if why:
+        raise UserError(f"{path}: not the grid layout zoo ablate writes ({why}); run the folder's zoo ablate command "
+                        f"again to write it anew (finished cells are not trained again), or remove it to render "
+                        f"every row of results.jsonl in file order")
+    return layout
+
+
+def _layout_problem(layout) -> str:
+    """What keeps ``layout`` from being a grid layout (:func:`write_layout`); empty when nothing does."""
+    if not isinstance(layout, dict) or not isinstance(layout.get("cells"), list):
+        return "no list of cells"
+    if not isinstance(layout.get("title", ""), str):
+        return "its title is not a string"
+    for i, cell in enumerate(layout["cells"]):
+        if not (isinstance(cell, dict) and isinstance(cell.get("key"), str) and isinstance(cell.get("label"), str)):
+            return f"cell {i} has no key and label"
+    return ""
 
 
 #: the heading of the rows of an ablation folder that are not cells of its grid
@@ -320,7 +360,7 @@ def render_folder(out_dir: Path, title: str | None = None, plot: bool = True, re
     shown, others = split_rows(rows, layout)
     missing = missing_cells_note(shown, layout)
     tail = "\n".join(part for part in (missing, other_rows_table(others, layout) if others else "") if part)
-    title = title or layout["title"] or out_dir.name
+    title = title or layout.get("title") or out_dir.name
     table = render(shown, out_dir, title=title, plot=plot, tail="\n" + tail if tail else "")
     return table + ("\n\n" + tail.rstrip("\n") if tail else "")
 
@@ -346,19 +386,36 @@ def plot_rows(rows: list[dict], path: Path, title: str = "") -> None:
                       if k.startswith(f"{metric}@") and "=" not in k})
     states = {r["metrics"].get("state_size") for r in rows} - {None}
     ncols = 2 if len(states) > 1 else 1
+    styles = cell_styles(list(cells))
     with figure(path, ncols=ncols, size=(6 * ncols + 2.5, 4), title=title) as (fig, axes):
         axes = list(axes) if ncols > 1 else [axes]
-        if len(cells) > 10:  # the default cycle repeats after 10 colours
-            for ax in axes:
-                ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
-        _plot_by_length(axes[0], cells, lengths, metric)
+        _plot_by_length(axes[0], cells, lengths, metric, styles)
         if ncols > 1:
-            _plot_state(axes[1], cells, metric)
+            _plot_state(axes[1], cells, metric, styles)
         handles, labels = axes[0].get_legend_handles_labels()
         if not handles:  # a bar chart carries its labels on the axis; the state panel still needs a legend
             handles, labels = axes[-1].get_legend_handles_labels()
         if handles:  # one legend beside the axes, however many cells
-            fig.legend(handles, labels, loc="center right", fontsize=7, ncol=1 + len(labels) // 24)
+            fig.legend(handles, labels, loc="center right", fontsize=7, ncol=legend_columns(len(labels)))
+
+
+#: a legend beside a plot starts another column at this many entries (a longer column would run off the figure)
+LEGEND_ROWS = 24
+#: markers that tell apart cells whose colours repeat (a palette holds 10 or 20 colours)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def legend_columns(entries: int) -> int:
+    """Columns of a legend of ``entries`` beside a plot, so that no column runs past the figure."""
+    return 1 + entries // LEGEND_ROWS
+
+
+def cell_styles(labels: list[str]) -> dict[str, dict]:
+    """A colour and a marker for each cell, no two alike up to 160 cells: matplotlib's 10 colours with round markers
+    for up to 10 cells, else tab20's 20 colours, with another marker for each further 20 cells."""
+    palette = [f"C{i}" for i in range(10)] if len(labels) <= 10 else list(matplotlib.colormaps["tab20"].colors)
+    return {label: {"color": palette[i % len(palette)], "marker": MARKERS[(i // len(palette)) % len(MARKERS)]}
+            for i, label in enumerate(labels)}
 
 
 def _mean_std_of(group: list[dict], key: str) -> tuple[float, float] | None:
@@ -368,7 +425,7 @@ def _mean_std_of(group: list[dict], key: str) -> tuple[float, float] | None:
     return mean_std(values) if values else None
 
 
-def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric: str):
+def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric: str, styles: dict[str, dict]):
     words, limits = PLOTTED[metric]
     if lengths:
         for label, group in cells.items():
@@ -378,7 +435,7 @@ def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric
             points = [(x, s) for x, s in points if s is not None]
             if points:
                 ax.errorbar([x for x, _ in points], [s[0] for _, s in points], yerr=[s[1] for _, s in points],
-                            marker="o", capsize=3, label=label)
+                            capsize=3, label=label, **styles[label])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test sequence length")
     else:
@@ -391,13 +448,13 @@ def _plot_by_length(ax, cells: dict[str, list[dict]], lengths: list[int], metric
         ax.set_ylim(*limits)
 
 
-def _plot_state(ax, cells: dict[str, list[dict]], metric: str):
+def _plot_state(ax, cells: dict[str, list[dict]], metric: str, styles: dict[str, dict]):
     words, limits = PLOTTED[metric]
     for label, group in cells.items():
         state = group[0]["metrics"].get("state_size")
         stats = _mean_std_of(group, metric)
         if state and stats is not None:
-            ax.errorbar([state], [stats[0]], yerr=[stats[1]], marker="o", capsize=3, label=label)
+            ax.errorbar([state], [stats[0]], yerr=[stats[1]], capsize=3, label=label, **styles[label])
     ax.set_xscale("log")
     ax.set_xlabel("decode state (elements per sequence, at the training length)")
     ax.set_ylabel(f"{words} at the training length")
