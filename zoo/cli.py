@@ -52,7 +52,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .training import distributed
     from .training.checkpoint import path_in
     from .training.device import resolve_device
-    from .training.loop import probe_folders, train
+    from .training.loop import probe_folders, state_sizes, train
     from .training.stopping import Terminated
     from .training.throughput import describe as describe_throughput
 except KeyboardInterrupt:
@@ -131,7 +131,7 @@ def cmd_check(args) -> int:
     recipe = _resolve(args)
     model, task = check_recipe(recipe)
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
-          f"state {model.state_size(task.seq_len):,} elements at T={task.seq_len}, task {recipe.task.name}, "
+          f"state {state_sizes(model, task.seq_len)[0]:,} elements at T={task.seq_len}, task {recipe.task.name}, "
           f"recipe {recipe.key}" + (f", {len(recipe.cells)} grid cells (each checked)" if recipe.cells else ""))
     return 0
 
@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: results/<the recipe file's name without .yaml>, e.g. "
                                  "results/quickstart)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot (a results.png there is left as it is)")
     p.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
                    help="sequential: cells one after another in this process (default); ray: cells as Ray tasks "
                         "(needs pip install -e \".[ray]\"), results still written by this process only")

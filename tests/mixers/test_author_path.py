@@ -295,3 +295,52 @@ def test_zoo_check_reports_a_wrong_output_in_one_line(tmp_path):
     assert run.stderr.strip() == ("zoo: error: author_wrong_width.prefill returned an output of shape (1, 8, 6) for an "
                                   "input of shape (1, 8, 32): a mixer maps (batch, T, d_model) to the same shape; "
                                   "project it back to d_model"), run.stderr
+
+
+WITHOUT_STATE_SIZE = '''
+from dataclasses import dataclass
+from torch import nn
+from mixers import Mixer, register_mixer
+
+
+@register_mixer
+class NoStateSize(Mixer):
+    """y = W x, with a state of nothing: everything but state_size."""
+    name = "author_no_state_size"
+
+    @dataclass
+    class Options:
+        pass
+
+    def __init__(self, d_model, options):
+        super().__init__(d_model, options)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def prefill(self, x, mask=None):
+        return self.proj(x), {"s": x[:, -1]}
+
+    def init_state(self, batch_size, device=None, dtype=None):
+        return {"s": self.proj.weight.new_zeros(batch_size, self.d_model, dtype=dtype)}
+
+    def step(self, x_t, state):
+        return self.proj(x_t), {"s": x_t}
+'''
+
+
+def test_a_mixer_without_state_size_is_one_line_at_check_and_before_training(tmp_path):
+    """``zoo check`` ended its summary line in a NotImplementedError traceback, and ``zoo train`` trained the whole run
+    before its evaluation asked for the state size: both now refuse in one line, before any step."""
+    (tmp_path / "no_state_size_mixer.py").write_text(WITHOUT_STATE_SIZE)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"extends: {ROOT / 'tests' / 'zoo' / 'recipes' / 'tiny.yaml'}\nimports: [no_state_size_mixer]\n"
+                      "model: {layers: [author_no_state_size], mixer_options: {}}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    for command in (["check", str(recipe)], ["train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress",
+                                              "train.threads=1"]):
+        run = subprocess.run([sys.executable, "-m", "zoo", *command], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+        assert run.stderr.strip().splitlines()[-1] == ("zoo: error: NoStateSize must implement state_size(seq_len) "
+                                                       "(every results row records the state size it returns)"), \
+            run.stderr
+    assert not list((tmp_path / "run").glob("*.pt")) and "step" not in run.stdout

@@ -66,7 +66,8 @@ def check_same_model(path: Path, state: dict, key: str) -> None:
     under: the model built from it would differ from the one its weights were trained in."""
     if key != state["recipe_key"]:
         raise UserError(f"{path}: its recipe no longer resolves to the key it was trained under "
-                        f"({key} != {state['recipe_key']}); a default changed since it was written")
+                        f"({key} != {state['recipe_key']}); a default changed since it was written: use it with the "
+                        f"mixer-zoo version it was trained with (the commit its results row records as versions.git)")
 
 
 def tokenizer_record(task) -> dict:

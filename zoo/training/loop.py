@@ -252,6 +252,7 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     _check_eval_lengths(recipe, run.task)
     torch.manual_seed(recipe.seed)
     model = HybridLM.from_recipe(recipe, run.task.vocab_size).to(device)
+    state_sizes(model, run.task.seq_len)
     state = TrainState.fresh(recipe, model, len(train_data) if isinstance(train_data, TaskData) else None,
                              run.precision, device)
     saved = _saved_state(path, ctx.is_main)
@@ -267,6 +268,16 @@ def _start(recipe: Recipe, checkpoint_dir) -> tuple[_Run, TrainState, object]:
     _check_ranks_agree(ctx, state.step, device, checkpoint_dir)
     run.tracker = make_tracker(recipe, checkpoint_dir, resume_step=state.step) if ctx.is_main else None
     return run, state, train_data
+
+
+def state_sizes(model, seq_len: int) -> tuple[int, int]:
+    """The model's state and active state elements at ``seq_len`` (what ``zoo check`` prints and every results row
+    records), read before a run's first step: a mixer without ``state_size`` is refused in one line there, not in
+    the evaluation after its last."""
+    try:
+        return model.state_size(seq_len), model.active_state_size(seq_len)
+    except NotImplementedError as err:
+        raise UserError(f"{err} (every results row records the state size it returns)") from None
 
 
 def _micro_batch_sizes(rows: int, parts: int) -> list[int]:
