@@ -26,7 +26,7 @@ from ..rows import read_rows
 from ..tasks import Task
 from ..training.device import resolve_device
 from ..training.evaluation import test_metrics
-from .claims.errors import ClaimsError
+from .claims.errors import ClaimsError, read_record
 from .preregistration import git
 from .results import group_by_cell
 
@@ -68,13 +68,10 @@ def load(root: Path, table: str) -> dict[str, dict[int, dict]]:
 def _read_file(path: Path, table: str) -> dict[str, dict[int, dict]]:
     """``{label: {seed: metrics}}`` of an ``untrained.json`` (empty when there is none); one that is not such a file
     (a merge left conflict markers in it, a hand edit) is refused naming it, never read as no evaluation."""
-    if not path.is_file():
-        return {}
     fix = f"repair it or delete it and run zoo claims --untrained {table}"
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ClaimsError(f"{path}: not JSON ({err}); {fix}") from None
+    data = read_record(path, fix)
+    if data is None:
+        return {}
     cells = data.get("cells") or {} if isinstance(data, dict) else None
     if not isinstance(cells, dict) or not all(isinstance(seeds, dict) for seeds in cells.values()):
         raise ClaimsError(f"{path}: not {{\"commit\": ..., \"cells\": {{label: {{seed: metrics}}}}}}; {fix}")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..rows import read_rows
-from .claims.errors import ClaimsError
+from .claims.errors import ClaimsError, read_record
 from .freshness import CODE_PATHS, cell_staleness
 from .preregistration import git
 from .results import group_by_cell
@@ -50,13 +50,10 @@ def load(root: Path, table: str) -> dict[str, dict[str, dict]]:
     """The table's recorded probes (empty when there are none); a file that is not such a record (a merge left
     conflict markers in it, a hand edit) is refused naming it, never read as no record."""
     path = path_of(root, table)
-    if not path.is_file():
-        return {}
     fix = f"repair it, or delete it and run zoo claims --vouch {table} again"
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ClaimsError(f"{path}: not JSON ({err}); {fix}") from None
+    data = read_record(path, fix)
+    if data is None:
+        return {}
     if not isinstance(data, dict) or not all(isinstance(by_commit, dict) and all(isinstance(r, dict) for r in
                                                                                   by_commit.values())
                                              for by_commit in data.values()):
