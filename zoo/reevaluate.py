@@ -30,6 +30,7 @@ from typing import Callable, Mapping
 
 from .config import Recipe
 from .errors import UserError
+from .experiments.results import read_layout
 from .model import HybridLM
 from .recipes import resolve
 from .recipes.overrides import parse_override
@@ -140,7 +141,6 @@ def refuse_another_tokenizer(trained: Recipe, recipe: Recipe, task: Task, record
 def refuse_ablation_folder(given: Path) -> None:
     """Refuse an ablation's folder (or its ``checkpoints`` folder) given for a checkpoint, naming its cells'
     checkpoints: it holds one per cell, none at its top."""
-    from .experiments.results import read_layout  # matplotlib with it: only for a path that holds no checkpoint
     folder = given.parent if given.name == "checkpoints" else given
     layout = read_layout(folder) if given.is_dir() else None
     if layout is None:
