@@ -47,7 +47,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .recipes import refuse_overrides_every_cell_replaces, resolve
     from .recipes.overrides import parse_override
     from .recipes.plain import layer_label
-    from .reevaluate import evaluate_checkpoint
+    from .reevaluate import evaluate_checkpoint, refuse_ablation_folder
     from .rows import append_row, make_row, read_rows
     from .tasks import TASKS
     from .training import distributed
@@ -190,16 +190,8 @@ def _checkpoint_of(location: str) -> Path:
         raise UserError(f"zoo eval: {path} is a folder, not a checkpoint; give a checkpoint file or the run folder "
                         f"holding it (zoo train RECIPE --out DIR writes DIR/{path.name})")
     refuse_text_file(path, "zoo eval")
-    layout = None if path.exists() else read_layout(Path(location))
-    if layout is not None:
-        folder = Path(location)
-        cells = [f"{folder / 'checkpoints' / c['key']} ({c['label']})" for c in layout["cells"]
-                 if (folder / "checkpoints" / c["key"] / "checkpoint.pt").exists()]
-        raise UserError(f"zoo eval: {folder} is an ablation's folder, with a checkpoint per cell under "
-                        f"{folder / 'checkpoints'}/<recipe key>: "
-                        + (f"give one of {', '.join(cells)}" if cells else
-                           "none of its cells has one (not trained yet, or its checkpoints were removed: run the "
-                           "zoo ablate command again to train the missing ones)"))
+    if not path.exists():
+        refuse_ablation_folder(Path(location))
     return path
 
 

@@ -150,7 +150,8 @@ def refuse_ablation_folder(given: Path) -> None:
     where = f"{given} is the checkpoints folder of an ablation" if folder != given else f"{given} is an ablation's folder"
     raise UserError(f"{where}, with a checkpoint per cell under {folder / 'checkpoints'}/<recipe key>: "
                     + (f"give one of {', '.join(cells)}" if cells else
-                       "none of its cells has one yet (run its zoo ablate command to train them)"))
+                       "none of its cells has one (not trained yet, or its checkpoints were removed: run the zoo "
+                       "ablate command again to train the missing ones)"))
 
 
 def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> dict:
