@@ -39,7 +39,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .experiments.claims.errors import ClaimsError
     from .experiments.claims.schema import claimed_cells
     from .experiments.executors import make_executor
-    from .experiments.preregistration import git
+    from .experiments.preregistration import shallow_clone
     from .experiments.results import read_layout, render_folder
     from .generate import refuse_text_file
     from .paths import EXTRA_SECTIONS, probe_writable
@@ -270,7 +270,7 @@ def cmd_table(args) -> int:
 def refuse_shallow_history(root: Path) -> None:
     """The ledger dates rows and rules by git history: in a shallow clone the rows' commits are missing, every cell
     would read as stale and every rule as post hoc, so ``zoo claims`` refuses to start there."""
-    if (git(root, "rev-parse", "--is-shallow-repository") or "").strip() == "true":
+    if shallow_clone(root):
         raise UserError("zoo claims: this is a shallow clone (git clone --depth): the commits the rows were computed "
                         "at are not in its history, so every cell would read as stale; run git fetch --unshallow "
                         "first")

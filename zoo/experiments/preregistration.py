@@ -39,6 +39,11 @@ def git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def shallow_clone(root: Path) -> bool:
+    """Whether ``root`` is a shallow clone (``git clone --depth``), whose history stops short."""
+    return (git(root, "rev-parse", "--is-shallow-repository") or "").strip() == "true"
+
+
 def in_git_checkout(root: Path) -> bool:
     return (git(root, "rev-parse", "--is-inside-work-tree") or "").strip() == "true"
 
@@ -182,7 +187,7 @@ def registration(root: Path, spec: dict, rows: list[dict], table: str | None = N
         if unknown:  # not known to be earlier, but a row of an unknown or unrecorded commit cannot show it is later
             why.append(f"rows computed at {', '.join(unknown)} (a commit this history does not have, or none "
                        f"recorded) cannot show they came after it")
-            if (git(root, "rev-parse", "--is-shallow-repository") or "").strip() == "true":
+            if shallow_clone(root):
                 why.append("this is a shallow clone, whose history stops short: git fetch --unshallow reads all of it")
         return Registration(True, True, f"post hoc: rule committed in {commit[:7]}, {'; '.join(why)}")
     past = _early_past_rows(root, commit, table, cells) if table else []
