@@ -55,13 +55,18 @@ class AheadReport:
     loaded: int = 0                # of those, kernels loaded onto their device (launcher built) ahead
     workers: int = 0               # compile threads (1: one after another, as the launches would)
     seconds: float = 0.0           # wall time of the whole compile-ahead, the run included
+    run_seconds: float = 0.0       # of it, the run itself (its launches submitted; with one thread, compiled)
+    wait_seconds: float = 0.0      # then the wait for the compiles still running when the run returned
+    load_seconds: float = 0.0      # then the loading onto the device (:func:`load_kernels`)
     skipped: str | None = None     # why nothing was compiled
 
     def describe(self) -> str:
         if self.skipped:
             return f"no kernels compiled ahead: {self.skipped}"
         return (f"compiled {self.compiled} Triton kernels for {self.launches} launches ahead ({self.loaded} loaded "
-                f"onto the device) in {self.seconds:.1f} s on {self.workers} thread{'s' if self.workers != 1 else ''}")
+                f"onto the device) in {self.seconds:.1f} s on {self.workers} thread{'s' if self.workers != 1 else ''} "
+                f"(the run {self.run_seconds:.1f} s, then waiting for compiles {self.wait_seconds:.1f} s, loading "
+                f"{self.load_seconds:.1f} s)")
 
 
 def available_cores() -> int:
@@ -201,10 +206,14 @@ def compile_ahead(run: Callable[[], object], workers: int | None = None) -> Ahea
             run()
         finally:
             _active = None
+            ran = time.perf_counter()
+    waited = time.perf_counter()
     compiled = ahead.new_kernels()
     report.launches, report.compiled = ahead.launches, len(compiled)
     report.loaded = load_kernels(compiled, workers)
     report.seconds = time.perf_counter() - start
+    report.run_seconds, report.wait_seconds = ran - start, waited - ran
+    report.load_seconds = report.seconds - (waited - start)
     return report
 
 

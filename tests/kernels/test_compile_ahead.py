@@ -90,6 +90,31 @@ def test_launches_inside_a_compile_ahead_are_warmed_up_not_run(monkeypatch):
     assert outer.launches == 2 and inner[0].launches == 1 and "joined" in inner[0].skipped
 
 
+def test_a_compile_ahead_says_where_its_time_went(monkeypatch):
+    """The run (here compiling at each launch, one thread), the wait and the loading add up to the whole, each
+    measured where it happens: a stand-in clock that a compile advances by 1 s and a load by 10 s."""
+    clock = [100.0]
+    monkeypatch.setattr(ahead, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(ahead.time, "perf_counter", lambda: clock[0])
+
+    class SlowCompiled(_StubCompiled):
+        def _init_handles(self):
+            clock[0] += 10.0
+            super()._init_handles()
+
+    class SlowKernel(_StubKernel):
+        def warmup(self, *args, grid, **kwargs):
+            clock[0] += 1.0
+            self.warmed.append((args, grid, kwargs))
+            self.device_caches.setdefault(0, ({},))[0][("key", len(self.warmed))] = SlowCompiled()
+
+    kernel, x = SlowKernel(), torch.randn(3)
+    n = int(torch.randint(1, 5, ()))
+    report = ahead.compile_ahead(lambda: [launch(kernel, (1,), x, i) for i in range(n)], workers=1)
+    assert (report.run_seconds, report.wait_seconds, report.load_seconds, report.seconds) == (n, 0, 10 * n, 11 * n)
+    assert f"(the run {float(n):.1f} s, then waiting for compiles 0.0 s, loading {10.0 * n:.1f} s)" in report.describe()
+
+
 def test_nothing_to_compile_on_a_cpu_or_under_the_interpreter():
     class Refuses(torch.nn.Module):
         def forward(self, x):

@@ -46,6 +46,7 @@ def test_the_dry_run_writes_the_summary_and_its_verdicts(tmp_path):
     assert all(gpu_targets.is_number(r) for r in summary["kernel_vs_fla"]["delta_rule"].values())
     for name, row in json.loads((folder / "first_call.json").read_text())["rows"].items():  # nothing to compile
         assert "CUDA devices" in row["ahead_skipped"] and row["kernels_ahead"] == 0, name
+        assert row["ahead_run_seconds"] == row["ahead_wait_seconds"] == row["ahead_load_seconds"] == 0, name
     for stage in ("kernel", "fla", "layers"):  # where each timed call's time went, kernel by kernel
         for row in json.loads((folder / f"{stage}.json").read_text())["rows"]:
             assert sum(k["calls"] for k in row["kernels"]) == row["launches"] > 0, (stage, row["T"])

@@ -92,7 +92,8 @@ def measure_one(name: str, mode: str, arch: int, threads: int, toy: bool) -> dic
         kernels.ahead._Ahead.warm = timed_warm
     report = compile_ahead(first_call, workers=1 if mode == "serial" else threads)
     row = {"mixer": name, "mode": mode, "launches": report.launches, "compiled": report.compiled,
-           "threads": report.workers, "seconds": round(report.seconds, 2)}
+           "threads": report.workers, "seconds": round(report.seconds, 2), "run_seconds": round(report.run_seconds, 2),
+           "wait_seconds": round(report.wait_seconds, 2)}
     if compile_times:
         row["longest_kernel_s"] = round(max(compile_times), 2)
     if mode == "ahead":

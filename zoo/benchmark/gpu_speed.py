@@ -12,8 +12,10 @@ at its limit keeps what it measured:
    layer's kernels compiled ahead on half the cores (:func:`kernels.ahead.forward_backward_ahead`, as
    ``zoo train`` compiles a step's before its first), then the call (the card runs it in milliseconds; a
    time measured beside another process's compiles is, if anything, long); ``seconds`` is both,
-   ``ahead_seconds`` the first; each cache is then merged into the run's shared one, so later stages do
-   not compile the same kernels again;
+   ``ahead_seconds`` the first, split into ``ahead_run_seconds`` (the dry call submitting its kernels),
+   ``ahead_wait_seconds`` (then waiting for the compiles) and ``ahead_load_seconds`` (loading them onto the
+   device); each cache is then merged into the run's shared one, so later stages do not compile the same
+   kernels again;
 3. ``kernel``: our gated delta rule (one Householder step) and DeltaProduct (two), forward and
    forward+backward, ``B 1, H 8, K = V = 128``, ``T = 16384, 65536`` (:func:`time_delta`), and where one
    forward+backward's device time goes, kernel by kernel (:mod:`zoo.benchmark.device_time`);
@@ -276,7 +278,8 @@ def stage_first_call(plan: Plan, name: str, path: Path, deadline: float) -> None
         start = time.perf_counter()
         ahead = forward_backward_ahead(mixer, x, workers=max(1, available_cores() // plan.first_call_workers))
         row.update(ahead_seconds=time.perf_counter() - start, kernels_ahead=ahead.compiled,
-                   kernels_loaded=ahead.loaded, threads=ahead.workers)
+                   kernels_loaded=ahead.loaded, threads=ahead.workers, ahead_run_seconds=ahead.run_seconds,
+                   ahead_wait_seconds=ahead.wait_seconds, ahead_load_seconds=ahead.load_seconds)
         if ahead.skipped:
             row["ahead_skipped"] = ahead.skipped
         mixer(x).backward(grad)
