@@ -135,3 +135,23 @@ def test_an_eval_row_written_before_its_cells_training_row_is_never_the_cell(tmp
     with open(tmp_path / "results.csv", newline="") as fh:
         header, *lines = list(csv.reader(fh))
     assert [(line[0], float(line[header.index("test_accuracy")])) for line in lines] == [("a", round(trained, 4))]
+
+
+def test_a_seed_that_diverged_is_left_out_of_its_cells_mean_and_named(tmp_path):
+    """A diverged seed's loss is NaN: the cell's summary is the mean of the finite seeds with the count of the others
+    (not ``nan ± nan``); a cell where every seed diverged says so."""
+    rng = random.Random(torch.initial_seed())
+    finite = [rng.uniform(1, 3) for _ in range(rng.randint(2, 4))]
+    bad = rng.randint(1, 2)
+    values = {"mixed": finite + [float("nan")] * bad, "lost": [float("nan"), float("inf")]}
+    for label, group in values.items():
+        for seed, v in enumerate(group):
+            append_row(tmp_path / "results.jsonl", {
+                "recipe_key": f"{label}-{seed}", "label": label, "seed": seed, "metrics": {"val_bpb": v, "steps": 3},
+                "recipe": {"seed": seed, "model": {"layers": ["gla"]}, "task": {"seq_len": 64}}})
+    render_folder(tmp_path, plot=True)
+    summary = _summary((tmp_path / "results.md").read_text())
+    line = dict(zip(summary["columns"], summary["mixed"]))
+    assert line["val_bpb"] == (f"{_fmt(statistics.mean(finite))} ± {_fmt(statistics.stdev(finite))} "
+                               f"(n={len(finite)}; {bad} not finite)")
+    assert dict(zip(summary["columns"], summary["lost"]))["val_bpb"] == "not finite (2 of 2 seeds)"

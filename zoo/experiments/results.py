@@ -187,7 +187,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
-    """One line per cell over its seeds: every metric column as mean ± sample std."""
+    """One line per cell over its seeds: every metric column as mean ± sample std over the seeds that have it as a
+    finite number; where some do not, their count (a seed that diverged has a NaN loss: left out and named, not
+    turned into ``nan ± nan``)."""
     per_seed_columns = table_columns(rows)
     metrics = [c for c in per_seed_columns if c not in ("cell", "layers", "seed")]
     columns = ["cell", "layers", "seeds", *metrics]
@@ -197,10 +199,13 @@ def seed_table(rows: list[dict]) -> tuple[list[str], list[list]]:
         line = [cell, "+".join(layer_label(e) for e in group[0]["recipe"]["model"]["layers"]),
                 f"{len(group)} ({', '.join(map(str, seeds))})"]
         for c in metrics:
-            values = [r["metrics"][c] for r in group if isinstance(r["metrics"].get(c), (int, float))]
+            numbers = [r["metrics"][c] for r in group if isinstance(r["metrics"].get(c), (int, float))]
+            values = [v for v in numbers if math.isfinite(v)]   # a diverged seed's NaN loss would make it nan ± nan
             fewer = f" (n={len(values)})" if len(values) != len(group) else ""  # seeds without the metric
+            if len(values) != len(numbers):
+                fewer = f" (n={len(values)}; {len(numbers) - len(values)} not finite)"
             if not values:
-                line.append("")
+                line.append(f"not finite ({len(numbers)} of {len(group)} seeds)" if numbers else "")
             elif len(values) == 1:
                 line.append(f"{_fmt(values[0])}{fewer}" if fewer else _fmt(values[0]))
             elif c in ("params", "state_size", "active_state_size", "steps") and len(set(values)) == 1:
@@ -234,7 +239,8 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True, 
     if any(len(g) > 1 for g in group_by_cell(rows).values()):
         agg_columns, agg_body = seed_table(rows)
         summary = markdown_table(agg_body, agg_columns)
-        note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which):\n\n"
+        note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which; n: how "
+                 f"many have the value, where not all do, and how many of them are not finite, a diverged run's):\n\n"
                  f"{summary}\n\nPer seed:\n\n")
         table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note, tail)
     else:
@@ -422,6 +428,7 @@ def _mean_std_of(group: list[dict], key: str) -> tuple[float, float] | None:
     """Mean and sample std of ``key`` over the rows of ``group`` that have it as a number (a seed without it, or a
     cell of another task in a mixed grid, is left out, as in the seed table); None when no row has it."""
     values = [float(r["metrics"][key]) for r in group if isinstance(r["metrics"].get(key), (int, float))]
+    values = [v for v in values if math.isfinite(v)]   # as the seed table, which names the seeds left out
     return mean_std(values) if values else None
 
 
