@@ -134,6 +134,10 @@ def cmd_check(args) -> int:
     print(f"ok: {args.recipe}: layers {_layers(recipe)}, {model.num_params():,} parameters, "
           f"state {state_sizes(model, task.seq_len)[0]:,} elements at T={task.seq_len}, task {recipe.task.name}, "
           f"recipe {recipe.key}" + (f", {len(recipe.cells)} grid cells (each checked)" if recipe.cells else ""))
+    try:   # zoo train trains the base recipe with it, so it is no error here; zoo ablate refuses it
+        refuse_overrides_every_cell_replaces(recipe, args.overrides)
+    except UserError as err:
+        print(f"note: zoo train takes it (the base recipe), but zoo ablate refuses it: {err}", file=sys.stderr)
     return 0
 
 

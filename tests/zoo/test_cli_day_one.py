@@ -139,6 +139,8 @@ def test_ablate_refuses_an_option_only_the_base_recipe_takes(tmp_path, capsys):
     recipe.write_text("extends: base.yaml\ngrid:\n  model.layers: [[attention, mamba2], [mamba2, mamba2]]\n")
     override = "model.mixer_options.ska.chunk_size=4"
     assert main(["check", str(recipe), override]) == 0, capsys.readouterr().err
+    (note,) = capsys.readouterr().err.strip().splitlines()   # zoo check says what zoo ablate will do with it
+    assert note.startswith("note:") and "zoo ablate refuses it" in note and "changes no cell of the grid" in note, note
     out = tmp_path / "out"
     assert main(["ablate", str(recipe), "--out", str(out), override, *QUICK]) == 2
     line = _one_line(capsys)
