@@ -401,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a checkpoint file or the folder holding checkpoint.pt")
     p.add_argument("overrides", nargs="*", metavar="key.path=value",
                    help="evaluation overrides, e.g. eval.seq_lens=[64,128] eval.test_time={<knob>: 5} "
-                        "task.num_test=2000 seed=7 (model.* and training options are refused)")
+                        "task.num_test=2000 seed=7 model.mixer_options.gla.backend=torch (other model.* and training "
+                        "options are refused)")
     p.add_argument("--out", help="folder whose results.jsonl gets the row (default: the checkpoint's folder)")
     p.add_argument("--json", action="store_true", help="print only the row's recipe and metrics, as JSON")
     p.set_defaults(func=cmd_eval)

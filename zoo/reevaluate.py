@@ -11,7 +11,10 @@ trained model as it is:
   tokenizer the model was trained with;
 - ``seed`` (it selects the generated test data of a synthetic task; a language model's validation windows
   are fixed, so it changes none of its numbers), ``train.device``, ``train.threads``,
-  ``train.precision``, ``name``, ``description``, ``imports``.
+  ``train.precision``, ``name``, ``description``, ``imports``;
+- a mixer's kernel ``backend`` (``model.mixer_options.gla.backend=torch``, ``model.layers.1.gla.backend=torch``):
+  the backends compute the same function, so a checkpoint trained with ``backend: triton`` on a GPU evaluates on a
+  CPU with ``backend=torch`` (only for a checkpoint: :func:`evaluate` of a run's in-memory model keeps its layers).
 
 Every other override (``model.*``, the rest of ``train.*``) describes how the checkpoint was trained,
 and is refused with a one-line error. Without overrides, evaluation repeats the end-of-training
@@ -45,7 +48,12 @@ from .training.evaluation import test_metrics
 ALLOWED_PREFIXES = ("eval", "task", "seed", "name", "description", "imports", "train.device", "train.threads",
                     "train.precision")
 WHY = ("zoo eval may change only eval.*, task options that keep the vocabulary, seed (the test data), "
-       "train.device/threads/precision")
+       "train.device/threads/precision and a mixer's kernel backend")
+
+
+def is_backend_override(key: str) -> bool:
+    """``model.<...>.backend``: a mixer's kernel backend, which computes the same function with the same weights."""
+    return key.startswith("model.") and key.endswith(".backend")
 
 def _override_items(overrides) -> list[tuple[str, object, str]]:
     if isinstance(overrides, Mapping):
@@ -98,7 +106,8 @@ def eval_recipe(plain: dict, imports: list[str] = (), overrides=(), path="checkp
     after checking that no override changes the trained model."""
     base = recipe_mapping(plain, imports)
     for key, _value, text in _override_items(overrides):
-        if key == "task.name" or not any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES):
+        allowed = is_backend_override(key) or any(key == p or key.startswith(p + ".") for p in ALLOWED_PREFIXES)
+        if key == "task.name" or not allowed:
             raise UserError(f"zoo eval: override {text!r} would change the trained model; {WHY}")
     trained = checkpoint_recipe(path, plain, imports)
     if trained.train.tokens:  # the steps it trained: another task.seq_len must not derive another count from tokens
@@ -175,7 +184,8 @@ def evaluate_checkpoint(location: str | Path, overrides=(), label: str = "") -> 
     t = recipe.train
     with torch_threads(t.threads):
         device = resolve_device(t.device)
-        model = load_model(state, trained, device, path)   # a tokenizer of another size is named here first
+        # the trained model, with the kernel backends the overrides choose (no other model.* override passes)
+        model = load_model(state, recipe, device, path)   # a tokenizer of another size is named here first
         task = Task.from_spec(recipe.task)
         refuse_another_tokenizer(trained, recipe, task, lambda: state.get("tokenizer_fingerprint"))
         ckpt.check_same_tokenizer(path, state, task)
@@ -197,6 +207,10 @@ def evaluate(source, overrides=()) -> dict:
     result = source
     if result.recipe is None:
         raise UserError("evaluate: this TrainResult carries no recipe; pass a checkpoint path instead")
+    backends = [text for key, _v, text in _override_items(overrides) if is_backend_override(key)]
+    if backends:
+        raise UserError(f"evaluate: override {backends[0]!r}: a run's model is evaluated with the layers it was built "
+                        f"with; pass its checkpoint path to evaluate it with another backend")
     trained, recipe = eval_recipe(result.recipe.plain, ckpt.imports_for(result.recipe), overrides)
     task = Task.from_spec(recipe.task)
     refuse_another_tokenizer(trained, recipe, task,

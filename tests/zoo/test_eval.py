@@ -86,3 +86,31 @@ def test_eval_of_an_unfinished_run_says_so_on_stderr(tmp_path, capsys):
     assert f"{tmp_path / 'cut' / ckpt.FILENAME} is the checkpoint of an unfinished run (step 2 of 3)" in captured.err
     assert main(["eval", str(tmp_path / "done"), "--json"]) == 0
     assert "unfinished" not in capsys.readouterr().err
+
+
+def test_eval_takes_another_kernel_backend_and_nothing_else_of_the_model(tmp_path):
+    """A mixer's backend computes the same function with the same weights: a checkpoint trained with one evaluates
+    with another (a GPU run's ``backend: triton`` on a CPU, here the reverse through the interpreter) to the numbers
+    of the backend it was trained with; no other model option passes, and a run's in-memory model is not rebuilt."""
+    recipe = resolve(TINY, ["train.steps=3", "model.mixer_options.mamba2.backend=torch"])
+    result = train(recipe, progress=False, checkpoint_dir=tmp_path)
+    other = "model.mixer_options.mamba2.backend=triton"
+    row = zoo.evaluate(tmp_path, [other])
+    assert row["test_loss"] == pytest.approx(result.metrics["test_loss"], rel=1e-5, abs=1e-6)
+    built = []
+    real = zoo.reevaluate.load_model
+
+    def spy(state, recipe, device, path):
+        built.append(recipe)
+        return real(state, recipe, device, path)
+
+    layer = f"model.layers.1.mamba2.backend={'triton' if int(torch.randint(0, 2, ())) else 'torch'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zoo.reevaluate, "load_model", spy)
+        zoo.evaluate(tmp_path, [layer])
+    assert built[0].layers[1].options.backend == layer.rsplit("=", 1)[1]
+    for bad in ("model.mixer_options.mamba2.d_state=4", "model.layers.1.mamba2.chunk_size=4"):
+        with pytest.raises(UserError, match="would change the trained model"):
+            zoo.evaluate(tmp_path, [bad])
+    with pytest.raises(UserError, match="pass its checkpoint path"):
+        zoo.evaluate(result, [other])
