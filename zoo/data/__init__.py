@@ -6,4 +6,5 @@
 - :mod:`zoo.data.prepare`: ``zoo data prepare`` — a source tokenised once into flat token files
   (``train.bin``, ``val.bin``, ``meta.json``), deterministic and resumable;
 - :mod:`zoo.data.windows`: memory-mapped token files and the seeded random windows training draws.
+- :mod:`zoo.data.root`: where prepared data lives (``task.data_dir``, ``$ZOO_DATA_DIR``, the user's cache).
 """

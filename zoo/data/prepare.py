@@ -41,15 +41,12 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..paths import probe_writable
 from . import sources, stdlib
+from .root import data_root
 from .tokenize import make_tokenizer, token_dtype
 
 PART_DOCUMENTS = 64
 META = "meta.json"
 SPLITS = ("train", "val")
-
-
-def data_root(o) -> Path:
-    return Path(o.data_dir or os.environ.get("ZOO_DATA_DIR") or Path.home() / ".cache" / "mixer-zoo" / "data")
 
 
 def folder(o, tokenizer=None) -> Path:
@@ -63,7 +60,7 @@ def folder(o, tokenizer=None) -> Path:
     if o.source.startswith("python-"):
         what["python"] = sys.version
     if o.source == "files":  # an edited corpus is prepared again, into its own folder
-        what["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources.matching_files(o.path)]
+        what["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources.corpus_files(o)]
     if o.source == "python-stdlib" and o.path:  # this interpreter's own library changes with sys.version
         what["files"] = stdlib.fingerprint(o)
     if o.source == "hf":  # local data files (a Hub dataset has none), less any prepared here under them

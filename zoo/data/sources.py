@@ -9,8 +9,10 @@
   generated files and site-packages left out by the rule of :mod:`zoo.data.stdlib` (about 10 MB for
   CPython 3.11), in the order of the relative paths; ``path`` may name another root. Split by file.
 - ``files``: the files matching ``path`` (a glob, ``**`` recursive; several separated by ``;``), read
-  as bytes in the order of the sorted paths. A file is one document; with ``doc_separator`` set (e.g.
-  ``"\\n\\n\\n"``), its non-empty pieces between separators are the documents.
+  as bytes in the order of the sorted paths, less the folders prepared in ``data_dir``. The leading
+  part of a glob that names an existing file or folder is read literally (a folder ``draft [v2]`` is that
+  folder, not a glob class). A file is one document; with ``doc_separator`` set (e.g. ``"\\n\\n\\n"``), its
+  non-empty pieces between separators are the documents.
 - ``hf``: a Hugging Face dataset (``hf_dataset``, ``hf_config``, ``hf_split``, ``hf_text_field``; local
   data files with ``hf_data_files``), streamed with ``datasets`` (``pip install 'mixer-zoo[lm]'``); a
   record whose text is missing (null) or empty is an empty document, left out. Local files it reads
@@ -33,12 +35,15 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import os
 import pydoc_data.topics
+import re
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import UserError
 from . import stdlib
+from .root import data_root
 
 #: the version of the rules above (how sources become documents): part of a prepared folder's key
 RULES_VERSION = 2
@@ -65,17 +70,55 @@ def _python_docs() -> Iterator[bytes]:
             yield doc
 
 
+def literal_prefix_glob(part: str) -> str:
+    """``part`` as a glob whose longest leading run of path components that exists on disk is taken literally: a
+    folder or file named ``draft [v2]`` is that folder or file, not the glob class ``[v2]``; the rest keeps its glob
+    meaning (``draft [v2]/*.txt``)."""
+    text = os.path.expanduser(part)
+    components = text.split(os.sep)
+    for n in range(len(components), 0, -1):
+        head = os.sep.join(components[:n])
+        if head and os.path.lexists(head):
+            return glob.escape(head) + text[len(head):]
+    return text
+
+
 def matching_files(pattern: str) -> list[Path]:
+    """The files ``task.path`` names (globs separated by ``;``), sorted; a part naming no file is refused."""
     parts = [p.strip() for p in pattern.split(";") if p.strip()]
     if not parts:
         raise UserError("task.path is empty: source 'files' needs a glob of text files, e.g. path: 'corpus/**/*.txt'")
     paths = set()
     for part in parts:
-        found = [Path(p) for p in glob.glob(str(Path(part).expanduser()), recursive=True)]
+        found = [Path(p) for p in glob.glob(literal_prefix_glob(part), recursive=True)]
         if not any(p.is_file() for p in found):
             raise UserError(f"task.path: no file matches {part!r}; check the path (globs: *, **)")
         paths |= {p for p in found if p.is_file()}
     return sorted(paths)
+
+
+def prepared_folder_name(name: str) -> bool:
+    """Whether a folder name is one :func:`zoo.data.prepare.folder` gives a prepared source (``files-<16 hex>``)."""
+    return re.fullmatch(rf"(?:{'|'.join(map(re.escape, SOURCES))})-[0-9a-f]{{16}}", name) is not None
+
+
+def corpus_files(o) -> list[Path]:
+    """The files the ``files`` source reads: those ``task.path`` matches, less any inside a prepared folder of the
+    prepared-data folder (a glob such as ``notes/**/*`` around ``task.data_dir`` would otherwise read the token
+    files it prepared as text, and prepare again, into a new folder, at every run)."""
+    root = data_root(o).expanduser().resolve()
+
+    def prepared(path: Path) -> bool:
+        path = path.resolve()
+        return path.is_relative_to(root) and len(inside := path.relative_to(root).parts) > 1 \
+            and prepared_folder_name(inside[0])
+
+    matched = matching_files(o.path)
+    kept = [p for p in matched if not prepared(p)]
+    if not kept:
+        raise UserError(f"task.path: every file {o.path!r} matches is prepared data under {root} (task.data_dir): "
+                        f"token files, not text; point task.path at the corpus")
+    return kept
 
 
 def local_hf_files(o) -> list[Path]:
@@ -93,9 +136,9 @@ def local_hf_files(o) -> list[Path]:
     return sorted(p for p in found if p.is_file())
 
 
-def _files(pattern: str, separator: str) -> Iterator[bytes]:
+def _files(paths: list[Path], separator: str) -> Iterator[bytes]:
     sep = separator.encode("utf-8")
-    for path in matching_files(pattern):
+    for path in paths:
         try:
             data = path.read_bytes()
         except OSError as err:
@@ -138,7 +181,7 @@ def _keyed(o) -> Iterator[tuple[bytes | None, bytes]]:
     if o.source == "python-docs":
         raw = _python_docs()
     elif o.source == "files":
-        raw = _files(o.path, o.doc_separator)
+        raw = _files(corpus_files(o), o.doc_separator)
     elif o.source == "hf":
         raw = _hf(o)
     else:

@@ -76,7 +76,7 @@ class LanguageModeling(TextTask):
             if self.source in ("files", "shards") and not self.path:
                 raise ValueError(f"source {self.source!r} needs task.path (files: a glob; shards: a folder)")
             for part in (p.strip() for p in self.path.split(";")) if self.source == "files" else ():
-                if part and not any(c in part for c in "*?[") and Path(part).expanduser().is_dir():
+                if part and Path(part).expanduser().is_dir():  # a folder named ``draft [v2]`` too
                     raise ValueError(f"task.path {part!r} is a folder; source 'files' reads files: give a file or a "
                                      f"glob such as {part.rstrip('/')}/*.txt (or {part.rstrip('/')}/**/*.txt)")
             if self.source == "hf" and not self.hf_dataset:
