@@ -40,12 +40,19 @@ kernels), two for GKA, whose readout of a query ``x ~ (H + lam I)^{-1} q`` cance
 the large part of ``x`` the keys do not span: an operand error relative to ``|x|`` reaches ``o`` amplified up
 to ``1 / ridge_a``). States and accumulators stay fp32; the query may itself be an fp32 buffer (``QP`` pieces).
 
-Decays within a chunk are ``exp(G_t - G_s)`` of cumulative sums, as in flash-linear-attention's kernels. Measured in
-fp32 against fp64 (interpreter, T 128, chunk 64, d 16): with log decays of -20..-40 among -0.05..0 in one chunk
-(``G`` ~ -1000 keeps ~6e-5 absolute) the output and gradients are 6e-6..2.7e-5 off and a strong step's gate
-gradient 1e3 times its size (fla's ``naive_chunk_simple_gla``: the same); at -40..-60 the gate gradient is lost
-(relative error ~1). The chunked PyTorch path sums each segment instead (:func:`kernels.common.segment_log_decays`):
-~1e-7 on both.
+Decays within a chunk. Each exponent is summed over its own segment (:func:`chunk_log_decays`,
+:func:`segment_decay_mask`: the masked cumulative sum over the ``C x C`` tile, as Mamba-2's segsum, and the suffix
+sum ``gl - G_s`` of the next steps), and with ``LOCAL`` and ``STATE`` in one launch (GLA) a step's gate gradient
+sums the segments that hold it (``sum_{t>=r, s<r} W_ts`` from a reverse cumulative sum of the tile, ``sum_{s<r}``
+of the state pass's terms), not the reverse cumulative sum of ``dG``, whose ``sum_s W_ts - sum_s W_st`` cancels
+O(1) terms. As ``exp(G_t - G_s)`` of cumulative sums (flash-linear-attention's form) a weak segment after strong
+steps (``G`` ~ -1000) kept only ``|G| eps`` ~ 6e-5 of its exponent. Measured in fp32 against fp64 (interpreter,
+T 128, chunk 64, 2 heads of d 16, 60 draws; relative Frobenius error): with log decays of -20..-40 among -0.05..0
+in one chunk, output and gradients <= 2e-7 (before: 6.7e-6..2.8e-5) and a strong step's own gate gradient
+<= 3.2e-6 (before: ~1e3 times its size); at -40..-60 everywhere, output and gradients <= 2.2e-7 (the gate
+gradient before: lost, 0.84..1.0). GKA's split launches (``LOCAL``, its solve, then ``STATE``) keep the
+``dG`` form, to which the solve's backward adds (:mod:`kernels.gka.triton`). The chunked PyTorch path
+(:func:`kernels.common.segment_log_decays`) sums the same way.
 """
 from __future__ import annotations
 
@@ -95,6 +102,29 @@ def chunk_gates(G_ptr, b, h, offs_t, T, sb, st, sh, C: tl.constexpr, CUM: tl.con
 
 
 @triton.jit
+def chunk_log_decays(G_ptr, b, h, offs_t, T, sb, st, sh, C: tl.constexpr):
+    """``(g, G, gl, to_end)``: the chunk's per-step log decays, their inclusive cumulative sums and its last one
+    (:func:`chunk_gates`), and ``to_end_s = sum_{s<r<C} g_r`` (``gl - G_s``) as the suffix sum of the next steps
+    (``g`` read one step on), rounded within its own segment: as ``gl - G_s`` a weak segment after strong steps
+    (``G`` ~ -1000) kept only ``|G| eps`` ~ 6e-5 of its exponent."""
+    g = tl.load(G_ptr + b * sb + h * sh + offs_t.to(tl.int64) * st, mask=offs_t < T, other=0.0).to(tl.float32)
+    G = tl.cumsum(g, 0)
+    gl = tl.sum(tl.where(tl.arange(0, C) == C - 1, G, 0.0), 0)
+    nxt = (tl.arange(0, C) + 1 < C) & (offs_t + 1 < T)
+    g_next = tl.load(G_ptr + b * sb + h * sh + (offs_t + 1).to(tl.int64) * st, mask=nxt, other=0.0).to(tl.float32)
+    return g, G, gl, tl.cumsum(g_next, 0, reverse=True)
+
+
+@triton.jit
+def segment_decay_mask(g, offs_c):
+    """``M_ts = e^{sum_{s<r<=t} g_r}`` for ``s <= t``, else 0, from the per-step log decays of a chunk: each
+    exponent a masked cumulative sum over its own segment (as Mamba-2's segsum), not ``G_t - G_s``."""
+    steps = tl.where(offs_c[:, None] > offs_c[None, :], g[:, None], 0.0)   # [r, s] = g_r where r > s
+    causal = offs_c[:, None] >= offs_c[None, :]
+    return tl.exp(tl.where(causal, tl.cumsum(steps, 0), float("-inf")))
+
+
+@triton.jit
 def decay_mask(Gt, Gs, offs_t, offs_s):
     """``M_ts = e^{G_t - G_s}`` for ``s <= t``, else 0."""
     causal = offs_t[:, None] >= offs_s[None, :]
@@ -138,10 +168,10 @@ def _state_fwd_pass(s, A, b, h, bh, n, T, DA, sab, sat, sah, local, K, G, STARTS
     for c in range(n):
         offs_t = c * C + offs_c
         tl.store(STARTS + (bh * n + c) * R * DK + soff, s, mask=smask)
-        Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
+        _g, _Gc, gl, to_end = chunk_log_decays(G, b, h, offs_t, T, sgb, sgt, sgh, C)
         k = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP)
         a = tokens(A, b, h, offs_t, T, sab, sat, sah, local, DA)
-        aw = tl.trans(a * tl.exp(gl - Gc)[:, None])
+        aw = tl.trans(a * tl.exp(to_end)[:, None])
         s = s * tl.exp(gl) + mm(aw, k, k, k, OP, P, 1)
     return s
 
@@ -196,10 +226,10 @@ def _output_fwd(Q, K, V, G, STARTS, O, scale, T, H, n, DK, DV, R, U_ROW,
     mk = offs_k < DK
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     mv = offs_v < DV
-    Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
+    gs, Gc, _gl, _to_end = chunk_log_decays(G, b, h, offs_t, T, sgb, sgt, sgh, C)
     q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
     kt = tl.trans(operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP))
-    p = mm_rows(q, kt, kt, kt, OP, QP, 1) * decay_mask(Gc, Gc, offs_c, offs_c)
+    p = mm_rows(q, kt, kt, kt, OP, QP, 1) * segment_decay_mask(gs, offs_c)
     v = operand(tokens(V, b, h, offs_t, T, svb, svt, svh, offs_v, DV), OP)
     o = mm_rows(p, v, v, v, OP, P, 1)
     s0 = state_tile(STARTS, bh, c, n, R, DK, U_ROW + offs_v, mv, offs_k, mk)
@@ -297,8 +327,9 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
     offs_t = c * C + offs_c
     offs_k = tl.arange(0, BK)
     mk = offs_k < DK
-    Gc, gl = chunk_gates(G, b, h, offs_t, T, sgb, sgt, sgh, C, True)
-    w = tl.exp(gl - Gc)
+    g, Gc, gl, to_end = chunk_log_decays(G, b, h, offs_t, T, sgb, sgt, sgh, C)
+    w = tl.exp(to_end)
+    later = offs_c[None, :] < offs_c[:, None]   # [r, s]: s < r
     kop = operand(tokens(K, b, h, offs_t, T, skb, skt, skh, offs_k, DK), OP)
     dks = tl.zeros([C, BK], dtype=tl.float32)   # sum over U's row blocks of V D (the state part, before w)
     gc = tl.zeros([C], dtype=tl.float32)        # <D, S_c> (in its first entry)
@@ -308,7 +339,7 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
     if LOCAL:
         kt = tl.trans(kop)
         p = mm_rows(tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK), kt, kt, kt, OP, QP, 1) \
-            * decay_mask(Gc, Gc, offs_c, offs_c)
+            * segment_decay_mask(g, offs_c)
     for vb in range(tl.cdiv(DV, BV)):
         offs_v = vb * BV + tl.arange(0, BV)
         mv = offs_v < DV
@@ -332,7 +363,8 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
             store_tokens(DVO, dv, b, h, offs_t, T, svob, svot, svoh, offs_v, DV)
         else:
             tl.store(DVP + (bh * Tp + offs_t)[:, None] * DV + offs_v[None, :], dv, mask=mv[None, :])
-    dG = tl.zeros([C], dtype=tl.float32)
+    dG = tl.zeros([C], dtype=tl.float32)   # d/dG_t, summed to dg by a reverse cumulative sum
+    dgs = tl.zeros([C], dtype=tl.float32)  # d/dg_r already (LOCAL and STATE in one launch)
     st = tl.zeros([C], dtype=tl.float32)
     if STATE:
         st = tl.sum(dks * kop.to(tl.float32), axis=1)     # a_s^T D k_s over U's rows
@@ -342,8 +374,13 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
     if LOCAL:   # in this order, so that each C x C and C x d_k tile dies before the next is formed
         dp = dp * scale
         wm = dp * p
-        dG += tl.sum(wm, axis=1) - tl.sum(wm, axis=0)
-        ds = dp * decay_mask(Gc, Gc, offs_c, offs_c)
+        if STATE:   # each step's gradient from the segments s < r <= t that hold it: sum_{t>=r, s<r} W_ts, not
+            # the reverse cumulative sum of rowsum(W) - colsum(W), which cancels O(1) terms to leave a strong
+            # step's e^{-20}-sized gradient
+            dgs += tl.sum(tl.where(later, tl.cumsum(wm, 0, reverse=True), 0.0), axis=1)
+        else:       # GKA's split launches: d/dG_t, to which the solve's backward adds its own
+            dG += tl.sum(wm, axis=1) - tl.sum(wm, axis=0)
+        ds = dp * segment_decay_mask(g, offs_c)
         q = tokens(Q, b, h, offs_t, T, sqb, sqt, sqh, offs_k, DK)
         dqi = dqi * (scale * tl.exp(Gc))[:, None]
         dG += tl.sum(q * dqi, axis=1)
@@ -360,11 +397,13 @@ def _chunk_bwd(Q, K, V, G, DO, STARTS, DS, DQ, DKO, DVO, DGO, DKP, DVP, DGP, sca
             dk += w[:, None] * kd
             st += 0.5 * tl.sum(kd * kop.to(tl.float32), axis=1)
         wst = w * st
-        dG += tl.where(offs_c == C - 1, tl.exp(gl) * tl.sum(gc, axis=0) + tl.sum(wst, axis=0), 0.0) - wst
-        if not LOCAL:
+        if LOCAL:   # the state's term from s reaches each step s < r < C (summed so, not as a difference)
+            dgs += tl.sum(tl.where(later, wst[None, :], 0.0), axis=1) + tl.exp(gl) * tl.sum(gc, axis=0)
+        else:
+            dG += tl.where(offs_c == C - 1, tl.exp(gl) * tl.sum(gc, axis=0) + tl.sum(wst, axis=0), 0.0) - wst
             dk += tl.load(DKP + (bh * Tp + offs_t)[:, None] * DK + offs_k[None, :], mask=mk[None, :], other=0.0)
             dG += tl.load(DGP + bh * Tp + offs_t)
-        dg = tl.cumsum(dG, 0, reverse=True)
+        dg = tl.cumsum(dG, 0, reverse=True) + dgs
         store_tokens(DKO, dk, b, h, offs_t, T, skob, skot, skoh, offs_k, DK)
         tl.store(DGO + b * sgob + h * sgoh + offs_t.to(tl.int64) * sgot, dg.to(DGO.dtype.element_ty),
                  mask=offs_t < T)

@@ -55,11 +55,19 @@ Stages. The host side is six functions, one launch each (the chunk gradients two
 Positions past the end of the sequence are loaded as zero (``dt = 0``: no decay, no input), so any
 ``T`` and any chunk size work (a chunk is padded to a block of at least 16 positions for ``tl.dot``).
 
-Decays within a chunk are ``exp(a_t - a_s)`` of cumulative sums, as in mamba-ssm's and flash-linear-attention's
-kernels. Measured in fp32 against fp64 (interpreter, T 128, fp32 chunk 32, N = P = 16): with ``dt A`` of -20..-40
-among -0.05..0 in one chunk the output and gradients are 5e-6..1e-5 off and ``dA`` 1e-4..4e-3; at -40..-60
-``dA`` is lost (relative error 0.3..4.4). The chunked PyTorch path sums each segment instead
-(:func:`kernels.common.segment_log_decays`): ~1e-7 on both.
+Decays within a chunk. Each exponent is summed over its own segment: ``D_ts`` from a masked cumulative sum over
+the ``(L, L)`` tile (as Mamba-2's segsum), ``exp(a_L - a_s)`` from the suffix sum of the next steps (``dt`` read
+one step on); ``exp(a_t)`` and ``exp(a_L)`` from the chunk start. The gradient of ``dt_r A`` sums the segments that
+hold ``r`` (``sum_{t>=r, s<r} W_ts`` from a reverse cumulative sum of the tile, ``sum_{s<r}`` of the chunk state's
+terms, the reverse cumulative sum of the ``h0`` readout's), not the reverse cumulative sum of ``da`` above, whose
+row and column sums cancel O(1) terms. As ``exp(a_t - a_s)`` of the cumulative sums (mamba-ssm's and
+flash-linear-attention's form) a weak segment after strong steps (``a`` ~ -1000) kept only ``|a| eps`` ~ 6e-5 of its
+exponent, and a step's gradient was a difference of O(1) sums. Measured in fp32 against fp64 (interpreter, T 128,
+chunk 64 (run as 32), 2 heads, N = P = 16, 60 draws; relative Frobenius error): with ``dt A`` of -20..-40 among
+-0.05..0 in one chunk, output and gradients <= 1.3e-7 (before: 3.4e-6..1.5e-5) and ``dA`` (a sum over the steps
+whose terms cancel) <= 5e-6 (before: 2.5e-5..1.5e-3); at -40..-60 everywhere, output and gradients <= 1.1e-7 and
+``dA`` (a sum of ~1e-21 terms of both signs) <= 1.8e-6 (before: lost, 0.66..5.8). The chunked PyTorch path
+(:func:`kernels.common.segment_log_decays`) sums the same way.
 """
 from __future__ import annotations
 
@@ -88,6 +96,25 @@ def _last(a, offs_l, pid_c, T, L):
 
 
 @triton.jit
+def _decay_tile(dta, offs_l):
+    # D_ts = exp(sum_{s<r<=t} dt_r A) for s <= t, else 0: each exponent summed over its own segment (a masked
+    # cumulative sum over the (L, L) tile, as Mamba-2's segsum). As a_t - a_s of the cumulative sums, a weak
+    # segment after strong steps (a ~ -1000) kept only |a| * eps ~ 6e-5 of its exponent
+    steps = tl.where(offs_l[:, None] > offs_l[None, :], dta[:, None], 0.0)  # [r, s] = dt_r A where r > s
+    causal = offs_l[:, None] >= offs_l[None, :]
+    return tl.exp(tl.where(causal, tl.cumsum(steps, 0), float("-inf")))
+
+
+@triton.jit
+def _to_end(DT, dt_base, s_dt, a_h, offs_l, t, T, L):
+    # sum_{s<r<=last} dt_r A for every s (a_L - a_s) as the suffix sum of the next steps' dt A (dt read one step
+    # on): its rounding is that of its own segment, and it is exactly 0 at the chunk's last position
+    nxt = (offs_l + 1 < L) & (t + 1 < T)
+    dt_next = tl.load(DT + dt_base + (t + 1) * s_dt, mask=nxt, other=0.0).to(tl.float32)
+    return tl.cumsum(dt_next * a_h, 0, reverse=True)
+
+
+@triton.jit
 def _chunk_state(
     KM, VM, DT, A, OUT, ALAST,
     s_kb, s_kt, s_kh, s_kn, s_vb, s_vt, s_vh, s_vp, s_db, s_dt, s_dh,
@@ -112,11 +139,10 @@ def _chunk_state(
     a_h = tl.load(A + h).to(tl.float32)
     dta = dt * a_h
     a = tl.cumsum(dta, 0)
-    a_last = _last(a, offs_l, pid_c, T, L)
     if MODE == 0:
-        w = tl.exp(a_last - a) * dt
+        w = tl.exp(_to_end(DT, b * s_db + h * s_dh, s_dt, a_h, offs_l, t, T, L)) * dt
         if pid_p == 0:
-            tl.store(ALAST + pid_bh.to(tl.int64) * NCHUNK + pid_c, a_last)
+            tl.store(ALAST + pid_bh.to(tl.int64) * NCHUNK + pid_c, _last(a, offs_l, pid_c, T, L))
     else:
         w = tl.exp(a)
     w = tl.where(ok, w, 0.0)
@@ -204,7 +230,8 @@ def _chunk_out(
     n_ok = offs_n < N
     p_ok = offs_p < P
     dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
-    a = tl.cumsum(dt * tl.load(A + h).to(tl.float32), 0)
+    dta = dt * tl.load(A + h).to(tl.float32)
+    a = tl.cumsum(dta, 0)
     bc_base = b * s_bb + h * s_bh
     c_mat = tl.load(Cm + bc_base + t[:, None] * s_bt + offs_n[None, :] * s_bn,
                     mask=ok[:, None] & n_ok[None, :], other=0.0)  # (L, N)
@@ -212,9 +239,7 @@ def _chunk_out(
                   mask=ok[None, :] & n_ok[:, None], other=0.0)  # (N, L)
     x = tl.load(X + b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp,
                 mask=ok[:, None] & p_ok[None, :], other=0.0)  # (L, P)
-    causal = offs_l[:, None] >= offs_l[None, :]
-    decay = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))
-    scores = tl.dot(c_mat, b_t, input_precision=PREC) * decay * dt[None, :]
+    scores = tl.dot(c_mat, b_t, input_precision=PREC) * _decay_tile(dta, offs_l) * dt[None, :]
     y = tl.dot(scores.to(x.dtype), x, input_precision=PREC)
     h0 = tl.load(HSTART + ((b * NCHUNK + pid_c) * H + h) * N * P + offs_n[:, None] * P + offs_p[None, :],
                  mask=n_ok[:, None] & p_ok[None, :], other=0.0)
@@ -247,7 +272,8 @@ def _chunk_bwd_tiles(
     p_ok = offs_p < P
     dt = tl.load(DT + b * s_db + h * s_dh + t * s_dt, mask=ok, other=0.0).to(tl.float32)
     a_h = tl.load(A + h).to(tl.float32)
-    a = tl.cumsum(dt * a_h, 0)
+    dta = dt * a_h
+    a = tl.cumsum(dta, 0)
     a_last = _last(a, offs_l, pid_c, T, L)
     lp_off = b * s_xb + h * s_xh + t[:, None] * s_xt + offs_p[None, :] * s_xp
     lp_mask = ok[:, None] & p_ok[None, :]
@@ -261,9 +287,8 @@ def _chunk_bwd_tiles(
     st_mask = n_ok[:, None] & p_ok[None, :]
     h0 = tl.load(HSTART + st_off, mask=st_mask, other=0.0)
     g = tl.load(GEND + st_off, mask=st_mask, other=0.0)
-    causal = offs_l[:, None] >= offs_l[None, :]
-    dmat = tl.exp(tl.where(causal, a[:, None] - a[None, :], float("-inf")))  # [t, s]
-    e_end = tl.where(ok, tl.exp(a_last - a), 0.0)
+    dmat = _decay_tile(dta, offs_l)  # [t, s]
+    e_end = tl.where(ok, tl.exp(_to_end(DT, b * s_db + h * s_dh, s_dt, a_h, offs_l, t, T, L)), 0.0)
     return (dt, a_h, a, a_last, ok, lp_off, lp_mask, ln_off, ln_mask, x, dy, b_mat, c_mat, h0, g, dmat, e_end)
 
 
@@ -309,10 +334,15 @@ def _chunk_bwd_x(
     w = k_mat * tl.dot(dy, tl.trans(u.to(lo)), input_precision=PREC)
     e_start = tl.where(ok, tl.exp(a), 0.0)
     ch0 = tl.dot(c_mat, h0.to(lo), input_precision=PREC)  # (L, P)
-    da = tl.sum(w, 1) - tl.sum(w, 0) + e_start * tl.sum(dy.to(tl.float32) * ch0, 1) - state_in
-    # d/da_L
-    extra = tl.sum(state_in, 0) + tl.exp(a_last) * tl.sum(tl.sum(g.to(tl.float32) * h0.to(tl.float32), 1), 0)
-    dta_grad = tl.sum(da, 0) - tl.cumsum(da, 0) + da + extra  # reverse cumsum: d/d(dt_t A)
+    # d/d(dt_r A), from the segments that hold r: s < r <= t (W_ts), s < r <= end (state_in_s), start < r <= t
+    # (the readout of h0) and the whole chunk (h0's decay). Not as the reverse cumulative sum of d/da_t =
+    # rowsum(W) - colsum(W) + ...: that cancels O(1) terms to leave a strong step's e^{-20}-sized gradient
+    offs_l = tl.arange(0, BLOCK_L)
+    later = offs_l[None, :] < offs_l[:, None]  # [r, s]: s < r
+    crossing = tl.cumsum(w, 0, reverse=True) + state_in[None, :]  # [r, s] = sum_{t>=r} W_ts + state_in_s
+    readout = e_start * tl.sum(dy.to(tl.float32) * ch0, 1)
+    whole = tl.exp(a_last) * tl.sum(tl.sum(g.to(tl.float32) * h0.to(tl.float32), 1), 0)
+    dta_grad = tl.sum(tl.where(later, crossing, 0.0), 1) + tl.cumsum(readout, 0, reverse=True) + whole
     dta_grad = tl.where(ok, dta_grad, 0.0)
     ddt += a_h * dta_grad
     tl.store(DDT + pid_p * s_part_t + b * s_db + h * s_dh + t * s_dt, ddt.to(DDT.dtype.element_ty), mask=ok)
