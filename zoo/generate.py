@@ -22,6 +22,7 @@ recipe's ``eval.test_time`` is. The same values reach every other consumer of a 
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -245,14 +246,32 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def check_sampling(temperature: float, top_k: int, top_p: float, who: str = "generate_ids") -> None:
+    """Refuse, in one line naming the argument, sampling arguments :func:`sample` cannot draw with: a ``top_p``
+    outside (0, 1] (at 0 no token is kept and the draw fails in words naming neither), a negative ``top_k``, a
+    NaN or infinite ``temperature`` (every probability NaN, or every token alike however the model ranks them)."""
+    for name, value, ok, wanted in (
+            ("temperature", temperature, math.isfinite(temperature), "must be a finite number (0 or less: greedy)"),
+            ("top_k", top_k, top_k >= 0, "must be >= 0 (0: every token)"),
+            ("top_p", top_p, 0 < top_p <= 1, "must be in (0, 1]")):
+        if not ok:
+            raise UserError(f"{who}: {name}={value!r}: {wanted}")
+
+
 @torch.no_grad()
 def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, eos_id: int | None = None,
                  stop=None) -> tuple[list[int], float, float]:
     """``(new ids, prefill seconds, decode seconds)``: ``prefill`` on the prompt, then ``step`` per token; at most
-    ``max_new_tokens`` ids (none for 0), ending early at ``eos_id`` or once ``stop(ids so far)`` is true."""
+    ``max_new_tokens`` ids (none for 0), ending early at ``eos_id`` or once ``stop(ids so far)`` is true. An empty
+    ``prompt`` (no logits to draw the first token from: start from EOS, as :func:`generate_text` does) and sampling
+    arguments out of range (:func:`check_sampling`) are refused in one line."""
+    check_sampling(temperature, top_k, top_p)
     if max_new_tokens <= 0:
         return [], 0.0, 0.0
+    if len(prompt) == 0:
+        raise UserError("generate_ids: an empty prompt (0 tokens) gives no logits to draw the first new token from; "
+                        "start from the EOS token ([tokenizer.eos_id]), as zoo generate starts an empty prompt")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
@@ -281,6 +300,13 @@ def generate_text(model, task, prompt: str, max_new_tokens: int = 200, temperatu
     ids = tok.encode(prompt) or [tok.eos_id]
     new, prefill_s, decode_s = generate_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, tok.eos_id)
     return Generation(len(ids), new, continuation_text(tok, ids, new), prefill_s, decode_s)
+
+
+def decode_notes(model) -> list[str]:
+    """Each distinct line in which a layer of ``model`` says how its decoding (``prefill`` then ``step``) differs
+    from its forward pass (:meth:`mixers.Mixer.decode_differs`); none where decoding reproduces the forward."""
+    return [note for note in dict.fromkeys(m.decode_differs() for m in model.modules() if isinstance(m, Mixer))
+            if note]
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -322,9 +348,8 @@ def run(args) -> int:
         source = " and --test-time" if args.test_time else "; --test-time KNOB=VALUE changes one"
         print(f"zoo generate: test-time knobs {', '.join(f'{k}={v!r}' for k, v in sorted(values.items()))} (the "
               f"recipe's eval.test_time{source})", file=sys.stderr)
-    for note in dict.fromkeys(m.decode_differs() for m in model.modules() if isinstance(m, Mixer)):
-        if note:
-            print(f"zoo generate: note: {note}", file=sys.stderr)
+    for note in decode_notes(model):
+        print(f"zoo generate: note: {note}", file=sys.stderr)
     for prompt in args.prompt or [""]:
         g = generate_text(model, task, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                           args.seed)

@@ -25,7 +25,7 @@ import yaml
 from transformers.utils import logging as hf_logging
 
 from ..errors import UserError
-from ..generate import read_lm, resolve_test_time
+from ..generate import decode_notes, read_lm, resolve_test_time
 from ..recipes.plain import layer_label
 from ..reevaluate import load_model
 from ..rows import read_rows
@@ -128,6 +128,16 @@ def _test_time_lines(recipe, model: ZooForCausalLM) -> list[str]:
             f"edit `config.test_time` to compute with other values.", ""]
 
 
+def _decode_lines(model: ZooForCausalLM) -> list[str]:
+    """What the README says where a layer decodes otherwise than its forward pass scores (none: nothing): ``generate``
+    with the cache then draws from other logits than the forward (``use_cache=False``, the harness's scoring)."""
+    notes = decode_notes(model.zoo)
+    if not notes:
+        return []
+    return ["Decoding with the cache differs from the forward pass (scoring, `use_cache=False`): "
+            + "; ".join(notes) + ".", ""]
+
+
 def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) -> str:
     rows = _rows(path, recipe.key)
     task = recipe.plain["task"]
@@ -151,7 +161,7 @@ def readme(path: Path, state: dict, recipe, model: ZooForCausalLM, name: str) ->
         "out = model.generate(**tok('The for statement', return_tensors='pt'), max_new_tokens=50)",
         "print(tok.decode(out[0]))", "```", "",
         "Each layer's decode state is the generation cache (`zoo.hf.ZooCache`): a linear-state layer decodes in "
-        "constant time and memory per token.", "", *_test_time_lines(recipe, model),
+        "constant time and memory per token.", "", *_decode_lines(model), *_test_time_lines(recipe, model),
         "## Data", "", f"Task `lm`: {data}.", "",
         "## Metrics", "", *metrics, "",
         "## Recipe", "", "```yaml", yaml.safe_dump(recipe.plain, sort_keys=False).rstrip(), "```", "",
@@ -166,6 +176,9 @@ def run(args) -> int:
     print(f"exported {path} ({' + '.join(model.config.mixers)}, {model.zoo.num_params():,} parameters"
           f"{f'; test-time knobs {knobs}' if knobs else ''}) to {args.to}; load it with: import zoo.hf; {imports}"
           f"AutoModelForCausalLM.from_pretrained({str(args.to)!r})")
+    for note in decode_notes(model.zoo):  # as zoo generate says it: generate() with the cache decodes the same way
+        print(f"zoo export: note: {note} (the exported model's generate() decodes through the same states)",
+              file=sys.stderr)
     if progress["finished"] is False:
         print(f"zoo export: {path} is the checkpoint of an unfinished run (step {progress['step']} of "
               f"{progress['steps']}): the export holds a partly trained model; run the command that trained it again "
