@@ -125,13 +125,6 @@ def segment_decay_mask(g, offs_c):
 
 
 @triton.jit
-def decay_mask(Gt, Gs, offs_t, offs_s):
-    """``M_ts = e^{G_t - G_s}`` for ``s <= t``, else 0."""
-    causal = offs_t[:, None] >= offs_s[None, :]
-    return tl.exp(tl.where(causal, Gt[:, None] - Gs[None, :], float("-inf")))
-
-
-@triton.jit
 def state_tile(S_ptr, bh, c, n, R, DK, rows, mr, offs_k, mk):
     """Rows ``rows`` of the state ``(B*H, n, R, DK)`` of chunk ``c`` (fp32)."""
     off = ((bh * n + c) * R + rows)[:, None] * DK + offs_k[None, :]
