@@ -39,7 +39,7 @@ from .data.prepare import same_tokenizer
 from .errors import UserError
 from .host_memory import peak_rss_mib
 from .recipes.loading import misread_value
-from .reevaluate import checkpoint_recipe, load_model
+from .reevaluate import checkpoint_recipe, load_model, with_backends
 from .tasks import Task
 from .threads import MAX_THREADS
 from .training import checkpoint as ckpt
@@ -211,18 +211,21 @@ def apply_test_time(model, values: Mapping[str, Any]) -> None:
 
 
 def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = "", test_time=(),
-            where: str = TEST_TIME_FLAG, command: str = "zoo generate"):
+            where: str = TEST_TIME_FLAG, command: str = "zoo generate", backends=()):
     """``(model, task)`` of a language-model checkpoint (a file or its folder), in eval mode, its test-time knobs
     set to the recipe's ``eval.test_time`` with ``test_time`` (``{knob: value}`` or ``KNOB=VALUE`` texts) over it
-    (:func:`resolve_test_time`; ``where`` names an override in a refusal, ``command`` the caller in the others)."""
-    model, task, _values = _load_lm(location, device, imports, tokenizer, test_time, where, command)
+    (:func:`resolve_test_time`; ``where`` names an override in a refusal, ``command`` the caller in the others), its
+    layers with the kernel backends ``backends`` choose (``model.mixer_options.gla.backend=torch``: a model trained
+    with ``backend: triton`` on a GPU decodes on a CPU; no other override)."""
+    model, task, _values = _load_lm(location, device, imports, tokenizer, test_time, where, command, backends)
     return model, task
 
 
-def _load_lm(location, device, imports, tokenizer, test_time, where, command="zoo generate"):
+def _load_lm(location, device, imports, tokenizer, test_time, where, command="zoo generate", backends=()):
     path, state, recipe, task = read_lm(location, imports, tokenizer, command)
     values = resolve_test_time(recipe, test_time, where)
-    model = load_model(state, recipe, torch.device(device), path)
+    built = with_backends(path, state["recipe"], list(imports), backends, command) or recipe
+    model = load_model(state, built, torch.device(device), path)
     apply_test_time(model, values)
     return model, task, values
 
@@ -246,6 +249,17 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+#: seeds the CPU generator tells apart: it keeps a seed's lowest 32 bits (2**32 samples as 0 does)
+SEEDS = range(2 ** 32)
+
+
+def check_seed(seed: int, who: str) -> None:
+    """Refuse a sampling seed the generator would not tell from another (:data:`SEEDS`)."""
+    if seed not in SEEDS:
+        raise UserError(f"{who} {seed}: must be in 0 .. 2**32 - 1 (the sampling generator keeps a seed's lowest "
+                        f"32 bits, so {seed} would sample as {seed % 2 ** 32} does)")
+
+
 def check_sampling(temperature: float, top_k: int, top_p: float, who: str = "generate_ids") -> None:
     """Refuse, in one line naming the argument, sampling arguments :func:`sample` cannot draw with: a ``top_p``
     outside (0, 1] (at 0 no token is kept and the draw fails in words naming neither), a negative ``top_k``, a
@@ -267,11 +281,21 @@ def generate_ids(model, prompt: list[int], max_new_tokens: int, temperature: flo
     ``prompt`` (no logits to draw the first token from: start from EOS, as :func:`generate_text` does) and sampling
     arguments out of range (:func:`check_sampling`) are refused in one line."""
     check_sampling(temperature, top_k, top_p)
+    check_seed(seed, "generate_ids: seed")
     if max_new_tokens <= 0:
         return [], 0.0, 0.0
     if len(prompt) == 0:
         raise UserError("generate_ids: an empty prompt (0 tokens) gives no logits to draw the first new token from; "
                         "start from the EOS token ([tokenizer.eos_id]), as zoo generate starts an empty prompt")
+    was_training = model.training   # a model fresh from training: decode as evaluated (test-time knobs apply)
+    model.eval()
+    try:
+        return _generate_ids(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, eos_id, stop)
+    finally:
+        model.train(was_training)
+
+
+def _generate_ids(model, prompt, max_new_tokens, temperature, top_k, top_p, seed, eos_id, stop):
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
@@ -326,11 +350,11 @@ def check_arguments(args) -> None:
             ("--top-k", args.top_k, args.top_k >= 0, "must be >= 0 (0: every token)"),
             ("--top-p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
             ("--threads", args.threads, 0 <= args.threads <= MAX_THREADS,
-             f"must be a number of threads from 1 to {MAX_THREADS} (0: torch's default)"),
-            ("--seed", args.seed, -2 ** 63 <= args.seed < 2 ** 64, "must fit in 64 bits (-2**63 .. 2**64 - 1)")):
+             f"must be a number of threads from 1 to {MAX_THREADS} (0: torch's default)")):
         if not ok:
             raise UserError(f"zoo generate: {flag} {value if isinstance(value, int) else format(value, 'g')}: "
                             f"{wanted}")
+    check_seed(args.seed, "zoo generate: --seed")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("zoo generate: --device cuda: no CUDA device is available; use --device cpu (or auto)")
     parse_test_time(getattr(args, "test_time", None) or [])  # its syntax; the knobs are checked on the recipe
@@ -343,7 +367,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     model, task, values = _load_lm(args.checkpoint, device, args.imports or [], args.tokenizer, args.test_time or [],
-                                   TEST_TIME_FLAG)
+                                   TEST_TIME_FLAG, backends=args.overrides or [])
     if values:
         source = " and --test-time" if args.test_time else "; --test-time KNOB=VALUE changes one"
         print(f"zoo generate: test-time knobs {', '.join(f'{k}={v!r}' for k, v in sorted(values.items()))} (the "
@@ -363,6 +387,9 @@ def run(args) -> int:
 
 def configure_parser(p) -> None:
     p.add_argument("checkpoint", help="a language-model checkpoint (zoo train recipes/lm/... --out DIR): file or DIR")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value",
+                   help="a mixer's kernel backend, e.g. model.mixer_options.gla.backend=torch to decode on a CPU a "
+                        "model trained with backend: triton (no other override)")
     p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts; default: the "
                                                       "empty prompt)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per prompt (default 200)")
