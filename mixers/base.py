@@ -27,7 +27,9 @@ Every subclass's ``forward``, ``prefill`` and ``step`` check their inputs at thi
 mask, state layout; ``T = 0`` gives an empty output, ``batch = 0`` is refused) and the shape of what they return
 through :mod:`mixers.boundary`, applied here once; ``step`` runs with autocast off. From its options a mixer also
 says whether it is causal (``non_causal_reason``) and whether it can contribute at all at a sequence
-length (``dead_at``), so a recipe with a layer that never reads anything is refused before training.
+length (``dead_at``), so a recipe with a layer that never reads anything is refused before training. A subclass's
+``__init__`` that does not call ``super().__init__(d_model, options)`` is refused in one line when the mixer is built
+(:func:`checked_init`), not left to fail inside torch or at the mixer's first call.
 
 Register a mixer with ``@register_mixer`` and it is picked up by the CLI, the recipes and the
 parametrised contract tests (``tests/mixers/test_contract.py``), which read the declarations. Registration refuses,
@@ -38,6 +40,7 @@ own declarations refuse, ``test_time_knobs`` that name no option, a method the z
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -102,6 +105,9 @@ class Mixer(nn.Module):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         wrap_methods(cls)  # the boundary checks of mixers.boundary, once per defined method
+        init = cls.__dict__.get("__init__")
+        if callable(init) and not getattr(init, _CHECKED_INIT, False):
+            cls.__init__ = checked_init(init)
 
     def __init__(self, d_model: int, options):
         super().__init__()
@@ -205,6 +211,49 @@ class Mixer(nn.Module):
     def extra_repr(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.options, f.name)!r}" for f in dataclasses.fields(self.options))
         return f"d_model={self.d_model}, {fields}"
+
+
+#: attribute set on a subclass's wrapped ``__init__`` (wrapped once, also when a class re-assigns it)
+_CHECKED_INIT = "_mixer_init_checked"
+
+
+def _base_init_ran(mixer) -> bool:
+    """Whether :meth:`Mixer.__init__` ran on ``mixer`` (it is the only code that sets ``_test_time``)."""
+    return "_test_time" in mixer.__dict__
+
+
+def _missing_base_init(err: AttributeError) -> bool:
+    """Whether ``err``, raised by a subclass's ``__init__``, comes from skipping ``super().__init__``: torch refusing
+    a layer before ``nn.Module.__init__``, or ``self.d_model`` / ``self.options`` read before they were set. Another
+    AttributeError (a typo in an option's name) is the author's own."""
+    said = str(err)
+    return "before Module.__init__() call" in said or said.endswith(("attribute 'd_model'", "attribute 'options'",
+                                                                     "attribute '_parameters'", "attribute '_modules'"))
+
+
+def checked_init(fn):
+    """``fn``, a mixer subclass's ``__init__``, refusing in one line (a :class:`MixerContractError`, which a recipe
+    reports naming the layer) a constructor that never called ``super().__init__(d_model, options)``: torch's
+    ``cannot assign module before Module.__init__() call``, or a mixer without ``d_model`` and ``options``
+    that fails later, at its first call."""
+    @functools.wraps(fn)
+    def __init__(self, *args, **kwargs):
+        try:
+            fn(self, *args, **kwargs)
+        except AttributeError as err:
+            if not _base_init_ran(self) and _missing_base_init(err):
+                raise MixerContractError(_no_base_init(fn)) from err
+            raise
+        if not _base_init_ran(self):
+            raise MixerContractError(_no_base_init(fn))
+    setattr(__init__, _CHECKED_INIT, True)
+    return __init__
+
+
+def _no_base_init(fn) -> str:
+    return (f"{fn.__module__}.{fn.__qualname__} does not call super().__init__(d_model, options): call it first, "
+            f"before creating any layer (it sets up the module and self.d_model and self.options, which the zoo "
+            f"reads)")
 
 
 # the base methods are wrapped too, so a subclass that inherits them (forward from prefill) is checked

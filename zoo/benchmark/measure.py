@@ -21,8 +21,9 @@
 - ``decode_ms``: after ``mixer.prefill`` of a context of length ``T``, the median time of one
   ``mixer.step`` for the next token;
 - ``state_bytes``: ``sum(numel * element_size)`` over the state dict returned by the prefill (the whole
-  batch), next to the mixer's own ``state_size(T)`` and ``active_state_size(T)`` (elements per sequence) as
-  cross-checks.
+  batch), next to the mixer's own ``state_size(T)`` and ``active_state_size(T)`` (elements per sequence);
+  ``state_elements``: the elements per sequence of that state, which must equal ``state_size(T)`` (the count
+  results tables report): :func:`state_size_note` words a difference, which ``zoo bench`` notes in the row.
 
 Timing uses CUDA events (with a synchronize) on a GPU and ``time.perf_counter`` on a CPU, after warm-up.
 Each group of measurements fails on its own: an error in the backward still keeps the forward time.
@@ -121,6 +122,22 @@ def _saved_bytes(mixer, x) -> int:
 
 def _state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _state_elements(state, batch: int) -> int:
+    """Elements per sequence of a state (the count ``state_size`` claims)."""
+    return sum(t.numel() for t in state.values()) // batch
+
+
+def state_size_note(row: dict) -> str | None:
+    """None when a measured row's ``state_size`` is the elements per sequence of the state its prefill returned
+    (or either is missing); else the line ``zoo bench`` notes in the row."""
+    claimed, held = row.get("state_size"), row.get("state_elements")
+    if claimed is None or held is None or claimed == held:
+        return None
+    return (f"state: state_size({row['T']}) = {claimed} elements per sequence, but the state prefill returns holds "
+            f"{held} (state KiB shows those): make state_size count the state step carries, which results tables "
+            f"report")
 
 
 def largest_difference(ours: list, reference: list) -> float:
@@ -237,6 +254,7 @@ def measure(mixer, T: int, batch: int, device: torch.device, dtype: torch.dtype,
             _set_time(row, "decode_ms", times_ms(lambda: mixer.step(x_t, state), device, warmup, repeats, cpu), cpu)
         row["state_size"] = mixer.state_size(T)
         row["active_state_size"] = mixer.active_state_size(T)
+        row["state_elements"] = _state_elements(state, batch)
 
     attempt("forward", do_fwd)
     attempt("forward+backward", do_fwd_bwd)

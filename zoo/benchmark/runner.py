@@ -2,7 +2,8 @@
 
 The mixers are layer entries in recipe syntax (``--mixers "a,b"``, or a YAML list such as
 ``--mixers "[a, {a: {<option>: x}}, {a: {<option>: y}}]"`` to compare two settings of one mixer; default: every
-registered mixer), resolved through the same one-pass recipe resolution as every other command, so
+registered mixer, those of the modules the recipe's ``imports`` or an ``imports=[...]`` override names included),
+resolved through the same one-pass recipe resolution as every other command, so
 options take the usual ``key.path=value`` overrides (``model.d_model=256``,
 ``model.mixer_options.<mixer>.<option>=value``). A recipe may be given with ``--recipe`` to benchmark
 its mixer options. Times are also given as a ratio to the ``--baseline`` entry (default: the first).
@@ -35,6 +36,8 @@ fwd+bwd time from the previous T) and ``bench.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -54,9 +57,10 @@ from ..host_memory import cpu_seconds, tune_allocator
 from ..paths import probe_writable
 from ..recipes import resolve
 from ..recipes.loading import load_raw
+from ..recipes.overrides import parse_override
 from ..recipes.plain import layer_label
 from ..threads import refuse_thread_count, torch_threads
-from .measure import TIMES, error_text, free, measure, merge_samples
+from .measure import TIMES, error_text, free, measure, merge_samples, state_size_note
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model section every benchmark starts from (any key can be overridden)
@@ -128,6 +132,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="recipe overrides, e.g. model.d_model=256 model.mixer_options.<mixer>.<option>=value")
 
 
+def named_imports(data: dict, overrides) -> list:
+    """The modules a benchmark's recipe ``data`` names in ``imports``, as the ``overrides`` leave them (an
+    ``imports=[...]`` override replaces the recipe's list)."""
+    modules = data.get("imports")
+    for item in overrides:
+        path, value = parse_override(item)
+        if path == ["imports"]:
+            modules = value
+    return [m for m in modules if isinstance(m, str)] if isinstance(modules, list) else []
+
+
+def registered_mixers(data: dict, overrides) -> list[str]:
+    """Every registered mixer once the modules the recipe or the overrides name are imported: the default
+    ``--mixers``, as ``zoo list --imports`` lists them. A module that fails to import is left to the recipe pass,
+    which refuses it in one line naming where it is written."""
+    for module in named_imports(data, overrides):
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+    return MIXERS.names()
+
+
 def bench_recipe(args):
     """Resolve the benchmark's layers through the one recipe pass: every entry is one layer."""
     if args.recipe:
@@ -135,7 +160,8 @@ def bench_recipe(args):
         data.pop("grid", None)
     else:
         data = json.loads(json.dumps(BASE))
-    data.setdefault("model", {})["layers"] = args.mixers if args.mixers is not None else MIXERS.names()
+    layers = args.mixers if args.mixers is not None else registered_mixers(data, args.overrides)
+    data.setdefault("model", {})["layers"] = layers
     data["model"].pop("pattern", None)
     data["model"].pop("n_layers", None)
     return resolve(data, args.overrides)
@@ -257,6 +283,9 @@ class _Sweep:
             row["params"] = sum(p.numel() for p in mixer.parameters())
             torch.manual_seed(a.seed + T)
             row.update(measure(mixer, T, a.batch, self.device, self.dtype, a.warmup, a.repeats, not a.no_decode))
+            note = state_size_note(row)
+            if note:   # the table's note column: a state_size the results tables would report wrong
+                row["error"] = "; ".join(x for x in (row.get("error"), note) if x)
             row["rounds"] = 1
             if row.get("fwd_bwd_ms"):  # the next length is predicted from the last one that timed a fwd+bwd
                 self.last[i] = row

@@ -140,13 +140,30 @@ def _read_result(parser: argparse.ArgumentParser, path: str) -> dict:
     return result
 
 
+def _target(positive: bool):
+    """An argparse type for a target: a finite number, above 0 (``positive``) or at least 0. (A negative growth
+    target raised to a fractional power of the length ratio is a complex number, and NaN misses every target.)"""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"expected a finite number {'above 0' if positive else '>= 0'}, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.benchmark.scaling", description=__doc__.splitlines()[0])
     parser.add_argument("bench_json")
-    parser.add_argument("--growth", type=float, default=4.6, help="largest fwd+bwd wall growth per 4x T")
-    parser.add_argument("--tok-ratio", type=float, default=0.8, help="smallest train tok/s, longest over shortest T")
-    parser.add_argument("--sys-share", type=float, default=0.15, help="largest system share of a row's CPU time")
-    parser.add_argument("--memory-slack", type=float, default=0.15,
+    parser.add_argument("--growth", type=_target(True), default=4.6, help="largest fwd+bwd wall growth per 4x T")
+    parser.add_argument("--tok-ratio", type=_target(False), default=0.8,
+                        help="smallest train tok/s, longest over shortest T")
+    parser.add_argument("--sys-share", type=_target(True), default=0.15,
+                        help="largest system share of a row's CPU time")
+    parser.add_argument("--memory-slack", type=_target(False), default=0.15,
                         help="largest excess of peak memory per token over the shortest length's")
     args = parser.parse_args(argv)
     result = _read_result(parser, args.bench_json)
