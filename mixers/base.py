@@ -341,8 +341,8 @@ class Registry:
             cls = found[0]
             return (f"; {cls.__module__}.{cls.__qualname__} is named {name!r} but was never registered: decorate it "
                     f"with @{self.decorator}")
-        if nearest(name, self.entries):   # a typo of a registered name, most likely
-            return ""
+        if nearest(name, self.entries):   # a typo of a registered name, most likely; or a module left out
+            return f"; if {name!r} is a {self.kind} of your own, name its module in the recipe's imports: [my_pkg.my_module]"
         return (f"; a {self.kind} of your own: decorate its class with @{self.decorator} and name its module in the "
                 f"recipe's imports: [my_pkg.my_module]")
 

@@ -184,7 +184,8 @@ def check_state_size(name):
         with torch.no_grad():
             _, state = m.prefill(torch.randn(3, T, D_MODEL))
         sizes[T] = state_elements(state, 3)
-        assert sizes[T] == m.state_size(T), f"{name}: state_size({T}) != elements in the state prefill returns"
+        assert sizes[T] == m.state_size(T), (f"{name}: state_size({T}) = {m.state_size(T)} but the state prefill "
+                                             f"returns holds {sizes[T]} elements per sequence")
         assert m.active_state_size(T) <= m.state_size(T), f"{name}: active state larger than the state"
     grows = sizes[17] != sizes[5] or m.state_size(1000) != m.state_size(10)
     declared = type(m).state_grows_with_seq_len

@@ -106,7 +106,8 @@ def test_counts_must_be_non_negative_ints(method):
 
 def test_an_unknown_name_points_to_the_decorator_or_the_import():
     """A mixer class of that name that was never registered is named with the decorator to add; a name close to a
-    registered one gets the nearest name alone; any other name, the decorator and ``imports:``."""
+    registered one gets the nearest name and, in case it is the user's own, ``imports:``; any other name, the decorator
+    and ``imports:``."""
     from mixers import MIXERS
 
     name = f"unregistered_{int(torch.randint(10**6, ()))}"
@@ -120,4 +121,5 @@ def test_an_unknown_name_points_to_the_decorator_or_the_import():
     with pytest.raises(OptionError) as err:
         MIXERS.get("atention")
     assert "did you mean 'attention'?" in str(err.value) and "register_mixer" not in str(err.value)
+    assert "if 'atention' is a mixer of your own, name its module in the recipe's imports:" in str(err.value)
     assert undecorated.name == name

@@ -13,6 +13,7 @@ from mixers import MIXERS, build_mixer, register_mixer
 from tests.mixers.example_mixer import CumulativeMean
 from zoo.benchmark import runner as bench
 from zoo.benchmark.measure import measure, state_size_note
+from zoo.experiments.results import render_bench
 
 
 class ForgetsTheCount(CumulativeMean):
@@ -66,3 +67,19 @@ def test_the_bench_table_notes_it_in_the_mixers_row(lying, tmp_path):
     assert rows[lying]["fwd_ms"] > 0 and rows[lying]["decode_ms"] > 0   # the note loses no measurement
     line = [x for x in (tmp_path / "bench.md").read_text().splitlines() if x.startswith(f"| {lying} ")][0]
     assert "state_size(8) = 16 elements per sequence" in line
+
+
+def test_the_bench_table_shows_a_parameter_count_of_zero(tmp_path):
+    """A mixer without weights (0 parameters) shows 0 in the table, not a blank (which reads as not measured)."""
+    count = int(torch.randint(1, 10_000, ()))
+    rows = [{"label": "free", "T": 16, "fwd_ms": 1.0, "params": 0, "state_bytes": 64},
+            {"label": "weighted", "T": 16, "fwd_ms": 2.0, "params": count, "state_bytes": 64},
+            {"label": "unmeasured", "T": 16, "error": "forward: boom"}]
+    result = {"machine": {"device_name": "cpu", "device": "cpu", "versions": {"torch": torch.__version__}},
+              "config": {"threads": 1, "batch": 1, "d_model": 8, "dtype": "fp32", "repeats": 1, "warmup": 0}, "rows": rows}
+    table = render_bench(result, tmp_path, plot=False)
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+             for line in table.splitlines() if line.startswith("| ") and not line.startswith("| mixer")}
+    params = table.splitlines()[[i for i, line in enumerate(table.splitlines()) if line.startswith("| mixer")][0]]
+    column = [c.strip() for c in params.split("|")[1:-1]].index("params")
+    assert (cells["free"][column], cells["weighted"][column], cells["unmeasured"][column]) == ("0", str(count), "")

@@ -536,7 +536,8 @@ def render_bench(result: dict, out_dir: Path, plot: bool = True) -> str:
                  fmt_number(r.get("peak_mib")), fmt_number(r.get("prefill_peak_mib")), fmt_number(r.get("saved_mib")),
                  fmt_number(r.get("decode_ms")), fmt_number(r.get("decode_ms_vs_baseline"))]
         sb = r.get("state_bytes")
-        line += [fmt_number(sb / 1024 if sb is not None else None), r.get("params") or "", r.get("error") or ""]
+        params = r.get("params")   # 0 for a mixer without weights: shown, not blank
+        line += [fmt_number(sb / 1024 if sb is not None else None), "" if params is None else params, r.get("error") or ""]
         body.append(line)
     head = (f"# zoo bench\n\n"
             f"Device: {env['device_name']} ({env['device']}), torch {env['versions']['torch']}, "
