@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import zoo
 import zoo.hf  # noqa: F401  (registers the model type with the Auto classes)
-from mixers import MIXERS
+from mixers import MIXERS, Mixer
 from tests.zoo.untrained import wake_zero_initialised
 from zoo.cli import main as zoo_main
 from zoo.data.tokenize import ByteTokenizer, HFTokenizer
@@ -342,3 +342,22 @@ def test_export_of_an_unfinished_run_says_so_on_stderr(tmp_path, capsys):
     ckpt.save(tmp_path / "done" / ckpt.FILENAME, {**state, "step": steps, "finished": True})
     export(str(tmp_path / "done"), tmp_path / "hf_done")
     assert "unfinished" not in capsys.readouterr().err
+
+
+def test_an_export_loads_with_another_kernel_backend_to_the_same_logits(tmp_path):
+    """``from_pretrained(DIR, kernel_backend=...)``: a model trained with ``backend: triton`` on a GPU runs on a CPU
+    with ``torch`` (here the reverse, through the interpreter), every layer with a backend option switched, the
+    same logits; a backend no layer takes is refused naming it."""
+    run = write_run(tmp_path, lm_recipe([{"gla": {"backend": "torch"}}, "attention", {"mamba2": {"backend": "torch"}}]))
+    hf = export(run, tmp_path / "hf")
+    as_trained = AutoModelForCausalLM.from_pretrained(hf)
+    other = AutoModelForCausalLM.from_pretrained(hf, kernel_backend="triton")
+    backends = [getattr(m.options, "backend", None) for m in other.zoo.modules() if isinstance(m, Mixer)]
+    assert backends == ["triton", "triton", "triton"] and other.config.kernel_backend == "triton"
+    assert [getattr(m.options, "backend", None) for m in as_trained.zoo.modules() if isinstance(m, Mixer)] \
+        == ["torch", "auto", "torch"]
+    ids = torch.randint(0, 257, (2, int(torch.randint(5, 30, ()))))
+    with torch.no_grad():
+        assert torch.allclose(other(ids).logits, as_trained(ids).logits, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="kernel_backend='cuda_magic'"):
+        AutoModelForCausalLM.from_pretrained(hf, kernel_backend="cuda_magic")

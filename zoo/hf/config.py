@@ -10,6 +10,10 @@ export`` writes the recipe's ``eval.test_time`` (the values its metrics were mea
 export --test-time`` over it, so the loaded model's logits are the zoo model's under them. They stay out of
 ``recipe`` (whose key names the trained model); edit ``config.test_time`` to compute with other values. A
 config written before this field (``test_time`` null) takes the recipe's ``eval.test_time``.
+
+``kernel_backend`` (null: each layer's own) sets the kernel backend of every layer whose mixer has one
+(``from_pretrained(DIR, kernel_backend="torch")``: a model trained with ``backend: triton`` on a GPU runs on a CPU).
+The backends compute the same function with the same weights, so it stays out of ``recipe`` too.
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ class ZooConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, recipe: dict | None = None, recipe_key: str = "", imports: list[str] | None = None,
-                 vocab_size: int = 257, tie_word_embeddings: bool = True, test_time: dict | None = None, **kwargs):
+                 vocab_size: int = 257, tie_word_embeddings: bool = True, test_time: dict | None = None,
+                 kernel_backend: str | None = None, **kwargs):
         for derived in ("hidden_size", "num_hidden_layers", "mixers"):
             kwargs.pop(derived, None)
         self.recipe = dict(recipe or {})
@@ -32,6 +37,7 @@ class ZooConfig(PretrainedConfig):
         self.vocab_size = vocab_size
         self.tie_word_embeddings = tie_word_embeddings
         self.test_time = dict(test_time) if test_time is not None else None
+        self.kernel_backend = kernel_backend
         model = self.recipe.get("model") or {}
         self.hidden_size = model.get("d_model")
         self.num_hidden_layers = len(model.get("layers") or [])

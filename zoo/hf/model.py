@@ -58,10 +58,18 @@ def build_hybrid(config: ZooConfig) -> HybridLM:
     if missing:
         raise ValueError(f"this model uses components defined in {missing}; import them before loading it (loading "
                          f"imports no module a file names)")
-    recipe = resolve(recipe_mapping(config.recipe, config.imports))
+    mapping = recipe_mapping(config.recipe, config.imports)
+    recipe = resolve(mapping)
     if config.recipe_key and recipe.key != config.recipe_key:
         raise ValueError(f"the recipe in config.json resolves to key {recipe.key}, not {config.recipe_key} as it "
                          f"was trained: a default of this mixer-zoo version differs from the one that trained it")
+    if config.kernel_backend is not None:   # after the key check: the same model, computed by other kernels
+        overrides = [f"model.layers.{i}.{spec.name}.backend={config.kernel_backend}"
+                     for i, spec in enumerate(recipe.layers) if hasattr(spec.options, "backend")]
+        try:
+            recipe = resolve(mapping, overrides)
+        except UserError as err:
+            raise ValueError(f"kernel_backend={config.kernel_backend!r}: {err}") from None
     return HybridLM.from_recipe(recipe, config.vocab_size)
 
 
