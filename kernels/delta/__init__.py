@@ -10,7 +10,8 @@ Layout (as flash-linear-attention's ``naive_recurrent_gated_delta_product``): ``
 ``k`` ``(B, T*n_h, H, K)``; ``v`` ``(B, T*n_h, H, V)``; ``beta`` ``(B, T*n_h, H)`` with sub-step ``j`` of
 token ``t`` at ``t*n_h + j`` (``(B, T, n_h, H, ...)`` is accepted too); ``g`` ``(B, T, H)`` or None;
 ``initial_state`` ``(B, H, K, V)`` or None. Returns ``(o (B, T, H, V), final_state (B, H, K, V))``. The arguments
-after ``beta`` are taken by name only: flash-linear-attention's gated functions take ``(q, k, v, g, beta)``, and a
+after ``beta`` are taken by name only: flash-linear-attention's ``chunk_gated_delta_rule`` and its gated delta
+product take ``(q, k, v, g, beta)`` (its ``naive_recurrent_gated_delta_rule`` takes ``beta`` fourth), and a
 positional call in the other order would swap the two ``(B, T, H)`` tensors silently.
 
 Backends: ``reference`` (token loop, :mod:`.reference`), ``torch`` (chunked UT transform,
@@ -61,12 +62,13 @@ def _check_layout(q, k, v, beta, g, initial_state, n: int) -> None:
 
 
 def _refuse_positional_gate(op: str, extra: tuple) -> None:
-    """``g`` and what follows it are taken by name: flash-linear-attention's gated functions take ``(q, k, v, g,
-    beta)`` and these take ``beta`` fourth, so a call written in either order by position would swap the two
+    """``g`` and what follows it are taken by name: flash-linear-attention's ``chunk_gated_delta_rule`` takes ``(q, k,
+    v, g, beta)`` and these take ``beta`` fourth, so a call written in either order by position would swap the two
     ``(B, T, H)`` tensors without a word."""
     if extra:
         raise TypeError(f"{op}: takes q, k, v, beta by position and the rest by name; pass the gate as g=... (the "
-                        f"order differs from flash-linear-attention's (q, k, v, g, beta)), e.g. {op}(q, k, v, beta, "
+                        f"order differs from flash-linear-attention's chunk_gated_delta_rule(q, k, v, g, beta)), e.g. "
+                        f"{op}(q, k, v, beta, "
                         f"g=g{', num_householder=n' if op == 'delta_product' else ''})")
 
 

@@ -119,7 +119,9 @@ def cancellation(ref, inputs, i: int, shape: tuple[int, ...], upstream) -> float
     full[i] = full[i].expand(shape).clone().requires_grad_(True)
     out = ref(*full)
     outs = [out] if torch.is_tensor(out) else list(out)
-    terms, = torch.autograd.grad(outs, full[i], upstream)
+    grads = [upstream] if torch.is_tensor(upstream) else list(upstream)
+    reached = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]   # an output the input never reaches is left out
+    terms, = torch.autograd.grad([o for o, _ in reached], full[i], [g for _, g in reached])
     size = tuple(inputs[i].shape)
     return max(1.0, (terms.abs().sum_to_size(size).norm() / terms.sum_to_size(size).norm().clamp_min(1e-300)).item())
 
