@@ -16,6 +16,8 @@ proposition) and every eigenvalue of ``A_t`` lies in the disc of radius ``max_i 
 whose transitions are positive reals (no parity); for ``m >= 2`` a positive matrix can still have
 negative or complex eigenvalues (e.g. a near-permutation), which state tracking needs.
 
+The paper indexes a row's input gate as column 0 (``a_{i,0,t}``) and the transition as columns 1..m; here the
+input gate is the last of the ``m + 1`` logits of a row: the same softmax, the logits only stored in another order.
 ``selective = False`` makes the logits a learned constant per block (the input-independent variant).
 Initialisation: every weight (and the constant logits) N(0, 0.02), zero bias, so the transitions
 start near uniform rows ``1/(m+1)``. The scan is :func:`kernels.blockscan.block_scan` (chunked

@@ -1,6 +1,7 @@
-"""DeltaProduct: n_h generalized Householder steps per token (Siems et al. 2025, arXiv:2502.10297),
-and its n_h = 1 presets DeltaNet (Yang et al. 2024, arXiv:2406.06484) and Gated DeltaNet (Yang et al.
-2024, arXiv:2412.06464).
+"""DeltaProduct: n_h generalized Householder steps per token (Siems et al. 2025, "DeltaProduct: Improving
+State-Tracking in Linear RNNs via Householder Products", arXiv:2502.10297), and its n_h = 1 presets DeltaNet
+(Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", arXiv:2406.06484)
+and Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule", arXiv:2412.06464).
 
 Per head (d_k = d_v = head_dim), for token t and sub-steps j = 1..n_h, each from its own projection:
 
@@ -13,7 +14,9 @@ Per head (d_k = d_v = head_dim), for token t and sub-steps j = 1..n_h, each from
     y_t = W_o [ RMSNorm(o_t) * SiLU(W_z x_t) ]  (gated RMSNorm per head)
 
 With ||k|| = 1 each factor has eigenvalues 1 and 1 - beta in (-1, 1) when beta in (0, 2), which parity
-needs; the product of n_h factors is diagonal + rank n_h (rotations / permutations for n_h >= 2).
+needs; the product of n_h factors is diagonal + rank n_h (rotations / permutations for n_h >= 2). Unrolled,
+the paper's per-token form is S_t = A(x_t) e^{g_t} S_{t-1} + B(x_t), A = prod_j (I - beta_j k_j k_j^T) (step 1
+applied first), B = sum_j [prod_{l>j} (I - beta_l k_l k_l^T)] beta_j k_j v_j^T, and ||A|| <= 1 for beta in [0, 2].
 Without the short conv, SiLU is applied to the projections directly. Queries are L2-normalised too
 (as in flash-linear-attention's layers). The kernel is :func:`kernels.delta.delta_product` (chunked UT
 transform on the n_h*T interleaved sequence: torch on CPU, Triton on CUDA).

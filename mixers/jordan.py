@@ -8,7 +8,17 @@ Dadwal, "The Illusion of State: Sharp Memory-Decay Bounds in Linear State Space 
     h_t = A_t h_{t-1} + B x_t,     y_t = C h_t            (B, C learned linear maps, as in the paper)
 
 ``||A^k|| = Theta(k^{m-1} rho^k)``: a defective block keeps a ``k^{m-1}`` transient before the
-exponential decay (a longer memory), at the price of coupling the state's components.
+exponential decay (a longer memory), at the price of coupling the state's components. For a constant block
+``(lam I + c N)^k = sum_{j<m} binom(k, j) lam^{k-j} c^j N^j``.
+
+Time index: the paper writes ``h_{t+1} = A h_t + B x_t``, ``y_t = C h_t``, so its ``y_t`` sees inputs up to
+``x_{t-1}`` only. Here ``h_t`` takes ``x_t`` before the read (as every other mixer of this zoo: the layer's
+output at ``t`` may use token ``t``): the paper's ``y_{t+1}`` is this layer's ``y_t``, the same impulse response
+``C A^k B`` shifted by one step, so the decay bounds are unchanged.
+
+Default ``decay = selective``: the layer sits in gated stacks (the paper's section 2.4 time-varying case, where
+``lam_t`` is input dependent and the polynomial prefactor survives); ``decay = fixed`` with ``rho = 0.9`` is the
+paper's experimental setting. ``state_norm`` defaults to ``none``; the paper's "+ LayerNorm" models are ``step``.
 
 Options:
 

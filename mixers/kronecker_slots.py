@@ -1,7 +1,8 @@
 """Kronecker slot memory: a sparse, content-addressed memory of M = d_p^U slots per head, written and read
 through top-K Kronecker-product addresses, with a power-decay moving average per slot.
 
-Xiao et al., "RAM-Net", arXiv 2602.11958. Per head, with ``x`` the block input:
+Xiao et al., "RAM-Net: Expressive Linear Attention with Selectively Addressable Memory", arXiv 2602.11958. Per
+head, with ``x`` the block input:
 
     [l^w, l^r, v] = conv_4([W_k x, W_q x, W_v x])   (causal depthwise, no activation; W_q = W_k when tied)
     l^w_t, l^r_t: each U factors of d_p logits per head          [+ P pos(t), optional]

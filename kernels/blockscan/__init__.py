@@ -5,7 +5,8 @@ Per batch element, for ``N`` independent blocks of size ``m`` (layout batch, tim
     h_t = A_t h_{t-1} + b_t          A_t (m, m), b_t, h_t (m,),   h_0 = initial_state (or 0)
 
 * :func:`block_scan` — dense blocks, the recurrence of block-diagonal linear recurrent units (BD-LRU;
-  Dubinin, Orvieto & Effenberger, "Block-diagonal linear recurrent units", arXiv:2602.12021).
+  Dubinin, Orvieto & Effenberger, "Improved State Mixing in Higher-order and Block Diagonal Linear Recurrent
+  Networks", arXiv:2602.12021).
 * :func:`jordan_scan` — the structured transition ``A_t = lam_t I + c_t N`` with ``N`` the nilpotent
   shift (ones on the superdiagonal, ``(N h)_i = h_{i+1}``), i.e. the upper Jordan block
   ``J = lam I + N`` for ``c = 1`` (the defective-Jordan SSM of Dadwal, "The Illusion of State: Sharp

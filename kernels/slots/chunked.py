@@ -130,7 +130,7 @@ class _ChunkedSlots(torch.autograd.Function):
         zr = E5.sum(-1).addcmul_(z0r, eAr).add_(eps)
         q = (r / zr).contiguous()
         P = torch.matmul(q.unsqueeze(-2), E5).squeeze(-2)  # (n, G, C, C)
-        Q = w.new_zeros(n, G, C, M).scatter_(-1, ri, q * eAr)
+        Q = w.new_zeros(n, G, C, M).scatter_add_(-1, ri, q * eAr)   # a slot read twice counts twice
         O1 = torch.matmul(P, V1).add_(torch.matmul(Q, starts))
         ctx.save_for_backward(wi, w, ri, V1, gamma, Ex, E, eAr, z0r, zr, q, P, Q, starts, dec, AdT, WdT, lk, ete)
         ctx.num_slots, ctx.has_init = M, X0 is not None

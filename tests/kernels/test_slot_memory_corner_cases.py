@@ -52,13 +52,30 @@ def test_a_slot_written_twice_in_one_token_is_refused(backend, layout):
         slot_memory(wi, ww, _distinct(), rw, v, gamma, M, backend=backend, layout=layout)
 
 
+@pytest.mark.parametrize("chunk_size", [2, 32])   # several chunks (the chunk-start state read twice) and one
 @pytest.mark.parametrize("backend,layout", RUNS)
-def test_a_slot_read_twice_in_one_token_matches_the_recurrence(backend, layout):
+def test_a_slot_read_twice_in_one_token_matches_the_recurrence(backend, layout, chunk_size):
     ww, rw, v, gamma = _inputs()
     wi, ri = _distinct(), _distinct()
     ri[..., 1] = ri[..., 0]
-    o, (S, z) = slot_memory(wi, ww, ri, rw, v, gamma, M, backend=backend, layout=layout)
+    o, (S, z) = slot_memory(wi, ww, ri, rw, v, gamma, M, backend=backend, layout=layout, chunk_size=chunk_size)
     o_ref, S_ref, z_ref = _explicit(wi, ww, ri, rw, v, gamma)
     assert_rel_close(o, o_ref, 1e-5, "output")
     assert_rel_close(S, S_ref, 1e-5, "memory")
     assert_rel_close(z, z_ref, 1e-5, "normaliser")
+
+
+@pytest.mark.parametrize("backend,layout", RUNS[1:])
+def test_a_slot_read_twice_has_the_gradients_of_the_reference_across_chunks(backend, layout):
+    ww, rw, v, gamma = _inputs()
+    wi, ri = _distinct(), _distinct()
+    ri[..., 1] = ri[..., 0]
+    up = torch.randn(B, T, H, DV, device=DEVICE, dtype=torch.float64)
+    grads = {}
+    for run, dtype in ((backend, torch.float32), ("reference", torch.float64)):
+        xs = [x.to(dtype).requires_grad_() for x in (ww, rw, v, gamma)]
+        o, _ = slot_memory(wi, xs[0], ri, xs[1], xs[2], xs[3], M, backend=run,
+                           layout=layout if run == backend else "auto", chunk_size=2)
+        grads[run] = torch.autograd.grad((o.double() * up).sum(), xs)
+    for name, a, e in zip(("dw", "dr", "dv", "dgamma"), grads[backend], grads["reference"]):
+        assert_rel_close(a, e, 1e-4, name)
