@@ -1,18 +1,36 @@
 """Gated KalmaNet (GKA): test-time ridge regression solved per token by Chebyshev iteration.
 
-    q, k, v = SiLU(short_conv_4(W_qkv x));  q, k <- q/||q||, k/||k||       per head, d = head_dim
+Liangzu Peng et al., "Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression", arXiv 2511.21016
+(Fig. 4, Sec. 4, Algorithm 1 and Appendices D-E). Per head, d = head_dim:
+
+    q, k, v = SiLU(short_conv_4(W_qkv x));  q, k <- q/||q||, k/||k||
     beta_t = sigmoid(W_b x_t + b):  k_t, v_t <- beta_t k_t, beta_t v_t     (statistics carry beta^2)
-    alpha_t = sigmoid(W_alpha x_t + b)                                     (alpha-connection gate)
+    alpha_t = sigmoid(W_alpha x_t + b)                                     (alpha-connection gate, in [0, 1])
     g_t = -exp(A_log) softplus(W_a x_t + dt_bias)                          (forgetting gate, both states)
     H_t = e^{g_t} H_{t-1} + k_t k_t^T,     U_t = e^{g_t} U_{t-1} + v_t k_t^T
     lambda_t = a ||H_t||_F + eps           (a = ridge_a = 0.02: condition number <= (1 + a)/a = 51)
-    x_t ~= (H_t + lambda_t I)^{-1} q_t     (num_iter Chebyshev iterations; bounds [lambda_t, lambda_t + ||H_t||_F])
+    x_t ~= (H_t + lambda_t I)^{-1} q_t     (num_iter = r = 30 Chebyshev iterations, see below)
     q~_t = q_t + alpha_t (x_t - q_t),      o_t = U_t q~_t / sqrt(d)
     y = W_o [GatedRMSNorm(o_t) * silu(W_g x_t)]
 
-"Gated KalmaNet" (GKA, arXiv 2511.21016; Fig. 4, Sec. 4 and Appendix D). ``num_iter = 0`` skips the solve
-(``x = q``) and is exactly :mod:`mixers.gla` with the same weights. ``num_iter`` is a declared test-time knob:
-evaluation may run a trained model with another iteration count (accuracy vs r without retraining).
+At convergence ``U_t x_t = S_t q_t``, the prediction of the paper's gated ridge regression
+
+    S_t = argmin_S lambda_t ||S||_F^2 + sum_{i<=t} eta_{t,i} ||S k_i - v_i||^2,   eta_{t,i} = prod_{j=i+1..t} e^{g_j}.
+
+The solve is the paper's Algorithm 1 on ``A = H_t + lambda_t I`` with spectrum bounds ``mu = lambda_t``,
+``L = lambda_t + ||H_t||_F`` (``||H||_2 <= ||H||_F``), for i = 1..r:
+
+    rho = (L - mu)/(L + mu);  xi_{-1} = 0,  xi_0 = 2 q/(L + mu),  omega_0 = 2,  omega_i = 4/(4 - rho^2 omega_{i-1})
+    xi_i = xi_{i-1} - (2 omega_i/(L + mu)) (A xi_{i-1} - q) + (omega_i - 1)(xi_{i-1} - xi_{i-2})
+
+Where this departs from the paper, on purpose: ``eps = ridge_eps = 1e-6`` is added to the paper's
+``lambda_t = a ||H_t||_F`` so that the system stays solvable while ``H_t = 0`` (the first tokens, zero keys;
+``ridge_eps=0`` gives the paper's ridge exactly); the bounds ``mu, L`` are solver constants (no gradient flows
+through them; ``lambda_t`` itself is differentiated, the paper's Eq. 13). ``num_iter = 0`` means "no solve"
+(``x = q``, the paper's r = 0 ablation), not zero Chebyshev steps (which would give ``2 q/(L + mu)``): it is exactly
+:mod:`mixers.gla` with the same weights. ``alpha_connection=False`` is the paper's "without alpha-connection"
+ablation, ``alpha_t = 1`` (``q~ = x``). ``num_iter`` is a declared test-time knob: evaluation may run a trained
+model with another iteration count (accuracy vs r without retraining).
 ``solver`` picks Chebyshev (the paper's), conjugate gradients (MesaNet-style, ``num_iter``
 steps; its inner products make it fragile in low precision) or an exact solve (materialises every
 ``H_t``). ``grad`` picks the backward through the solve (implicit differentiation, the paper's exact

@@ -10,6 +10,14 @@ Own projections from the residual stream, per head h (rank r, lifted rank r', va
     L = chol(G),  A_w = L^{-1} M L^{-T},  A = clamp(gamma_h, 1, gamma_max) A_w / max(sigma(A_w), 1)
     y_t = C L^{-T} A^p L^{-1} q_t;       out = W_o (eta * concat_h y_t)   (W_o zero-init, eta init 1.5)
 
+Defaults: ridge lambda = 1e-3, power p = 2, chunks of 64, 6 power-iteration steps, gamma_max = 1.5, gamma_h init
+1 (one learnable gain per head, where the paper names a single learned gamma). Since A_w = L^{-1} (M G^{-1}) L,
+the readout equals ``c^p C G^{-1} (M G^{-1})^p q`` with ``c = clamp(gamma_h, 1, gamma_max) / max(sigma(A_w), 1)``;
+it is not ``C L^{-T} (M G^{-1})^p L^{-1} q``, which puts the unwhitened operator inside whitened coordinates. With
+p = 0 it is the ridge regression ``C G^{-1} q``, the prediction of ``argmin_S sum w_t ||S k_t - v_t||^2 + lambda
+||S||^2``. For 0/1 weights ``||A_w|| <= 1`` (Cauchy-Schwarz on the whitened keys), so the division by
+``max(sigma, 1)`` changes A only through rounding; it matters only if the statistics are built otherwise.
+
 ``phi`` is the key lift (``key_lift``, :mod:`mixers.key_lift`; the Clebsch-Gordan lift of the paper's
 appendix "Clebsch-Gordan Invariant Lift"), applied alike to keys and queries after the projections, in
 ``forward``, ``prefill`` and ``step``; with the even-odd pairs z_i = u_{2i} + i u_{2i+1} of u = W x (rank r):
@@ -42,8 +50,13 @@ Modes (which statistics position t reads):
 
 Normalisation: ``seq_max`` (paper): ``s = max ||k_t||`` over the weighted-in tokens of the whole
 sequence (non-causal). ``running_max``: the scale of a readout is the largest weighted-in key inside
-the statistics it reads (causal). Because G, M, C are homogeneous in the keys, the state keeps the
-raw statistics and normalises at readout time, which makes the recurrent and chunked forms agree.
+the statistics it reads (causal). With a mask this departs on purpose from the paper's pipeline, which
+normalises every key by the largest key of the sequence before the masked accumulation: here tokens with
+``w_t = 0`` set no scale, as they enter no statistic. Otherwise a masked-out token (a query after the prefix, a
+generated token) would rescale the statistics it is not part of, and ``prefill`` + ``step`` (scale frozen at the
+prefill) could not equal ``forward`` on the same tokens; without a mask both definitions coincide. Because G,
+M, C are homogeneous in the keys, the state keeps the raw statistics and normalises at readout time, which makes
+the recurrent and chunked forms agree.
 
 Decoding (``step``), state ``G, M`` (r' x r'), ``C`` (P x r'), previous weighted key (r'), scale (1)
 per head = ``H (2 r'^2 + P r' + r' + 1)`` floats (r' the lifted rank), independent of T:

@@ -1,4 +1,5 @@
-"""Gated KalmaNet (GKA; "Gated KalmaNet", arXiv:2511.21016): gated ridge regression solved per token by Chebyshev iteration.
+"""Gated KalmaNet (GKA; "Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression", arXiv:2511.21016):
+gated ridge regression solved per token by Chebyshev iteration.
 
     H_t = e^{g_t} H_{t-1} + k_t k_t^T,   U_t = e^{g_t} U_{t-1} + v_t k_t^T
     x_t ~= (H_t + lambda_t I)^{-1} q_t,  lambda_t = a ||H_t||_F + eps

@@ -1,6 +1,7 @@
 """Reference Gated KalmaNet (GKA) layer core, token by token, fp64-capable (the spec).
 
-Per head ("Gated KalmaNet", arXiv:2511.21016), with ``g_t <= 0`` a log decay:
+Per head ("Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression", arXiv:2511.21016), with
+``g_t <= 0`` a log decay:
 
     H_t = e^{g_t} H_{t-1} + k_t k_t^T                  (d_k x d_k)
     U_t = e^{g_t} U_{t-1} + v_t k_t^T                  (d_v x d_k)
