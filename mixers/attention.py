@@ -2,7 +2,13 @@
 
     o_t^h = sum_{i<=t} softmax_i(q_t^h . k_i^{g(h)} / sqrt(d)) v_i^{g(h)},    q, k rotated by RoPE (Su et al. 2021)
 
-with ``H = n_heads`` query heads and ``Hkv = n_kv_heads`` key/value heads, query head ``h`` reading key/value head
+Here ``d = head_dim``. RoPE ("RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864) is
+applied in the rotate-half pairing: at position ``p`` the coordinates ``i`` and ``i + d/2`` of a query or key turn together
+by ``p base^(-2i/d)`` (``rope_base`` = 10000 by default). The paper pairs neighbours ``(2i, 2i + 1)``; the two differ
+by a fixed permutation of the projection's q and k rows, so they span the same models, but checkpoints rotated the
+other way do not load unchanged. The decode step rotates at the cache length.
+
+With ``H = n_heads`` query heads and ``Hkv = n_kv_heads`` key/value heads, query head ``h`` reading key/value head
 ``g(h) = h // (H / Hkv)``. ``n_kv_heads`` unset is ``H``: ``g(h) = h``, standard multi-head attention (Vaswani et al.
 2017, "Attention Is All You Need"). Fewer is grouped-query attention (GQA; Ainslie et al. 2023, "GQA: Training
 Generalized Multi-Query Transformer Models from Multi-Head Checkpoints", arXiv 2305.13245), each key/value head

@@ -9,8 +9,17 @@
 
 Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient Training" (scalar-gate
 variant as in fla's simple GLA), with the projections, gates and normalisation of the Gated KalmaNet
-block (Gated KalmaNet, arXiv 2511.21016, Fig. 4) so that GKA with ``num_iter = 0`` is this mixer with the same weights
+block ("Gated KalmaNet: A Fading Memory Layer Through Test-Time Ridge Regression", arXiv 2511.21016, Fig. 4) so
+that GKA with ``num_iter = 0`` is this mixer with the same weights
 (GKA adds one alpha-gate projection). The core is :func:`kernels.gla.gla`.
+
+Where it departs from the paper's layer (and flash-linear-attention's ``GatedLinearAttention``): the paper's forget
+gate is per key channel, ``log alpha_t = logsigmoid(W_2 W_1 x_t + b) / 16`` with ``W_2 W_1`` of rank 16; here it is
+one Mamba-2 log decay per head, initialised as Mamba-2's (A ~ U(1, 16), softplus(dt_bias) log-uniform in
+[1e-3, 1e-1]), the forgetting gate of the Gated KalmaNet block. The short convolution, the L2-normalised q and k
+and the beta gate are Gated KalmaNet's block too (the paper's layer has none of them by default). As in the paper,
+keys and values have the same number of heads and the output is normalised per head and then gated
+(``Swish(x W_r) * Norm(o)``); the readout is scaled by ``1 / sqrt(d_k)`` (flash-linear-attention's default).
 
 Non-finite inputs: a NaN or inf at position t reaches the earlier outputs of its chunk (NaN times the
 zero of the chunk's causal mask); large finite inputs do not (the contract suite checks 1e30).

@@ -2,11 +2,20 @@
 
     [z, x, B, C, dt] = W_in u;   x, B, C <- SiLU(causal_conv4(x, B, C))
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T,    y_t = C_t^T h_t + D x_t
-    out = W_out RMSNorm(y * silu(z))
+    out = W_out (RMSNorm(y) * silu(z))          (norm_before_gate, the default; False: W_out RMSNorm(y * silu(z)))
 
 Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured
-State Space Duality". The scan is :func:`kernels.ssd.ssd` (chunked PyTorch on CPU, Triton on CUDA);
-A = -exp(A_log) with A ~ U(1, 16) and dt initialised log-uniformly in [1e-3, 1e-1].
+State Space Duality", arXiv 2405.21060. The scan is :func:`kernels.ssd.ssd` (chunked PyTorch on CPU, Triton on CUDA);
+dt = softplus(W_dt u + dt_bias) (W_dt: mamba-ssm's dt rows of the input projection, here ``gate.proj``), A = -exp(A_log) with
+A ~ U(1, 16) and softplus(dt_bias) initialised log-uniformly in [1e-3, 1e-1]; D = 1 per head; one group (B and C
+shared by all heads); the output norm over the whole inner width, eps 1e-6. These follow mamba-ssm's ``Mamba2``
+module except where stated: its defaults d_state = 128 and headdim = 64 are larger (recipes at language-model scale
+name them), its norm eps is 1e-5, and its output norm (``norm_before_gate=False``, as in the paper's block) is
+RMSNorm(y * silu(z)), the gate applied before the normalisation; here, by default, the norm is applied first and the
+gate after, which gives a different function (RMSNorm is not invariant under the elementwise gate). Every table of
+this repository was trained so; ``norm_before_gate=False`` gives the paper's and mamba-ssm's order (the same
+parameters, so a checkpoint loads either way, but a model trained with one order computes something else with the
+other).
 
 dt is capped at ``DT_MAX`` = 1e3 (far above any trained value; at dt = 1e3, exp(dt A) < e^-50 for A >= 0.05): without a cap a
 huge but finite input x_t gives dt_t ~ |x_t| and an input term dt_t x_t that overflows fp32, and the chunked
@@ -22,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.ssd import BACKENDS, TRITON_MAX_DIM, ssd, ssd_step
@@ -30,6 +40,7 @@ from .base import Mixer, State, register_mixer
 from .layers import (
     DecayGate,
     GatedRMSNorm,
+    RMSNorm,
     ShortConv,
     at_least_fp32,
     compute_dtype,
@@ -60,6 +71,8 @@ class Mamba2(Mixer):
         chunk_size: int | None = chunk_size_opt("ssd", "chunk length of the chunked scan (does not change the result)")
         backend: str = backend_opt(BACKENDS, "kernel backend (mamba_ssm: mamba-ssm's mamba_chunk_scan_combined, "
                                              "CUDA only)")
+        norm_before_gate: bool = opt(True, "output RMSNorm(y) * silu(z) (this zoo's tables); False: the paper's and "
+                                           "mamba-ssm's RMSNorm(y * silu(z))", omit_at_default=True)
 
         def __post_init__(self):
             # the rule kernels.ssd applies at the first forward, checked where a recipe names the options
@@ -84,7 +97,8 @@ class Mamba2(Mixer):
         self.conv = ShortConv(self.conv_dim, o.d_conv)
         self.D = nn.Parameter(torch.ones(self.n_heads))
         no_weight_decay(self, "D")  # the skip gain, undecayed as in mamba-ssm (A_log, dt_bias: DecayGate)
-        self.norm = GatedRMSNorm(self.d_inner)
+        # the same parameter (norm.weight) either way, so checkpoints load into both
+        self.norm = GatedRMSNorm(self.d_inner) if options.norm_before_gate else RMSNorm(self.d_inner)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def _project(self, u):
@@ -102,7 +116,9 @@ class Mamba2(Mixer):
         return x, B.unsqueeze(-2).expand(shape), C.unsqueeze(-2).expand(shape)
 
     def _finish(self, y, z):
-        return self.out_proj(self.norm(y.flatten(-2), z))
+        if self.options.norm_before_gate:
+            return self.out_proj(self.norm(y.flatten(-2), z))
+        return self.out_proj(self.norm(y.flatten(-2) * F.silu(z.to(y.dtype))))
 
     def _forward(self, u):
         z, xBC_raw, raw = self._project(u)

@@ -24,6 +24,7 @@ VARIANTS = [
     ("attention", {"n_heads": 2, "head_dim": 6, "rope_base": 50.0}, None),
     ("mamba2", {"d_state": 8, "headdim": 16, "d_conv": 1}, None),
     ("mamba2", {"d_state": 4, "headdim": 8, "d_conv": 2, "expand": 1}, None),
+    ("mamba2", {"d_state": 4, "headdim": 8, "norm_before_gate": False}, None),
     ("deltanet", {"n_heads": 2, "head_dim": 8, "use_short_conv": False}, None),
     ("deltanet", {"n_heads": 2, "head_dim": 8, "conv_size": 1, "allow_neg_eigval": False}, None),
     ("gated_deltanet", {"n_heads": 2, "head_dim": 8, "num_householder": 3, "conv_size": 2}, None),

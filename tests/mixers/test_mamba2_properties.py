@@ -20,7 +20,8 @@ D = 16
 
 def reference(m, u, expand, d_state, headdim):
     """``out (B, T, D)``: ``[z, x, B, C] = W_in u``, ``x, B, C <- SiLU(conv(x, B, C))``,
-    ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t^T h_t + D x_t``, ``out = W_out RMSNorm(y silu(z))``."""
+    ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t^T h_t + D x_t``, ``out = W_out (RMSNorm(y) silu(z))``
+    (the default ``norm_before_gate``)."""
     inner, n_heads = expand * D, expand * D // headdim
     Bsz, T, _ = u.shape
     proj = u @ m.in_proj.weight.T
