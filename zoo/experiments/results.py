@@ -239,8 +239,8 @@ def render(rows: list[dict], out_dir: Path, title: str = "", plot: bool = True, 
     if any(len(g) > 1 for g in group_by_cell(rows).values()):
         agg_columns, agg_body = seed_table(rows)
         summary = markdown_table(agg_body, agg_columns)
-        note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which; n: how "
-                 f"many have the value, where not all do, and how many of them are not finite, a diverged run's):\n\n"
+        note += (f"Mean ± sample standard deviation over the seeds of each cell (seeds: how many, and which; n: the "
+                 f"seeds with a finite value, where not all have one):\n\n"
                  f"{summary}\n\nPer seed:\n\n")
         table = summary + "\n\n" + write_table(out_dir, "results", columns, body, header + note, tail)
     else:
