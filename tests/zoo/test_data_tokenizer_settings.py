@@ -13,6 +13,7 @@ from tests.zoo.local_tokenizer import TEXT, bpe_tokenizer
 from tests.zoo.preparation import in_both_splits
 from zoo.data import prepare as prep
 from zoo.data.tokenize import HFTokenizer
+from zoo.errors import UserError
 from zoo.tasks.lm import LanguageModeling
 
 WORDS = ["the", "state", "of", "mixer", "scan", "key", "decays", "gate", "opens", "chunk", "π", "é", ";", "."]
@@ -88,3 +89,16 @@ def test_a_tokenizer_file_named_by_another_path_reads_the_folder_it_prepared(tmp
     bpe_tokenizer(tmp_path / "other.json", TEXT + " another text entirely")
     with pytest.raises(Exception, match="tokenised with './tok.json'"):
         prep.read_meta(where, options(str(tmp_path / "other.json")))
+
+
+def test_a_hub_tokenizer_out_of_reach_and_a_damaged_file_are_named_apart(tmp_path, monkeypatch):
+    """Offline, a Hub name not in the local cache is refused saying so and how to get it (fetch once with a network,
+    or a local tokenizer.json), not "give a Hub name" (one was given); a file that is no tokenizer says that."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    name = f"no-such-org-{int(torch.randint(10**9, ()))}/tokenizer"
+    with pytest.raises(UserError, match=r"Hub did not give it and it is not in the local cache .*local tokenizer.json"):
+        HFTokenizer(name)
+    damaged = tmp_path / "tokenizer.json"
+    damaged.write_text("{not json")
+    with pytest.raises(UserError, match=r"cannot read this file as a tokenizer.json"):
+        HFTokenizer(str(damaged))

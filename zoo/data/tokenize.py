@@ -87,9 +87,13 @@ class HFTokenizer:
             else:
                 self.tok = tokenizers.Tokenizer.from_pretrained(name)
         except Exception as err:  # noqa: BLE001 - a missing name, no network, a damaged file: one line
-            raise UserError(f"tokenizer {name!r}: cannot load it ({type(err).__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''}); give a tokenizer.json path "
-                            f"or a Hub name") from None
+            why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if Path(name).is_file():
+                raise UserError(f"tokenizer {name!r}: cannot read this file as a tokenizer.json ({why}); give a "
+                                f"tokenizers.Tokenizer file") from None
+            raise UserError(f"tokenizer {name!r}: the Hugging Face Hub did not give it and it is not in the local "
+                            f"cache ({why}); check the name, or, without a network, fetch it once with one (zoo data "
+                            f"prepare RECIPE), or give a local tokenizer.json path") from None
         # a tokenizer.json may carry the truncation and padding its model was served with (``max_length`` 128 or
         # 512, padded to it): encoding a document must give all of its tokens and nothing else
         self.tok.no_truncation()
