@@ -44,7 +44,7 @@ try:  # the imports take seconds (torch, triton, matplotlib): a Ctrl-C meanwhile
     from .generate import refuse_text_file
     from .paths import EXTRA_SECTIONS, probe_writable
     from .preflight import check_recipe, refuse_dead_layers, refuse_unrunnable
-    from .recipes import refuse_overrides_every_cell_replaces, resolve
+    from .recipes import overrides_some_cells_replace, refuse_overrides_every_cell_replaces, resolve
     from .recipes.overrides import parse_override
     from .recipes.plain import layer_label
     from .reevaluate import evaluate_checkpoint, refuse_ablation_folder
@@ -138,6 +138,8 @@ def cmd_check(args) -> int:
         refuse_overrides_every_cell_replaces(recipe, args.overrides)
     except UserError as err:
         print(f"note: zoo train takes it (the base recipe), but zoo ablate refuses it: {err}", file=sys.stderr)
+    for note in overrides_some_cells_replace(recipe, args.overrides):
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -231,6 +233,8 @@ def cmd_ablate(args) -> int:
                         f"no cell would run with it; give the seeds instead (e.g. seeds=[{recipe.seed}])")
     refuse_dead_layers(recipe, trains="cells")
     refuse_overrides_every_cell_replaces(recipe, args.overrides)
+    for note in overrides_some_cells_replace(recipe, args.overrides):
+        print(f"zoo ablate: note: {note}", file=sys.stderr)
     out = Path(args.out) if args.out else Path("results") / Path(args.recipe).stem
     title = recipe.name or Path(args.recipe).stem
     executor = make_executor(args.executor, address=args.address, cpus_per_cell=args.cpus_per_cell,

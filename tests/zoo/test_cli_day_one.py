@@ -12,6 +12,7 @@
   after it;
 - the refusal of a changed cell says both ways on: another ``--out``, or the recipe as it was.
 """
+import json
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,22 @@ def test_a_ray_cluster_it_cannot_reach_changes_nothing(tmp_path, capsys, monkeyp
     assert main(["ablate", str(recipe), "--out", str(out), "--executor", "ray", "--address", "auto", *QUICK]) == 2
     assert "cannot connect to a Ray cluster" in _one_line(capsys)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"} == before
+
+
+def test_an_override_some_cells_replace_is_named_with_those_cells(tmp_path, capsys):
+    """A command-line override that some cells set themselves does not reach them: check and ablate say which (the
+    cells that take it, and the ablation, run as before)."""
+    steps = int(torch.randint(3, 9, ()))
+    recipe = _grid(tmp_path, "{label: takes_it}", f"{{label: own_steps, train.steps: {steps}}}",
+                   "{label: also_takes_it, seed: 4}")
+    assert main(["check", str(recipe), "train.steps=2"]) == 0
+    (note,) = capsys.readouterr().err.strip().splitlines()
+    assert note.startswith("note: override 'train.steps=2' does not reach 1 of the grid's 3 cells") and \
+        "'own_steps' (train.steps)" in note, note
+    out = tmp_path / "out"
+    assert main(["ablate", str(recipe), "--out", str(out), "train.steps=2", "train.warmup_steps=0", "--no-progress",
+                 "--no-plot"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "does not reach" in line]
+    assert len(notes) == 1 and notes[0].startswith("zoo ablate: note: override 'train.steps=2'"), notes
+    rows = {r["label"]: r["metrics"]["steps"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert rows == {"takes_it": 2, "own_steps": steps, "also_takes_it": 2}

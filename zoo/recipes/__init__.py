@@ -249,6 +249,22 @@ def refuse_overrides_every_cell_replaces(recipe: Recipe, overrides: list[str]) -
                             f"drop the override, or write its value into the grid's cells")
 
 
+def overrides_some_cells_replace(recipe: Recipe, overrides: list[str]) -> list[str]:
+    """One line per command-line override that some cells of the grid (not all: that is refused,
+    :func:`refuse_overrides_every_cell_replaces`) replace with a key of their own: those cells run without it
+    (``train.steps=2`` where two cells set ``train.steps: 2500`` trains them 2,500 steps)."""
+    notes = []
+    for text in overrides if recipe.cells else ():
+        path, _value = parse_override(text)
+        replaced = [(cell.label, key) for cell in recipe.cells if (key := _replaces(cell, path))]
+        if replaced and len(replaced) < len(recipe.cells):
+            shown = ", ".join(f"{label!r} ({key})" for label, key in replaced[:4])
+            more = f" and {len(replaced) - 4} more" if len(replaced) > 4 else ""
+            notes.append(f"override {text!r} does not reach {len(replaced)} of the grid's {len(recipe.cells)} cells, "
+                         f"which set it themselves: {shown}{more}; they run with their own value")
+    return notes
+
+
 def _computed(recipe: Recipe) -> str:
     """What ``recipe`` trains and evaluates, however its layers' options are written: its key's content with every
     layer as its mixer and resolved options (``model.layer_options``), without ``model.mixer_options`` (an option
