@@ -91,9 +91,9 @@ class HFTokenizer:
             if Path(name).is_file():
                 raise UserError(f"tokenizer {name!r}: cannot read this file as a tokenizer.json ({why}); give a "
                                 f"tokenizers.Tokenizer file") from None
-            raise UserError(f"tokenizer {name!r}: the Hugging Face Hub did not give it and it is not in the local "
-                            f"cache ({why}); check the name, or, without a network, fetch it once with one (zoo data "
-                            f"prepare RECIPE), or give a local tokenizer.json path") from None
+            raise UserError(f"tokenizer {name!r}: cannot load it: the Hugging Face Hub did not give it and it is not "
+                            f"in the local cache ({why}); check the name, or, without a network, fetch it once with one "
+                            f"(zoo data prepare RECIPE), or give a local tokenizer.json path") from None
         # a tokenizer.json may carry the truncation and padding its model was served with (``max_length`` 128 or
         # 512, padded to it): encoding a document must give all of its tokens and nothing else
         self.tok.no_truncation()
