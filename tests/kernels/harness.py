@@ -22,6 +22,11 @@ needs_triton = pytest.mark.skipif(
     not (triton_importable() and triton_usable_for(torch.empty(0, device=DEVICE))),
     reason="triton cannot run here (no CUDA and no TRITON_INTERPRET=1)",
 )
+#: the same for a test whose tensors are CPU tensors on any machine (Triton runs them through the interpreter only)
+needs_triton_on_cpu = pytest.mark.skipif(not (triton_importable() and triton_usable_for(torch.empty(0))),
+                                         reason="triton cannot run on CPU tensors here (no TRITON_INTERPRET=1)")
+#: the ``triton`` backend as a parameter of such a test
+TRITON_ON_CPU = pytest.param("triton", marks=needs_triton_on_cpu)
 
 
 def compiler_env(**extra: str) -> dict:

@@ -16,15 +16,12 @@ import pytest
 import torch
 
 from kernels.attention import attention
-from kernels.backend import triton_importable, triton_usable_for
-from tests.kernels.harness import compare_backends
+from tests.kernels.harness import TRITON_ON_CPU, compare_backends
 
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0))), reason="triton cannot run here"))
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", TRITON])
+@pytest.mark.parametrize("backend", ["reference", "torch", TRITON_ON_CPU])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_attention_matches_fla_naive_parallel_attn(backend, causal, kv_heads):

@@ -21,13 +21,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.delta import delta_product, delta_rule
-from tests.kernels.harness import compare_backends
+from tests.kernels.harness import TRITON_ON_CPU, compare_backends, needs_triton_on_cpu
 
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0))), reason="triton cannot run here"))
-BACKENDS = ["reference", "torch", TRITON]
+BACKENDS = ["reference", "torch", TRITON_ON_CPU]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 
 
@@ -64,11 +61,10 @@ def test_delta_product_matches_fla_naive_recurrence(backend, n, gate):
     compare_backends(ours, oracle, ins, tol=TOL[torch.float32], ref_dtype=torch.float32)
 
 
+@needs_triton_on_cpu
 def test_delta_product_fp16_triton_matches_fla_naive_recurrence():
     """fp16 inputs on the Triton kernels (tensor-core operands on a GPU, an fp32 state) against the oracle run in
     fp32 on the same fp16 values."""
-    if not (triton_importable() and triton_usable_for(torch.empty(0))):
-        pytest.skip("triton cannot run here")
     naive = pytest.importorskip("fla.ops.gated_delta_product.naive")
     n = 2
     (q, k, v, beta), g, s0 = _inputs(1, 24, 2, 16, 16, n, True, dtype=torch.float16)

@@ -21,16 +21,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.gate import log_decay
 from kernels.rope import rotary
-from tests.kernels.harness import compare_backends
-
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0))), reason="triton cannot run here"))
+from tests.kernels.harness import TRITON_ON_CPU, compare_backends
 
 
-@pytest.mark.parametrize("backend", ["reference", TRITON])
+@pytest.mark.parametrize("backend", ["reference", TRITON_ON_CPU])
 def test_log_decay_matches_fla_naive_gdn_gate(backend):
     """Pre-activations over both tails of the softplus (-20..16), a per-head ``A_log`` and ``dt_bias``."""
     gate = pytest.importorskip("fla.ops.gated_delta_rule.gate")
@@ -43,7 +39,7 @@ def test_log_decay_matches_fla_naive_gdn_gate(backend):
                      shared={1: tuple(raw.shape), 2: tuple(raw.shape)})
 
 
-@pytest.mark.parametrize("backend", ["reference", TRITON])
+@pytest.mark.parametrize("backend", ["reference", TRITON_ON_CPU])
 @pytest.mark.parametrize("rotated", [None, 2])
 def test_rotary_matches_fla_rotary_embedding_ref(backend, rotated):
     """Positions from a random ``start``, a random ``base``; the first ``rotated`` groups of a ``q | k | v``-like

@@ -27,19 +27,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.gka import gka
-from tests.kernels.harness import compare_backends
+from tests.kernels.harness import compare_backends, needs_triton_on_cpu
 
-NEEDS_TRITON = pytest.mark.skipif(not (triton_importable() and triton_usable_for(torch.empty(0))),
-                                  reason="triton cannot run here")
 #: (backend, solver, grad, num_iter) that reach the exact solution; the Triton one runs once (without alpha), as
 #: the interpreter takes seconds
 SOLVES = [("reference", "exact", "implicit", 1), ("torch", "exact", "implicit", 1),
           ("reference", "chebyshev", "implicit", 60), ("torch", "chebyshev", "implicit", 60),
           ("torch", "chebyshev", "reverse_chebyshev", 60), ("torch", "cg", "implicit", 40)]
 CASES = [(*c, a) for c in SOLVES for a in (False, True)] + [
-    pytest.param("triton", "chebyshev", "implicit", 60, False, marks=NEEDS_TRITON)]
+    pytest.param("triton", "chebyshev", "implicit", 60, False, marks=needs_triton_on_cpu)]
 TOL = 1e-5
 TOL_REVERSE = 2e-4
 RIDGE = 0.3
@@ -89,7 +86,7 @@ def test_gka_matches_fla_naive_mesa_net_exact(backend, solver, grad, num_iter, w
                      grad_tol=TOL_REVERSE if grad == "reverse_chebyshev" else TOL)
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", pytest.param("triton", marks=NEEDS_TRITON)])
+@pytest.mark.parametrize("backend", ["reference", "torch", pytest.param("triton", marks=needs_triton_on_cpu)])
 def test_gka_without_iterations_matches_fla_naive_simple_gla(backend):
     """``num_iter = 0`` skips the solve: gated linear attention from ``U_0`` (``H`` still accumulates, checked
     against MesaNet's ``h_kk``), with the default scale ``d ** -0.5`` (the existing comparison: forward only, no

@@ -20,13 +20,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.gla import gla
-from tests.kernels.harness import compare_backends
+from tests.kernels.harness import TRITON_ON_CPU, compare_backends, needs_triton_on_cpu
 
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0))), reason="triton cannot run here"))
-BACKENDS = ["reference", "torch", TRITON]
+BACKENDS = ["reference", "torch", TRITON_ON_CPU]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 
 
@@ -124,9 +121,8 @@ def test_gla_one_query_key_head_shared_matches_fla(backend):
                      ins, tol=TOL[torch.float32], ref_dtype=torch.float32, shared={1: full})
 
 
+@needs_triton_on_cpu
 def test_gla_fp16_triton_matches_fla_naive_recurrent_simple_gla():
-    if not (triton_importable() and triton_usable_for(torch.empty(0))):
-        pytest.skip("triton cannot run here")
     naive = pytest.importorskip("fla.ops.simple_gla.naive")
     oracle = _fla_state(naive.naive_recurrent_simple_gla)
     compare_backends(_ours("triton"), lambda q, k, v, g, U0: oracle(q, k, v, g, initial_state=U0),

@@ -17,12 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import triton_importable, triton_usable_for
 from kernels.ssd import ssd
-from tests.kernels.harness import compare_backends
+from tests.kernels.harness import TRITON_ON_CPU, compare_backends
 
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
-    not (triton_importable() and triton_usable_for(torch.empty(0))), reason="triton cannot run here"))
 TOL = 2e-5
 
 
@@ -36,7 +33,7 @@ def _inputs(b, T, H, P, N):
     return [x, dt, A, B, C, h0, D]
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", TRITON])
+@pytest.mark.parametrize("backend", ["reference", "torch", TRITON_ON_CPU])
 @pytest.mark.parametrize("skip", [False, True])
 def test_ssd_matches_fla_naive_simple_gla(backend, skip):
     """``y``, the final state and the gradients of x, dt, A, B, C, the initial state (and D); B 2, T 37 (not a
