@@ -19,8 +19,10 @@ from .test_deltaproduct_properties import assert_forward_and_prefill_equal, caus
 D = 16
 
 
-def reference(m, x):
-    """``y (B, T, D)`` from the equations of the module docstring, one token at a time."""
+def gla_inputs(m, x):
+    """``(q, k, v, g, z)`` of the layer's equations, per head ``(B, T, h, d)`` (``g`` ``(B, T, h)``): the projection
+    through the short convolution and SiLU, L2-normalised ``q`` and ``k``, the beta gate on ``k`` and ``v``, the log
+    decay and the output gate's input."""
     o_opt, h, d = m.options, m.n_heads, m.head_dim
     B, T, _ = x.shape
     qkv = causal_conv_silu(m.conv, x @ m.in_proj.weight.T)
@@ -33,7 +35,14 @@ def reference(m, x):
         g = -torch.exp(m.gate.A_log) * F.softplus(x @ m.gate.proj.weight.T + m.gate.dt_bias)
     else:
         g = x.new_zeros(B, T, h)
-    z = (x @ m.z_proj.weight.T).reshape(B, T, h, d)
+    return q, k, v, g, (x @ m.z_proj.weight.T).reshape(B, T, h, d)
+
+
+def reference(m, x):
+    """``y (B, T, D)`` from the equations of the module docstring, one token at a time."""
+    h, d = m.n_heads, m.head_dim
+    B, T, _ = x.shape
+    q, k, v, g, z = gla_inputs(m, x)
     U = x.new_zeros(B, h, d, d)
     ys = []
     for t in range(T):

@@ -2,11 +2,11 @@
 in its scalar-gate form with the block of Gated KalmaNet (arXiv:2511.21016), written here in fp64 from the layer's
 weights through the parallel (attention-like) form of the recurrence rather than the recurrence itself:
 ``o_t = sum_{s<=t} exp(G_t - G_s) (q_t . k_s) v_s / sqrt(d)``, ``G_t = sum_{r<=t} g_r`` (the paper's parallel form
-with the per-channel gate matrix reduced to one decay per head), after the short convolution (``F.conv1d`` padded
-by ``kernel - 1`` and truncated) and SiLU, L2-normalised queries and keys, the beta gate on keys and values and the
-Mamba-2 log decay ``g_t = -exp(A_log) softplus(W_a x_t + dt_bias)``; the output ``W_o [RMSNorm_head(o) * silu(W_g x)]``
-normalised per head and then gated (the paper's ``Swish(x W_r) * Norm(o)``, and flash-linear-attention's GLA
-layer); and the forget gate's initial decay range.
+with the per-channel gate matrix reduced to one decay per head), from the inputs of the token loop's reference
+(:func:`tests.mixers.test_gla_properties.gla_inputs`: the short convolution and SiLU, L2-normalised queries and
+keys, the beta gate on keys and values and the Mamba-2 log decay ``g_t = -exp(A_log) softplus(W_a x_t + dt_bias)``);
+the output ``W_o [RMSNorm_head(o) * silu(W_g x)]`` normalised per head and then gated (the paper's
+``Swish(x W_r) * Norm(o)``, and flash-linear-attention's GLA layer); and the forget gate's initial decay range.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from mixers import build_mixer
+
+from .test_gla_properties import gla_inputs
 
 F64 = torch.float64
 
@@ -30,27 +32,14 @@ def _randomised(d_model, **options):
 
 
 def parallel_form(m, x):
-    o_opt, h, d = m.options, m.n_heads, m.head_dim
-    B, T, _ = x.shape
-    conv = m.conv.conv
-    qkv = F.silu(F.conv1d((x @ m.in_proj.weight.T).transpose(1, 2), conv.weight, conv.bias,
-                          padding=o_opt.conv_size - 1, groups=3 * h * d)[..., :T].transpose(1, 2))
-    q, k, v = qkv.unflatten(-1, (3, h, d)).unbind(-3)
-    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
-    if o_opt.beta_gate:
-        beta = torch.sigmoid(x @ m.beta_proj.weight.T + m.beta_proj.bias)[..., None]
-        k, v = beta * k, beta * v
-    if o_opt.forget_gate:
-        g = -torch.exp(m.gate.A_log) * F.softplus(x @ m.gate.proj.weight.T + m.gate.dt_bias)
-    else:
-        g = x.new_zeros(B, T, h)
+    d, T = m.head_dim, x.shape[1]
+    q, k, v, g, z = gla_inputs(m, x)
     G = g.cumsum(1)
     decay = (G[:, :, None, :] - G[:, None, :, :]).masked_fill(
         ~torch.ones(T, T, dtype=torch.bool).tril()[None, :, :, None], float("-inf")).exp()    # (B, t, s, h)
     scores = torch.einsum("bthd,bshd->btsh", q, k) * decay
     o = torch.einsum("btsh,bshd->bthd", scores, v) / math.sqrt(d)
     normed = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + m.norm.eps) * m.norm.weight
-    z = (x @ m.z_proj.weight.T).unflatten(-1, (h, d))
     return (normed * F.silu(z)).flatten(-2) @ m.out_proj.weight.T
 
 
