@@ -229,6 +229,11 @@ def _replaces(cell: Cell, path: list) -> str | None:
     return None
 
 
+def _cells_replacing(recipe: Recipe, path: list) -> list[tuple[str, str]]:
+    """``(label, key)`` of each grid cell whose own key replaces an override at ``path`` (:func:`_replaces`)."""
+    return [(cell.label, key) for cell in recipe.cells if (key := _replaces(cell, path))]
+
+
 def refuse_overrides_every_cell_replaces(recipe: Recipe, overrides: list[str]) -> None:
     """Refuse a command-line override that every cell of the grid replaces with a key of its own (``train.lr=...``
     where every cell sets ``train.lr``, ``model.layers.1=...`` where every cell sets ``model.layers``), or an option
@@ -241,9 +246,9 @@ def refuse_overrides_every_cell_replaces(recipe: Recipe, overrides: list[str]) -
         problem = unused_mixer_options([cell.recipe for cell in recipe.cells], path, value, "any cell of the grid")
         if problem:  # it reaches the base recipe's layers only, which zoo ablate never trains
             raise UserError(f"override {text!r} changes no cell of the grid: {problem}")
-        keys = [_replaces(cell, path) for cell in recipe.cells]
-        if all(keys):
-            shown = sorted(set(keys))
+        replaced = _cells_replacing(recipe, path)
+        if len(replaced) == len(recipe.cells):
+            shown = sorted({key for _label, key in replaced})
             raise UserError(f"override {text!r} changes no cell of the grid: every cell sets "
                             f"{' or '.join(shown)} itself (e.g. cell {recipe.cells[0].label!r}), replacing it; "
                             f"drop the override, or write its value into the grid's cells")
@@ -255,8 +260,7 @@ def overrides_some_cells_replace(recipe: Recipe, overrides: list[str]) -> list[s
     (``train.steps=2`` where two cells set ``train.steps: 2500`` trains them 2,500 steps)."""
     notes = []
     for text in overrides if recipe.cells else ():
-        path, _value = parse_override(text)
-        replaced = [(cell.label, key) for cell in recipe.cells if (key := _replaces(cell, path))]
+        replaced = _cells_replacing(recipe, parse_override(text)[0])
         if replaced and len(replaced) < len(recipe.cells):
             shown = ", ".join(f"{label!r} ({key})" for label, key in replaced[:4])
             more = f" and {len(replaced) - 4} more" if len(replaced) > 4 else ""
