@@ -224,7 +224,7 @@ def load_lm(location, device="cpu", imports: list[str] = (), tokenizer: str = ""
 def _load_lm(location, device, imports, tokenizer, test_time, where, command="zoo generate", backends=()):
     path, state, recipe, task = read_lm(location, imports, tokenizer, command)
     values = resolve_test_time(recipe, test_time, where)
-    built = with_backends(path, state["recipe"], list(imports), backends, command) or recipe
+    built = with_backends(state["recipe"], list(imports), backends, command) or recipe
     model = load_model(state, built, torch.device(device), path)
     apply_test_time(model, values)
     return model, task, values

@@ -101,10 +101,10 @@ def checkpoint_recipe(path, plain: dict, imports: list[str] = ()) -> Recipe:
                         f"written by another mixer-zoo version needs that version)") from None
 
 
-def with_backends(path, plain: dict, imports: list[str], overrides, command: str) -> Recipe | None:
-    """The checkpoint's recipe (stored as ``plain``) with the kernel backends ``overrides`` choose
-    (:func:`is_backend_override`), to build its trained model with; None without overrides. Any other override is
-    refused naming ``command``: it would change the trained model."""
+def with_backends(plain: dict, imports: list[str], overrides, command: str) -> Recipe | None:
+    """The checkpoint's recipe (stored as ``plain``, already read by :func:`checkpoint_recipe`) with the kernel
+    backends ``overrides`` choose (:func:`is_backend_override`), to build its trained model with; None without
+    overrides. Any other override is refused naming ``command``: it would change the trained model."""
     items = _override_items(overrides)
     if not items:
         return None
@@ -113,7 +113,6 @@ def with_backends(path, plain: dict, imports: list[str], overrides, command: str
             raise UserError(f"{command}: override {text!r}: only a mixer's kernel backend may change here "
                             f"(e.g. model.mixer_options.gla.backend=torch); anything else would change the trained "
                             f"model")
-    checkpoint_recipe(path, plain, imports)   # the stored recipe as this version reads it, or one line why not
     return resolve(recipe_mapping(plain, imports), overrides)
 
 
